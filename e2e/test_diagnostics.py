@@ -1,4 +1,4 @@
-from e2e.conftest import CHROMIUM, QUIET_FLAGS
+from tests.browser import CHROMIUM, QUIET_FLAGS
 
 
 def test_diagnostics_reports_webgpu_ok(page, live_server, page_errors):

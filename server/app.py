@@ -8,7 +8,7 @@ from fastapi.templating import Jinja2Templates
 
 from server import __version__
 from server.config import Settings
-from server.routes import health, pages
+from server.routes import health, pages, presets
 
 
 class ShaderFiles(StaticFiles):
@@ -29,4 +29,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/shaders", ShaderFiles(directory=settings.shaders_dir), name="shaders")
     app.include_router(health.router)
     app.include_router(pages.router)
+    app.include_router(presets.router)
     return app

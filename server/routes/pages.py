@@ -19,3 +19,8 @@ def index(request: Request):
 @router.get("/diagnostics", response_class=HTMLResponse)
 def diagnostics(request: Request):
     return _render(request, "diagnostics.html", title="WebGPU diagnostics")
+
+
+@router.get("/lab", response_class=HTMLResponse)
+def lab(request: Request):
+    return _render(request, "lab.html", title="Engine lab")

@@ -84,3 +84,21 @@ def page_errors(page):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     return errors
+
+
+@pytest.fixture(scope="session")
+def lab_session(browser, live_server):
+    """One /lab page for the whole session (WebGPU device creation and shader compiles are slow
+    on SwiftShader). Tests call into window.andrea.lab through tests/lab.py helpers."""
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(live_server + "/lab")
+    page.wait_for_function("document.body.dataset.lab !== undefined", timeout=120_000)
+    assert page.evaluate("document.body.dataset.lab") == "ready", page.inner_text("body")
+    page.set_default_timeout(600_000)
+    yield page
+    assert not [e for e in errors if "WebGPU" in e or "GPU" in e], errors
+    context.close()

@@ -1,0 +1,2 @@
+# Browser + live-server fixtures shared by tests/gpu (kernel parity through the lab page) and e2e/.
+pytest_plugins = ["tests.browser"]

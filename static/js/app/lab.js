@@ -1,0 +1,25 @@
+// /lab: exposes the engine to tests as window.andrea.lab (see static/js/engine/README.md).
+import * as b64 from '../engine/b64.js';
+import { createLab } from '../engine/lab.js';
+import { fetchLoader } from '../engine/shaders.js';
+
+async function getLayout({ preset, config }) {
+  const res = preset
+    ? await fetch(`/api/presets/${encodeURIComponent(preset)}/layout`)
+    : await fetch('/api/layout', { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(config) });
+  if (!res.ok) throw new Error(`layout request failed: ${res.status} ${await res.text()}`);
+  return res.json();
+}
+
+try {
+  const lab = await createLab({ gpu: navigator.gpu, load: fetchLoader(), getLayout });
+  window.andrea = { lab, b64 };
+  document.getElementById('status').textContent =
+    `Lab ready on ${lab.info.adapter.vendor} ${lab.info.adapter.architecture}`;
+  document.body.dataset.lab = 'ready';
+} catch (e) {
+  document.getElementById('status').textContent = `Lab failed: ${e.message}`;
+  document.body.dataset.lab = 'error';
+  throw e;
+}

@@ -1,0 +1,25 @@
+// The lab: the engine's test surface (window.andrea.lab in /lab, or directly under Node).
+// Every entry takes plain typed arrays and returns plain typed arrays, so tests can compare
+// against PyTorch without knowing about GPU buffers. See README.md beside this file.
+
+import { acquireDevice } from './gpu.js';
+import { ShaderLibrary } from './shaders.js';
+
+const LAB_MODULES = [];
+
+/**
+ * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL source;
+ * getLayout: ({preset} | {config}) => layout JSON from the server (server/model.py).
+ */
+export async function createLab({ gpu, load, getLayout }) {
+  const ctx = await acquireDevice(gpu);
+  ctx.lib = new ShaderLibrary(ctx.device, load);
+  ctx.getLayout = getLayout;
+  const lab = {
+    ctx,
+    info: { adapter: ctx.info, features: ctx.features, limits: ctx.limits, software: ctx.software },
+  };
+  // Each engine area adds its entries (labEntries(ctx) -> {name: async fn}).
+  for (const m of LAB_MODULES) Object.assign(lab, m.labEntries(ctx));
+  return lab;
+}
