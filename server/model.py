@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-# minStorageBufferOffsetAlignment is 256 bytes on every adapter we target: 64 f32 elements.
-ALIGN_BYTES = 256
+# minStorageBufferOffsetAlignment is 256 bytes on every adapter we target. Tensors start on
+# 512-byte (128-element) boundaries so that the f16 mirror (2 bytes per element, same element
+# offsets) is 256-byte aligned too, and every tensor has its own sub-range binding in both.
+ALIGN_BYTES = 512
 ALIGN_ELEMS = ALIGN_BYTES // 4
 
 
@@ -139,7 +141,7 @@ def _check_layout(layout: dict, decay_end: int) -> None:
             assert a["offset"] + a["numel"] == b["offset"], f"group {a['group']} not contiguous"
     for p in params:
         if p["group"] is None or p["name"].endswith(("q_proj.weight", "gate_proj.weight")):
-            assert p["offset"] % ALIGN_ELEMS == 0, f"{p['name']} is not 256-byte aligned"
+            assert p["offset"] % ALIGN_ELEMS == 0, f"{p['name']} is not {ALIGN_BYTES}-byte aligned"
     assert decay_end <= layout["decay_numel"], "decay and no-decay blocks interleave"
     assert layout["total_numel"] >= params[-1]["offset"] + params[-1]["numel"]
 

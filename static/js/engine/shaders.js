@@ -24,7 +24,7 @@ export class ShaderLibrary {
   async module(file) {
     if (!this.modules.has(file)) {
       this.modules.set(file, (async () => {
-        const code = await this.load(file);
+        const code = await this.source(file);
         const module = this.device.createShaderModule({ label: file, code });
         const info = await module.getCompilationInfo();
         const errs = info.messages.filter((m) => m.type === 'error');
@@ -36,6 +36,19 @@ export class ShaderLibrary {
       })());
     }
     return this.modules.get(file);
+  }
+
+  /** WGSL text with `//#include "lib/x.wgsl"` lines replaced by that file (WGSL has no imports;
+   *  module-scope declarations are order-independent, so a shared core can call accessors that
+   *  the including file defines). */
+  async source(file, stack = []) {
+    if (stack.includes(file)) throw new Error(`include cycle: ${[...stack, file].join(' -> ')}`);
+    const code = await this.load(file);
+    const parts = await Promise.all(code.split('\n').map(async (line) => {
+      const m = line.match(/^\/\/#include "([^"]+)"\s*$/);
+      return m ? this.source(m[1], [...stack, file]) : line;
+    }));
+    return parts.join('\n');
   }
 
   /** Pipeline with an 'auto' layout; `constants` fills the file's `override` declarations. */

@@ -1,0 +1,43 @@
+// 02_norm: RMSNorm, y = x * rsqrt(mean(x^2) + eps) * g   (Llama / HF LlamaRMSNorm).
+//
+// rmsnorm_forward
+//   @binding(0) dims : {N rows, C, eps}   uniform
+//   @binding(1) x    : array<f32> [N, C]  read
+//   @binding(2) g    : array<f32> [C]     read (norm gain)
+//   @binding(3) y    : array<f32> [N, C]  = normalised output
+//   @binding(4) rstd : array<f32> [N]     = rsqrt(mean(x^2) + eps), kept for backward
+// Dispatch: N workgroups (2-D when over 65535) of WG threads, one row each.
+
+//#include "lib/common.wgsl"
+
+override WG: u32 = 64u;
+
+struct Dims { N: u32, C: u32, eps: f32, pad: u32 }
+
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> g: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read_write> rstd: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) t: u32) {
+  let row = wid.x + wid.y * nwg.x;
+  if (row >= dims.N) { return; }   // uniform per workgroup, so barriers stay uniform
+  let base = row * dims.C;
+  var s = 0.0;
+  for (var c = t; c < dims.C; c = c + WG) { let v = x[base + c]; s = s + v * v; }
+  red[t] = s;
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
+    if (t < k) { red[t] = red[t] + red[t + k]; }
+    workgroupBarrier();
+  }
+  let r = inverseSqrt(red[0] / f32(dims.C) + dims.eps);
+  for (var c = t; c < dims.C; c = c + WG) { y[base + c] = g[c] * (x[base + c] * r); }
+  if (t == 0u) { rstd[row] = r; }
+}

@@ -1,0 +1,41 @@
+// 03_linear: y = x @ W^T (nn.Linear without bias), W stored [out, in] like PyTorch.
+//
+// Bindings:
+//   @binding(0) mm : MatmulDims  uniform  {R = M rows, S = N outputs, INNER = K inputs}
+//   @binding(1) x  : array<f32>  [M, K]   read
+//   @binding(2) w  : array<u32>  [N, K]   read; f32 bits, or with W_F16 the f16 mirror
+//                                         (two halves per u32, element e in half e & 1)
+//   @binding(3) y  : array<f32>  [M, N]   y = x @ W^T, or y += x @ W^T with ACCUM
+//                                         (ACCUM adds into a residual stream copied there first)
+// Dispatch: (ceil(N / 32), ceil(M / 32)) workgroups of 8 x 8 threads.
+
+override ACCUM: bool = false;
+override W_F16: bool = false;
+
+@group(0) @binding(0) var<uniform> mm: MatmulDims;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+//#include "lib/matmul_core.wgsl"
+//#include "lib/weights.wgsl"
+
+fn load_a(i: u32, r: u32) -> f32 {
+  if (i >= mm.R || r >= mm.INNER) { return 0.0; }
+  return x[i * mm.INNER + r];
+}
+
+fn load_b(r: u32, j: u32) -> f32 {  // B(r, j) = W[j, r]
+  if (r >= mm.INNER || j >= mm.S) { return 0.0; }
+  return load_w(j * mm.INNER + r);
+}
+
+fn store_c(i: u32, j: u32, v: f32) {
+  let o = i * mm.S + j;
+  if (ACCUM) { y[o] = y[o] + v; } else { y[o] = v; }
+}
+
+@compute @workgroup_size(8, 8)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  matmul_tile(wid, lid);
+}

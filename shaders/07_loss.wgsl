@@ -1,0 +1,84 @@
+// 07_loss: mean token cross-entropy and its gradient, one pass over the vocabulary per row.
+//
+// cross_entropy (one workgroup per row)
+//   @binding(0) dims    : {N = B*T rows, V}     uniform
+//   @binding(1) logits  : array<f32> [N, V]     read, then = dlogits in place (when WRITE_GRAD):
+//                                               (softmax - onehot(target)) / N
+//   @binding(2) targets : array<u32> [N]        read
+//   @binding(3) losses  : array<f32> [N + 1]    [n] = lse - logit[target];  [N] = mean (loss_mean)
+//   Dispatch: N workgroups (2-D when over 65535) of WG threads.
+//
+// loss_mean (one workgroup; fixed-order sum, so deterministic)
+//   same bindings; losses[N] = sum(losses[0..N)) / N
+//   Dispatch: 1 workgroup.
+
+override WG: u32 = 64u;
+override WRITE_GRAD: bool = true;
+
+struct Dims { N: u32, V: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read_write> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> targets: array<u32>;
+@group(0) @binding(3) var<storage, read_write> losses: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+
+fn reduce_max(t: u32, v: f32) -> f32 {
+  red[t] = v;
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
+    if (t < k) { red[t] = max(red[t], red[t + k]); }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn reduce_sum(t: u32, v: f32) -> f32 {
+  red[t] = v;
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
+    if (t < k) { red[t] = red[t] + red[t + k]; }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+@compute @workgroup_size(WG)
+fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) t: u32) {
+  let row = wid.x + wid.y * nwg.x;
+  if (row >= dims.N) { return; }
+  let base = row * dims.V;
+  var m = -3.0e38;
+  for (var v = t; v < dims.V; v = v + WG) { m = max(m, logits[base + v]); }
+  m = reduce_max(t, m);
+  var s = 0.0;
+  for (var v = t; v < dims.V; v = v + WG) { s = s + exp(logits[base + v] - m); }
+  s = reduce_sum(t, s);
+  let tgt = targets[row];
+  let lse = m + log(s);
+  if (t == 0u) { losses[row] = lse - logits[base + tgt]; }
+  workgroupBarrier();   // the loss read of logits[target] happens before the overwrite below
+  if (WRITE_GRAD) {
+    let inv_n = 1.0 / f32(dims.N);
+    for (var v = t; v < dims.V; v = v + WG) {
+      let p = exp(logits[base + v] - lse);
+      logits[base + v] = (p - select(0.0, 1.0, v == tgt)) * inv_n;
+    }
+  }
+}
+
+@compute @workgroup_size(WG)
+fn loss_mean(@builtin(local_invocation_index) t: u32) {
+  // Each thread sums a contiguous chunk, then a fixed tree: same order every run.
+  let chunk = (dims.N + WG - 1u) / WG;
+  var s = 0.0;
+  for (var n = t * chunk; n < min(dims.N, (t + 1u) * chunk); n = n + 1u) { s = s + losses[n]; }
+  s = reduce_sum(t, s);
+  if (t == 0u) { losses[dims.N] = s / f32(dims.N); }
+}

@@ -1,0 +1,64 @@
+// 08_norm_backward: gradients of RMSNorm y = g * x * r, r = rsqrt(mean(x^2) + eps).
+//
+// rmsnorm_backward_input (one workgroup per row, WG threads)
+//   dx = r * (g * dy) - x * r^3 * mean(g * dy * x)
+//   @binding(0) dims : {N rows, C}            uniform
+//   @binding(1) dy   : array<f32> [N, C]      read
+//   @binding(2) x    : array<f32> [N, C]      read (the norm's input)
+//   @binding(3) g    : array<f32> [C]         read
+//   @binding(4) rstd : array<f32> [N]         read
+//   @binding(5) dx   : array<f32> [N, C]      = dx, or += dx with ACCUM (the residual grad)
+//   Dispatch: N workgroups (2-D when over 65535).
+//
+// rmsnorm_backward_gain (one thread per channel; fixed row order, so deterministic)
+//   dg[c] += sum_n dy[n, c] * x[n, c] * r[n]
+//   same bindings 0-4; @binding(5) dg : array<f32> [C]  +=
+//   Dispatch: ceil(C / WG) workgroups.
+
+override WG: u32 = 64u;
+override ACCUM: bool = false;
+
+struct Dims { N: u32, C: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> dy: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> g: array<f32>;
+@group(0) @binding(4) var<storage, read> rstd: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) t: u32) {
+  let row = wid.x + wid.y * nwg.x;
+  if (row >= dims.N) { return; }
+  let base = row * dims.C;
+  var s = 0.0;
+  for (var c = t; c < dims.C; c = c + WG) { s = s + g[c] * dy[base + c] * x[base + c]; }
+  red[t] = s;
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
+    if (t < k) { red[t] = red[t] + red[t + k]; }
+    workgroupBarrier();
+  }
+  let r = rstd[row];
+  let coef = r * r * r * red[0] / f32(dims.C);
+  for (var c = t; c < dims.C; c = c + WG) {
+    let d = r * g[c] * dy[base + c] - x[base + c] * coef;
+    if (ACCUM) { out[base + c] = out[base + c] + d; } else { out[base + c] = d; }
+  }
+}
+
+@compute @workgroup_size(WG)
+fn rmsnorm_backward_gain(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let c = gid.x;
+  if (c >= dims.C) { return; }
+  var s = 0.0;
+  for (var n = 0u; n < dims.N; n = n + 1u) {
+    s = s + dy[n * dims.C + c] * x[n * dims.C + c] * rstd[n];
+  }
+  out[c] = out[c] + s;
+}

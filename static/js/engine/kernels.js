@@ -1,0 +1,149 @@
+// Kernel launchers: one small function per WGSL stage. Each checks its shapes, computes the
+// grid and returns a recorded op (ops.js). Buffers are GPUBuffers or {buffer, offset, size}
+// sub-ranges; shapes use B batch, T time, C channels, H heads, D head dim, F FFN width, V vocab,
+// N = B*T rows.
+
+import { f32bits, grid1d, launch, uniformWords } from './ops.js';
+
+const TILE = 32;  // matmul_core.wgsl's output tile
+const cdiv = (a, b) => Math.ceil(a / b);
+
+function check(cond, msg) {
+  if (!cond) throw new Error(msg);
+}
+
+export class Kernels {
+  constructor(device, lib) {
+    this.device = device;
+    this.lib = lib;
+  }
+
+  async op(file, entry, constants, uniforms, resources, grid, label) {
+    const pipeline = await this.lib.pipeline(file, entry, constants);
+    const u = uniformWords(this.device, uniforms, `${label}.dims`);
+    return launch(this.device, pipeline, [u, ...resources], grid, label);
+  }
+
+  /** x[N, C] = wte[tokens[n]] */
+  embed({ tokens, wte, x, N, C }) {
+    return this.op('01_embed.wgsl', 'main', {}, [N, C], [tokens, wte, x],
+      grid1d(cdiv(N * C, 256)), 'embed');
+  }
+
+  /** dwte[V, C] += rows of dx grouped by token */
+  embedBackward({ tokens, dx, dwte, N, C, V }) {
+    return this.op('08_embed_backward.wgsl', 'main', {}, [N, C, V], [tokens, dx, dwte],
+      grid1d(V), 'embed_backward');
+  }
+
+  /** y[N, C] = rmsnorm(x) * g; rstd[N] */
+  rmsnorm({ x, g, y, rstd, N, C, eps }) {
+    return this.op('02_norm.wgsl', 'rmsnorm_forward', {}, [N, C, f32bits(eps)],
+      [x, g, y, rstd], grid1d(N), 'rmsnorm');
+  }
+
+  /** dx[N, C] (= or += with accum) from dy, x, g, rstd */
+  rmsnormBackward({ dy, x, g, rstd, dx, N, C, accum }) {
+    return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_input', { ACCUM: accum ? 1 : 0 },
+      [N, C], [dy, x, g, rstd, dx], grid1d(N), 'rmsnorm_backward');
+  }
+
+  /** dg[C] += sum over rows of dy * x * rstd */
+  rmsnormBackwardGain({ dy, x, rstd, dg, N, C }) {
+    return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_gain', {}, [N, C],
+      [dy, x, null, rstd, dg], [cdiv(C, 64), 1], 'rmsnorm_backward_gain');
+  }
+
+  /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
+  linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
+    return this.op('03_linear.wgsl', 'main', { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0 },
+      [M, N, K, 0], [x, w, y], [cdiv(N, TILE), cdiv(M, TILE)], 'linear');
+  }
+
+  /** dx[M, K] = dy[M, N] @ W[N, K] */
+  linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
+    return this.op('11_linear_backward.wgsl', 'main', { MODE: 0, W_F16: wF16 ? 1 : 0 },
+      [M, K, N, 0], [dy, w, dx], [cdiv(K, TILE), cdiv(M, TILE)], 'linear_backward_input');
+  }
+
+  /** dW[N, K] += dy[M, N]^T @ x[M, K] */
+  linearBackwardWeight({ dy, x, dw, M, N, K }) {
+    return this.op('11_linear_backward.wgsl', 'main', { MODE: 1 }, [N, K, M, 0],
+      [dy, x, dw], [cdiv(K, TILE), cdiv(N, TILE)], 'linear_backward_weight');
+  }
+
+  /** RoPE on the q and k thirds of qkv[N, 3C], in place; inverse for backward */
+  rope({ qkv, table, N, T, H, D, inverse = false }) {
+    check(D % 2 === 0, `RoPE needs an even head dim, got ${D}`);
+    return this.op('04_rope.wgsl', 'main', { INVERSE: inverse ? 1 : 0 }, [N, T, H, D, H * D],
+      [qkv, table], grid1d(cdiv(N * H * D, 256)), inverse ? 'rope_backward' : 'rope');
+  }
+
+  attentionDims(B, T, H, D) {
+    check(D <= 128, `attention supports head dim <= 128, got ${D}`);
+    return [B, T, H, D, H * D, f32bits(1 / Math.sqrt(D))];
+  }
+
+  /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
+  attention({ qkv, y, lse, B, T, H, D }) {
+    return this.op('05_attention.wgsl', 'main', {}, this.attentionDims(B, T, H, D),
+      [qkv, y, lse], grid1d(cdiv(B * H * T, 64)), 'attention');
+  }
+
+  /** dqkv[B, T, 3C] from dy; two launches (dq first: it writes delta for dkdv) */
+  attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
+    const dims = this.attentionDims(B, T, H, D);
+    const grid = grid1d(cdiv(B * H * T, 64));
+    return Promise.all([
+      this.op('10_attention_backward.wgsl', 'attention_backward_dq', {}, dims,
+        [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
+      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', {}, dims,
+        [qkv, null, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),
+    ]);
+  }
+
+  /** h[N, F] = silu(gate) * up from gu[N, 2F] */
+  swiglu({ gu, h, N, F }) {
+    return this.op('06_swiglu.wgsl', 'main', {}, [N, F], [gu, h], grid1d(cdiv(N * F, 256)),
+      'swiglu');
+  }
+
+  /** dgu[N, 2F] from dh[N, F] and gu */
+  swigluBackward({ gu, dh, dgu, N, F }) {
+    return this.op('09_ffn_backward.wgsl', 'main', {}, [N, F], [gu, dh, dgu],
+      grid1d(cdiv(N * F, 256)), 'swiglu_backward');
+  }
+
+  /** losses[N + 1]: per-row CE and the mean at [N]; logits become dlogits when writeGrad */
+  crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
+    const c = { WRITE_GRAD: writeGrad ? 1 : 0 };
+    return Promise.all([
+      this.op('07_loss.wgsl', 'cross_entropy', c, [N, V], [logits, targets, losses], grid1d(N),
+        'cross_entropy'),
+      this.op('07_loss.wgsl', 'loss_mean', c, [N, V], [null, null, losses], [1, 1], 'loss_mean'),
+    ]);
+  }
+
+  /** Fill w[numel] from a seeded normal (std) or with ones */
+  init({ w, numel, seed, stream, mode, std }) {
+    return this.op('00_init.wgsl', 'main', {}, [numel, seed >>> 0, mode, f32bits(std), stream],
+      [w], grid1d(cdiv(numel, 256)), 'init');
+  }
+}
+
+/** RoPE cos/sin table [T, D/2, 2] as Hugging Face computes it: inv_freq and the angle in f32. */
+export function ropeTable(T, D, theta) {
+  const half = D / 2;
+  const table = new Float32Array(T * half * 2);
+  const f = Math.fround;
+  for (let j = 0; j < half; j++) {
+    // HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in float32.
+    const invFreq = f(1 / f(theta ** f((2 * j) / D)));
+    for (let t = 0; t < T; t++) {
+      const angle = f(t * invFreq);
+      table[(t * half + j) * 2] = Math.cos(angle);
+      table[(t * half + j) * 2 + 1] = Math.sin(angle);
+    }
+  }
+  return table;
+}

@@ -1,0 +1,77 @@
+// Lab entries for the model: whole-model calls and one entry per kernel, so tests can hold
+// each kernel against PyTorch. All arrays in and out are plain typed arrays.
+
+import { readBuffer, storageBuffer } from './gpu.js';
+import { Kernels, ropeTable } from './kernels.js';
+import { createModel } from './model.js';
+import { encodeOps } from './ops.js';
+
+/**
+ * Run one or more kernel ops on fresh buffers. `inputs` maps names to typed arrays (uploaded);
+ * `outputs` maps names to a length (zero-filled) or a typed array (initial contents, for +=).
+ * `build(buffers)` returns an op or a promise of ops. Resolves to {name: Float32Array} outputs.
+ */
+async function runOps(ctx, inputs, outputs, build) {
+  const dev = ctx.device;
+  const bufs = {};
+  for (const [name, arr] of Object.entries(inputs)) {
+    bufs[name] = storageBuffer(dev, arr.byteLength, { label: name, data: arr });
+  }
+  for (const [name, init] of Object.entries(outputs)) {
+    const data = typeof init === 'number' ? null : init;
+    bufs[name] = storageBuffer(dev, (data ? data.length : init) * 4, { label: name, data });
+  }
+  const ops = (await Promise.all([build(bufs)].flat())).flat();
+  const enc = dev.createCommandEncoder();
+  encodeOps(enc, ops);
+  dev.queue.submit([enc.finish()]);
+  const out = {};
+  for (const name of Object.keys(outputs)) {
+    out[name] = new Float32Array(await readBuffer(dev, bufs[name]));
+  }
+  for (const b of Object.values(bufs)) b.destroy();
+  return out;
+}
+
+export function labEntries(ctx) {
+  const k = new Kernels(ctx.device, ctx.lib);
+  const u32 = (a) => Uint32Array.from(a);
+  const ops = {
+    embed: ({ tokens, wte, N, C }) => runOps(ctx, { tokens: u32(tokens), wte }, { x: N * C },
+      (b) => k.embed({ ...b, N, C })),
+    embedBackward: ({ tokens, dx, N, C, V }) => runOps(ctx, { tokens: u32(tokens), dx },
+      { dwte: V * C }, (b) => k.embedBackward({ ...b, N, C, V })),
+    rmsnorm: ({ x, g, N, C, eps }) => runOps(ctx, { x, g }, { y: N * C, rstd: N },
+      (b) => k.rmsnorm({ ...b, N, C, eps })),
+    rmsnormBackward: ({ dy, x, g, rstd, N, C }) => runOps(ctx, { dy, x, g, rstd },
+      { dx: N * C, dg: C }, (b) => [k.rmsnormBackward({ ...b, N, C }),
+        k.rmsnormBackwardGain({ ...b, N, C })]),
+    linear: ({ x, w, M, N, K }) => runOps(ctx, { x, w }, { y: M * N },
+      (b) => k.linear({ ...b, M, N, K })),
+    linearBackward: ({ dy, x, w, M, N, K }) => runOps(ctx, { dy, x, w },
+      { dx: M * K, dw: N * K }, (b) => [k.linearBackwardInput({ ...b, M, N, K }),
+        k.linearBackwardWeight({ ...b, M, N, K })]),
+    rope: ({ qkv, B, T, H, D, theta, inverse = false }) => runOps(ctx,
+      { table: ropeTable(T, D, theta) }, { qkv },
+      (b) => k.rope({ ...b, N: B * T, T, H, D, inverse })),
+    attention: ({ qkv, B, T, H, D }) => runOps(ctx, { qkv },
+      { y: B * T * H * D, lse: B * H * T }, (b) => k.attention({ ...b, B, T, H, D })),
+    attentionBackward: ({ qkv, y, dy, lse, B, T, H, D }) => runOps(ctx, { qkv, y, dy, lse },
+      { delta: B * H * T, dqkv: B * T * 3 * H * D },
+      (b) => k.attentionBackward({ ...b, B, T, H, D })),
+    swiglu: ({ gu, N, F }) => runOps(ctx, { gu }, { h: N * F }, (b) => k.swiglu({ ...b, N, F })),
+    swigluBackward: ({ gu, dh, N, F }) => runOps(ctx, { gu, dh }, { dgu: N * 2 * F },
+      (b) => k.swigluBackward({ ...b, N, F })),
+    crossEntropy: ({ logits, targets, N, V }) => runOps(ctx, { targets: u32(targets) },
+      { logits, losses: N + 1 }, (b) => k.crossEntropy({ ...b, N, V })),
+  };
+
+  return {
+    ops,
+    /** {preset} | {config} | {layout}, seed -> the engine's Model (see README.md) */
+    async createModel({ preset, config, layout, seed = 0 }) {
+      const table = layout ?? await ctx.getLayout({ preset, config });
+      return createModel(ctx, table, { seed });
+    },
+  };
+}

@@ -1,0 +1,65 @@
+// Ops: one recorded launch (pipeline + bind group + grid) or buffer copy. Built once per plan,
+// then a step only encodes them: nothing is allocated per step.
+
+/** A byte sub-range of `buffer` covering f32 elements [offset, offset + numel). */
+export const view = (buffer, offset = 0, numel = null) => ({
+  buffer, offset: offset * 4, size: (numel ?? (buffer.size / 4 - offset)) * 4,
+});
+
+const MAX_DIM = 65535;
+
+/** Workgroup grid for n workgroups; 2-D over 65535 (kernels linearise with flat_id). */
+export function grid1d(n) {
+  if (n <= MAX_DIM) return [Math.max(1, n), 1];
+  const y = Math.ceil(n / MAX_DIM);
+  return [Math.ceil(n / y), y];
+}
+
+/** f32 bit pattern as a u32, for mixed u32/f32 uniform structs. */
+export function f32bits(x) {
+  return new Uint32Array(new Float32Array([x]).buffer)[0];
+}
+
+/** Uniform buffer from u32 words (use f32bits for f32 fields), padded to 16 bytes. */
+export function uniformWords(device, words, label) {
+  const data = new Uint32Array(Math.ceil(words.length / 4) * 4);
+  data.set(words);
+  const buffer = device.createBuffer({ label, size: data.byteLength,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  device.queue.writeBuffer(buffer, 0, data);
+  return buffer;
+}
+
+/** A compute launch: resources[i] is binding i (a buffer or {buffer, offset, size}).
+ *  A null resource marks a binding that this entry point does not use: 'auto' layouts drop
+ *  statically unused bindings, and a bind group must not name them. */
+export function launch(device, pipeline, resources, grid, label) {
+  const entries = [];
+  resources.forEach((r, binding) => {
+    if (r !== null) entries.push({ binding, resource: r.buffer ? r : { buffer: r } });
+  });
+  const bindGroup = device.createBindGroup({ label, layout: pipeline.getBindGroupLayout(0), entries });
+  return { kind: 'dispatch', pipeline, bindGroup, grid, label };
+}
+
+/** Copy f32 elements between buffers (a residual stream forked before `+=` into it). */
+export const copyOp = (src, dst, numel, label) => ({ kind: 'copy', src, dst, numel, label });
+
+/** Encode ops into `encoder`, keeping consecutive dispatches in one compute pass.
+ *  `timestamps` (optional) is {querySet, next()} to time each dispatch. */
+export function encodeOps(encoder, ops) {
+  let pass = null;
+  for (const op of ops) {
+    if (op.kind === 'dispatch') {
+      pass ??= encoder.beginComputePass();
+      pass.setPipeline(op.pipeline);
+      pass.setBindGroup(0, op.bindGroup);
+      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1);
+    } else {
+      if (pass) { pass.end(); pass = null; }
+      encoder.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,
+        op.dst.buffer ?? op.dst, op.dst.offset ?? 0, op.numel * 4);
+    }
+  }
+  if (pass) pass.end();
+}
