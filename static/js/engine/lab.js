@@ -5,7 +5,9 @@
 import { acquireDevice } from './gpu.js';
 import { ShaderLibrary } from './shaders.js';
 
-const LAB_MODULES = [];
+import * as modelLab from './lab_model.js';
+
+const LAB_MODULES = [modelLab];
 
 /**
  * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL source;
