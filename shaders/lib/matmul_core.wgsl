@@ -13,43 +13,49 @@ const BK: u32 = 16u;
 
 struct MatmulDims { R: u32, S: u32, INNER: u32, pad: u32 }
 
-var<workgroup> tile_a: array<array<f32, TILE>, BK>;  // [BK][TILE]: A(i0 + ii, r0 + kk)
-var<workgroup> tile_b: array<array<f32, TILE>, BK>;  // [BK][TILE]: B(r0 + kk, j0 + jj)
+var<workgroup> tile_a: array<array<vec4<f32>, 8>, BK>;  // [BK][TILE/4]: A(i0 + ii, r0 + kk)
+var<workgroup> tile_b: array<array<vec4<f32>, 8>, BK>;  // [BK][TILE/4]: B(r0 + kk, j0 + jj)
 
 fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   let i0 = wid.y * TILE;
   let j0 = wid.x * TILE;
   let t = lid.y * 8u + lid.x;
-  var acc: array<array<f32, 4>, 4>;
+  // 4x4 outputs per thread as four vec4 rows, updated with vec4 FMAs: no dynamically indexed
+  // private arrays (which software adapters spill to memory).
+  var acc0 = vec4<f32>(0.0);
+  var acc1 = vec4<f32>(0.0);
+  var acc2 = vec4<f32>(0.0);
+  var acc3 = vec4<f32>(0.0);
   for (var r0 = 0u; r0 < mm.INNER; r0 = r0 + BK) {
-    // 64 threads load 2 x 512 elements: 8 each from A and from B.
-    for (var e = t; e < BK * TILE; e = e + 64u) {
-      let kk = e / TILE;
-      let x = e % TILE;
-      tile_a[kk][x] = load_a(i0 + x, r0 + kk);
-      tile_b[kk][x] = load_b(r0 + kk, j0 + x);
+    // 64 threads fill 2 x BK x TILE elements as vec4s: 2 + 2 each.
+    for (var e = t; e < BK * 8u; e = e + 64u) {
+      let kk = e / 8u;
+      let x = (e % 8u) * 4u;
+      tile_a[kk][e % 8u] = vec4<f32>(load_a(i0 + x, r0 + kk), load_a(i0 + x + 1u, r0 + kk),
+                                     load_a(i0 + x + 2u, r0 + kk), load_a(i0 + x + 3u, r0 + kk));
+      tile_b[kk][e % 8u] = vec4<f32>(load_b(r0 + kk, j0 + x), load_b(r0 + kk, j0 + x + 1u),
+                                     load_b(r0 + kk, j0 + x + 2u), load_b(r0 + kk, j0 + x + 3u));
     }
     workgroupBarrier();
     for (var kk = 0u; kk < BK; kk = kk + 1u) {
-      var a: array<f32, 4>;
-      var b: array<f32, 4>;
-      for (var u = 0u; u < 4u; u = u + 1u) {
-        a[u] = tile_a[kk][lid.y * 4u + u];
-        b[u] = tile_b[kk][lid.x * 4u + u];
-      }
-      for (var u = 0u; u < 4u; u = u + 1u) {
-        for (var v = 0u; v < 4u; v = v + 1u) {
-          acc[u][v] = fma(a[u], b[v], acc[u][v]);
-        }
-      }
+      let a = tile_a[kk][lid.y];
+      let b = tile_b[kk][lid.x];
+      acc0 = fma(vec4<f32>(a.x), b, acc0);
+      acc1 = fma(vec4<f32>(a.y), b, acc1);
+      acc2 = fma(vec4<f32>(a.z), b, acc2);
+      acc3 = fma(vec4<f32>(a.w), b, acc3);
     }
     workgroupBarrier();
   }
+  store_row(i0 + lid.y * 4u, j0 + lid.x * 4u, acc0);
+  store_row(i0 + lid.y * 4u + 1u, j0 + lid.x * 4u, acc1);
+  store_row(i0 + lid.y * 4u + 2u, j0 + lid.x * 4u, acc2);
+  store_row(i0 + lid.y * 4u + 3u, j0 + lid.x * 4u, acc3);
+}
+
+fn store_row(i: u32, j: u32, v: vec4<f32>) {
+  if (i >= mm.R) { return; }
   for (var u = 0u; u < 4u; u = u + 1u) {
-    let i = i0 + lid.y * 4u + u;
-    for (var v = 0u; v < 4u; v = v + 1u) {
-      let j = j0 + lid.x * 4u + v;
-      if (i < mm.R && j < mm.S) { store_c(i, j, acc[u][v]); }
-    }
+    if (j + u < mm.S) { store_c(i, j + u, v[u]); }
   }
 }

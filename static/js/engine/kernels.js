@@ -33,7 +33,7 @@ export class Kernels {
   /** dwte[V, C] += rows of dx grouped by token */
   embedBackward({ tokens, dx, dwte, N, C, V }) {
     return this.op('08_embed_backward.wgsl', 'main', {}, [N, C, V], [tokens, dx, dwte],
-      grid1d(V), 'embed_backward');
+      grid1d(cdiv(V, 64)), 'embed_backward');
   }
 
   /** y[N, C] = rmsnorm(x) * g; rstd[N] */

@@ -1,0 +1,56 @@
+// Per-kernel GPU times with timestamp-query: each dispatch in its own pass with
+// timestampWrites (begin, end). Profiling only; the training step keeps one pass.
+
+import { readBuffer } from './gpu.js';
+
+/** Run `ops` once with a timestamp pair around every dispatch; resolves to
+ *  [{label, ms}] in op order (copies are listed with ms null), or null without the feature. */
+export async function profileOps(device, ops) {
+  if (!device.features.has('timestamp-query')) return null;
+  const dispatches = ops.filter((op) => op.kind === 'dispatch');
+  const count = dispatches.length * 2;
+  const querySet = device.createQuerySet({ type: 'timestamp', count });
+  const resolve = device.createBuffer({ size: count * 8,
+    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+  const enc = device.createCommandEncoder();
+  let q = 0;
+  for (const op of ops) {
+    if (op.kind === 'dispatch') {
+      const pass = enc.beginComputePass({ timestampWrites: { querySet,
+        beginningOfPassWriteIndex: q, endOfPassWriteIndex: q + 1 } });
+      q += 2;
+      pass.setPipeline(op.pipeline);
+      pass.setBindGroup(0, op.bindGroup);
+      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1);
+      pass.end();
+    } else {
+      enc.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,
+        op.dst.buffer ?? op.dst, op.dst.offset ?? 0, op.numel * 4);
+    }
+  }
+  enc.resolveQuerySet(querySet, 0, count, resolve, 0);
+  device.queue.submit([enc.finish()]);
+  const ns = new BigUint64Array(await readBuffer(device, resolve));
+  querySet.destroy();
+  resolve.destroy();
+  let i = 0;
+  return ops.map((op) => {
+    if (op.kind !== 'dispatch') return { label: op.label, ms: null };
+    const ms = Number(ns[i + 1] - ns[i]) / 1e6;
+    i += 2;
+    return { label: op.label, ms };
+  });
+}
+
+/** Sum per label: [{label, calls, ms}] sorted by time. */
+export function summarize(profile) {
+  const by = new Map();
+  for (const { label, ms } of profile) {
+    if (ms === null) continue;
+    const e = by.get(label) ?? { label, calls: 0, ms: 0 };
+    e.calls += 1;
+    e.ms += ms;
+    by.set(label, e);
+  }
+  return [...by.values()].sort((a, b) => b.ms - a.ms);
+}
