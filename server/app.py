@@ -8,7 +8,9 @@ from fastapi.templating import Jinja2Templates
 
 from server import __version__
 from server.config import Settings
-from server.routes import health, pages, presets
+from server.data.hub import DataHub
+from server.data.runs import RunRegistry
+from server.routes import data, health, pages, presets
 
 
 class ShaderFiles(StaticFiles):
@@ -30,4 +32,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(pages.router)
     app.include_router(presets.router)
+    # Data is read and tokenized lazily, on first use, so page loads and tests stay fast.
+    app.state.data = DataHub(settings.data_dir, settings.corpora)
+    app.state.runs = RunRegistry()
+    app.include_router(data.router)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from server.config import Settings
@@ -12,12 +13,26 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.data.sources import CorpusError, parse_corpus_arg
+    from server.model import PRESETS
 
-    settings = Settings(host=args.host, port=args.port, data_dir=Path(args.data_dir).resolve())
+    try:
+        corpora = tuple(parse_corpus_arg(a) for a in args.corpus)
+        settings = Settings(host=args.host, port=args.port, data_dir=Path(args.data_dir).resolve(),
+                            corpora=corpora)
+        app = create_app(settings)
+        sources = app.state.data.sources()   # reads every source now: bad text fails here
+    except CorpusError as e:
+        print(f"andrea serve: error: {e}", file=sys.stderr)
+        return 2
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    print("Andrea: corpus " + ", ".join(f"{s.name} ({s.n_chars:,} chars)" for s in sources),
+          flush=True)
+    if args.warm_data:  # tokenizer + token files for every preset, off the request path
+        app.state.data.warm(cfg.vocab_size for cfg in PRESETS.values())
     print(f"Andrea: open http://{args.host}:{args.port}/ in Chrome (data in {settings.data_dir})",
           flush=True)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 
@@ -29,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--data-dir", default=str(Settings().data_dir),
                        help="where the database, tokenizers and token files live")
+    serve.add_argument("--corpus", action="append", default=[], metavar="NAME=PATH",
+                       help="add a text source: a UTF-8 file, or a folder of .txt/.md files "
+                            "(repeatable; the embedded Python docs and stdlib are always there)")
+    serve.add_argument("--no-warm-data", dest="warm_data", action="store_false",
+                       help="do not build tokenizers and token files in the background at start "
+                            "(the first batch request builds them instead)")
     serve.set_defaults(func=_serve)
     return parser
 

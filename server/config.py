@@ -17,6 +17,8 @@ class Settings:
     static_dir: Path = ROOT / "static"
     shaders_dir: Path = ROOT / "shaders"
     templates_dir: Path = ROOT / "templates"
+    # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
+    corpora: tuple[tuple[str, Path], ...] = ()
 
     @property
     def db_path(self) -> Path:

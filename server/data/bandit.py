@@ -1,0 +1,176 @@
+"""The source bandit (seed 001): mixing weights over sources, re-decided in phases.
+
+Phases. Phase k lasts PHASE_LENGTHS[floor(u * 5)] steps, u = default_rng([seed, k, PHASE_SALT])
+.random(): 7, 14, 21, 28 or 42 steps, reproducible from the seed alone. Short phases keep one
+source from dominating; each boundary is a small distribution shift (and a gradient spike
+that clipping caps), so boundaries are recorded for the charts.
+
+Reward (what "the source is worth more training" means here). Telemetry reports, per step,
+the mean training loss of the rows drawn from each source (`report(step, source, loss)`).
+    m[i, j] = mean reported loss of source i over the steps of phase j
+    r[i, j] = (m[i, j'] - m[i, j]) / m[i, j']     j' = the latest earlier phase with reports for i
+i.e. the relative decrease of the source's loss from one phase to the next: positive while the
+model is still learning that source. Per source the estimate q[i] is an EMA (alpha REWARD_EMA)
+of r[i, .] in phase order, 0 until the source has reports in two phases.
+
+Weights. p = (1 - EXPLORE) * softmax(q / max(mean|q|, REWARD_SCALE_FLOOR)) + EXPLORE / K:
+scale-free (equal progress gives equal weights however fast the loss falls), and every
+source keeps at least EXPLORE / K of the rows so none starves and every estimate stays fresh.
+
+Determinism. Phase k's weights are a pure function of the seed and the reports for steps
+before phase k starts. They are decided once, at the first batch request that falls in
+phase k, then frozen and recorded: a late report never changes bytes already served, and a
+replay given the recorded phases reproduces every batch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+PHASE_LENGTHS = (7, 14, 21, 28, 42)
+PHASE_SALT = 0x50484153             # "PHAS"
+EXPLORE = 0.2
+REWARD_EMA = 0.5
+REWARD_SCALE_FLOOR = 0.01           # below 1% relative progress per phase, differences are noise
+
+
+def phase_length(seed: int, k: int) -> int:
+    u = np.random.default_rng([seed, k, PHASE_SALT]).random()
+    return PHASE_LENGTHS[int(u * len(PHASE_LENGTHS))]
+
+
+class PhaseSchedule:
+    """Phase starts for one seed, extended lazily as later steps are asked about."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._starts = [0]              # only ever appended to, under the lock
+        self._lock = threading.Lock()
+
+    def _extend_past(self, step: int) -> None:
+        with self._lock:
+            while self._starts[-1] <= step:
+                k = len(self._starts) - 1
+                self._starts.append(self._starts[-1] + phase_length(self.seed, k))
+
+    def phase(self, k: int) -> tuple[int, int]:
+        """(start step, length) of phase k."""
+        while len(self._starts) <= k + 1:
+            self._extend_past(self._starts[-1])
+        return self._starts[k], self._starts[k + 1] - self._starts[k]
+
+    def locate(self, step: int) -> tuple[int, int, int]:
+        """(phase index, start step, length) of the phase holding `step`."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        self._extend_past(step)
+        k = bisect.bisect_right(self._starts, step) - 1
+        return k, self._starts[k], self._starts[k + 1] - self._starts[k]
+
+    def phases_until(self, end_step: int) -> list[tuple[int, int, int]]:
+        """Every phase that starts before end_step."""
+        out, step = [], 0
+        while step < end_step:
+            k, start, length = self.locate(step)
+            out.append((k, start, length))
+            step = start + length
+        return out
+
+
+def mix_weights(q: np.ndarray) -> np.ndarray:
+    z = q / max(float(np.mean(np.abs(q))), REWARD_SCALE_FLOOR)
+    e = np.exp(z - z.max())
+    return (1 - EXPLORE) * e / e.sum() + EXPLORE / q.size
+
+
+@dataclass(frozen=True)
+class Phase:
+    index: int
+    start: int
+    length: int
+    weights: tuple[float, ...]      # one per source, corpus order, sums to 1
+    estimates: tuple[float, ...]    # q at decision time (why the weights are what they are)
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "start": self.start, "length": self.length,
+                "weights": list(self.weights), "estimates": list(self.estimates)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Phase":
+        return cls(d["index"], d["start"], d["length"], tuple(d["weights"]), tuple(d["estimates"]))
+
+
+class SourceBandit:
+    """One run's bandit. Thread-safe: batch requests and telemetry reports come from threads."""
+
+    def __init__(self, seed: int, sources: Sequence[str], phases: Sequence[Phase] = ()):
+        if not sources:
+            raise ValueError("the bandit needs at least one source")
+        self.sources = tuple(sources)
+        self.schedule = PhaseSchedule(seed)
+        self._phases: list[Phase] = list(phases)    # decided so far, frozen
+        self._seen: set[tuple[int, int]] = set()     # (step, source): resends are ignored
+        self._sums: dict[int, np.ndarray] = {}       # phase -> per-source [loss sum, count]
+        self._lock = threading.Lock()
+
+    def _source_index(self, source: int | str) -> int:
+        if isinstance(source, str):
+            if source not in self.sources:
+                raise ValueError(f"unknown source {source!r}; known: {', '.join(self.sources)}")
+            return self.sources.index(source)
+        if not 0 <= source < len(self.sources):
+            raise ValueError(f"source index {source} out of range [0, {len(self.sources)})")
+        return int(source)
+
+    def report(self, step: int, source: int | str, loss: float) -> None:
+        """Per-source mean training loss at `step` (called by telemetry). Idempotent."""
+        i = self._source_index(source)
+        if step < 0 or not math.isfinite(loss):
+            return                  # a non-finite loss says nothing about progress
+        k = self.schedule.locate(step)[0]
+        with self._lock:
+            if (step, i) in self._seen:
+                return
+            self._seen.add((step, i))
+            acc = self._sums.setdefault(k, np.zeros((len(self.sources), 2)))
+            acc[i] += (loss, 1.0)
+
+    def estimates(self, before_phase: int) -> np.ndarray:
+        """q per source from the reports of phases < before_phase (see module docstring)."""
+        K = len(self.sources)
+        q, last_mean, has_q = np.zeros(K), np.full(K, np.nan), np.zeros(K, bool)
+        for j in sorted(k for k in self._sums if k < before_phase):
+            s, n = self._sums[j][:, 0], self._sums[j][:, 1]
+            for i in np.flatnonzero(n > 0):
+                m = s[i] / n[i]
+                if not np.isnan(last_mean[i]) and last_mean[i] > 0:
+                    r = (last_mean[i] - m) / last_mean[i]
+                    q[i] = r if not has_q[i] else REWARD_EMA * r + (1 - REWARD_EMA) * q[i]
+                    has_q[i] = True
+                last_mean[i] = m
+        return q
+
+    def phase_at(self, step: int) -> Phase:
+        k, _, _ = self.schedule.locate(step)
+        with self._lock:
+            while len(self._phases) <= k:
+                j = len(self._phases)
+                start, length = self.schedule.phase(j)
+                q = self.estimates(j)
+                w = mix_weights(q)
+                self._phases.append(Phase(j, start, length, tuple(w.tolist()), tuple(q.tolist())))
+            return self._phases[k]
+
+    def weights_at(self, step: int) -> np.ndarray:
+        return np.asarray(self.phase_at(step).weights)
+
+    def phases(self) -> list[Phase]:
+        """Phases decided so far (what the charts mark), oldest first."""
+        with self._lock:
+            return list(self._phases)

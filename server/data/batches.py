@@ -1,0 +1,36 @@
+"""One batch for one run: weights (static or the bandit's), the sampler, the wire record."""
+
+from __future__ import annotations
+
+from server.data.bandit import SourceBandit
+from server.data.hub import PreparedCorpus
+from server.data.sampler import Split, sample_batch
+from server.data.spec import BatchSpec
+from server.data.wire import Batch
+
+
+class StepOutOfRange(ValueError):
+    """A training step at or past the run's end."""
+
+
+class CorpusMismatch(ValueError):
+    """The run was made with other text than this server has."""
+
+
+def make_batch(corpus: PreparedCorpus, spec: BatchSpec, step: int, split: Split = "train",
+               bandit: SourceBandit | None = None) -> Batch:
+    if spec.corpus_hash and spec.corpus_hash != corpus.corpus_hash:
+        raise CorpusMismatch(f"the run was made with corpus {spec.corpus_hash}, this server has "
+                         f"{corpus.corpus_hash}: start it with the same --corpus options")
+    spec.check_sources(len(corpus.files))
+    if split == "train" and step >= spec.total_steps:
+        raise StepOutOfRange(f"step {step} is beyond the run's end: it has {spec.total_steps} "
+                             f"steps (0 to {spec.total_steps - 1})")
+    weights, phase = None, None
+    if split == "train" and spec.mode == "bandit":
+        if bandit is None:
+            raise ValueError("a bandit-mode run needs its bandit")
+        p = bandit.phase_at(step)
+        weights, phase = p.weights, p.index
+    tokens, sources = sample_batch(corpus.files, spec, step, split, weights)
+    return Batch(step, split, len(corpus.files), phase, sources, tokens)

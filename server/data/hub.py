@@ -1,0 +1,105 @@
+"""DataHub: the corpus of this server, and its tokenizer + token files per vocabulary size.
+
+Nothing is read or built until first asked for (tests and page loads stay fast); each vocab
+size is prepared once per process under its own lock, from the on-disk caches when present.
+`andrea serve` warms the presets' vocab sizes in a background thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from server.data import tokenizer as tk
+from server.data.sources import Source, corpus_hash, load_sources
+from server.data.tokens import VAL_FRACTION, TokenFile, load_or_build
+
+
+@dataclass(frozen=True)
+class PreparedCorpus:
+    corpus_hash: str
+    vocab_size: int                 # V asked for (the tokenizer may hold fewer tokens, never more)
+    tokenizer: Tokenizer
+    tokenizer_path: Path
+    files: tuple[TokenFile, ...]    # corpus order
+    sources: tuple[Source, ...]
+    build_s: dict = field(default_factory=dict)   # {"tokenizer": s, "tokens": s} this process
+
+    @property
+    def source_names(self) -> list[str]:
+        return [f.name for f in self.files]
+
+    def describe(self) -> dict:
+        return {
+            "corpus_hash": self.corpus_hash, "vocab_size": self.vocab_size,
+            "tokenizer_tokens": self.tokenizer.get_vocab_size(), "val_fraction": VAL_FRACTION,
+            "sources": [{"index": i, "name": f.name, "kind": s.kind, "origin": s.origin,
+                         "chars": s.n_chars, "documents": len(s.documents), "tokens": f.n_tokens,
+                         "train_tokens": f.n_train, "val_tokens": f.n_val,
+                         "chars_per_token": round(s.n_chars / max(f.n_tokens, 1), 3)}
+                        for i, (f, s) in enumerate(zip(self.files, self.sources))],
+        }
+
+
+class DataHub:
+    def __init__(self, data_dir: Path, corpora: tuple[tuple[str, Path], ...] = ()):
+        self.data_dir = Path(data_dir)
+        self.corpora = tuple(corpora)
+        self._sources: list[Source] | None = None
+        self._hash = ""
+        self._prepared: dict[int, PreparedCorpus] = {}
+        self._lock = threading.Lock()
+        self._vocab_locks: dict[int, threading.Lock] = {}
+
+    def sources(self) -> list[Source]:
+        with self._lock:
+            if self._sources is None:
+                self._sources = load_sources(self.corpora)   # CorpusError names the bad path
+                self._hash = corpus_hash(self._sources)
+            return self._sources
+
+    def corpus_hash(self) -> str:
+        self.sources()
+        return self._hash
+
+    def prepared(self, vocab_size: int) -> PreparedCorpus:
+        if vocab_size in self._prepared:
+            return self._prepared[vocab_size]
+        sources = self.sources()
+        with self._lock:
+            lock = self._vocab_locks.setdefault(vocab_size, threading.Lock())
+        with lock:
+            if vocab_size not in self._prepared:
+                t0 = time.perf_counter()
+                tok, tok_path = tk.load_or_train(self.data_dir, sources, self._hash, vocab_size)
+                t1 = time.perf_counter()
+                files, _ = load_or_build(self.data_dir, self._hash, vocab_size, tok, tok_path,
+                                         sources)
+                t2 = time.perf_counter()
+                self._prepared[vocab_size] = PreparedCorpus(
+                    self._hash, vocab_size, tok, tok_path, tuple(files), tuple(sources),
+                    {"tokenizer": round(t1 - t0, 3), "tokens": round(t2 - t1, 3)})
+        return self._prepared[vocab_size]
+
+    def describe_sources(self) -> dict:
+        """What is known without tokenizing: names, kinds, sizes."""
+        return {"corpus_hash": self.corpus_hash(),
+                "sources": [{"index": i, "name": s.name, "kind": s.kind, "origin": s.origin,
+                             "chars": s.n_chars, "documents": len(s.documents)}
+                            for i, s in enumerate(self.sources())]}
+
+    def warm(self, vocab_sizes) -> threading.Thread:
+        """Prepare these vocab sizes in the background so the first batch is served at once."""
+        def run():
+            for v in sorted(set(vocab_sizes)):
+                try:
+                    self.prepared(v)
+                except Exception as e:  # the request that needs it will report the error
+                    print(f"Andrea: preparing data for vocab {v} failed: {e}", flush=True)
+        thread = threading.Thread(target=run, name="andrea-data-warm", daemon=True)
+        thread.start()
+        return thread

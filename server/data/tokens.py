@@ -1,0 +1,143 @@
+"""Token storage: per source, one flat little-endian uint16 file read through numpy memmap.
+
+Layout under `<data_dir>/tokens/<corpus_hash>_<V>/`: `meta.json` plus `<i>_<name>.u16`, the
+source's documents tokenized one by one, each followed by `<|endoftext|>`. Built once, reused
+while the corpus and tokenizer are unchanged (both are in the folder's key and in meta.json);
+a different corpus hashes to a different folder.
+
+Split: the last VAL_FRACTION of each file, [n_train, n), is held out for validation; training
+windows lie wholly inside [0, n_train), so the two can never overlap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from server.data.sources import Source
+from server.data.tokenizer import EOT
+
+VAL_FRACTION = 0.1
+TOKEN_DTYPE = np.dtype("<u2")       # V <= 65536 (ModelConfig checks it)
+ENCODE_CHUNK_CHARS = 4_000_000      # bounds memory when tokenizing a large user source
+PIECE_CHARS = 1_000_000             # a huge single document is tokenized in line-aligned pieces
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    name: str
+    tokens: np.ndarray              # (n,) uint16 memmap
+    n_train: int                    # [0, n_train) train, [n_train, n) validation
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_val(self) -> int:
+        return self.n_tokens - self.n_train
+
+
+def tokens_dir(data_dir: Path, corpus_hash: str, vocab_size: int) -> Path:
+    return Path(data_dir) / "tokens" / f"{corpus_hash}_{vocab_size}"
+
+
+def _pieces(doc: str):
+    while len(doc) > PIECE_CHARS:
+        cut = doc.rfind("\n", 0, PIECE_CHARS) + 1 or PIECE_CHARS
+        yield doc[:cut]
+        doc = doc[cut:]
+    yield doc
+
+
+def _write_source(tok: Tokenizer, source: Source, path: Path) -> int:
+    eot = tok.token_to_id(EOT)
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    n = 0
+    with open(path, "wb") as f:
+        batch, chars = [], 0
+
+        def flush():
+            nonlocal n
+            for enc in encode(batch, add_special_tokens=False):
+                ids = np.asarray(enc.ids, dtype=TOKEN_DTYPE)
+                f.write(ids.tobytes())
+                n += ids.size
+            batch.clear()
+
+        for doc in source.documents:
+            for piece in _pieces(doc):
+                batch.append(piece)
+                chars += len(piece)
+                if chars >= ENCODE_CHUNK_CHARS:
+                    flush()
+                    chars = 0
+            flush()  # a document ends here: write its tokens, then the separator
+            f.write(np.asarray([eot], dtype=TOKEN_DTYPE).tobytes())
+            n += 1
+    return n
+
+
+def _file_name(i: int, name: str) -> str:
+    return f"{i:03d}_{name}.u16"
+
+
+def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
+    try:
+        entries = []
+        for i, s in enumerate(sources):
+            n = _write_source(tok, s, tmp / _file_name(i, s.name))
+            n_val = int(n * VAL_FRACTION)
+            entries.append({"name": s.name, "file": _file_name(i, s.name), "n_tokens": n,
+                            "n_train": n - n_val, "n_chars": s.n_chars,
+                            "n_documents": len(s.documents)})
+        (tmp / "meta.json").write_text(json.dumps({**meta_base, "sources": entries}, indent=1))
+        try:
+            os.rename(tmp, folder)      # atomic; fails if another process finished first
+        except OSError:
+            if not (folder / "meta.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _valid(folder: Path, meta_base: dict) -> dict | None:
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if any(meta.get(k) != v for k, v in meta_base.items()):
+        return None
+    for e in meta["sources"]:
+        f = folder / e["file"]
+        if not f.exists() or f.stat().st_size != e["n_tokens"] * TOKEN_DTYPE.itemsize:
+            return None
+    return meta
+
+
+def load_or_build(data_dir: Path, corpus_hash: str, vocab_size: int, tok: Tokenizer,
+                  tokenizer_path: Path, sources: list[Source]) -> tuple[list[TokenFile], dict]:
+    tok_sha = hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()[:16]
+    folder = tokens_dir(data_dir, corpus_hash, vocab_size)
+    base = {"corpus_hash": corpus_hash, "tokenizer_sha256": tok_sha, "vocab_size": vocab_size,
+            "val_fraction": VAL_FRACTION, "dtype": TOKEN_DTYPE.str}
+    meta = _valid(folder, base)
+    if meta is None:
+        shutil.rmtree(folder, ignore_errors=True)   # stale or half-written: rebuild
+        _build(folder, tok, sources, base)
+        meta = _valid(folder, base)
+        if meta is None:
+            raise RuntimeError(f"token files in {folder} are inconsistent after building")
+    files = [TokenFile(e["name"], np.memmap(folder / e["file"], dtype=TOKEN_DTYPE, mode="r"),
+                       e["n_train"]) for e in meta["sources"]]
+    return files, meta

@@ -1,0 +1,194 @@
+"""Data API: corpus description, tokenizer for decoding, and binary batches (server/data/).
+
+Batches for a run:    GET /api/runs/{run_id}/batches/{step}, .../val_batches/{index}
+Ad hoc (no run yet):  GET /api/batches/{step}?preset=tiny&seed=0&batch_size=8&mode=uniform
+                      GET /api/val_batches/{index}?preset=...   (same query)
+Ad hoc specs are registered as `adhoc-<hash>` runs (header X-Andrea-Run), so both go through
+the same code. The body format is in server/data/wire.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.responses import FileResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.data import tokenizer as tk
+from server.data import wire
+from server.data.batches import CorpusMismatch, make_batch
+from server.data.hub import DataHub, PreparedCorpus
+from server.data.runs import RunRegistry
+from server.data.sources import CorpusError
+from server.data.spec import MAX_STEPS, BatchSpec
+from server.model import PRESETS
+
+router = APIRouter(prefix="/api", tags=["data"])
+
+
+def get_hub(request: Request) -> DataHub:
+    return request.app.state.data
+
+
+def get_runs(request: Request) -> RunRegistry:
+    return request.app.state.runs
+
+
+Hub = Annotated[DataHub, Depends(get_hub)]
+Runs = Annotated[RunRegistry, Depends(get_runs)]
+Step = Annotated[int, Path(ge=0, lt=2**32, description="training step, from 0")]
+Index = Annotated[int, Path(ge=0, lt=2**32, description="validation batch index, from 0")]
+
+
+def _prepare(hub: DataHub, vocab_size: int) -> PreparedCorpus:
+    try:
+        return hub.prepared(vocab_size)
+    except CorpusError as e:        # user text changed or vanished since start
+        raise HTTPException(500, f"corpus unavailable: {e}") from e
+    except ValueError as e:
+        raise HTTPException(400, str(e)) from e
+
+
+def _vocab_of(key: str) -> int:
+    """A preset name ("tiny") or a vocabulary size ("512")."""
+    if key in PRESETS:
+        return PRESETS[key].vocab_size
+    if key.isdigit() and tk.MIN_VOCAB <= int(key) <= 65536:
+        return int(key)
+    raise HTTPException(404, f"unknown tokenizer {key!r}: give a preset ({', '.join(PRESETS)}) "
+                             f"or a vocab size in [{tk.MIN_VOCAB}, 65536]")
+
+
+@router.get("/corpus")
+def corpus(hub: Hub, preset: Annotated[str | None, Query()] = "tiny",
+           vocab_size: Annotated[int | None, Query(ge=tk.MIN_VOCAB, le=65536)] = None) -> dict:
+    """Sources in corpus order (the batch header's source indices), with token and split sizes
+    for the given preset's (or vocab size's) tokenizer."""
+    return _prepare(hub, vocab_size or _vocab_of(preset or "tiny")).describe()
+
+
+@router.get("/tokenizer/{key}")
+def tokenizer(hub: Hub, key: str) -> dict:
+    """What the browser needs to decode samples: the bytes of every token id, base64."""
+    c = _prepare(hub, _vocab_of(key))
+    return {"vocab_size": c.vocab_size, "n_tokens": c.tokenizer.get_vocab_size(),
+            "corpus_hash": c.corpus_hash, "eot": tk.EOT, "eot_id": c.tokenizer.token_to_id(tk.EOT),
+            "token_bytes_b64": tk.decode_table(c.tokenizer),
+            "tokenizer_json": f"/api/tokenizer/{key}/tokenizer.json"}
+
+
+@router.get("/tokenizer/{key}/tokenizer.json")
+def tokenizer_json(hub: Hub, key: str) -> FileResponse:
+    """The standard Hugging Face tokenizer.json (for PyTorch/transformers after export)."""
+    return FileResponse(_prepare(hub, _vocab_of(key)).tokenizer_path, media_type="application/json")
+
+
+def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int, split) -> Response:
+    spec = runs.get(run_id)
+    if spec is None:
+        raise HTTPException(404, f"unknown run {run_id!r}")
+    corpus = _prepare(hub, spec.vocab_size)
+    try:
+        batch = make_batch(corpus, spec, step, split, runs.bandit(run_id, corpus.source_names))
+    except CorpusMismatch as e:
+        raise HTTPException(409, str(e)) from e
+    except ValueError as e:         # StepOutOfRange, seq_len longer than every source, ...
+        raise HTTPException(400, str(e)) from e
+    return Response(wire.encode(batch), media_type=wire.MEDIA_TYPE,
+                    headers={"X-Andrea-Run": run_id,
+                             "X-Andrea-Sources": ",".join(corpus.source_names)})
+
+
+@router.get("/runs/{run_id}/batches/{step}", response_class=Response)
+def run_batch(hub: Hub, runs: Runs, run_id: str, step: Step) -> Response:
+    """B x (T + 1) training tokens for `step`: the same bytes for the same (run, step)."""
+    return _batch_response(hub, runs, run_id, step, "train")
+
+
+@router.get("/runs/{run_id}/val_batches/{index}", response_class=Response)
+def run_val_batch(hub: Hub, runs: Runs, run_id: str, index: Index) -> Response:
+    """Validation batch `index`, from the held-out tail of every source."""
+    return _batch_response(hub, runs, run_id, index, "val")
+
+
+@router.get("/runs/{run_id}/data")
+def run_data(hub: Hub, runs: Runs, run_id: str) -> dict:
+    """The run's batch spec, its sources, and the bandit phases decided so far (chart marks)."""
+    spec = runs.get(run_id)
+    if spec is None:
+        raise HTTPException(404, f"unknown run {run_id!r}")
+    corpus = _prepare(hub, spec.vocab_size)
+    bandit = runs.bandit(run_id, corpus.source_names)
+    return {"run_id": run_id, "spec": spec.to_dict(), "sources": corpus.source_names,
+            "corpus_hash": corpus.corpus_hash,
+            "phases": [p.to_dict() for p in bandit.phases()] if bandit else []}
+
+
+class SourceLosses(BaseModel):
+    """Per-source mean training loss at one step (telemetry will call the registry directly)."""
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(ge=0, lt=MAX_STEPS)
+    losses: dict[str, float] = Field(max_length=256)
+
+
+@router.post("/runs/{run_id}/source_losses")
+def report_source_losses(hub: Hub, runs: Runs, run_id: str, body: SourceLosses) -> dict:
+    spec = runs.get(run_id)
+    if spec is None:
+        raise HTTPException(404, f"unknown run {run_id!r}")
+    names = _prepare(hub, spec.vocab_size).source_names
+    unknown = sorted(set(body.losses) - set(names))
+    if unknown:
+        raise HTTPException(400, f"unknown sources {unknown}; known: {', '.join(names)}")
+    used = [runs.report(run_id, body.step, name, loss, names) for name, loss in body.losses.items()]
+    return {"run_id": run_id, "step": body.step, "used_by_bandit": any(used)}
+
+
+def _ad_hoc_spec(hub: DataHub, preset: str, seed: int, batch_size: int, seq_len: int | None,
+                 mode: str, weights: str | None, steps: int) -> BatchSpec:
+    if preset not in PRESETS:
+        raise HTTPException(400, f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]
+    try:
+        w = tuple(float(x) for x in weights.split(",")) if weights else ()
+    except ValueError:
+        raise HTTPException(400, f"weights must be comma-separated numbers, got {weights!r}"
+                            ) from None
+    try:
+        corpus_hash = hub.corpus_hash()
+    except CorpusError as e:
+        raise HTTPException(500, f"corpus unavailable: {e}") from e
+    try:
+        return BatchSpec(seed=seed, batch_size=batch_size, seq_len=seq_len or cfg.seq_len,
+                         vocab_size=cfg.vocab_size, total_steps=steps, mode=mode, weights=w,
+                         corpus_hash=corpus_hash)
+    except ValueError as e:
+        raise HTTPException(400, str(e)) from e
+
+
+class AdHocQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    preset: str = "tiny"
+    seed: int = Field(0, ge=0, lt=2**63)
+    batch_size: int = Field(8, ge=1, le=4096)
+    seq_len: int | None = Field(None, ge=1, le=65536, description="default: the preset's T")
+    mode: Literal["uniform", "fixed", "bandit"] = "uniform"
+    weights: str | None = Field(None, description="mode=fixed: comma-separated, one per source")
+    steps: int = Field(100_000, ge=1, le=MAX_STEPS, description="the run's length")
+
+
+def _ad_hoc_run(hub: DataHub, runs: RunRegistry, q: AdHocQuery) -> str:
+    return runs.register_ad_hoc(_ad_hoc_spec(hub, **q.model_dump()))
+
+
+@router.get("/batches/{step}", response_class=Response)
+def ad_hoc_batch(hub: Hub, runs: Runs, step: Step,
+                 q: Annotated[AdHocQuery, Query()]) -> Response:
+    return _batch_response(hub, runs, _ad_hoc_run(hub, runs, q), step, "train")
+
+
+@router.get("/val_batches/{index}", response_class=Response)
+def ad_hoc_val_batch(hub: Hub, runs: Runs, index: Index,
+                     q: Annotated[AdHocQuery, Query()]) -> Response:
+    return _batch_response(hub, runs, _ad_hoc_run(hub, runs, q), index, "val")

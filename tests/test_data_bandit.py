@@ -1,0 +1,92 @@
+"""The source bandit: reproducible phases, allowed lengths, weights that follow loss progress."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from server.data import wire
+from server.data.bandit import (EXPLORE, PHASE_LENGTHS, PhaseSchedule, SourceBandit,
+                                phase_length)
+from tests.test_data_support import data_client, data_dir  # noqa: F401
+
+SOURCES = ["docs", "code", "prose"]
+
+
+def test_schedule_is_reproducible_from_the_seed():
+    a = PhaseSchedule(42).phases_until(5000)
+    assert PhaseSchedule(42).phases_until(5000) == a
+    assert [length for _, _, length in PhaseSchedule(43).phases_until(5000)] != \
+           [length for _, _, length in a]
+    # Asking about a late step first gives the same schedule as walking from the start.
+    late = PhaseSchedule(42)
+    assert late.locate(4999) == next(p for p in a if p[1] <= 4999 < p[1] + p[2])
+
+
+def test_phase_lengths_only_from_the_allowed_set():
+    lengths = [phase_length(seed, k) for seed in range(20) for k in range(200)]
+    assert set(lengths) == set(PHASE_LENGTHS)          # all five occur, nothing else
+    phases = PhaseSchedule(0).phases_until(3000)
+    assert [s for _, s, _ in phases] == list(np.cumsum([0] + [n for *_, n in phases])[:-1])
+
+
+def _feed(bandit: SourceBandit, steps: range, losses) -> None:
+    for step in steps:
+        for i, loss in enumerate(losses(step)):
+            bandit.report(step, i, loss)
+
+
+def test_weights_move_toward_the_source_whose_loss_improves():
+    bandit = SourceBandit(0, SOURCES)
+    assert np.allclose(bandit.weights_at(0), 1 / 3)   # nothing reported yet: uniform
+    # "code" keeps improving; the others are flat (already learned).
+    _feed(bandit, range(0, 400), lambda s: (3.0, 5.0 * 0.997 ** s, 4.0))
+    w = bandit.weights_at(400)
+    assert w.argmax() == 1 and w[1] > 0.5
+    assert np.all(w >= EXPLORE / 3 - 1e-12) and abs(w.sum() - 1) < 1e-12   # no source starves
+    # Then "prose" starts improving and "code" plateaus: the weights follow.
+    _feed(bandit, range(400, 900), lambda s: (3.0, 1.5, 4.0 * 0.997 ** (s - 400)))
+    assert bandit.weights_at(900).argmax() == 2
+
+
+def test_equal_progress_gives_equal_weights():
+    bandit = SourceBandit(1, SOURCES)
+    _feed(bandit, range(300), lambda s: (4.0 * 0.998 ** s,) * 3)
+    assert np.allclose(bandit.weights_at(300), 1 / 3)
+
+
+def test_decisions_are_frozen_and_reproducible():
+    a, b = SourceBandit(5, SOURCES), SourceBandit(5, SOURCES)
+    curve = lambda s: (3.0, 5.0 * 0.99 ** s, 4.0)   # noqa: E731
+    _feed(a, range(200), curve)
+    _feed(b, reversed(range(200)), curve)                 # order of arrival does not matter
+    _feed(b, range(200), lambda s: (9.0, 9.0, 9.0))       # resends are ignored
+    assert [p.weights for p in (a.phase_at(199), a.phase_at(250))] == \
+           [p.weights for p in (b.phase_at(199), b.phase_at(250))]
+    served = a.phase_at(250)
+    _feed(a, range(200, 260), lambda s: (1.0, 9.0, 1.0))  # late reports
+    assert a.phase_at(250) == served                      # already served: unchanged
+    assert [p.index for p in a.phases()] == list(range(served.index + 1))
+
+
+def test_bandit_over_http(data_client):
+    url = "/api/batches/{}?preset=tiny&seed=3&batch_size=8&mode=bandit"
+    first = data_client.get(url.format(0))
+    run = first.headers["x-andrea-run"]
+    assert wire.decode(first.content).phase == 0
+    phases = PhaseSchedule(3).phases_until(200)
+    for step in range(150):
+        r = data_client.post(f"/api/runs/{run}/source_losses",
+                             json={"step": step, "losses": {"python-docs": 3.0,
+                                                            "python-stdlib": 5.0 * 0.99 ** step}})
+        assert r.status_code == 200 and r.json()["used_by_bandit"]
+    later = next(p for p in phases if p[1] >= 150)
+    body = wire.decode(data_client.get(url.format(later[1])).content)
+    assert body.phase == later[0]
+    data = data_client.get(f"/api/runs/{run}/data").json()
+    marks = data["phases"]
+    assert [(m["index"], m["start"], m["length"]) for m in marks] == phases[:later[0] + 1]
+    assert marks[-1]["weights"][1] > marks[-1]["weights"][0]
+    bad = data_client.post(f"/api/runs/{run}/source_losses", json={"step": 1, "losses": {"x": 1}})
+    assert bad.status_code == 400 and "unknown sources" in bad.text
+    assert data_client.post(f"/api/runs/{run}/source_losses",
+                            json={"step": -1, "losses": {}}).status_code == 422

@@ -1,0 +1,183 @@
+"""Batches: determinism (also across processes), the wire format, splits, and bad requests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from server.config import ROOT
+from server.data import wire
+from server.data.sampler import sample_batch, train_windows, val_windows
+from server.data.spec import BatchSpec
+from server.data.tokens import TokenFile
+from tests.test_data_support import TINY_V, data_client, data_dir, hub, tiny  # noqa: F401
+
+AD_HOC = "/api/batches/{}?preset=tiny&seed=7&batch_size=4"
+
+
+def _spec(**kw) -> BatchSpec:
+    return BatchSpec(**{"seed": 7, "batch_size": 4, "seq_len": 64, "vocab_size": TINY_V,
+                        "total_steps": 1000, **kw})
+
+
+def test_same_seed_and_step_same_bytes(data_client):
+    a = data_client.get(AD_HOC.format(3))
+    assert a.status_code == 200 and a.headers["content-type"] == wire.MEDIA_TYPE
+    assert data_client.get(AD_HOC.format(3)).content == a.content
+    assert data_client.get(AD_HOC.format(4)).content != a.content
+    other_seed = data_client.get("/api/batches/3?preset=tiny&seed=8&batch_size=4")
+    assert other_seed.content != a.content
+
+
+def test_header_and_rows_match_the_token_files(data_client, tiny):
+    r = data_client.get("/api/batches/5?preset=tiny&seed=1&batch_size=6")
+    body = r.content
+    head = np.frombuffer(body, "<u4", 10)
+    assert body[:4] == b"ANDB" and list(head[1:9]) == [1, 6, 64, 5, 0, 4, 2, 0xFFFFFFFF]
+    assert head[9] == 48 and len(body) == 48 + 6 * 65 * 4
+    b = wire.decode(body)
+    assert b.tokens.shape == (6, 65) and b.tokens.dtype == np.dtype("<u4")
+    assert r.headers["x-andrea-sources"] == "python-docs,python-stdlib"
+    # Each row is a window of the source its header byte names, inside the train part.
+    for row, src in zip(b.tokens, b.sources):
+        f = tiny.files[src]
+        train = np.asarray(f.tokens[:f.n_train])
+        hits = np.flatnonzero(train[:f.n_train - 64] == row[0])
+        assert any(np.array_equal(train[h:h + 65], row) for h in hits)
+
+
+def test_sampler_is_the_endpoints(data_client, tiny):
+    spec = _spec(seed=7, total_steps=100_000)
+    tokens, sources = sample_batch(tiny.files, spec, 3)
+    b = wire.decode(data_client.get(AD_HOC.format(3)).content)
+    assert np.array_equal(b.tokens, tokens) and np.array_equal(b.sources, sources)
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from fastapi.testclient import TestClient
+from server.app import create_app
+from server.config import Settings
+with TestClient(create_app(Settings(data_dir=Path(sys.argv[1])))) as c:
+    for url in sys.argv[2:]:
+        r = c.get(url)
+        assert r.status_code == 200, r.text
+        sys.stdout.buffer.write(r.content)
+"""
+
+
+def test_same_bytes_in_two_server_processes(data_dir, data_client):
+    urls = [AD_HOC.format(11), "/api/val_batches/2?preset=tiny&batch_size=4",
+            "/api/batches/40?preset=tiny&seed=3&batch_size=2&mode=bandit"]
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(data_dir), *urls], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+        outs.append(out)
+    here = b"".join(data_client.get(u).content for u in urls)
+    assert outs[0] == outs[1] == here
+
+
+def test_validation_never_overlaps_training(tiny):
+    spec = _spec(batch_size=16)
+    for step in range(200):
+        src, start = train_windows(tiny.files, spec, step, np.ones(2))
+        n_train = np.array([tiny.files[i].n_train for i in src])
+        assert np.all(start >= 0) and np.all(start + 65 <= n_train)
+    for index in range(200):
+        src, start = val_windows(tiny.files, spec, index)
+        n_train = np.array([tiny.files[i].n_train for i in src])
+        n = np.array([tiny.files[i].n_tokens for i in src])
+        assert np.all(start >= n_train) and np.all(start + 65 <= n)
+        assert set(src.tolist()) == {0, 1}                  # every eval batch covers every source
+
+
+def test_validation_batches(data_client):
+    url = "/api/val_batches/{}?preset=tiny&batch_size=4&seed={}"
+    a = data_client.get(url.format(0, 1)).content
+    assert wire.decode(a).split == "val"
+    assert data_client.get(url.format(0, 2)).content == a   # the same eval text for every seed
+    assert data_client.get(url.format(1, 1)).content != a
+
+
+def test_fixed_weights_and_uniform_mix(tiny):
+    _, only_docs = sample_batch(tiny.files, _spec(mode="fixed", weights=(1.0, 0.0)), 0)
+    assert set(only_docs.tolist()) == {0}
+    counts = np.zeros(2)
+    for step in range(100):
+        counts += np.bincount(sample_batch(tiny.files, _spec(batch_size=8), step)[1], minlength=2)
+    assert abs(counts[0] / counts.sum() - 0.5) < 0.1
+
+
+def test_run_registry_endpoint(data_client, tiny):
+    runs = data_client.app.state.runs
+    runs.register("r1", _spec(total_steps=10, corpus_hash=tiny.corpus_hash))
+    r = data_client.get("/api/runs/r1/batches/9")
+    assert r.status_code == 200 and r.headers["x-andrea-run"] == "r1"
+    assert np.array_equal(wire.decode(r.content).tokens, sample_batch(tiny.files, _spec(), 9)[0])
+    assert data_client.get("/api/runs/r1/val_batches/0").status_code == 200
+    data = data_client.get("/api/runs/r1/data").json()
+    assert data["sources"] == ["python-docs", "python-stdlib"] and data["phases"] == []
+    runs.register("old", _spec(corpus_hash="0123456789abcdef"))
+    r = data_client.get("/api/runs/old/batches/0")
+    assert r.status_code == 409 and "corpus" in r.json()["detail"]
+
+
+def test_corpus_description(data_client, tiny):
+    body = data_client.get("/api/corpus").json()
+    assert body["corpus_hash"] == tiny.corpus_hash and body["vocab_size"] == TINY_V
+    for s in body["sources"]:
+        assert s["tokens"] == s["train_tokens"] + s["val_tokens"] and s["val_tokens"] > 0
+        assert s["chars"] > s["tokens"] > 0
+
+
+@pytest.mark.parametrize("url, status, words", [
+    ("/api/batches/-1?preset=tiny", 422, "greater than or equal to 0"),
+    ("/api/batches/abc?preset=tiny", 422, "valid integer"),
+    ("/api/batches/1.5?preset=tiny", 422, "valid integer"),
+    ("/api/batches/0?preset=tiny&seed=x", 422, "valid integer"),
+    ("/api/batches/0?preset=tiny&batch_size=0", 422, "greater than or equal to 1"),
+    ("/api/batches/0?preset=tiny&mode=greedy", 422, "uniform"),
+    ("/api/batches/0?preset=tiny&colour=red", 422, "Extra inputs"),
+    ("/api/batches/10?preset=tiny&steps=10", 400, "beyond the run's end"),
+    ("/api/batches/0?preset=nope", 400, "unknown preset"),
+    ("/api/batches/0?preset=tiny&mode=fixed", 400, "needs weights"),
+    ("/api/batches/0?preset=tiny&mode=fixed&weights=1", 400, "1 weights given for 2 sources"),
+    ("/api/batches/0?preset=tiny&mode=fixed&weights=1,-1", 400, "non-negative"),
+    ("/api/batches/0?preset=tiny&mode=fixed&weights=a,b", 400, "comma-separated numbers"),
+    ("/api/batches/0?preset=tiny&weights=1,1", 400, "only used with mode 'fixed'"),
+    ("/api/batches/0?preset=tiny&batch_size=4096&seq_len=65536", 400, "batch_size * (seq_len + 1)"),
+    ("/api/runs/nope/batches/0", 404, "unknown run 'nope'"),
+    ("/api/runs/nope/val_batches/0", 404, "unknown run 'nope'"),
+    ("/api/runs/nope/data", 404, "unknown run 'nope'"),
+    ("/api/runs/nope/batches/-3", 422, "greater than or equal to 0"),
+    ("/api/corpus?preset=huge", 404, "unknown tokenizer"),
+])
+def test_bad_requests_are_clear_4xx(data_client, url, status, words):
+    r = data_client.get(url)
+    assert r.status_code == status, r.text
+    assert words in r.text
+
+
+def test_sources_too_short_for_a_row_are_skipped_or_refused():
+    short = TokenFile("short", np.arange(50, dtype=np.uint16), 45)
+    long = TokenFile("long", np.arange(1000, dtype=np.uint16), 900)
+    _, sources = sample_batch([short, long], _spec(seq_len=64, batch_size=32), 0)
+    assert set(sources.tolist()) == {1}
+    with pytest.raises(ValueError, match="training tokens a row needs"):
+        sample_batch([short], _spec(seq_len=64), 0)
+    with pytest.raises(ValueError, match="validation tokens a row needs"):
+        sample_batch([short, long], _spec(seq_len=200), 0, "val")
+
+
+def test_step_beyond_a_runs_end(data_client, tiny):
+    data_client.app.state.runs.register("short", _spec(total_steps=5))
+    assert data_client.get("/api/runs/short/batches/4").status_code == 200
+    r = data_client.get("/api/runs/short/batches/5")
+    assert r.status_code == 400 and "0 to 4" in r.json()["detail"]
