@@ -1,7 +1,8 @@
 """Run registry: run_id -> BatchSpec, plus each bandit run's SourceBandit.
 
-In memory until the runs issue lands; it will keep the same interface (`get`, `register`,
-`bandit`, `report`) and persist the spec and `bandit.phases()` in SQLite. Ad hoc batch requests
+Specs live in memory and are restored on a miss through `loader` (the SQLite runs table, so a
+server restart loses no run); a restored bandit replays the per-source losses that telemetry
+committed (`replay`), so it decides the same phases again. Ad hoc batch requests
 (`GET /api/batches/{step}?preset=...&seed=...`) register their spec under a content-derived id,
 `adhoc-<hash>`, so they go through exactly the same path as a real run.
 """
@@ -12,6 +13,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 from server.data.bandit import SourceBandit
 from server.data.spec import BatchSpec
@@ -20,7 +22,10 @@ MAX_AD_HOC = 64                     # bounded: each holds a bandit's reports
 
 
 class RunRegistry:
-    def __init__(self):
+    def __init__(self, loader: Callable[[str], BatchSpec | None] | None = None,
+                 replay: Callable[[str], Iterable[tuple[int, str, float]]] | None = None):
+        self._loader = loader
+        self._replay = replay
         self._specs: dict[str, BatchSpec] = {}
         self._ad_hoc: OrderedDict[str, None] = OrderedDict()
         self._bandits: dict[str, SourceBandit] = {}
@@ -33,7 +38,13 @@ class RunRegistry:
             self._specs[run_id] = spec
 
     def get(self, run_id: str) -> BatchSpec | None:
-        return self._specs.get(run_id)
+        spec = self._specs.get(run_id)
+        if spec is None and self._loader is not None and not run_id.startswith("adhoc-"):
+            spec = self._loader(run_id)
+            if spec is not None:
+                with self._lock:
+                    self._specs.setdefault(run_id, spec)
+        return spec
 
     def register_ad_hoc(self, spec: BatchSpec) -> str:
         key = json.dumps(spec.to_dict(), sort_keys=True).encode()
@@ -55,7 +66,10 @@ class RunRegistry:
             return None
         with self._lock:
             if run_id not in self._bandits:
-                self._bandits[run_id] = SourceBandit(spec.seed, source_names)
+                bandit = SourceBandit(spec.seed, source_names)
+                for step, source, loss in (self._replay(run_id) if self._replay else ()):
+                    bandit.report(step, source, loss)
+                self._bandits[run_id] = bandit
             return self._bandits[run_id]
 
     def report(self, run_id: str, step: int, source: int | str, loss: float,

@@ -1,0 +1,159 @@
+"""SQLite store (WAL): runs and their step metrics. All I/O runs on one writer thread, never on
+the event loop; the PRIMARY KEY (run_id, step) makes a resent record a no-op."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  id TEXT PRIMARY KEY,
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  config TEXT NOT NULL,            -- JSON: the validated run config
+  token_sha256 TEXT NOT NULL,      -- the trainer's write token, hashed
+  status TEXT NOT NULL,            -- created | running | paused | finished | stopped | failed
+  message TEXT,                    -- why it failed or stopped
+  adapter TEXT                     -- JSON: the GPU adapter the trainer reported
+);
+CREATE TABLE IF NOT EXISTS metrics (
+  run_id TEXT NOT NULL REFERENCES runs(id),
+  step INTEGER NOT NULL,
+  loss REAL,                       -- NULL: the loss was not finite on the GPU
+  grad_norm REAL,
+  clip_scale REAL,
+  lr REAL,
+  tokens_per_s REAL,
+  step_ms REAL,
+  eval_loss REAL,
+  extra TEXT,                      -- JSON of the remaining validated fields
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+  run_id TEXT NOT NULL REFERENCES runs(id),
+  step INTEGER NOT NULL,
+  kind TEXT NOT NULL,              -- sample | phase
+  data TEXT NOT NULL,              -- JSON
+  PRIMARY KEY (run_id, step, kind)
+) WITHOUT ROWID;
+"""
+
+METRIC_COLUMNS = ("step", "loss", "grad_norm", "clip_scale", "lr", "tokens_per_s", "step_ms",
+                  "eval_loss")
+
+
+class Store:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._local = threading.local()
+        self._conn().executescript(SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+        return conn
+
+    async def run(self, fn, *args):
+        """Run a store method on the SQLite thread, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # ---- runs ---------------------------------------------------------------------------
+    def create_run(self, run_id: str, config: dict, token_sha256: str) -> None:
+        now = time.time()
+        self._conn().execute(
+            "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status)"
+            " VALUES (?, ?, ?, ?, ?, 'created')", (run_id, now, now, json.dumps(config), token_sha256))
+
+    def get_run(self, run_id: str) -> dict | None:
+        row = self._conn().execute(
+            "SELECT r.*, (SELECT MAX(step) FROM metrics m WHERE m.run_id = r.id) AS last_step,"
+            " (SELECT loss FROM metrics m WHERE m.run_id = r.id ORDER BY step DESC LIMIT 1)"
+            " AS last_loss FROM runs r WHERE id = ?", (run_id,)).fetchone()
+        return _run_dict(row) if row else None
+
+    def get_run_with_token(self, run_id: str) -> dict | None:
+        row = self._conn().execute("SELECT id, token_sha256, status FROM runs WHERE id = ?",
+                                   (run_id,)).fetchone()
+        return dict(row) if row else None
+
+    def list_runs(self, limit: int = 200) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT r.*, (SELECT MAX(step) FROM metrics m WHERE m.run_id = r.id) AS last_step,"
+            " (SELECT loss FROM metrics m WHERE m.run_id = r.id ORDER BY step DESC LIMIT 1)"
+            " AS last_loss FROM runs r ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        return [_run_dict(r) for r in rows]
+
+    def set_status(self, run_id: str, status: str, message: str | None = None,
+                   adapter: dict | None = None) -> None:
+        self._conn().execute(
+            "UPDATE runs SET status = ?, message = COALESCE(?, message),"
+            " adapter = COALESCE(?, adapter), updated_at = ? WHERE id = ?",
+            (status, message, json.dumps(adapter) if adapter else None, time.time(), run_id))
+
+    # ---- metrics ------------------------------------------------------------------------
+    def add_metrics(self, run_id: str, records: list[dict]) -> int | None:
+        """Insert records (existing steps are kept as they are); returns the highest step."""
+        rows = []
+        for r in records:
+            extra = {k: v for k, v in r.items() if k not in METRIC_COLUMNS}
+            rows.append((run_id, *(r.get(c) for c in METRIC_COLUMNS),
+                         json.dumps(extra) if extra else None))
+        conn = self._conn()
+        with conn:  # one transaction: a batch commits whole or not at all
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT OR IGNORE INTO metrics (run_id, step, loss, grad_norm, clip_scale, lr,"
+                " tokens_per_s, step_ms, eval_loss, extra) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
+        return self.last_step(run_id)
+
+    def last_step(self, run_id: str) -> int | None:
+        return self._conn().execute("SELECT MAX(step) FROM metrics WHERE run_id = ?",
+                                    (run_id,)).fetchone()[0]
+
+    def metrics(self, run_id: str, after: int | None = None) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT * FROM metrics WHERE run_id = ? AND step > ? ORDER BY step",
+            (run_id, -1 if after is None else after)).fetchall()
+        out = []
+        for row in rows:
+            d = {c: row[c] for c in METRIC_COLUMNS}
+            if row["extra"]:
+                d.update(json.loads(row["extra"]))
+            out.append(d)
+        return out
+
+    # ---- events (text samples, bandit phases) -------------------------------------------
+    def add_event(self, run_id: str, step: int, kind: str, data: dict) -> None:
+        self._conn().execute("INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?)",
+                             (run_id, step, kind, json.dumps(data)))
+
+    def events(self, run_id: str, kind: str | None = None) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT step, kind, data FROM events WHERE run_id = ? AND (? IS NULL OR kind = ?)"
+            " ORDER BY step", (run_id, kind, kind)).fetchall()
+        return [{"step": r["step"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
+
+
+def _run_dict(row: sqlite3.Row) -> dict:
+    d = dict(row)
+    d.pop("token_sha256", None)
+    d["config"] = json.loads(d["config"])
+    d["adapter"] = json.loads(d["adapter"]) if d["adapter"] else None
+    return d

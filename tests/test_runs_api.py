@@ -1,0 +1,69 @@
+import pytest
+
+
+def test_minimal_config_gets_defaults(client):
+    r = client.post("/api/runs", json={"preset": "tiny"})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["config"]["optimizer"] == "adamw" and body["config"]["seq_len"] == 64
+    assert body["config"]["clip"] is True and body["config"]["max_norm"] == 1.0
+    assert len(body["token"]) >= 24 and body["layout"]["config"]["n_embd"] == 64
+    assert body["optimizer_memory"]["adamw_8bit"]["state_bytes"] < \
+        0.3 * body["optimizer_memory"]["adamw"]["state_bytes"]
+    run = client.get(f"/api/runs/{body['id']}").json()
+    assert run["status"] == "created" and "token" not in run and "token_sha256" not in run
+    assert [x["id"] for x in client.get("/api/runs").json()] == [body["id"]]
+
+
+@pytest.mark.parametrize("bad", [
+    {}, {"preset": "huge"}, {"preset": "tiny", "optimizer": "sgd"},
+    {"preset": "tiny", "lr": -1}, {"preset": "tiny", "steps": "many"},
+    {"preset": "tiny", "seq_len": 65}, {"preset": "tiny", "bogus": 1},
+    {"preset": "tiny", "warmup_steps": 500, "steps": 100},
+])
+def test_bad_configs_are_422(client, bad):
+    r = client.post("/api/runs", json=bad)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]
+
+
+def test_nan_in_config_is_rejected(client):
+    r = client.post("/api/runs", content=b'{"preset": "tiny", "lr": NaN}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422
+
+
+def test_unknown_run_is_404(client):
+    assert client.get("/api/runs/nope").status_code == 404
+    assert client.get("/api/runs/nope/metrics").status_code == 404
+    assert client.get("/api/runs/nope/batches/0").status_code == 404
+
+
+def test_run_batches_are_served(client):
+    run = client.post("/api/runs", json={"preset": "tiny", "batch_size": 2, "steps": 5}).json()
+    r = client.get(f"/api/runs/{run['id']}/batches/0")
+    assert r.status_code == 200 and r.content[:4] == b"ANDB"
+    assert client.get(f"/api/runs/{run['id']}/batches/5").status_code == 400  # past the end
+
+
+def test_server_restart_keeps_runs_metrics_and_batches(settings):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+
+    with TestClient(create_app(settings)) as c1:
+        run = c1.post("/api/runs", json={"preset": "tiny", "batch_size": 2, "steps": 5}).json()
+        batch = c1.get(f"/api/runs/{run['id']}/batches/3").content
+        with c1.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+            ws.send_json({"type": "hello", "token": run["token"]})
+            assert ws.receive_json()["type"] == "welcome"
+            ws.send_json({"type": "metrics", "records": [
+                {"step": 1, "loss": 6.0, "grad_norm": 2.0, "clip_scale": 0.5, "lr": 1e-3}]})
+            assert ws.receive_json() == {"type": "ack", "step": 1}
+    with TestClient(create_app(settings)) as c2:   # a new process on the same data dir
+        assert c2.get(f"/api/runs/{run['id']}").json()["status"] == "created"
+        assert [m["step"] for m in c2.get(f"/api/runs/{run['id']}/metrics").json()] == [1]
+        assert c2.get(f"/api/runs/{run['id']}/batches/3").content == batch
+        with c2.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+            ws.send_json({"type": "hello", "token": run["token"], "last_acked_step": 0})
+            assert ws.receive_json() == {"type": "welcome", "last_committed_step": 1}
