@@ -1,0 +1,50 @@
+// Text generation from the model as it learns: forward over a [1, T] window, read only the
+// last position's logits, sample with temperature. Occasional and small, so it reads back
+// synchronously (the trainer runs it between steps).
+
+import { readBuffer } from './gpu.js';
+
+/** Mulberry32: a tiny seeded PRNG so samples are reproducible for a (run, step). */
+export function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** `n` new token ids after `prompt` (ids), keeping the last T tokens as context. */
+export async function generate(model, prompt, n, { temperature = 0.8, seed = 0 } = {}) {
+  const { seq_len: T, vocab_size: V } = model.config;
+  const plan = await model.plan(1, T);
+  const random = rng(seed);
+  const ids = [...prompt];
+  const window = new Uint32Array(T);
+  for (let i = 0; i < n; i++) {
+    const ctx = ids.slice(-T);
+    window.fill(0);
+    window.set(ctx);
+    model.writeBatch(plan, window);
+    model.submit(plan.forward);
+    // Causal attention: padding after the context cannot change the last real position.
+    const row = new Float32Array(await readBuffer(model.device, plan.acts.logits, V * 4,
+      (ctx.length - 1) * V * 4));
+    ids.push(sampleRow(row, temperature, random));
+  }
+  return ids.slice(prompt.length);
+}
+
+function sampleRow(logits, temperature, random) {
+  let max = -Infinity;
+  for (const x of logits) max = Math.max(max, x);
+  if (!(temperature > 0)) return logits.indexOf(max);
+  const p = new Float64Array(logits.length);
+  let sum = 0;
+  for (let v = 0; v < logits.length; v++) { p[v] = Math.exp((logits[v] - max) / temperature); sum += p[v]; }
+  let r = random() * sum;
+  for (let v = 0; v < p.length; v++) { r -= p[v]; if (r <= 0) return v; }
+  return p.length - 1;
+}
