@@ -34,6 +34,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))
     app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
     app.mount("/shaders", ShaderFiles(directory=settings.shaders_dir), name="shaders")
+    uplot = settings.vendor_dir / "uplot" / "dist"
+    if uplot.is_dir():
+        app.mount("/vendor/uplot", StaticFiles(directory=uplot), name="uplot")
+    else:
+        @app.get("/vendor/uplot/{path:path}", include_in_schema=False)
+        def _no_uplot(path: str):
+            return JSONResponse({"detail": "uPlot is not installed: run `npm ci` in the checkout "
+                                 "(bash scripts/serve does it)"}, status_code=404)
     app.include_router(health.router)
     app.include_router(pages.router)
     app.include_router(presets.router)

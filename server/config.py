@@ -17,6 +17,7 @@ class Settings:
     static_dir: Path = ROOT / "static"
     shaders_dir: Path = ROOT / "shaders"
     templates_dir: Path = ROOT / "templates"
+    vendor_dir: Path = ROOT / "node_modules"   # npm packages the pages import (uPlot)
     # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
     corpora: tuple[tuple[str, Path], ...] = ()
 

@@ -13,7 +13,23 @@ def _render(request: Request, template: str, **context) -> HTMLResponse:
 
 @router.get("/", response_class=HTMLResponse)
 def index(request: Request):
-    return _render(request, "index.html", title="Andrea")
+    return _render(request, "index.html", title="New run")
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(request: Request):
+    return _render(request, "runs.html", title="Runs")
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: str):
+    # The page loads the run through the API and says so itself when the run does not exist.
+    return _render(request, "run.html", title=f"Run {run_id}", run_id=run_id)
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request):
+    return _render(request, "compare.html", title="Compare runs")
 
 
 @router.get("/diagnostics", response_class=HTMLResponse)

@@ -9,6 +9,62 @@ import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels, ropeTable } from './kernels.js';
 import { copyOp, encodeOps, view } from './ops.js';
 
+/** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
+ *  The plan allocates exactly these, and the new-run page sums them for its memory estimate. */
+export function activationShapes(config, B, T) {
+  const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
+  const N = B * T;
+  return [
+    ['tokens', N, null], ['targets', N, null],       // [B, T] u32
+    ['res', N * C, L + 1],                            // [N, C] residual stream, layer inputs
+    ['resMid', N * C, L],                             // [N, C] after attention
+    ['n1', N * C, L], ['rstd1', N, L],                // input_layernorm out, 1/rms
+    ['n2', N * C, L], ['rstd2', N, L],                // post_attention_layernorm out, 1/rms
+    ['qkv', N * 3 * C, L],                            // [N, 3C] q, k after RoPE; v
+    ['att', N * C, L],                                // [N, C] attention output
+    ['lse', B * H * T, L],                            // [B, H, T] softmax logsumexp
+    ['gu', N * 2 * F, L],                             // [N, 2F] gate | up
+    ['h', N * F, L],                                  // [N, F] silu(gate) * up
+    ['nf', N * C, null], ['rstdf', N, null],          // final norm
+    ['logits', N * V, null],                          // [N, V], then dlogits in place
+    ['losses', N + 1, null],                          // [N] per token + mean
+    ['rope', T * (C / H), null],                      // [T, D/2, 2] cos, sin
+    ['dres', N * C, null], ['dn', N * C, null], ['datt', N * C, null],   // backward scratch
+    ['dqkv', N * 3 * C, null], ['delta', B * H * T, null],
+    ['dh', N * F, null], ['dgu', N * 2 * F, null],
+  ];
+}
+
+/** Bytes of a (B, T) plan's activations, and the largest single one. */
+export function activationBytes(config, B, T) {
+  let total = 0;
+  let largest = { name: null, bytes: 0 };
+  for (const [name, numel, layers] of activationShapes(config, B, T)) {
+    total += numel * 4 * (layers ?? 1);
+    if (numel * 4 > largest.bytes) largest = { name, bytes: numel * 4 };
+  }
+  return { total, largest };
+}
+
+/** Why this adapter cannot hold the model at (B, T), in words; empty when it can. */
+export function limitProblems(layout, B, T, limits) {
+  const bindLimit = Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+  const problems = [];
+  const wBytes = layout.total_numel * 4;
+  if (wBytes > bindLimit) {
+    problems.push(`the weights need one ${(wBytes / 2 ** 20).toFixed(0)} MiB buffer; this ` +
+      `adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB`);
+  }
+  const { largest } = activationBytes(layout.config, B, T);
+  if (largest.bytes > bindLimit) {
+    problems.push(`the ${largest.name} activation needs ${(largest.bytes / 2 ** 20).toFixed(0)} MiB ` +
+      `at batch ${B} x ${T}; this adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB: ` +
+      'use a smaller batch');
+  }
+  if (layout.config.n_embd / layout.config.n_head > 128) problems.push('head dim over 128 is not supported');
+  return problems;
+}
+
 export class Model {
   /** ctx: {device, lib} from the lab or trainer; layout: the server's parameter table. */
   constructor(ctx, layout) {
@@ -19,10 +75,6 @@ export class Model {
     this.params = Object.fromEntries(layout.params.map((p) => [p.name, p]));
     this.k = new Kernels(ctx.device, ctx.lib);
     const bytes = layout.total_numel * 4;
-    const limit = Math.min(ctx.limits.maxStorageBufferBindingSize, ctx.limits.maxBufferSize);
-    if (bytes > limit) {
-      throw new Error(`the weights need ${bytes} bytes in one buffer; this adapter allows ${limit}`);
-    }
     this.W = storageBuffer(this.device, bytes, { label: 'W' });   // weights
     this.G = storageBuffer(this.device, bytes, { label: 'G' });   // gradients (+=, zeroed by AdamW)
     this.weightsF16 = null;  // set by the optimizer when the f16 mirror is on
@@ -79,30 +131,17 @@ export class Model {
     const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V, seq_len: Tmax,
       norm_eps: eps, rope_theta: theta } = this.config;
     if (T > Tmax) throw new Error(`sequence length ${T} exceeds the model's ${Tmax}`);
+    const problems = limitProblems(this.layout, B, T, this.ctx.limits);
+    if (problems.length) throw new Error(`cannot plan batch ${B} x ${T}: ${problems.join('; ')}`);
     const D = C / H;
     const N = B * T;
     const dev = this.device;
-    const buf = (numel, label) => storageBuffer(dev, numel * 4, { label });
-    const a = {  // activations kept for backward
-      tokens: buf(N, 'tokens'), targets: buf(N, 'targets'),
-      res: [...Array(L + 1)].map((_, l) => buf(N * C, `res${l}`)),     // [N, C] layer inputs
-      resMid: [...Array(L)].map((_, l) => buf(N * C, `resMid${l}`)),  // [N, C] after attention
-      n1: [...Array(L)].map(() => buf(N * C, 'n1')), rstd1: [...Array(L)].map(() => buf(N, 'rstd1')),
-      n2: [...Array(L)].map(() => buf(N * C, 'n2')), rstd2: [...Array(L)].map(() => buf(N, 'rstd2')),
-      qkv: [...Array(L)].map(() => buf(N * 3 * C, 'qkv')),             // [N, 3C] q,k roped
-      att: [...Array(L)].map(() => buf(N * C, 'att')),                 // [N, C] attention out
-      lse: [...Array(L)].map(() => buf(B * H * T, 'lse')),             // [B, H, T]
-      gu: [...Array(L)].map(() => buf(N * 2 * F, 'gu')),               // [N, 2F] gate|up
-      h: [...Array(L)].map(() => buf(N * F, 'h')),                     // [N, F]
-      nf: buf(N * C, 'nf'), rstdf: buf(N, 'rstdf'),
-      logits: buf(N * V, 'logits'),                                    // [N, V], then dlogits
-      losses: buf(N + 1, 'losses'),                                    // [N] rows + mean
-      rope: storageBuffer(dev, T * D * 4, { label: 'rope', data: ropeTable(T, D, theta) }),
-      // backward scratch, reused by every layer
-      dres: buf(N * C, 'dres'), dn: buf(N * C, 'dn'), datt: buf(N * C, 'datt'),
-      dqkv: buf(N * 3 * C, 'dqkv'), delta: buf(B * H * T, 'delta'),
-      dh: buf(N * F, 'dh'), dgu: buf(N * 2 * F, 'dgu'),
-    };
+    const a = {};  // activations kept for backward, and backward scratch
+    for (const [name, numel, layers] of activationShapes(this.config, B, T)) {
+      const make = (i) => storageBuffer(dev, numel * 4, { label: layers ? `${name}${i}` : name });
+      a[name] = layers ? [...Array(layers)].map((_, i) => make(i)) : make(0);
+    }
+    dev.queue.writeBuffer(a.rope, 0, ropeTable(T, D, theta));
     const k = this.k;
     const W = this.W;
     const G = this.G;
