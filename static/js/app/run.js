@@ -1,0 +1,221 @@
+// Run page. The tab that created the run (its token is in sessionStorage) trains it on this GPU
+// and streams records to the server; any other tab watches the committed records live.
+import { acquireDevice } from '../engine/gpu.js';
+import { makeDecoder } from '../engine/decode.js';
+import { fetchLoader, ShaderLibrary } from '../engine/shaders.js';
+import { Trainer } from '../engine/trainer.js';
+import { Chart, smooth } from './charts.js';
+import { TrainerSocket, watch } from './telemetry.js';
+
+const $ = (id) => document.getElementById(id);
+const runId = $('run').dataset.runId;
+const body = document.body;
+
+// Columnar metrics, indexed by step (1-based); records may arrive twice (backlog + live).
+const data = { steps: [], byStep: new Map(), phases: [], clips: [] };
+let config = null;
+let charts = null;
+
+function setStatus(text, cls = '') {
+  $('status').textContent = text;
+  $('status').className = `status ${cls}`;
+}
+
+function showError(text) {
+  $('error').textContent = text;
+  $('error').hidden = false;
+}
+
+function addRecords(records) {
+  for (const r of records) {
+    if (!data.byStep.has(r.step)) data.steps.push(r.step);
+    data.byStep.set(r.step, r);
+  }
+  data.steps.sort((a, b) => a - b);
+  redraw();
+}
+
+function column(key) {
+  return data.steps.map((s) => data.byStep.get(s)[key] ?? null);
+}
+
+function redraw() {
+  if (!charts) return;
+  const xs = data.steps;
+  const alpha = Number($('smoothing').value);
+  const loss = column('loss');
+  // Phase changes and clip events, for the marks.
+  data.phases = [];
+  let prev = null;
+  for (const s of xs) {
+    const ph = data.byStep.get(s).phase;
+    if (ph !== undefined && ph !== null && prev !== null && ph !== prev) data.phases.push(s);
+    if (ph !== undefined && ph !== null) prev = ph;
+  }
+  const clip = column('clip_scale');
+  const clipped = clip.map((c) => (c !== null && c < 1 ? 1 : null));
+  const norm = column('grad_norm');
+  charts.loss.update([xs, loss, smooth(loss, alpha), column('eval_loss')]);
+  charts.norm.update([xs, norm, xs.map(() => (config?.clip ? config.max_norm : null)),
+    norm.map((n, i) => (clipped[i] ? n : null))]);
+  charts.clip.update([xs, clip]);
+  charts.lr.update([xs, column('lr')]);
+  charts.speed.update([xs, smooth(column('tokens_per_s'), alpha)]);
+  const last = data.byStep.get(xs[xs.length - 1]);
+  $('charts').dataset.steps = String(xs.length);
+  if (last) {
+    stat('step', `${last.step} / ${config?.steps ?? '?'}`);
+    stat('loss', last.loss === null ? 'non-finite' : last.loss.toFixed(4));
+    stat('grad norm', last.grad_norm?.toFixed(3) ?? '-');
+    stat('clip scale', last.clip_scale?.toFixed(3) ?? '-');
+    stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
+    stat('clipped steps', String(clipped.filter(Boolean).length));
+  }
+}
+
+function stat(name, value) {
+  let el = $('stats').querySelector(`[data-stat="${name}"]`);
+  if (!el) {
+    el = document.createElement('span');
+    el.dataset.stat = name;
+    $('stats').append(el);
+  }
+  el.innerHTML = '';
+  el.append(`${name}: `);
+  const b = document.createElement('b');
+  b.textContent = value;
+  el.append(b);
+}
+
+function addSample(step, text) {
+  const box = $('samples');
+  if (box.querySelector('p')) box.replaceChildren();
+  const div = document.createElement('div');
+  div.dataset.step = String(step);
+  div.textContent = `step ${step}: ${text}`;
+  box.prepend(div);
+}
+
+function makeCharts() {
+  const parent = $('charts');
+  const marks = () => data.phases;
+  charts = {
+    loss: new Chart(parent, 'loss', [{ label: 'train' }, { label: 'smoothed', color: '#0b3d91' },
+      { label: 'eval', color: '#e8710a', points: true }], { marks }),
+    norm: new Chart(parent, 'grad norm', [{ label: 'grad norm' },
+      { label: 'max_norm', color: '#b3261e', dash: [6, 4] },
+      { label: 'clipped', color: '#b3261e', points: true }], { marks }),
+    clip: new Chart(parent, 'clip scale', [{ label: 'clip scale', color: '#0a7d38' }], { marks }),
+    lr: new Chart(parent, 'learning rate', [{ label: 'lr', color: '#8e44ad' }]),
+    speed: new Chart(parent, 'tokens/s', [{ label: 'tokens/s', color: '#00838f' }]),
+  };
+  $('smoothing').addEventListener('input', redraw);
+  $('logscale').addEventListener('change', () => {
+    charts.loss.setLog($('logscale').checked);
+    redraw();
+  });
+}
+
+function showRun(run) {
+  config = run.config;
+  stat('preset', config.preset);
+  stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''));
+  stat('optimizer state', `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`);
+  stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off');
+  if (run.adapter) stat('adapter', `${run.adapter.vendor} ${run.adapter.architecture}`.trim());
+  body.dataset.status = run.status;
+}
+
+async function train(run, token) {
+  $('mode').textContent = '(training in this tab)';
+  const socket = new TrainerSocket(runId, token, {
+    onState: (s, why) => { body.dataset.socket = s; if (s === 'refused') showError(`Server refused: ${why}`); },
+  });
+  const { device, info, limits, features, software } = await acquireDevice(navigator.gpu, {
+    onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
+  const ctx = { device, limits, features, lib: new ShaderLibrary(device, fetchLoader()) };
+  const adapter = { vendor: info.vendor, architecture: info.architecture,
+    description: info.description, software };
+  stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`);
+  const [layout, maps, tok] = await Promise.all([
+    fetch(`/api/presets/${config.preset}/layout`).then((r) => r.json()),
+    fetch('/api/optimizer/maps').then((r) => r.json()),
+    fetch(`/api/tokenizer/${config.preset}`).then((r) => r.json()),
+  ]);
+  const fetchBody = (url) => fetch(url).then(async (r) => {
+    if (!r.ok) throw new Error(`${url}: ${r.status} ${await r.text()}`);
+    return r.arrayBuffer();
+  });
+  setStatus('Compiling kernels and initialising weights…');
+  const trainer = await Trainer.create({
+    ctx, layout, config, maps, decode: makeDecoder(tok),
+    loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
+    loadValBatch: (i) => fetchBody(`/api/runs/${runId}/val_batches/${i}`),
+    on: {
+      record: (r) => { socket.push(r); addRecords([r]); },
+      sample: (step, text) => { socket.send({ type: 'sample', step, text }); addSample(step, text); },
+      status: (status, message) => {
+        body.dataset.status = status;
+        socket.send({ type: 'status', status, ...(message ? { message } : {}),
+          ...(status === 'running' ? { adapter } : {}) });
+        setStatus(`${status}${message ? `: ${message}` : ''}`, status === 'failed' ? 'bad' : 'ok');
+      },
+    },
+  });
+  window.andreaTrainer = trainer;   // tests and the headless CLI read trainer.stats
+  $('trainer-controls').hidden = false;
+  $('pause').onclick = () => { trainer.pause(); $('pause').hidden = true; $('resume').hidden = false; };
+  $('resume').onclick = () => { trainer.resume(); $('pause').hidden = false; $('resume').hidden = true; };
+  $('stop').onclick = () => trainer.stop();
+  let final;
+  try {
+    final = await trainer.run();
+  } catch (e) {
+    showError(`Training failed: ${e.message}`);
+    final = 'failed';
+  }
+  const lastStep = data.steps[data.steps.length - 1] ?? 0;
+  await socket.committed(lastStep);
+  await socket.sync();
+  body.dataset.committed = String(lastStep);
+  stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`);
+  socket.close();
+  sessionStorage.removeItem(`andrea.run.${runId}`);  // a reload must not train it again
+  body.dataset.done = final;
+}
+
+function view() {
+  $('mode').textContent = '(watching)';
+  watch(runId, (msg) => {
+    if (msg.type === 'records') addRecords(msg.records);
+    else if (msg.type === 'run') { showRun(msg.run); setStatus(msg.run.status); }
+    else if (msg.type === 'sample') addSample(msg.step, msg.text);
+  }, (s) => { body.dataset.socket = s; });
+}
+
+async function main() {
+  const res = await fetch(`/api/runs/${runId}`);
+  if (!res.ok) {
+    setStatus(`No run ${runId} here.`, 'bad');
+    body.dataset.status = 'missing';
+    return;
+  }
+  const run = await res.json();
+  showRun(run);
+  makeCharts();
+  const saved = JSON.parse(sessionStorage.getItem(`andrea.run.${runId}`) || 'null');
+  if (saved && run.status === 'created') {
+    try {
+      await train(run, saved.token);
+    } catch (e) {
+      showError(`Cannot train here: ${e.message}`);
+      body.dataset.done = 'failed';
+      throw e;
+    }
+  } else {
+    setStatus(run.status);
+    view();
+  }
+}
+
+main();

@@ -1,0 +1,125 @@
+// Websocket clients for the telemetry protocol (server/telemetry.py).
+//
+// TrainerSocket keeps every record until the server acks its step, flushes every 250 ms, and
+// after a reconnect resends what the server has not committed: no step is lost or duplicated.
+// Viewer sockets receive committed records (backlog first) and reconnect on their own.
+
+const FLUSH_MS = 250;
+const wsUrl = (path) => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${path}`;
+
+export class TrainerSocket {
+  constructor(runId, token, { onState = () => {} } = {}) {
+    Object.assign(this, { runId, token, onState });
+    this.unacked = [];        // records in step order, not yet committed
+    this.control = [];        // status / sample messages, sent in order once connected
+    this.lastAcked = null;
+    this.sentUpTo = null;     // highest step sent on the current connection
+    this.ws = null;
+    this.closed = false;
+    this.retry = 500;
+    this.ackWaiters = [];
+    this.pongWaiters = [];
+    this.connect();
+    this.timer = setInterval(() => this.flush(), FLUSH_MS);
+  }
+
+  connect() {
+    const ws = new WebSocket(wsUrl(`/ws/runs/${this.runId}`));
+    this.ws = ws;
+    this.ready = false;
+    ws.onopen = () => ws.send(JSON.stringify({ type: 'hello', token: this.token,
+      last_acked_step: this.lastAcked }));
+    ws.onmessage = (ev) => this.handle(JSON.parse(ev.data));
+    ws.onclose = (ev) => {
+      this.ready = false;
+      this.onState('disconnected', ev.reason);
+      if (this.closed || ev.code === 1008 || ev.code === 1003) {
+        if (!this.closed) this.onState('refused', `${ev.code} ${ev.reason}`);
+        return;
+      }
+      setTimeout(() => this.connect(), this.retry);
+      this.retry = Math.min(this.retry * 2, 8000);
+    };
+  }
+
+  handle(msg) {
+    if (msg.type === 'welcome') {
+      this.ready = true;
+      this.retry = 500;
+      this.markAcked(msg.last_committed_step);
+      this.sentUpTo = this.lastAcked;   // resend everything after the committed step
+      this.onState('connected');
+      this.flush();
+    } else if (msg.type === 'ack') {
+      this.markAcked(msg.step);
+    } else if (msg.type === 'pong') {
+      this.pongWaiters.splice(0).forEach((resolve) => resolve());
+    } else if (msg.type === 'error') {
+      this.onState('error', msg.message);
+    }
+  }
+
+  markAcked(step) {
+    if (step === null || step === undefined) return;
+    this.lastAcked = Math.max(this.lastAcked ?? -1, step);
+    while (this.unacked.length && this.unacked[0].step <= this.lastAcked) this.unacked.shift();
+    this.ackWaiters = this.ackWaiters.filter(([s, resolve]) => (s <= this.lastAcked ? resolve() : true));
+  }
+
+  push(record) { this.unacked.push(record); }
+
+  send(message) {
+    this.control.push(message);
+    this.flush();
+  }
+
+  flush() {
+    if (!this.ready || this.ws.readyState !== WebSocket.OPEN) return;
+    while (this.control.length) this.ws.send(JSON.stringify(this.control.shift()));
+    const fresh = this.unacked.filter((r) => this.sentUpTo === null || r.step > this.sentUpTo);
+    for (let i = 0; i < fresh.length; i += 500) {
+      this.ws.send(JSON.stringify({ type: 'metrics', records: fresh.slice(i, i + 500) }));
+    }
+    if (fresh.length) this.sentUpTo = fresh[fresh.length - 1].step;
+  }
+
+  /** Resolves once every record up to `step` is committed. */
+  committed(step) {
+    if (this.lastAcked !== null && this.lastAcked >= step) return Promise.resolve();
+    return new Promise((resolve) => this.ackWaiters.push([step, resolve]));
+  }
+
+  /** Resolves when the server has processed everything sent before (a ping's pong). */
+  sync() {
+    return new Promise((resolve) => {
+      this.pongWaiters.push(resolve);
+      this.send({ type: 'ping' });
+    });
+  }
+
+  close() {
+    this.flush();
+    this.closed = true;
+    clearInterval(this.timer);
+    this.ws?.close(1000);
+  }
+}
+
+/** Read-only viewer: onMessage gets every server message; reconnects after drops. */
+export function watch(runId, onMessage, onState = () => {}) {
+  let retry = 500;
+  let stopped = false;
+  const open = () => {
+    const ws = new WebSocket(wsUrl(`/ws/runs/${runId}/watch`));
+    ws.onopen = () => { retry = 500; onState('connected'); };
+    ws.onmessage = (ev) => onMessage(JSON.parse(ev.data));
+    ws.onclose = (ev) => {
+      onState('disconnected', ev.reason);
+      if (stopped || ev.code === 1008) return;
+      setTimeout(open, retry);
+      retry = Math.min(retry * 2, 8000);
+    };
+  };
+  open();
+  return () => { stopped = true; };
+}
