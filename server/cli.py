@@ -51,6 +51,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not build tokenizers and token files in the background at start "
                             "(the first batch request builds them instead)")
     serve.set_defaults(func=_serve)
+
+    tr = sub.add_parser("train", help="run a training run in headless Chromium (Playwright)")
+    tr.add_argument("--headless", action="store_true", required=True,
+                    help="drive the training page in a headless browser (the only mode)")
+    tr.add_argument("--preset", default="tiny")
+    tr.add_argument("--optimizer", choices=["adamw", "adamw_8bit"], default="adamw")
+    tr.add_argument("--f16-mirror", action="store_true", help="matmuls read an f16 weight mirror")
+    tr.add_argument("--steps", type=int, default=200)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--batch-size", type=int)
+    tr.add_argument("--lr", type=float)
+    tr.add_argument("--max-norm", type=float)
+    tr.add_argument("--no-clip", action="store_true", help="turn gradient clipping off")
+    tr.add_argument("--data-mode", choices=["uniform", "bandit"])
+    tr.add_argument("--server", help="an Andrea server URL (default: start one for this run)")
+    tr.add_argument("--data-dir", help="data dir of the server started for this run")
+    tr.add_argument("--gpu", action="store_true",
+                    help="use the machine's GPU through Vulkan instead of SwiftShader")
+    tr.add_argument("--timeout", type=float, default=3600, help="seconds before giving up")
+    tr.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    tr.set_defaults(func=lambda a: __import__("server.headless", fromlist=["train"]).train(a))
     return parser
 
 
