@@ -8,8 +8,8 @@ def test_minimal_config_gets_defaults(client):
     assert body["config"]["optimizer"] == "adamw" and body["config"]["seq_len"] == 64
     assert body["config"]["clip"] is True and body["config"]["max_norm"] == 1.0
     assert len(body["token"]) >= 24 and body["layout"]["config"]["n_embd"] == 64
-    assert body["optimizer_memory"]["adamw_8bit"]["state_bytes"] < \
-        0.3 * body["optimizer_memory"]["adamw"]["state_bytes"]
+    assert body["optimizer_state"]["adamw_8bit"]["state_bytes"] < \
+        0.3 * body["optimizer_state"]["adamw"]["state_bytes"]
     run = client.get(f"/api/runs/{body['id']}").json()
     assert run["status"] == "created" and "token" not in run and "token_sha256" not in run
     assert [x["id"] for x in client.get("/api/runs").json()] == [body["id"]]

@@ -78,7 +78,7 @@ async def create_run(request: Request, config: RunConfig) -> dict:
     await store.run(store.create_run, run_id, cfg, token_hash(token))
     app.state.runs.register(run_id, spec)
     return {"id": run_id, "token": token, "config": cfg, "layout": layout,
-            "optimizer_memory": optimizer_memory(layout),
+            "optimizer_state": optimizer_memory(layout),
             "data": {"batches": f"/api/runs/{run_id}/batches/{{step}}",
                      "val_batches": f"/api/runs/{run_id}/val_batches/{{index}}",
                      "tokenizer": f"/api/tokenizer/{config.preset}", "spec": spec.to_dict()}}

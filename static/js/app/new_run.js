@@ -44,7 +44,7 @@ async function updateMemory() {
   const layout = await layoutOf(c.preset);
   const T = layout.config.seq_len;
   const variant = c.optimizer;
-  const opt = layout.optimizer_memory[variant];
+  const opt = layout.optimizer_state[variant];
   const weights = layout.total_numel * 4;
   const mirror = c.f16_mirror ? layout.total_numel * 2 : 0;
   const acts = activationBytes(layout.config, c.batch_size, T).total;
