@@ -88,6 +88,14 @@ export class Model {
     return view(buffer, p.offset, p.numel * count);
   }
 
+  /** Weights as the matmuls read them: W's f32 sub-range, or with the mirror on, the same
+   *  elements of the packed f16 mirror (2 bytes each; offsets stay 256-byte aligned). */
+  tw(name, count = 1) {
+    if (!this.weightsF16) return this.t(this.W, name, count);
+    const p = this.params[name];
+    return { buffer: this.weightsF16, offset: p.offset * 2, size: Math.ceil(p.numel * count / 2) * 4 };
+  }
+
   /** Initialise W on the GPU from `seed`: normal(0, init_std) matrices, ones for norm gains. */
   async init(seed = 0) {
     const ops = await Promise.all(this.layout.params.map((p, stream) => this.k.init({
@@ -148,7 +156,6 @@ export class Model {
     const p = (i, s) => `model.layers.${i}.${s}.weight`;
     const wte = 'model.embed_tokens.weight';
     const f16 = Boolean(this.weightsF16);
-    const Wm = this.weightsF16 ?? W;  // matmuls read weights from the f16 mirror when it is on
 
     const forward = [
       k.embed({ tokens: a.tokens, wte: this.t(W, wte), x: a.res[0], N, C }),
@@ -157,27 +164,27 @@ export class Model {
       forward.push(
         k.rmsnorm({ x: a.res[i], g: this.t(W, p(i, 'input_layernorm')), y: a.n1[i],
           rstd: a.rstd1[i], N, C, eps }),
-        k.linear({ x: a.n1[i], w: this.t(Wm, p(i, 'self_attn.q_proj'), 3), y: a.qkv[i],
+        k.linear({ x: a.n1[i], w: this.tw(p(i, 'self_attn.q_proj'), 3), y: a.qkv[i],
           M: N, N: 3 * C, K: C, wF16: f16 }),                                // [N, 3C]
         k.rope({ qkv: a.qkv[i], table: a.rope, N, T, H, D }),
         k.attention({ qkv: a.qkv[i], y: a.att[i], lse: a.lse[i], B, T, H, D }),
         copyOp(a.res[i], a.resMid[i], N * C, 'fork residual'),
-        k.linear({ x: a.att[i], w: this.t(Wm, p(i, 'self_attn.o_proj')), y: a.resMid[i],
+        k.linear({ x: a.att[i], w: this.tw(p(i, 'self_attn.o_proj')), y: a.resMid[i],
           M: N, N: C, K: C, accum: true, wF16: f16 }),                      // resMid += o(att)
         k.rmsnorm({ x: a.resMid[i], g: this.t(W, p(i, 'post_attention_layernorm')), y: a.n2[i],
           rstd: a.rstd2[i], N, C, eps }),
-        k.linear({ x: a.n2[i], w: this.t(Wm, p(i, 'mlp.gate_proj'), 2), y: a.gu[i],
+        k.linear({ x: a.n2[i], w: this.tw(p(i, 'mlp.gate_proj'), 2), y: a.gu[i],
           M: N, N: 2 * F, K: C, wF16: f16 }),                                // [N, 2F]
         k.swiglu({ gu: a.gu[i], h: a.h[i], N, F }),
         copyOp(a.resMid[i], a.res[i + 1], N * C, 'fork residual'),
-        k.linear({ x: a.h[i], w: this.t(Wm, p(i, 'mlp.down_proj')), y: a.res[i + 1],
+        k.linear({ x: a.h[i], w: this.tw(p(i, 'mlp.down_proj')), y: a.res[i + 1],
           M: N, N: C, K: F, accum: true, wF16: f16 }),                      // res += down(h)
       );
     }
     forward.push(
       k.rmsnorm({ x: a.res[L], g: this.t(W, 'model.norm.weight'), y: a.nf, rstd: a.rstdf,
         N, C, eps }),
-      k.linear({ x: a.nf, w: this.t(Wm, wte), y: a.logits, M: N, N: V, K: C, wF16: f16 }),
+      k.linear({ x: a.nf, w: this.tw(wte), y: a.logits, M: N, N: V, K: C, wF16: f16 }),
     );
     // Loss and dlogits (in place over logits), as its own list so logits() can skip it.
     const loss = [k.crossEntropy({ logits: a.logits, targets: a.targets, losses: a.losses,
@@ -185,7 +192,7 @@ export class Model {
 
     // Backward: the forward list in exact reverse, gradients into G (+=).
     const backward = [
-      k.linearBackwardInput({ dy: a.logits, w: this.t(Wm, wte), dx: a.dn, M: N, N: V, K: C,
+      k.linearBackwardInput({ dy: a.logits, w: this.tw(wte), dx: a.dn, M: N, N: V, K: C,
         wF16: f16 }),
       k.linearBackwardWeight({ dy: a.logits, x: a.nf, dw: this.t(G, wte), M: N, N: V, K: C }),
       k.rmsnormBackwardGain({ dy: a.dn, x: a.res[L], rstd: a.rstdf,
@@ -198,12 +205,12 @@ export class Model {
       const g2 = p(i, 'post_attention_layernorm');
       backward.push(
         // res[i+1] = resMid + down(h): dres flows to resMid unchanged, and into down.
-        k.linearBackwardInput({ dy: a.dres, w: this.t(Wm, p(i, 'mlp.down_proj')), dx: a.dh,
+        k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'mlp.down_proj')), dx: a.dh,
           M: N, N: C, K: F, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dres, x: a.h[i], dw: this.t(G, p(i, 'mlp.down_proj')),
           M: N, N: C, K: F }),
         k.swigluBackward({ gu: a.gu[i], dh: a.dh, dgu: a.dgu, N, F }),
-        k.linearBackwardInput({ dy: a.dgu, w: this.t(Wm, p(i, 'mlp.gate_proj'), 2), dx: a.dn,
+        k.linearBackwardInput({ dy: a.dgu, w: this.tw(p(i, 'mlp.gate_proj'), 2), dx: a.dn,
           M: N, N: 2 * F, K: C, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dgu, x: a.n2[i], dw: this.t(G, p(i, 'mlp.gate_proj'), 2),
           M: N, N: 2 * F, K: C }),
@@ -211,14 +218,14 @@ export class Model {
           dg: this.t(G, g2), N, C }),
         k.rmsnormBackward({ dy: a.dn, x: a.resMid[i], g: this.t(W, g2), rstd: a.rstd2[i],
           dx: a.dres, N, C, accum: true }),                                  // dres = d resMid
-        k.linearBackwardInput({ dy: a.dres, w: this.t(Wm, p(i, 'self_attn.o_proj')), dx: a.datt,
+        k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'self_attn.o_proj')), dx: a.datt,
           M: N, N: C, K: C, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dres, x: a.att[i], dw: this.t(G, p(i, 'self_attn.o_proj')),
           M: N, N: C, K: C }),
         k.attentionBackward({ qkv: a.qkv[i], y: a.att[i], dy: a.datt, lse: a.lse[i],
           delta: a.delta, dqkv: a.dqkv, B, T, H, D }),
         k.rope({ qkv: a.dqkv, table: a.rope, N, T, H, D, inverse: true }),
-        k.linearBackwardInput({ dy: a.dqkv, w: this.t(Wm, p(i, 'self_attn.q_proj'), 3), dx: a.dn,
+        k.linearBackwardInput({ dy: a.dqkv, w: this.tw(p(i, 'self_attn.q_proj'), 3), dx: a.dn,
           M: N, N: 3 * C, K: C, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dqkv, x: a.n1[i], dw: this.t(G, p(i, 'self_attn.q_proj'), 3),
           M: N, N: 3 * C, K: C }),
