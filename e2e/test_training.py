@@ -1,0 +1,100 @@
+"""A user's run, end to end: the new-run form in real Chromium (SwiftShader WebGPU), a live
+uvicorn, the websocket, SQLite on disk, the charts, a second viewer tab, the compare page."""
+
+import sqlite3
+
+import httpx
+import pytest
+
+STEPS = 30
+TIMEOUT = 300_000
+
+
+def start_run(page, live_server, optimizer):
+    page.goto(live_server + "/")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.select_option("#preset", "tiny")
+    page.check(f"input[name=optimizer][value={optimizer}]")
+    page.fill("input[name=batch_size]", "4")
+    page.fill("input[name=steps]", str(STEPS))
+    page.fill("input[name=warmup_steps]", "3")
+    page.fill("input[name=lr]", "0.004")
+    page.fill("input[name=eval_every]", "10")
+    page.fill("input[name=sample_every]", "15")
+    page.wait_for_function("!document.getElementById('start').disabled")
+    page.click("#start")
+    page.wait_for_url("**/runs/*")
+    return page.url.rsplit("/", 1)[1]
+
+
+def check_run_in_db(data_dir, run_id):
+    db = sqlite3.connect(data_dir / "andrea.sqlite")
+    rows = db.execute("SELECT step, loss, grad_norm, clip_scale FROM metrics WHERE run_id = ?"
+                      " ORDER BY step", (run_id,)).fetchall()
+    assert [r[0] for r in rows] == list(range(1, STEPS + 1)), "each step exactly once"
+    for step, loss, norm, clip in rows:
+        assert loss is not None and norm is not None and 0 < clip <= 1, (step, loss, norm, clip)
+    losses = [r[1] for r in rows]
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    print(f"\nrun {run_id}: mean loss first 10 steps {first:.4f}, last 10 {last:.4f}")
+    assert last < first
+    status = db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+    assert status == "finished"
+    return losses
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
+def test_train_from_the_ui(page, live_server, server_data_dir, page_errors, runs, optimizer):
+    run_id = start_run(page, live_server, optimizer)
+    page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+    assert page.evaluate("document.body.dataset.done") == "finished", page.inner_text("main")
+    # The chart shows every step, and every step is on disk exactly once.
+    assert page.get_attribute("[data-chart=loss]", "data-points") == str(STEPS)
+    check_run_in_db(server_data_dir, run_id)
+    api = httpx.get(f"{live_server}/api/runs/{run_id}").json()
+    assert api["config"]["optimizer"] == optimizer
+    assert api["samples"], "a text sample was generated and stored"
+    assert any(m.get("eval_loss") for m in httpx.get(
+        f"{live_server}/api/runs/{run_id}/metrics").json())
+    stats = page.evaluate("window.andreaTrainer.stats")
+    print(f"{optimizer}: readback ring waits {stats['ringWaits']}, GPU starved {stats['gpuStarved']}")
+    assert page_errors == []
+    runs[optimizer] = run_id
+
+
+def test_second_tab_watches_live(browser, live_server, server_data_dir):
+    ctx = browser.new_context()
+    trainer = ctx.new_page()
+    run_id = start_run(trainer, live_server, "adamw")
+    trainer.wait_for_function("Number(document.getElementById('charts').dataset.steps || 0) >= 3",
+                              timeout=TIMEOUT)
+    viewer = browser.new_context().new_page()   # another tab, no token: watches
+    viewer.goto(f"{live_server}/runs/{run_id}")
+    viewer.wait_for_function("document.body.dataset.socket === 'connected'", timeout=60_000)
+    first = int(viewer.evaluate("document.getElementById('charts').dataset.steps || '0'"))
+    assert first < STEPS
+    viewer.wait_for_function(f"document.getElementById('charts').dataset.steps === '{STEPS}'",
+                             timeout=TIMEOUT)
+    assert viewer.inner_text("#mode") == "(watching)"
+    trainer.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+    check_run_in_db(server_data_dir, run_id)
+    ctx.close()
+
+
+def test_compare_page_overlays_both(page, live_server, runs):
+    assert set(runs) == {"adamw", "adamw_8bit"}
+    page.goto(f"{live_server}/runs")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    for run_id in runs.values():
+        page.check(f"tr[data-run-id='{run_id}'] input[type=checkbox]")
+    page.click("#compare")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    assert page.get_attribute("#charts", "data-series") == "2"
+    assert page.get_attribute("[data-chart=loss]", "data-points") == str(STEPS)
+    text = page.inner_text("#summary")
+    assert "adamw_8bit" in text and "adamw" in text
