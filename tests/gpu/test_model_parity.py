@@ -81,3 +81,35 @@ def test_gpu_init_matches_table(lab_session):
         else:
             assert abs(w.mean()) < 4 * p["init_std"] / np.sqrt(p["numel"]) + 1e-7, p["name"]
             assert abs(w.std() / p["init_std"] - 1) < 0.05, (p["name"], w.std())
+
+
+def test_f16_mirror_forward_matches_f16_rounded_matmul_weights(lab_session):
+    """With the mirror on, every matmul reads f16 weights (embedding lookup and norm gains stay
+    f32): logits equal HF Llama's with its linear weights rounded to f16."""
+    import torch
+
+    layout = build_layout(PRESETS["tiny"])
+    flat = ref.random_params(layout, seed=4, scale=10.0)
+    rng = np.random.default_rng(8)
+    tokens = rng.integers(0, 512, (2, 64))
+    out = call(lab_session, """
+        const {packHalf2} = await import('/static/js/engine/optimizer_tables.js');
+        const model = await lab.createModel({layout: args.layout, seed: 1});
+        model.setParams(args.flat);
+        const mirror = lab.ctx.device.createBuffer({size: args.flat.length * 2,
+            usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST});
+        lab.ctx.device.queue.writeBuffer(mirror, 0, packHalf2(args.flat));
+        model.weightsF16 = mirror;
+        return {logits: await model.logits(args.tokens, 2, 64)};
+    """, {"layout": layout, "flat": b64(flat), "tokens": b64(tokens.ravel().astype(np.int32))})
+    model = ref.hf_model(layout, flat)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed_tokens" not in name:
+                p.copy_(p.half().float())
+        hidden = model.model(input_ids=torch.from_numpy(tokens)).last_hidden_state
+        wte16 = model.model.embed_tokens.weight.half().float()
+        logits = (hidden @ wte16.T).numpy().ravel()
+    err = np.max(np.abs(out["logits"] - logits)) / np.max(np.abs(logits))
+    print(f"\nf16 mirror: logits max rel err {err:.2e}")
+    assert err <= 1e-5
