@@ -4,6 +4,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.model import PRESETS, ModelConfig, build_layout, preset_layout
+from server.optim import optimizer_memory, quantization_maps
 
 router = APIRouter(prefix="/api")
 
@@ -32,7 +33,8 @@ def list_presets() -> list[dict]:
 def get_preset_layout(name: str) -> dict:
     if name not in PRESETS:
         raise HTTPException(404, f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return preset_layout(name)
+    layout = preset_layout(name)
+    return {**layout, "optimizer_state": optimizer_memory(layout)}
 
 
 @router.post("/layout")
@@ -41,4 +43,11 @@ def layout_for_config(body: ConfigBody) -> dict:
         cfg = ModelConfig(**body.model_dump())
     except ValueError as e:
         raise HTTPException(422, str(e)) from e
-    return {"preset": None, **build_layout(cfg)}
+    layout = build_layout(cfg)
+    return {"preset": None, **layout, "optimizer_state": optimizer_memory(layout)}
+
+
+@router.get("/optimizer/maps")
+def optimizer_maps() -> dict:
+    """bitsandbytes' dynamic quantization maps (signed for m, unsigned for v) for 8-bit AdamW."""
+    return quantization_maps()

@@ -6,8 +6,9 @@ import { acquireDevice } from './gpu.js';
 import { ShaderLibrary } from './shaders.js';
 
 import * as modelLab from './lab_model.js';
+import * as optimizerLab from './lab_optimizer.js';
 
-const LAB_MODULES = [modelLab];
+const LAB_MODULES = [modelLab, optimizerLab];
 
 /**
  * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL source;

@@ -1,0 +1,443 @@
+// 12_optimizer: global gradient norm and clip scale, then AdamW over the multi-tensor mega-buffer,
+// in three flavours: fp32 state, fp32 state + f16 weight mirror, bitsandbytes-style 8-bit state.
+// The launcher is static/js/engine/optimizer.js; the 8-bit tables come from optimizer_tables.js.
+//
+// Legend: N = layout.total_numel (a multiple of 64), decay block [0, decay_end), no-decay block
+// [decay_end, N). W, G, M, V are f32 [N] viewed as vec4 [N/4]. A dispatch sees one "chunk" of them
+// through sub-range bindings starting at element cu.base (one chunk covers all of N unless a binding
+// would exceed maxStorageBufferBindingSize). Non-finite gradient elements (NaN, +-Inf) count as 0
+// everywhere: skipped in the norm, 0 in the update. Clipping runs before the moments see the
+// gradient, so a spike never enters m and v. Step order within one compute pass:
+//   reduce_norm_sq (per chunk) -> finalize_grad_stats (1 workgroup) -> adamw_update* (per chunk)
+//
+// reduce_norm_sq
+//   @binding(1) cu       : Chunk                    uniform
+//   @binding(5) g4       : vec4<f32> [n4]           read (declared read_write: the update zeroes it)
+//   @binding(3) partials : vec2<f32> [P]            [cu.pbase + w] = (sum of finite g^2, #non-finite)
+//   Dispatch: 2-D, one workgroup w per VPT*WG_R vec4s of the window: P = N / (4*VPT*WG_R) rounded
+//   up over all of G. Thread t sums vec4s (w*VPT + k)*WG_R + t, k = 0..VPT-1, in order, then a
+//   fixed tree: partial w always covers the same elements of G, however the bindings are split,
+//   so the norm is bitwise reproducible (no atomics, no float CAS).
+//
+// finalize_grad_stats
+//   @binding(0) hp       : Hyper                    uniform (max_norm, clip_on)
+//   @binding(3) partials : vec2<f32> [P]            read
+//   @binding(2) stats    : f32 [4]                  = (norm, clip_scale, norm^2, #non-finite)
+//   Dispatch: (1, 1, 1), WG_F threads; partials summed in a fixed order.
+//   clip_scale = min(1, max_norm / max(norm, 1e-6)) when clipping is on, else 1.
+//
+// adamw_update (torch.optim.AdamW, single-tensor path, same arithmetic order)
+//   @binding(0) hp : Hyper  uniform     @binding(1) cu : Chunk  uniform
+//   @binding(2) stats : f32 [4]  read (clip_scale)
+//   @binding(4) w4, (5) g4, (6) m4, (7) v4 : vec4<f32> [n4]   w, m, v = updated; g = 0
+//   Dispatch: 2-D (nx, ny) workgroups of WG threads, nx * ny * WG >= n4; one vec4 per thread
+//   (index flat_id(gid, nwg, WG) from lib/common.wgsl).
+//   g = finite(g) * clip; w *= 1 - lr*wd (decay block only); m = lerp(m, g, 1-b1);
+//   v = v*b2 + (1-b2)*g*g; w += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps); bc = 1 - beta^t (host f64).
+//
+// adamw_update_f16: adamw_update, plus
+//   @binding(8) mirror : vec2<u32> [n4]   = pack2x16float of the new w (element i is half i%2 of
+//   u32 i/2, low half first): the f16 copy of W that matmuls read; no separate cast pass exists.
+//
+// adamw_8bit_update (bitsandbytes AdamW8bit semantics; bnb's CPU formulas, nearest-code rounding)
+//   @binding(0) hp, (1) cu, (2) stats, (4) w4, (5) g4 as above (W windowed at cu.base)
+//   @binding(9)  codes  : u32 [128 per 8-bit block]   words [64q, 64q+64): m codes of block q,
+//                words [64q+64, 64q+128): v codes; element j of the block is byte j%4 (little-endian)
+//                of word j/4 of each half. Windowed: word 0 is block cu.qbase.
+//   @binding(10) small  : f32 [A + 2F], A = 2Q rounded up to 4: [2q], [2q+1] = absmax of m, v of block q;
+//                [cu.m32 + s], [cu.v32 + s] = f32 m and v of small tensors (numel < 4096)
+//   @binding(11) tables : u32 [QTAB_WORDS + 4*NB]    quantization tables (see load_qtab), then the
+//                block table: (start element, length, slot, flags) per block; flags bit 0 = f32
+//                state (slot = offset in the f32 planes), else slot = 8-bit block q.
+//   Dispatch: workgroups of 64*BPW threads; each group of 64 threads takes one block (4 elements
+//   per thread). PERSISTENT (default): (nwg8, 1, 1) workgroups stride over [cu.b0, cu.b1), the next
+//   round's loads in flight during this one; else one round per workgroup, 2-D grid of
+//   ceil(blocks / BPW). Per block: decode m, v (code * absmax), update in f32, reduce the new
+//   absmax over the block, requantize by the nearest code of x * (1 / absmax) (ties to the lower
+//   code; a negative m never becomes the 0.0 code: bnb's sign fix), write codes, absmax, w, g = 0.
+//   8-bit blocks: w *= 1 - lr*wd; w += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps) (bnb's 8-bit CPU op).
+//   f32-state blocks (bnb's 32-bit op): w += (-lr*sqrt(bc2)/bc1) * m / (sqrt(v) + eps*sqrt(bc2)).
+//   Both: m = m*b1 + (1-b1)*g (fused), v = v*b2 + (1-b2)*g*g.
+
+// adamw_8bit_update_f16: adamw_8bit_update, plus @binding(8) mirror as in adamw_update_f16.
+
+override WG: u32 = 256u;     // adamw_update threads per workgroup
+override WG_R: u32 = 256u;   // reduce_norm_sq threads per workgroup (power of two)
+override VPT: u32 = 16u;     // reduce_norm_sq vec4s per thread
+override WG_F: u32 = 256u;   // finalize_grad_stats threads (power of two)
+override BPW: u32 = 4u;      // 8-bit: blocks in flight per workgroup (64 threads each)
+override PERSISTENT: bool = true;    // 8-bit schedule: strided loop, or one round per workgroup
+override WG8: u32 = 64u * BPW;
+// 8-bit quantization tables (see optimizer_tables.js): magnitude buckets keyed by the f32 exponent
+// and the top MB mantissa bits over [2^-EXP_RANGE, 1]; one bucket below, one for 1.0 and above.
+override EXP_RANGE: u32 = 24u;
+override MB_M: u32 = 6u;
+override MB_V: u32 = 7u;
+override NK_M: u32 = (EXP_RANGE << MB_M) + 2u;   // buckets per sign for m
+override NK_V: u32 = (EXP_RANGE << MB_V) + 2u;   // buckets for v (v >= 0)
+override BW_M: u32 = (2u * NK_M + 3u) / 4u;      // words of packed m buckets (both signs)
+override BW_V: u32 = (NK_V + 3u) / 4u;
+override QTAB_WORDS: u32 = 1024u + BW_M + BW_V;
+
+struct Hyper {
+  beta1: f32, beta2: f32, omb1: f32, omb2: f32,          // omb = 1 - beta, rounded once from f64
+  eps: f32, decay: f32, neg_step: f32, bc2_sqrt: f32,    // decay = 1 - lr*wd, neg_step = -lr/bc1
+  max_norm: f32, clip_on: u32, decay_end: u32, lr: f32,
+  q32_step: f32, q32_eps: f32, _p0: f32, _p1: f32,       // bnb f32 state: -lr*sqrt(bc2)/bc1, eps*sqrt(bc2)
+}
+
+struct Chunk {
+  base: u32, n4: u32, pbase: u32, _p0: u32,   // element window start; vec4s in window; partials base
+  b0: u32, b1: u32, qbase: u32, _p1: u32,     // 8-bit: block range, first 8-bit block in the codes window
+  m32: u32, v32: u32, _p2: u32, _p3: u32,     // 8-bit: f32-state planes in `small`
+}
+
+@group(0) @binding(0) var<uniform> hp: Hyper;
+@group(0) @binding(1) var<uniform> cu: Chunk;
+@group(0) @binding(2) var<storage, read_write> stats: array<f32, 4>;
+@group(0) @binding(3) var<storage, read_write> partials: array<vec2<f32>>;
+@group(0) @binding(4) var<storage, read_write> w4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> g4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> m4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> v4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> mirror: array<vec2<u32>>;
+@group(0) @binding(9) var<storage, read_write> codes: array<u32>;
+@group(0) @binding(10) var<storage, read_write> small: array<f32>;
+@group(0) @binding(11) var<storage, read> tables: array<u32>;
+
+//#include "lib/common.wgsl"
+
+// WGSL has no isnan/isinf; the exponent bits are all ones exactly for NaN and +-Inf.
+fn finite4(g: vec4<f32>) -> vec4<bool> {
+  return (bitcast<vec4<u32>>(g) & vec4<u32>(0x7f800000u)) != vec4<u32>(0x7f800000u);
+}
+
+fn clean4(g: vec4<f32>) -> vec4<f32> {
+  return select(vec4<f32>(0.0), g, finite4(g));
+}
+
+fn pack_mirror(w: vec4<f32>) -> vec2<u32> {
+  return vec2<u32>(pack2x16float(w.xy), pack2x16float(w.zw));
+}
+
+// ---------------------------------------------------------------- global gradient norm
+
+var<workgroup> red_r: array<vec2<f32>, WG_R>;
+
+@compute @workgroup_size(WG_R)
+fn reduce_norm_sq(@builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let w = wid.x + wid.y * nwg.x;
+  var sum = 0.0;
+  var bad = 0u;
+  for (var k = 0u; k < VPT; k++) {
+    let i = (w * VPT + k) * WG_R + lid;
+    if (i < cu.n4) {
+      let g = g4[i];
+      let ok = finite4(g);
+      let c = select(vec4<f32>(0.0), g, ok);
+      sum += dot(c, c);
+      bad += 4u - dot(select(vec4<u32>(0u), vec4<u32>(1u), ok), vec4<u32>(1u));
+    }
+  }
+  red_r[lid] = vec2<f32>(sum, f32(bad));
+  workgroupBarrier();
+  for (var s = WG_R / 2u; s > 0u; s >>= 1u) {
+    if (lid < s) { red_r[lid] += red_r[lid + s]; }
+    workgroupBarrier();
+  }
+  if (lid == 0u && w * VPT * WG_R < cu.n4) { partials[cu.pbase + w] = red_r[0]; }
+}
+
+var<workgroup> red_f: array<vec2<f32>, WG_F>;
+
+@compute @workgroup_size(WG_F)
+fn finalize_grad_stats(@builtin(local_invocation_index) lid: u32) {
+  let np = arrayLength(&partials);
+  var acc = vec2<f32>(0.0);
+  for (var i = lid; i < np; i += WG_F) { acc += partials[i]; }
+  red_f[lid] = acc;
+  workgroupBarrier();
+  for (var s = WG_F / 2u; s > 0u; s >>= 1u) {
+    if (lid < s) { red_f[lid] += red_f[lid + s]; }
+    workgroupBarrier();
+  }
+  if (lid == 0u) {
+    let norm_sq = red_f[0].x;
+    let norm = sqrt(norm_sq);
+    var clip = 1.0;
+    if (hp.clip_on != 0u && hp.max_norm > 0.0) {
+      clip = min(1.0, hp.max_norm / max(norm, 1e-6));
+    }
+    stats[0] = norm;
+    stats[1] = clip;
+    stats[2] = norm_sq;
+    stats[3] = red_f[0].y;
+  }
+}
+
+// ---------------------------------------------------------------- fp32 AdamW (+ f16 mirror)
+
+// One vec4 of the chunk: returns the new weights (written already).
+fn adam4(i: u32) -> vec4<f32> {
+  let g = clean4(g4[i]) * stats[1];
+  var w = w4[i];
+  // decay_end is a multiple of 64: a vec4 never straddles the boundary.
+  if (cu.base + 4u * i < hp.decay_end) { w = w * hp.decay; }
+  let m_old = m4[i];
+  let m = fma(vec4<f32>(hp.omb1), g - m_old, m_old);        // torch lerp_ (weight < 0.5)
+  let v = v4[i] * hp.beta2 + (hp.omb2 * g) * g;             // torch mul_ + addcmul_
+  let denom = sqrt(v) / hp.bc2_sqrt + hp.eps;
+  w = w + (hp.neg_step * m) / denom;                        // torch addcdiv_
+  w4[i] = w;
+  m4[i] = m;
+  v4[i] = v;
+  g4[i] = vec4<f32>(0.0);
+  return w;
+}
+
+@compute @workgroup_size(WG)
+fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat_id(gid, nwg, WG);
+  if (i >= cu.n4) { return; }
+  _ = adam4(i);
+}
+
+@compute @workgroup_size(WG)
+fn adamw_update_f16(@builtin(global_invocation_id) gid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat_id(gid, nwg, WG);
+  if (i >= cu.n4) { return; }
+  mirror[i] = pack_mirror(adam4(i));
+}
+
+// ---------------------------------------------------------------- 8-bit AdamW
+
+var<workgroup> s_code_m: array<f32, 256>;   // dequantization maps
+var<workgroup> s_code_v: array<f32, 256>;
+var<workgroup> s_thr_m: array<f32, 256>;    // thr[j]: smallest x that rounds to code j+1 or above
+var<workgroup> s_thr_v: array<f32, 256>;
+var<workgroup> s_bkt_m: array<u32, BW_M>;   // bucket -> first candidate code, 4 bytes per word
+var<workgroup> s_bkt_v: array<u32, BW_V>;
+var<workgroup> s_red: array<vec2<f32>, WG8>;
+var<workgroup> s_red2: array<vec2<f32>, BPW * 8u>;
+
+// tables[0..QTAB_WORDS): code_m[256], code_v[256], thr_m[256], thr_v[256] (f32 bits),
+// bkt_m[BW_M] (m buckets, positive then negative), bkt_v[BW_V].
+fn load_qtab(lid: u32) {
+  for (var i = lid; i < 256u; i += WG8) {
+    s_code_m[i] = bitcast<f32>(tables[i]);
+    s_code_v[i] = bitcast<f32>(tables[256u + i]);
+    s_thr_m[i] = bitcast<f32>(tables[512u + i]);
+    s_thr_v[i] = bitcast<f32>(tables[768u + i]);
+  }
+  for (var i = lid; i < BW_M; i += WG8) { s_bkt_m[i] = tables[1024u + i]; }
+  for (var i = lid; i < BW_V; i += WG8) { s_bkt_v[i] = tables[1024u + BW_M + i]; }
+}
+
+// Bucket of |x|: 0 below 2^-EXP_RANGE, then (exponent, top mb mantissa bits), clamped at 1.0.
+fn bucket(mag: u32, mb: u32, nk: u32) -> u32 {
+  let lo = (127u - EXP_RANGE) << 23u;
+  if (mag < lo) { return 0u; }
+  return min((mag >> (23u - mb)) - ((127u - EXP_RANGE) << mb) + 1u, nk - 1u);
+}
+
+// Nearest code of x in [-1, 1] for the signed map (sign fix folded into the thresholds).
+fn quant_m(x: f32) -> u32 {
+  let bits = bitcast<u32>(x);
+  let k = bucket(bits & 0x7fffffffu, MB_M, NK_M) + select(0u, NK_M, bits >= 0x80000000u);
+  let base = (s_bkt_m[k >> 2u] >> ((k & 3u) << 3u)) & 0xffu;
+  return base + select(0u, 1u, x >= s_thr_m[base]);
+}
+
+// Nearest code of x in [0, 1] for the unsigned map.
+fn quant_v(x: f32) -> u32 {
+  let k = bucket(bitcast<u32>(x) & 0x7fffffffu, MB_V, NK_V);
+  let base = (s_bkt_v[k >> 2u] >> ((k & 3u) << 3u)) & 0xffu;
+  return base + select(0u, 1u, x >= s_thr_v[base]);
+}
+
+fn dequant_m(word: u32, absmax: f32) -> vec4<f32> {
+  return vec4<f32>(s_code_m[word & 0xffu], s_code_m[(word >> 8u) & 0xffu],
+                   s_code_m[(word >> 16u) & 0xffu], s_code_m[word >> 24u]) * absmax;
+}
+
+fn dequant_v(word: u32, absmax: f32) -> vec4<f32> {
+  return vec4<f32>(s_code_v[word & 0xffu], s_code_v[(word >> 8u) & 0xffu],
+                   s_code_v[(word >> 16u) & 0xffu], s_code_v[word >> 24u]) * absmax;
+}
+
+fn max4(a: vec4<f32>) -> f32 {
+  return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// What a thread loads for its 4 elements of block `blk` before the tables are needed, so that
+// these global loads are in flight while the workgroup fills its shared tables.
+struct In8 {
+  e: vec4<u32>,          // block entry (start, length, slot, flags); length 0 = no block
+  w: vec4<f32>, g: vec4<f32>,
+  m: vec4<f32>, v: vec4<f32>,    // f32-state blocks: the state itself
+  qm: u32, qv: u32,              // 8-bit blocks: the code words
+  am: f32, av: f32,              // 8-bit blocks: the absmax of m and v
+}
+
+struct Out8 { w: vec4<f32>, i: u32, live: bool }
+
+// Block entry (start, length, slot, flags), or zeros past the chunk's last block.
+fn entry8(blk: u32) -> vec4<u32> {
+  if (blk >= cu.b1) { return vec4<u32>(0u); }
+  let o = QTAB_WORDS + 4u * blk;
+  return vec4<u32>(tables[o], tables[o + 1u], tables[o + 2u], tables[o + 3u]);
+}
+
+fn load8(e: vec4<u32>, t: u32) -> In8 {
+  var r: In8;
+  r.e = e;
+  if (4u * t < e.y) {
+    let i = (e.x - cu.base) / 4u + t;
+    r.w = w4[i];
+    r.g = g4[i];
+    if ((e.w & 1u) == 0u) {
+      let cw = (e.z - cu.qbase) * 128u + t;
+      r.qm = codes[cw];
+      r.qv = codes[cw + 64u];
+      r.am = small[2u * e.z];
+      r.av = small[2u * e.z + 1u];
+    } else {
+      let s = 4u * t + e.z;
+      r.m = vec4<f32>(small[cu.m32 + s], small[cu.m32 + s + 1u], small[cu.m32 + s + 2u], small[cu.m32 + s + 3u]);
+      r.v = vec4<f32>(small[cu.v32 + s], small[cu.v32 + s + 1u], small[cu.v32 + s + 2u], small[cu.v32 + s + 3u]);
+    }
+  }
+  return r;
+}
+
+// The update of one block by the 64 threads of group `grp` (thread t owns elements 4t..4t+3),
+// from what load8 fetched; the shared tables must be loaded. Called in uniform control flow:
+// it holds the barriers of the absmax reduction.
+fn finish8(r: In8, t: u32, grp: u32, lid: u32) -> Out8 {
+  let e = r.e;
+  let live = 4u * t < e.y;
+  let is8 = (e.w & 1u) == 0u;
+  let i = (e.x - cu.base) / 4u + t;           // vec4 index in the W/G window
+  var w = r.w;
+  var m = r.m;
+  var v = r.v;
+  if (live) {
+    let g = clean4(r.g) * stats[1];
+    if (is8) {
+      m = dequant_m(r.qm, r.am);
+      v = dequant_v(r.qv, r.av);
+    }
+    // bnb: state1.mul_(beta1).add_(g, alpha=1-beta1) (fused), state2.mul_(beta2).addcmul_(g, g, 1-beta2)
+    m = fma(g, vec4<f32>(hp.omb1), m * hp.beta1);
+    v = v * hp.beta2 + (hp.omb2 * g) * g;
+    if (e.x < hp.decay_end) { w = w * hp.decay; }
+    if (is8) {
+      let denom = sqrt(v) / hp.bc2_sqrt + hp.eps;
+      w = w + (hp.neg_step * m) / denom;
+    } else {
+      w = fma(m / (sqrt(v) + hp.q32_eps), vec4<f32>(hp.q32_step), w);
+    }
+  }
+
+  // New absmax of m and v over the block: 64 -> 8 -> 1 per group.
+  s_red[lid] = select(vec2<f32>(0.0), vec2<f32>(max4(abs(m)), max4(v)), live);
+  workgroupBarrier();
+  if (t < 8u) {
+    var a = s_red[grp * 64u + 8u * t];
+    for (var k = 1u; k < 8u; k++) { a = max(a, s_red[grp * 64u + 8u * t + k]); }
+    s_red2[grp * 8u + t] = a;
+  }
+  workgroupBarrier();
+  var am = s_red2[grp * 8u];
+  for (var k = 1u; k < 8u; k++) { am = max(am, s_red2[grp * 8u + k]); }
+
+  if (live) {
+    if (is8) {
+      // x / absmax as x * (1 / absmax), like bnb's CPU quantizer (one division per block)
+      let xm = m * select(1.0 / am.x, 0.0, am.x == 0.0);
+      let xv = v * select(1.0 / am.y, 0.0, am.y == 0.0);
+      let cw = (e.z - cu.qbase) * 128u + t;
+      codes[cw] = quant_m(xm.x) | (quant_m(xm.y) << 8u) | (quant_m(xm.z) << 16u) | (quant_m(xm.w) << 24u);
+      codes[cw + 64u] = quant_v(xv.x) | (quant_v(xv.y) << 8u) | (quant_v(xv.z) << 16u) | (quant_v(xv.w) << 24u);
+      if (t == 0u) {
+        small[2u * e.z] = am.x;
+        small[2u * e.z + 1u] = am.y;
+      }
+    } else {
+      let s = 4u * t + e.z;
+      small[cu.m32 + s] = m.x; small[cu.m32 + s + 1u] = m.y;
+      small[cu.m32 + s + 2u] = m.z; small[cu.m32 + s + 3u] = m.w;
+      small[cu.v32 + s] = v.x; small[cu.v32 + s + 1u] = v.y;
+      small[cu.v32 + s + 2u] = v.z; small[cu.v32 + s + 3u] = v.w;
+    }
+    w4[i] = w;
+    g4[i] = vec4<f32>(0.0);
+  }
+  return Out8(w, i, live);
+}
+
+// Two schedules, chosen by PERSISTENT: one round of BPW blocks per workgroup (2-D grid; the block
+// loads go out before the table loads, so their latencies overlap), or a fixed grid whose
+// workgroups stride over the blocks with the tables loaded once, software-pipelined: the loads of
+// round k+1 (and the entries of round k+2) are in flight while round k is computed. The two entry
+// points differ only in the mirror write (a shared helper would make both bind the mirror).
+
+@compute @workgroup_size(WG8)
+fn adamw_8bit_update(@builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+  let grp = lid / 64u;
+  let t = lid % 64u;
+  if (PERSISTENT) {
+    let stride = nwg.x * BPW;
+    var b = cu.b0 + wid.x * BPW;
+    var cur = load8(entry8(b + grp), t);
+    var ahead = entry8(b + stride + grp);
+    load_qtab(lid);
+    workgroupBarrier();
+    for (; b < cu.b1; b += stride) {
+      let next = load8(ahead, t);
+      ahead = entry8(b + 2u * stride + grp);
+      _ = finish8(cur, t, grp, lid);
+      cur = next;
+    }
+  } else {
+    let r = load8(entry8(cu.b0 + (wid.x + wid.y * nwg.x) * BPW + grp), t);
+    load_qtab(lid);
+    workgroupBarrier();
+    _ = finish8(r, t, grp, lid);
+  }
+}
+
+@compute @workgroup_size(WG8)
+fn adamw_8bit_update_f16(@builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+  let grp = lid / 64u;
+  let t = lid % 64u;
+  if (PERSISTENT) {
+    let stride = nwg.x * BPW;
+    var b = cu.b0 + wid.x * BPW;
+    var cur = load8(entry8(b + grp), t);
+    var ahead = entry8(b + stride + grp);
+    load_qtab(lid);
+    workgroupBarrier();
+    for (; b < cu.b1; b += stride) {
+      let next = load8(ahead, t);
+      ahead = entry8(b + 2u * stride + grp);
+      let o = finish8(cur, t, grp, lid);
+      if (o.live) { mirror[o.i] = pack_mirror(o.w); }
+      cur = next;
+    }
+  } else {
+    let r = load8(entry8(cu.b0 + (wid.x + wid.y * nwg.x) * BPW + grp), t);
+    load_qtab(lid);
+    workgroupBarrier();
+    let o = finish8(r, t, grp, lid);
+    if (o.live) { mirror[o.i] = pack_mirror(o.w); }
+  }
+}

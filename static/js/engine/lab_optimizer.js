@@ -1,0 +1,76 @@
+// Lab entries for the optimizer (12_optimizer.wgsl through optimizer.js): plain arrays in, plain
+// arrays out, so tests hold the kernels against torch.optim.AdamW and bitsandbytes' AdamW8bit.
+
+import { readBuffer, storageBuffer } from './gpu.js';
+import { Optimizer } from './optimizer.js';
+
+async function fetchMaps() {
+  if (typeof fetch !== 'function') throw new Error('pass `maps` (server/optim.py quantization_maps())');
+  const res = await fetch('/api/optimizer/maps');
+  if (!res.ok) throw new Error(`GET /api/optimizer/maps failed: ${res.status}`);
+  return res.json();
+}
+
+export function labEntries(ctx) {
+  return {
+    /**
+     * One optimizer step per entry of `grads` (each Float32Array [total_numel]) starting from
+     * `params` [total_numel] with zero state. `lr` is a number or one per step.
+     * Returns {params, grads (G after the last step), grad_norms, clip_scales, nonfinite, mirror?,
+     *          state_bytes, dispatches, notes, state}; state is {m, v} (fp32 variants) or
+     *          {codes, small, blocks, m32, v32, q_blocks} (8-bit variants, see 12_optimizer.wgsl).
+     */
+    async optimizerSteps({ variant = 'adamw', layout, params, grads, lr = 1e-3, beta1 = 0.9,
+      beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, max_norm = 1.0, clip = true, maps = null,
+      maxBindingBytes = null, tuning = {} }) {
+      const { device } = ctx;
+      const n = layout.total_numel;
+      if (params.length !== n) throw new Error(`params has ${params.length} elements, layout ${n}`);
+      const W = storageBuffer(device, n * 4, { label: 'lab.W', data: params });
+      const G = storageBuffer(device, n * 4, { label: 'lab.G' });
+      const is8 = variant.startsWith('adamw_8bit');
+      const opt = await Optimizer.create(device, ctx.lib, layout, {
+        variant, W, G, limits: ctx.limits, software: ctx.software, maxBindingBytes, ...tuning,
+        label: `lab.${variant}`,
+        maps: is8 ? (maps || await fetchMaps()) : null,
+        hyper: { beta1, beta2, eps, weight_decay, max_norm, clip },
+      });
+      if (opt.mirror) opt.initMirror(params);
+      const steps = grads.length;
+      const statsAll = storageBuffer(device, 16 * steps, { label: 'lab.stats' });
+      for (let s = 0; s < steps; s++) {
+        if (grads[s].length !== n) throw new Error(`grads[${s}] has ${grads[s].length} elements`);
+        device.queue.writeBuffer(G, 0, grads[s]);
+        opt.setStep(s + 1, Array.isArray(lr) || ArrayBuffer.isView(lr) ? lr[s] : lr);
+        const enc = device.createCommandEncoder();
+        opt.encode(enc);
+        enc.copyBufferToBuffer(opt.stats, 0, statsAll, 16 * s, 16);
+        device.queue.submit([enc.finish()]);
+      }
+      const stats = new Float32Array(await readBuffer(device, statsAll));
+      const pick = (k) => Float32Array.from({ length: steps }, (_, s) => stats[4 * s + k]);
+      const out = {
+        params: new Float32Array(await readBuffer(device, W)),
+        grads: new Float32Array(await readBuffer(device, G)),
+        grad_norms: pick(0), clip_scales: pick(1), nonfinite: pick(3),
+        state_bytes: opt.stateBytes, dispatches: opt.updateDispatches, notes: opt.notes,
+      };
+      if (opt.mirror) out.mirror = new Uint32Array(await readBuffer(device, opt.mirror, n * 2));
+      if (is8) {
+        out.state = {
+          codes: new Uint32Array(await readBuffer(device, opt.codes)),
+          small: new Float32Array(await readBuffer(device, opt.small)),
+          blocks: opt.plan.entries, m32: opt.state8.m32, v32: opt.state8.v32, q_blocks: opt.plan.qBlocks,
+        };
+      } else {
+        out.state = {
+          m: new Float32Array(await readBuffer(device, opt.M)),
+          v: new Float32Array(await readBuffer(device, opt.V)),
+        };
+      }
+      for (const b of [W, G, statsAll]) b.destroy();
+      opt.destroy();
+      return out;
+    },
+  };
+}

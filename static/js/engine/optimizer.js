@@ -1,0 +1,350 @@
+// The optimizer phase of a training step (12_optimizer.wgsl): global grad norm -> clip scale ->
+// AdamW over the whole mega-buffer, encoded into the caller's command encoder.
+//
+//   const opt = await Optimizer.create(device, lib, layout, {variant, W, G, limits, maps, ...});
+//   each step:  opt.setStep(step, lr);   // queue.writeBuffer of 64 bytes, before the submit
+//               opt.encode(encoder);     // or opt.encodeInPass(pass) inside an open compute pass
+//   opt.stats   GPUBuffer f32[4] = (grad_norm, clip_scale, grad_norm^2, #non-finite grad elements),
+//               STORAGE | COPY_SRC: copy it into the trainer's readback ring after encode().
+//   opt.mirror  (f16 variants) u32 [total_numel / 2]: element i of W as f16 in half i % 2 of word
+//               i / 2, low half first; the tensor at element offset o starts at byte 2 * o.
+//
+// Pipelines are built once, bind groups once; encode() allocates nothing. Nothing here reads back.
+
+import { align, checked } from './gpu.js';
+import { BLOCKSIZE, buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './optimizer_tables.js';
+
+const FILE = '12_optimizer.wgsl';
+export const VARIANTS = ['adamw', 'adamw_f16', 'adamw_8bit', 'adamw_8bit_f16'];
+const ENTRY = {
+  adamw: 'adamw_update', adamw_f16: 'adamw_update_f16',
+  adamw_8bit: 'adamw_8bit_update', adamw_8bit_f16: 'adamw_8bit_update_f16',
+};
+const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU default and minimum)
+const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
+const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
+                                 // are what costs on CPU adapters; 16 keeps an H200 busy too)
+const MIN_BLOCK_ROUNDS = 16;     // 8-bit: blocks per group of 64 threads before its tables pay off
+
+const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+
+export class Optimizer {
+  /**
+   * device, lib (ShaderLibrary), layout (server/model.py), and:
+   *   variant       'adamw' | 'adamw_f16' | 'adamw_8bit' | 'adamw_8bit_f16'
+   *   W, G          f32 mega-buffers of layout.total_numel elements (G is zeroed by each step)
+   *   limits        the device's limits (ctx.limits); maxStorageBufferBindingSize splits the range
+   *   maps          {signed, unsigned} (GET /api/optimizer/maps), for the 8-bit variants
+   *   mirror        optional u32 buffer for the f16 mirror (else one is created)
+   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper)
+   *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
+   *   software      the adapter is a CPU (ctx.software): smaller 8-bit workgroups
+   *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning. The 8-bit defaults (persistent, 4 blocks
+   *                 per workgroup, at most 4224 workgroups) were the fastest of the shapes timed
+   *                 on an H200 (bench/results/optimizer_h200.txt); persistent: false runs one
+   *                 round of bpw blocks per workgroup instead (8 was its best there)
+   */
+  static async create(device, lib, layout, opts) {
+    const opt = new Optimizer(device, lib, layout, opts);
+    await opt._build();
+    return opt;
+  }
+
+  constructor(device, lib, layout, { variant = 'adamw', W, G, limits = device.limits, maps = null,
+    mirror = null, hyper = {}, maxBindingBytes = null, software = false, wg = 256, wgReduce = 256,
+    bpw = software ? 2 : 4, persistent = true, nwg8 = 4224, label = 'opt' } = {}) {
+    if (!VARIANTS.includes(variant)) throw new Error(`unknown optimizer variant ${variant}`);
+    if (!W || !G) throw new Error('Optimizer needs the W and G mega-buffers');
+    this.device = device;
+    this.lib = lib;
+    this.layout = layout;
+    this.variant = variant;
+    this.is8 = variant.startsWith('adamw_8bit');
+    this.f16 = variant.endsWith('_f16');
+    this.W = W;
+    this.G = G;
+    this.maps = maps;
+    this.mirror = mirror;
+    // 8-bit blocks per workgroup: 64 threads each, within the device's workgroup size.
+    bpw = Math.max(1, Math.min(bpw, Math.floor(limits.maxComputeInvocationsPerWorkgroup / 64)));
+    this.tuning = { wg, wgReduce, bpw, persistent, nwg8 };
+    this.label = label;
+    this.n = layout.total_numel;
+    if (this.n % 64 || layout.decay_numel % 64) {
+      throw new Error('optimizer: total_numel and decay_numel must be multiples of 64 (server/model.py)');
+    }
+    const bindLimit = Math.min(limits.maxStorageBufferBindingSize, maxBindingBytes ?? Infinity);
+    // Elements per window: a whole number of norm-partial spans (so every partial covers the same
+    // elements however the range is split) whose f32 binding fits the limit.
+    this.partialElems = 4 * wgReduce * VEC4_PER_THREAD;
+    this.windowElems = Math.floor(bindLimit / 4 / this.partialElems) * this.partialElems;
+    if (this.windowElems < this.partialElems) {
+      throw new Error(`optimizer: binding limit ${bindLimit} B is too small`);
+    }
+    this.hyper = { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_norm: 1.0, clip: true };
+    this.setHyper(hyper);
+    this._hpData = new ArrayBuffer(64);
+    this._hpF = new Float32Array(this._hpData);
+    this._hpU = new Uint32Array(this._hpData);
+    this.notes = [];   // what the optimizer decided (splits), for the UI and logs
+    this._passDesc = { label };
+    this._chunks = [];   // per-window uniforms, destroyed with the optimizer
+  }
+
+  setHyper(h) {
+    Object.assign(this.hyper, h);
+  }
+
+  /** Storage buffers the update dispatch binds: fp32 stats, W, G, M, V; 8-bit stats, W, G, codes,
+   *  small (absmax + f32 state), tables (packed so that both fit the default limit of 8); +1 mirror. */
+  get storageBuffersNeeded() {
+    return (this.is8 ? 6 : 5) + (this.f16 ? 1 : 0);
+  }
+
+  async _build() {
+    const d = this.device;
+    const { wg, wgReduce, bpw, persistent, nwg8 } = this.tuning;
+    const need = this.storageBuffersNeeded;
+    if (d.limits.maxStorageBuffersPerShaderStage < need) {
+      throw new Error(`optimizer ${this.variant} needs ${need} storage buffers per shader stage; ` +
+        `this device allows ${d.limits.maxStorageBuffersPerShaderStage}`);
+    }
+    // Element windows (fp32 update and the norm): [k * windowElems, ...) over [0, n).
+    this.windows = [];
+    for (let base = 0; base < this.n; base += this.windowElems) {
+      this.windows.push({ base, len: Math.min(this.windowElems, this.n - base) });
+    }
+    if (this.windows.length > 1) {
+      this.notes.push(`mega-buffer of ${this.n * 4} B split into ${this.windows.length} bindings ` +
+        `(maxStorageBufferBindingSize ${this.windowElems * 4} B)`);
+    }
+    this.stats = this._buffer(16, 'stats');
+    this.uHyper = d.createBuffer({ label: `${this.label}.hyper`, size: 64,
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+
+    // Norm partials: one per partialElems elements of G, summed in index order by finalize.
+    for (const win of this.windows) {
+      win.pbase = win.base / this.partialElems;
+      const groups = Math.ceil(win.len / this.partialElems);
+      const x = Math.min(groups, MAX_GRID);
+      win.gridR = [x, Math.ceil(groups / x)];
+    }
+    this.partials = this._buffer(Math.ceil(this.n / this.partialElems) * 8, 'partials');
+
+    const pipes = [
+      this.lib.pipeline(FILE, 'reduce_norm_sq', { WG_R: wgReduce, VPT: VEC4_PER_THREAD }),
+      this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: 256 }),
+    ];
+    if (this.is8) {
+      if (!this.maps) {
+        throw new Error('8-bit optimizer needs the quantization maps (GET /api/optimizer/maps)');
+      }
+      this.plan = buildBlockPlan(this.layout);
+      this.quant = buildQuantTables(this.maps);
+      this.state8 = stateLayout8(this.plan);
+      const t = new Uint32Array(this.quant.words.length + this.plan.entries.length);
+      t.set(this.quant.words, 0);
+      t.set(this.plan.entries, this.quant.words.length);
+      this.tables = this._buffer(t.byteLength, 'tables', t);
+      this.codes = this._buffer(Math.max(this.state8.codesBytes, 4), 'codes');
+      this.small = this._buffer(Math.max(this.state8.smallFloats * 4, 16), 'small');
+      this.stateBytes = this.state8.codesBytes + this.state8.smallFloats * 4;
+      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant],
+        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants }));
+    } else {
+      this.M = this._buffer(this.n * 4, 'M');
+      this.V = this._buffer(this.n * 4, 'V');
+      this.stateBytes = 2 * this.n * 4;
+      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant], { WG: wg }));
+    }
+    if (this.f16 && !this.mirror) {
+      this.mirror = this._buffer(this.n * 2, 'mirror');
+      this._ownsMirror = true;
+    }
+    [this.pReduce, this.pFinal, this.pUpdate] = await Promise.all(pipes);
+
+    // Per-window chunk uniforms and bind groups (once).
+    await checked(d, `optimizer ${this.variant} bind groups`, () => {
+      this.reduceGroups = this.windows.map((win) => this._group(this.pReduce, {
+        1: this._chunk({ base: win.base, n4: win.len / 4, pbase: win.pbase }),
+        3: this.partials, 5: this._range(this.G, win.base, win.len, 4),
+      }));
+      this.finalGroup = this._group(this.pFinal, { 0: this.uHyper, 2: this.stats, 3: this.partials });
+      this.updates = this.is8 ? this._plan8(bpw, persistent, nwg8) : this._planFp32(wg);
+    });
+  }
+
+  _planFp32(wg) {
+    return this.windows.map((win) => {
+      const n4 = win.len / 4;
+      const groups = Math.ceil(n4 / wg);
+      const x = Math.min(groups, MAX_GRID);
+      const res = {
+        0: this.uHyper, 1: this._chunk({ base: win.base, n4 }), 2: this.stats,
+        4: this._range(this.W, win.base, win.len, 4), 5: this._range(this.G, win.base, win.len, 4),
+        6: this._range(this.M, win.base, win.len, 4), 7: this._range(this.V, win.base, win.len, 4),
+      };
+      if (this.f16) res[8] = this._range(this.mirror, win.base, win.len, 2);
+      return { group: this._group(this.pUpdate, res), grid: [x, Math.ceil(groups / x)] };
+    });
+  }
+
+  // 8-bit chunks: runs of whole blocks whose W/G window and codes window fit one binding each.
+  _plan8(bpw, persistent, nwg8) {
+    const e = this.plan.entries;
+    const maxCodesBlocks = Math.floor(this.windowElems * 4 / (2 * BLOCKSIZE));
+    const chunks = [];
+    let cur = null;
+    for (let b = 0; b < this.plan.nBlocks; b++) {
+      const start = e[4 * b];
+      const end = start + e[4 * b + 1];
+      const is8 = (e[4 * b + 3] & 1) === 0;
+      const slot = e[4 * b + 2];
+      if (cur) {
+        const fits = end - cur.base <= this.windowElems &&
+          (!is8 || cur.qbase < 0 || slot + 1 - cur.qbase <= maxCodesBlocks);
+        if (!fits) cur = null;
+      }
+      if (!cur) {
+        cur = { b0: b, b1: b, base: Math.floor(start / WINDOW_ALIGN) * WINDOW_ALIGN, end: start,
+          qbase: -1, qend: 0 };
+        chunks.push(cur);
+      }
+      cur.b1 = b + 1;
+      cur.end = Math.max(cur.end, end);
+      if (is8) {
+        if (cur.qbase < 0) cur.qbase = slot;
+        cur.qend = slot + 1;
+      }
+    }
+    if (chunks.length > 1) this.notes.push(`8-bit update split into ${chunks.length} dispatches`);
+    return chunks.map((c) => {
+      const len = align(c.end - c.base, 4);
+      const qbase = Math.max(c.qbase, 0);
+      const qlen = Math.max(c.qend - qbase, 1);
+      const res = {
+        0: this.uHyper, 2: this.stats,
+        1: this._chunk({ base: c.base, b0: c.b0, b1: c.b1, qbase,
+          m32: this.state8.m32, v32: this.state8.v32 }),
+        4: this._range(this.W, c.base, len, 4), 5: this._range(this.G, c.base, len, 4),
+        9: { buffer: this.codes, offset: qbase * 2 * BLOCKSIZE,
+          size: Math.min(qlen * 2 * BLOCKSIZE, this.codes.size - qbase * 2 * BLOCKSIZE) },
+        10: this.small, 11: this.tables,
+      };
+      if (this.f16) res[8] = this._range(this.mirror, c.base, len, 2);
+      const rounds = Math.ceil((c.b1 - c.b0) / bpw);
+      if (persistent) {
+        // Each workgroup loads ~10 KB of tables first: give it at least MIN_BLOCK_ROUNDS rounds.
+        const groups = Math.min(nwg8, Math.ceil(rounds / MIN_BLOCK_ROUNDS), MAX_GRID);
+        return { group: this._group(this.pUpdate, res), grid: [groups, 1] };
+      }
+      const x = Math.min(rounds, MAX_GRID);
+      return { group: this._group(this.pUpdate, res), grid: [x, Math.ceil(rounds / x)] };
+    });
+  }
+
+  _buffer(size, name, data = null) {
+    const b = this.device.createBuffer({ label: `${this.label}.${name}`, size: align(size, 16),
+      usage: STORAGE() });
+    if (data) this.device.queue.writeBuffer(b, 0, data.buffer, data.byteOffset, data.byteLength);
+    return b;
+  }
+
+  _chunk(fields) {
+    const u = new Uint32Array(12);
+    const order = ['base', 'n4', 'pbase', '', 'b0', 'b1', 'qbase', '', 'm32', 'v32'];
+    order.forEach((k, i) => { if (k) u[i] = fields[k] ?? 0; });
+    const b = this.device.createBuffer({ label: `${this.label}.chunk`, size: 48,
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+    this.device.queue.writeBuffer(b, 0, u);
+    this._chunks.push(b);
+    return b;
+  }
+
+  _range(buffer, baseElems, lenElems, bytesPerElem) {
+    return { buffer, offset: baseElems * bytesPerElem, size: lenElems * bytesPerElem };
+  }
+
+  _group(pipeline, resources) {
+    return this.device.createBindGroup({
+      label: `${this.label}.${pipeline.label}`,
+      layout: pipeline.getBindGroupLayout(0),
+      entries: Object.entries(resources).map(([binding, r]) => ({
+        binding: Number(binding), resource: r.buffer ? r : { buffer: r },
+      })),
+    });
+  }
+
+  /**
+   * Hyperparameters of step `step` (1-based) with learning rate `lr`. Bias corrections 1 - beta^t are
+   * computed here in f64 and rounded to f32 once, as torch does with its Python floats.
+   */
+  setStep(step, lr) {
+    const { beta1, beta2, eps, weight_decay: wd, max_norm: maxNorm, clip } = this.hyper;
+    const bc1 = 1 - beta1 ** step;
+    const bc2 = 1 - beta2 ** step;
+    const f = this._hpF;
+    const u = this._hpU;
+    f[0] = beta1; f[1] = beta2; f[2] = 1 - beta1; f[3] = 1 - beta2;
+    f[4] = eps; f[5] = 1 - lr * wd; f[6] = -(lr / bc1); f[7] = Math.sqrt(bc2);
+    f[8] = maxNorm; u[9] = clip && maxNorm > 0 ? 1 : 0; u[10] = this.layout.decay_numel; f[11] = lr;
+    f[12] = -lr * Math.sqrt(bc2) / bc1; f[13] = eps * Math.sqrt(bc2); f[14] = 0; f[15] = 0;
+    this.device.queue.writeBuffer(this.uHyper, 0, this._hpData);
+  }
+
+  /** Encode norm, finalize and update as one compute pass of `encoder`. */
+  encode(encoder, { timestampWrites } = {}) {
+    const pass = encoder.beginComputePass(timestampWrites
+      ? { label: this.label, timestampWrites } : this._passDesc);
+    this.encodeInPass(pass);
+    pass.end();
+  }
+
+  /** The same dispatches inside an open compute pass (each dispatch sees the previous one's writes). */
+  encodeInPass(pass) {
+    this.encodeNorm(pass);
+    this.encodeUpdate(pass);
+  }
+
+  /** Phase 1: per-window partial sums of g^2, then grad_norm and clip_scale into `stats`. */
+  encodeNorm(pass) {
+    pass.setPipeline(this.pReduce);
+    for (let k = 0; k < this.windows.length; k++) {
+      pass.setBindGroup(0, this.reduceGroups[k]);
+      const g = this.windows[k].gridR;
+      pass.dispatchWorkgroups(g[0], g[1]);
+    }
+    pass.setPipeline(this.pFinal);
+    pass.setBindGroup(0, this.finalGroup);
+    pass.dispatchWorkgroups(1);
+  }
+
+  /** Phase 2: the AdamW update (reads clip_scale from `stats`, zeroes G). */
+  encodeUpdate(pass) {
+    pass.setPipeline(this.pUpdate);
+    for (const u of this.updates) {
+      pass.setBindGroup(0, u.group);
+      pass.dispatchWorkgroups(u.grid[0], u.grid[1]);
+    }
+  }
+
+  /** Number of update dispatches per step (1 unless a binding had to be split). */
+  get updateDispatches() {
+    return this.updates.length;
+  }
+
+  /** Host f32 weights -> the f16 mirror (once, when W is uploaded; steps keep it in sync). */
+  initMirror(weights) {
+    if (!this.mirror) throw new Error('this optimizer variant has no f16 mirror');
+    const packed = packHalf2(weights);
+    this.device.queue.writeBuffer(this.mirror, 0, packed);
+  }
+
+  /** Free the optimizer's buffers (the mirror too, unless it was handed in). */
+  destroy() {
+    for (const b of [this.stats, this.uHyper, this.partials, this.M, this.V, this.codes, this.small,
+      this.tables, ...this._chunks, this._ownsMirror ? this.mirror : null]) {
+      b?.destroy();
+    }
+  }
+}
