@@ -1,0 +1,230 @@
+// The training loop: batches prefetched from the server, one command encoder and one submit per
+// step (forward, loss, backward, grad norm, clip, AdamW), and a ring of MAP_READ buffers that
+// brings loss, grad-norm and clip scale back asynchronously: the CPU runs ahead of the GPU by up
+// to RING steps and never makes the GPU wait for a readback.
+//
+// DOM-free: the app hands in the device context, the server's layout and config, batch loaders,
+// and callbacks for records, samples and status.
+
+import { storageBuffer } from './gpu.js';
+import { Prefetcher, parseBatch } from './batches.js';
+import { Model, limitProblems } from './model.js';
+import { encodeOps } from './ops.js';
+import { Optimizer } from './optimizer.js';
+import { generate } from './sampler.js';
+
+const RING = 4;          // readback slots: how many steps the CPU may run ahead of the GPU
+const SLOT_HEAD = 32;    // bytes: [0] mean loss, [16..32) optimizer stats (norm, clip, norm^2, bad)
+
+/** Learning rate at 0-based `step`: linear warmup, then cosine decay to lr * min_lr_ratio. */
+export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floor }) {
+  if (step < warmup) return lr * (step + 1) / warmup;
+  const span = Math.max(1, steps - warmup);
+  const t = Math.min(1, (step - warmup) / span);
+  return lr * (floor + (1 - floor) * 0.5 * (1 + Math.cos(Math.PI * t)));
+}
+
+export class Trainer {
+  /**
+   * ctx: {device, lib, limits}; layout: the run's parameter table; config: the run config
+   * (server/routes/runs.py RunConfig); maps: 8-bit quantization maps; loadBatch(step) and
+   * loadValBatch(index): async -> ArrayBuffer; decode(ids) -> string (optional);
+   * on: {record(rec), sample(step, text), status(status, message)}.
+   */
+  static async create(opts) {
+    const t = new Trainer(opts);
+    await t.build();
+    return t;
+  }
+
+  constructor({ ctx, layout, config, maps = null, loadBatch, loadValBatch = null, decode = null,
+    on = {} }) {
+    Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode });
+    this.on = { record: () => {}, sample: () => {}, status: () => {}, ...on };
+    this.device = ctx.device;
+    this.state = 'created';
+    this.step = 0;                 // next 0-based step to run; records are 1-based
+    this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0 };
+    this.resumeGate = null;
+  }
+
+  get variant() {
+    return this.config.optimizer + (this.config.f16_mirror ? '_f16' : '');
+  }
+
+  async build() {
+    const { config: c, ctx, layout } = this;
+    // Refuse before allocating anything: a plan that cannot fit must not cost gigabytes first.
+    const problems = limitProblems(layout, c.batch_size, c.seq_len, ctx.limits);
+    if (problems.length) throw new Error(`this GPU cannot run it: ${problems.join('; ')}`);
+    this.model = new Model(ctx, layout);
+    await this.model.init(c.seed);
+    this.opt = await Optimizer.create(this.device, ctx.lib, layout, {
+      variant: this.variant, W: this.model.W, G: this.model.G, limits: ctx.limits, maps: this.maps,
+      hyper: { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay,
+        max_norm: c.max_norm, clip: c.clip },
+    });
+    if (this.opt.mirror) {
+      // Once, at start: the f16 mirror of the initial weights; AdamW keeps it in sync after.
+      this.opt.initMirror(await this.model.getParams());
+      this.model.weightsF16 = this.opt.mirror;
+    }
+    this.B = c.batch_size;
+    this.T = c.seq_len;
+    this.plan = await this.model.plan(this.B, this.T);
+    const N = this.B * this.T;
+    this.ring = [...Array(RING)].map((_, i) => ({
+      buf: this.device.createBuffer({ label: `readback${i}`, size: SLOT_HEAD + N * 4,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST }),
+      pending: null,
+    }));
+    this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: 4,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
+    this.optimizerBytes = this.opt.stateBytes ?? null;
+  }
+
+  pause() {
+    if (this.state !== 'running') return;
+    this.state = 'paused';
+    this.resumeGate = new Promise((resolve) => { this.resumeNow = resolve; });
+    this.on.status('paused');
+  }
+
+  resume() {
+    if (this.state !== 'paused') return;
+    this.state = 'running';
+    this.resumeNow();
+    this.on.status('running');
+  }
+
+  stop(reason = 'stopped by the user') {
+    if (['finished', 'stopped', 'failed'].includes(this.state)) return;
+    this.stopReason = reason;
+    const wasPaused = this.state === 'paused';
+    this.state = 'stopping';
+    if (wasPaused) this.resumeNow();
+  }
+
+  /** Runs until the last step, stop() or a non-finite loss. Resolves to the final state. */
+  async run() {
+    const c = this.config;
+    this.state = 'running';
+    this.on.status('running');
+    let lastDone = performance.now();
+    let prevSlot = null;
+    try {
+      for (; this.step < c.steps && this.state !== 'stopping'; this.step++) {
+        if (this.state === 'paused') await this.resumeGate;
+        if (this.state === 'stopping') break;
+        const step = this.step;
+        const batch = await this.prefetch.get(step);
+        const slot = this.ring[step % RING];
+        if (slot.pending) { this.stats.ringWaits++; await slot.pending; }
+        if (prevSlot && prevSlot.done) this.stats.gpuStarved++;   // the queue had run dry
+        const lr = lrAt(step, c);
+        this.model.writeBatch(this.plan, batch.inputs, batch.targets);
+        this.opt.setStep(step + 1, lr);
+        const enc = this.device.createCommandEncoder();
+        this.model.encodeStep(enc, this.plan);
+        this.opt.encode(enc);
+        const N = this.B * this.T;
+        enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, slot.buf, 0, 4);
+        enc.copyBufferToBuffer(this.opt.stats, 0, slot.buf, 16, 16);
+        enc.copyBufferToBuffer(this.plan.acts.losses, 0, slot.buf, SLOT_HEAD, N * 4);
+        this.device.queue.submit([enc.finish()]);
+        this.stats.submitted++;
+        const evalLoss = this.wantEval(step) ? (await this.encodeEval(step)).loss : null;
+        slot.done = false;
+        slot.pending = Promise.all([slot.buf.mapAsync(GPUMapMode.READ), evalLoss]).then(([, ev]) => {
+          const now = performance.now();
+          const rec = this.readSlot(slot, step, lr, batch, now - lastDone, ev);
+          lastDone = now;
+          slot.done = true;
+          slot.pending = null;
+          this.on.record(rec);
+          if (rec.loss === null) this.stop(`the loss became non-finite at step ${rec.step}`);
+        });
+        prevSlot = slot;
+        if (c.sample_every && (step + 1) % c.sample_every === 0) await this.sample(step + 1, batch);
+      }
+      await Promise.all(this.ring.map((s) => s.pending));
+    } catch (e) {
+      this.state = 'failed';
+      this.on.status('failed', e.message || String(e));
+      throw e;
+    }
+    const failed = this.stopReason?.startsWith('the loss became non-finite');
+    this.state = this.state === 'stopping' ? (failed ? 'failed' : 'stopped') : 'finished';
+    this.on.status(this.state, this.stopReason ?? null);
+    return this.state;
+  }
+
+  readSlot(slot, step, lr, batch, ms, evalLoss) {
+    const N = this.B * this.T;
+    const data = new Float32Array(slot.buf.getMappedRange(), 0, 8 + N);
+    const loss = data[0];
+    const [norm, clip] = [data[4], data[5]];
+    // Per-source mean training loss from the per-token losses, for the source bandit.
+    const sums = {};
+    for (let b = 0; b < this.B; b++) {
+      let s = 0;
+      for (let t = 0; t < this.T; t++) s += data[8 + b * this.T + t];
+      const k = String(batch.sources[b]);
+      sums[k] = sums[k] ?? [0, 0];
+      sums[k][0] += s;
+      sums[k][1] += this.T;
+    }
+    slot.buf.unmap();
+    const finite = (x) => (Number.isFinite(x) ? x : null);
+    const rec = {
+      step: step + 1, loss: finite(loss), grad_norm: finite(norm), clip_scale: finite(clip), lr,
+      tokens_per_s: (N * 1000) / ms, step_ms: ms,
+      source_losses: Object.fromEntries(Object.entries(sums)
+        .map(([k, [s, n]]) => [k, s / n]).filter(([, v]) => Number.isFinite(v))),
+    };
+    if (batch.phase !== null) rec.phase = batch.phase;
+    if (evalLoss !== null && evalLoss !== undefined && Number.isFinite(evalLoss)) rec.eval_loss = evalLoss;
+    return rec;
+  }
+
+  wantEval(step) {
+    const k = this.config.eval_every;
+    return Boolean(this.loadValBatch && k && ((step + 1) % k === 0 || step + 1 === this.config.steps));
+  }
+
+  /** Eval loss on a held-out batch, submitted right after the step (forward + loss only, G
+   *  untouched). Resolves once submitted, to {loss: Promise<number>}. */
+  async encodeEval(step) {
+    const index = Math.floor((step + 1) / this.config.eval_every) % 4;
+    const val = parseBatch(await this.loadValBatch(index));
+    if (this.evalPending) await this.evalPending;
+    // From here to submit nothing awaits, so no other step's batch can slip in between.
+    this.model.writeBatch(this.plan, val.inputs, val.targets);
+    const enc = this.device.createCommandEncoder();
+    encodeOps(enc, [...this.plan.forward, ...this.plan.loss]);
+    enc.copyBufferToBuffer(this.plan.acts.losses, this.B * this.T * 4, this.evalBuf, 0, 4);
+    this.device.queue.submit([enc.finish()]);
+    this.evalPending = this.evalBuf.mapAsync(GPUMapMode.READ).then(() => {
+      const loss = new Float32Array(this.evalBuf.getMappedRange())[0];
+      this.evalBuf.unmap();
+      this.evalPending = null;
+      return loss;
+    });
+    return { loss: this.evalPending };
+  }
+
+  /** A short continuation of the batch's first row, decoded (pauses training briefly). */
+  async sample(step, batch, n = 48) {
+    await Promise.all(this.ring.map((s) => s.pending));
+    const prompt = Array.from(batch.inputs.subarray(0, 8));
+    const ids = await generate(this.model, prompt, n, { seed: this.config.seed * 1000003 + step });
+    const text = this.decode ? this.decode(prompt) + '⟨…⟩' + this.decode(ids) : ids.join(' ');
+    this.on.sample(step, text);
+  }
+
+  destroy() {
+    this.opt?.destroy();
+    for (const s of this.ring ?? []) s.buf.destroy();
+  }
+}
