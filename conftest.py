@@ -1,2 +1,3 @@
-# Browser + live-server fixtures shared by tests/gpu (kernel parity through the lab page) and e2e/.
-pytest_plugins = ["tests.browser"]
+# Fixtures shared across test folders: browser + live server (tests/gpu and e2e/), and the
+# session's data cache (tests/test_data_*.py).
+pytest_plugins = ["tests.browser", "tests.data_fixtures"]

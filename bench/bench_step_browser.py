@@ -49,7 +49,8 @@ def main() -> None:
     tok = r["B"] * r["T"]
     print(json.dumps(r["adapter"]))
     print(f"preset {r['preset']}  B {r['B']}  T {r['T']}  ops {r['dispatches']}  "
-          f"plan {r['planMs']:.0f} ms  step median {r['medianMs']:.1f} ms  min {r['minMs']:.1f} ms  "
+          f"plan {r['planMs']:.0f} ms  step median {r['medianMs']:.1f} ms  "
+          f"min {r['minMs']:.1f} ms  "
           f"{tok / r['medianMs'] * 1000:.0f} tok/s")
 
 

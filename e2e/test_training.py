@@ -62,7 +62,8 @@ def test_train_from_the_ui(page, live_server, server_data_dir, page_errors, runs
     assert any(m.get("eval_loss") for m in httpx.get(
         f"{live_server}/api/runs/{run_id}/metrics").json())
     stats = page.evaluate("window.andreaTrainer.stats")
-    print(f"{optimizer}: readback ring waits {stats['ringWaits']}, GPU starved {stats['gpuStarved']}")
+    print(f"{optimizer}: readback ring waits {stats['ringWaits']}, "
+          f"GPU starved {stats['gpuStarved']}")
     assert page_errors == []
     runs[optimizer] = run_id
 

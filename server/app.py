@@ -8,13 +8,12 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from server import __version__
+from server import __version__, telemetry
 from server.config import Settings
 from server.data.hub import DataHub
 from server.data.runs import RunRegistry
 from server.routes import data, health, pages, presets, runs
 from server.store import Store
-from server import telemetry
 
 
 class ShaderFiles(StaticFiles):

@@ -94,8 +94,8 @@ def train(args) -> int:
             page = browser.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.add_init_script(
-                f"sessionStorage.setItem('andrea.run.{run_id}', {json.dumps(json.dumps({'token': run['token']}))});")
+            saved = json.dumps(json.dumps({"token": run["token"]}))
+            page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
             page.goto(f"{url}/runs/{run_id}")
             deadline = time.monotonic() + args.timeout
             done = None

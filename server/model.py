@@ -42,7 +42,7 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
         if self.vocab_size > 65536:
-            raise ValueError("vocab_size above 65536 is not supported (tokens are stored as uint16)")
+            raise ValueError("vocab_size above 65536 is not supported (token files are uint16)")
 
     @property
     def head_dim(self) -> int:

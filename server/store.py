@@ -78,7 +78,8 @@ class Store:
         now = time.time()
         self._conn().execute(
             "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status)"
-            " VALUES (?, ?, ?, ?, ?, 'created')", (run_id, now, now, json.dumps(config), token_sha256))
+            " VALUES (?, ?, ?, ?, ?, 'created')",
+            (run_id, now, now, json.dumps(config), token_sha256))
 
     def get_run(self, run_id: str) -> dict | None:
         row = self._conn().execute(

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 from typing import Annotated, Literal, Union
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from server.run_info import public_run
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()
@@ -191,7 +192,7 @@ async def trainer_socket(ws: WebSocket, run_id: str):
             elif isinstance(msg, Status):
                 await store.run(store.set_status, run_id, msg.status, msg.message, msg.adapter)
                 hub.publish(run_id, {"type": "run",
-                                     "run": await store.run(store.get_run, run_id)})
+                                     "run": public_run(await store.run(store.get_run, run_id))})
             elif isinstance(msg, Sample):
                 await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
                 hub.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
@@ -220,7 +221,7 @@ async def viewer_socket(ws: WebSocket, run_id: str):
         return
     queue = hub.subscribe(run_id)  # before the backlog read, so nothing falls between them
     try:
-        await ws.send_json({"type": "run", "run": run})
+        await ws.send_json({"type": "run", "run": public_run(run)})
         backlog = await store.run(store.metrics, run_id)
         for i in range(0, len(backlog), 1000):
             await ws.send_json({"type": "records", "records": backlog[i:i + 1000]})

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from server.data import wire
-from server.data.bandit import (EXPLORE, PHASE_LENGTHS, PhaseSchedule, SourceBandit,
-                                phase_length)
-from tests.test_data_support import data_client, data_dir  # noqa: F401
+from server.data.bandit import EXPLORE, PHASE_LENGTHS, PhaseSchedule, SourceBandit, phase_length
 
 SOURCES = ["docs", "code", "prose"]
 

@@ -13,7 +13,7 @@ from server.data import wire
 from server.data.sampler import sample_batch, train_windows, val_windows
 from server.data.spec import BatchSpec
 from server.data.tokens import TokenFile
-from tests.test_data_support import TINY_V, data_client, data_dir, hub, tiny  # noqa: F401
+from tests.data_fixtures import TINY_V
 
 AD_HOC = "/api/batches/{}?preset=tiny&seed=7&batch_size=4"
 

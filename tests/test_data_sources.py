@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from server.cli import main
-from server.data.sources import (CorpusError, corpus_hash, default_sources, load_sources,
-                                 parse_corpus_arg, user_source)
+from server.data.sources import (
+    CorpusError,
+    corpus_hash,
+    default_sources,
+    load_sources,
+    parse_corpus_arg,
+    user_source,
+)
 
 
 def test_default_corpus_has_two_kinds_of_text():

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from server.data import tokenizer as tk
 from server.data.hub import DataHub
-from tests.test_data_support import TINY_V, data_client, data_dir, hub, tiny  # noqa: F401
+from tests.data_fixtures import TINY_V
 
 NON_ASCII = [
     "D'où Viennent les Pics de Gradients : un mini-lot calme & un choquant.",

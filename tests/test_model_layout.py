@@ -38,7 +38,8 @@ def test_groups_back_to_back_and_decay_first():
 def test_init_std():
     layout = build_layout(PRESETS["tiny"])
     p = param_by_name(layout)
-    assert p["model.layers.1.self_attn.o_proj.weight"]["init_std"] == pytest.approx(0.02 / math.sqrt(4))
+    o_proj = p["model.layers.1.self_attn.o_proj.weight"]
+    assert o_proj["init_std"] == pytest.approx(0.02 / math.sqrt(4))
     assert p["model.layers.1.mlp.down_proj.weight"]["init_std"] == pytest.approx(0.02 / 2)
     assert p["model.layers.1.mlp.up_proj.weight"]["init_std"] == 0.02
     assert p["model.norm.weight"]["init"] == "ones"

@@ -7,8 +7,14 @@ import struct
 import pytest
 
 from server.model import PRESETS, ModelConfig, build_layout
-from server.optim import (BLOCKSIZE, MIN_8BIT_SIZE, block_plan, create_dynamic_map,
-                          optimizer_memory, quantization_maps)
+from server.optim import (
+    BLOCKSIZE,
+    MIN_8BIT_SIZE,
+    block_plan,
+    create_dynamic_map,
+    optimizer_memory,
+    quantization_maps,
+)
 
 
 def f32_bits(xs):

@@ -67,3 +67,29 @@ def test_server_restart_keeps_runs_metrics_and_batches(settings):
         with c2.websocket_connect(f"/ws/runs/{run['id']}") as ws:
             ws.send_json({"type": "hello", "token": run["token"], "last_acked_step": 0})
             assert ws.receive_json() == {"type": "welcome", "last_committed_step": 1}
+
+
+def test_telemetry_source_losses_steer_the_bandit(client):
+    """Per-source losses sent over the websocket reach the run's bandit: a source whose loss
+    improves gets more weight in a later phase."""
+    run = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4, "steps": 400,
+                                          "data_mode": "bandit"}).json()
+    rid = run["id"]
+    client.get(f"/api/runs/{rid}/batches/0")
+    with client.websocket_connect(f"/ws/runs/{rid}") as ws:
+        ws.send_json({"type": "hello", "token": run["token"]})
+        ws.receive_json()
+        step = 0
+        for phase in range(3):
+            client.get(f"/api/runs/{rid}/batches/{step}")     # decides this phase's weights
+            info = client.get(f"/api/runs/{rid}/data").json()["phases"][-1]
+            end = info["start"] + info["length"]
+            records = [{"step": s + 1, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
+                        "source_losses": {"0": 6.0 - 0.5 * phase, "1": 6.0}}
+                       for s in range(step, end)]
+            ws.send_json({"type": "metrics", "records": records})
+            assert ws.receive_json()["type"] == "ack"
+            step = end
+        client.get(f"/api/runs/{rid}/batches/{step}")
+    weights = client.get(f"/api/runs/{rid}/data").json()["phases"][-1]["weights"]
+    assert weights[0] > weights[1], weights

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from server.data.spec import BatchSpec
 from server.model import PRESETS, build_layout
 from server.optim import optimizer_memory
+from server.run_info import public_run
 from server.store import METRIC_COLUMNS
 from server.telemetry import token_hash
 
@@ -59,13 +60,6 @@ class RunConfig(BaseModel):
         return self
 
 
-def _public_run(run: dict) -> dict:
-    cfg = run["config"]
-    layout = build_layout(PRESETS[cfg["preset"]])
-    memory = optimizer_memory(layout)[cfg["optimizer"]]
-    return {**run, "state_bytes": memory["state_bytes"], "n_params": layout["n_params"]}
-
-
 @router.post("/runs", status_code=201)
 async def create_run(request: Request, config: RunConfig) -> dict:
     app = request.app
@@ -94,7 +88,7 @@ def batch_spec(app, cfg: dict) -> BatchSpec:
 @router.get("/runs")
 async def list_runs(request: Request) -> list[dict]:
     store = request.app.state.store
-    return [_public_run(r) for r in await store.run(store.list_runs)]
+    return [public_run(r) for r in await store.run(store.list_runs)]
 
 
 async def _run_or_404(request: Request, run_id: str) -> dict:
@@ -109,7 +103,7 @@ async def _run_or_404(request: Request, run_id: str) -> dict:
 async def get_run(request: Request, run_id: str) -> dict:
     run = await _run_or_404(request, run_id)
     store = request.app.state.store
-    return {**_public_run(run),
+    return {**public_run(run),
             "samples": await store.run(store.events, run_id, "sample")}
 
 

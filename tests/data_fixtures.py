@@ -1,4 +1,4 @@
-"""Shared fixtures for the tests/test_data_*.py files (imported by them; holds no tests).
+"""Shared fixtures for the tests/test_data_*.py files (a pytest plugin, see conftest.py).
 
 One data dir per test session, with the tiny preset's tokenizer and token files built once
 (about 2 s on 2 cores); every app and hub in these tests reads the same on-disk cache.

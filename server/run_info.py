@@ -1,0 +1,12 @@
+"""What the API and the viewers' websocket say about a run: the stored row plus the sizes that
+follow from its config (parameters, optimizer state bytes)."""
+
+from server.model import PRESETS, build_layout
+from server.optim import optimizer_memory
+
+
+def public_run(run: dict) -> dict:
+    cfg = run["config"]
+    layout = build_layout(PRESETS[cfg["preset"]])
+    memory = optimizer_memory(layout)[cfg["optimizer"]]
+    return {**run, "state_bytes": memory["state_bytes"], "n_params": layout["n_params"]}
