@@ -84,15 +84,15 @@ export class Trainer {
     this.optimizerBytes = this.opt.stateBytes ?? null;
   }
 
+  /** Stops submitting; the status turns 'paused' once the steps in flight have landed. */
   pause() {
     if (this.state !== 'running') return;
-    this.state = 'paused';
+    this.state = 'pausing';
     this.resumeGate = new Promise((resolve) => { this.resumeNow = resolve; });
-    this.on.status('paused');
   }
 
   resume() {
-    if (this.state !== 'paused') return;
+    if (this.state !== 'paused' && this.state !== 'pausing') return;
     this.state = 'running';
     this.resumeNow();
     this.on.status('running');
@@ -101,7 +101,7 @@ export class Trainer {
   stop(reason = 'stopped by the user') {
     if (['finished', 'stopped', 'failed'].includes(this.state)) return;
     this.stopReason = reason;
-    const wasPaused = this.state === 'paused';
+    const wasPaused = this.state === 'paused' || this.state === 'pausing';
     this.state = 'stopping';
     if (wasPaused) this.resumeNow();
   }
@@ -115,7 +115,14 @@ export class Trainer {
     let prevSlot = null;
     try {
       for (; this.step < c.steps && this.state !== 'stopping'; this.step++) {
-        if (this.state === 'paused') await this.resumeGate;
+        if (this.state === 'pausing') {
+          await Promise.all(this.ring.map((slot) => slot.pending));
+          if (this.state === 'pausing') {
+            this.state = 'paused';
+            this.on.status('paused');
+          }
+          await this.resumeGate;
+        }
         if (this.state === 'stopping') break;
         const step = this.step;
         const batch = await this.prefetch.get(step);

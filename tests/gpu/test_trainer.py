@@ -1,0 +1,76 @@
+"""The trainer in the page with real batches from the server: LR schedule, non-finite loss
+handling, pause/resume/stop."""
+
+import math
+
+import pytest
+
+from server.model import PRESETS, build_layout
+from tests.lab import call
+
+SETUP = """
+    const {Trainer, lrAt} = await import('/static/js/engine/trainer.js');
+    const layout = await (await fetch('/api/presets/tiny/layout')).json();
+    const maps = await (await fetch('/api/optimizer/maps')).json();
+    const config = {preset: 'tiny', optimizer: 'adamw', f16_mirror: false, steps: args.steps,
+      batch_size: 2, seq_len: 64, lr: 3e-3, min_lr_ratio: 0.1, warmup_steps: 2, beta1: 0.9,
+      beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: true, max_norm: 1.0, seed: 0,
+      data_mode: 'uniform', eval_every: 0, sample_every: 0};
+    const q = `preset=tiny&batch_size=2&steps=${args.steps}`;
+    const records = [], statuses = [];
+    const trainer = await Trainer.create({ctx: lab.ctx, layout, config, maps,
+      loadBatch: (s) => fetch(`/api/batches/${s}?${q}`).then((r) => r.arrayBuffer()),
+      on: {record: (r) => records.push(r), status: (s, m) => statuses.push([s, m])}});
+"""
+
+
+def test_lr_schedule(lab_session):
+    cfg = {"lr": 1e-3, "warmup_steps": 10, "steps": 110, "min_lr_ratio": 0.1}
+    out = call(lab_session, """
+        const {lrAt} = await import('/static/js/engine/trainer.js');
+        return {lrs: Array.from({length: 110}, (_, s) => lrAt(s, args.cfg))};
+    """, {"cfg": cfg})
+    lrs = out["lrs"]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    for s in range(10, 110):
+        t = (s - 10) / 100
+        assert lrs[s] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))))
+    assert lrs[-1] == pytest.approx(1e-4, rel=0.01)
+
+
+def test_non_finite_loss_is_reported_and_stops_the_run(lab_session):
+    layout = build_layout(PRESETS["tiny"])
+    out = call(lab_session, SETUP + """
+        const w = await trainer.model.getParams();
+        w.fill(NaN, 0, 1000);            // poison part of the embedding
+        trainer.model.setParams(w);
+        const state = await trainer.run();
+        return {state, records, statuses};
+    """, {"steps": 20})
+    assert out["state"] == "failed"
+    assert out["records"][0]["loss"] is None          # reported as non-finite, not hidden
+    assert len(out["records"]) < 20                    # and the run stopped
+    assert out["statuses"][-1][0] == "failed" and "non-finite" in out["statuses"][-1][1]
+    assert layout["total_numel"] > 1000
+
+
+def test_pause_resume_stop(lab_session):
+    out = call(lab_session, SETUP + """
+        const done = trainer.run();
+        while (records.length < 2) await new Promise((r) => setTimeout(r, 20));
+        trainer.pause();
+        while (statuses.length < 2) await new Promise((r) => setTimeout(r, 20));
+        const atPause = records.length;          // 'paused' comes once the steps in flight landed
+        await new Promise((r) => setTimeout(r, 1500));
+        const whilePaused = records.length;
+        trainer.resume();
+        while (records.length < whilePaused + 2) await new Promise((r) => setTimeout(r, 20));
+        trainer.stop();
+        const state = await done;
+        return {atPause, whilePaused, total: records.length, state, statuses: statuses.map((s) => s[0]),
+                steps: records.map((r) => r.step), stats: trainer.stats};
+    """, {"steps": 200})
+    assert out["whilePaused"] == out["atPause"], "no step ran while paused"
+    assert out["state"] == "stopped" and out["total"] < 200
+    assert out["steps"] == list(range(1, out["total"] + 1))
+    assert out["statuses"] == ["running", "paused", "running", "stopped"]
