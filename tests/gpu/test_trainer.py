@@ -67,7 +67,8 @@ def test_pause_resume_stop(lab_session):
         while (records.length < whilePaused + 2) await new Promise((r) => setTimeout(r, 20));
         trainer.stop();
         const state = await done;
-        return {atPause, whilePaused, total: records.length, state, statuses: statuses.map((s) => s[0]),
+        return {atPause, whilePaused, total: records.length, state,
+                statuses: statuses.map((s) => s[0]),
                 steps: records.map((r) => r.step), stats: trainer.stats};
     """, {"steps": 200})
     assert out["whilePaused"] == out["atPause"], "no step ran while paused"
