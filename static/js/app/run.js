@@ -142,10 +142,7 @@ async function train(run, token) {
     fetch('/api/optimizer/maps').then((r) => r.json()),
     fetch(`/api/tokenizer/${config.preset}`).then((r) => r.json()),
   ]);
-  const fetchBody = (url) => fetch(url).then(async (r) => {
-    if (!r.ok) throw new Error(`${url}: ${r.status} ${await r.text()}`);
-    return r.arrayBuffer();
-  });
+  const fetchBody = (url) => fetchRetrying(url).then((r) => r.arrayBuffer());
   setStatus('Compiling kernels and initialising weights…');
   const trainer = await Trainer.create({
     ctx, layout, config, maps, decode: makeDecoder(tok),
@@ -182,6 +179,25 @@ async function train(run, token) {
   socket.close();
   sessionStorage.removeItem(`andrea.run.${runId}`);  // a reload must not train it again
   body.dataset.done = final;
+}
+
+/** fetch() that rides out a server restart: network errors and 5xx are retried with backoff
+ *  (about a minute in all); 4xx is final and reported. */
+async function fetchRetrying(url, attempts = 12) {
+  let wait = 250;
+  for (let i = 1; ; i++) {
+    let res = null;
+    try {
+      res = await fetch(url);
+    } catch (e) {
+      if (i >= attempts) throw new Error(`${url}: ${e.message}`);
+    }
+    if (res?.ok) return res;
+    if (res && res.status < 500) throw new Error(`${url}: ${res.status} ${await res.text()}`);
+    if (i >= attempts) throw new Error(`${url}: ${res ? res.status : 'unreachable'}`);
+    await new Promise((r) => setTimeout(r, wait));
+    wait = Math.min(wait * 2, 8000);
+  }
 }
 
 function view() {
