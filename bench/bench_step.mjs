@@ -1,0 +1,81 @@
+// A whole training step (forward, loss, backward, grad norm, clip, AdamW: one encoder, one
+// submit) of the engine under Node + Dawn, for one preset and batch shape, plus a per-kernel
+// GPU-time breakdown with timestamp-query.
+//
+//   python -m server.optim 12m > /tmp/l12m.json
+//   node bench/bench_step.mjs /tmp/l12m.json --batch 32 [--seq 256] [--iters 20] [--variant adamw]
+// Env: DAWN_NODE (see ../shared/gpu/README.md).
+
+import { createRequire } from 'node:module';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const { acquireDevice } = await import(`${repo}/static/js/engine/gpu.js`);
+const { ShaderLibrary } = await import(`${repo}/static/js/engine/shaders.js`);
+const { Model } = await import(`${repo}/static/js/engine/model.js`);
+const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
+const { profileOps, summarize } = await import(`${repo}/static/js/engine/profiler.js`);
+
+const argv = process.argv.slice(2);
+const opt = (name, dflt) => {
+  const i = argv.indexOf(name);
+  return i >= 0 ? argv[i + 1] : dflt;
+};
+const { layout, maps } = JSON.parse(fs.readFileSync(argv[0], 'utf8'));
+const B = Number(opt('--batch', 8));
+const T = Number(opt('--seq', layout.config.seq_len));
+const iters = Number(opt('--iters', 20));
+const variant = opt('--variant', 'adamw');
+
+const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
+Object.assign(globalThis, globals);
+const gpu = create(['enable-dawn-features=allow_unsafe_apis',
+  'disable-dawn-features=timestamp_quantization']);
+const ctx = await acquireDevice(gpu, { onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
+ctx.lib = new ShaderLibrary(ctx.device, async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'));
+const { device } = ctx;
+
+const model = new Model(ctx, layout);
+await model.init(0);
+const optim = await Optimizer.create(device, ctx.lib, layout, { variant, W: model.W, G: model.G,
+  limits: ctx.limits, maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1,
+    max_norm: 1.0, clip: true } });
+if (optim.mirror) {
+  optim.initMirror(await model.getParams());
+  model.weightsF16 = optim.mirror;
+}
+const plan = await model.plan(B, T);
+const V = layout.config.vocab_size;
+const tokens = Uint32Array.from({ length: B * T }, (_, i) => (i * 7919 + 13) % V);
+const targets = Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V);
+model.writeBatch(plan, tokens, targets);
+
+const step = (s) => {
+  optim.setStep(s, 1e-4);
+  const enc = device.createCommandEncoder();
+  model.encodeStep(enc, plan);
+  optim.encode(enc);
+  device.queue.submit([enc.finish()]);
+};
+for (let s = 1; s <= 3; s++) step(s);
+await device.queue.onSubmittedWorkDone();
+const t0 = performance.now();
+for (let s = 4; s < 4 + iters; s++) step(s);
+await device.queue.onSubmittedWorkDone();
+const ms = (performance.now() - t0) / iters;
+
+const profile = await profileOps(device, [...plan.forward, ...plan.loss, ...plan.backward]);
+const rows = profile ? summarize(profile) : [];
+const kernelMs = rows.reduce((a, r) => a + r.ms, 0);
+const adapter = [ctx.info.vendor, ctx.info.architecture, ctx.info.description].filter(Boolean).join(' ');
+console.log(`${layout.preset ?? 'custom'}  B ${B}  T ${T}  ${variant}  on ${adapter}`);
+console.log(`step ${ms.toFixed(2)} ms (wall, ${iters} steps back to back)  ` +
+  `${Math.round((B * T * 1000) / ms)} tok/s  dispatches ${plan.forward.length + plan.loss.length + plan.backward.length} + optimizer`);
+if (rows.length) {
+  console.log(`per-kernel GPU time (each dispatch in its own pass; sum ${kernelMs.toFixed(2)} ms):`);
+  for (const r of rows) {
+    console.log(`  ${r.label.padEnd(26)} ${String(r.calls).padStart(3)}  ${r.ms.toFixed(3).padStart(9)} ms  ${(100 * r.ms / kernelMs).toFixed(1).padStart(5)}%`);
+  }
+}
