@@ -10,15 +10,17 @@
 //   @binding(5) dx   : array<f32> [N, C]      = dx, or += dx with ACCUM (the residual grad)
 //   Dispatch: N workgroups (2-D when over 65535).
 //
-// rmsnorm_backward_gain (one thread per channel; fixed row order, so deterministic)
-//   dg[c] += sum_n dy[n, c] * x[n, c] * r[n]
-//   same bindings 0-4; @binding(5) dg : array<f32> [C]  +=
-//   Dispatch: ceil(C / WG) workgroups.
+// rmsnorm_backward_gain: dg[c] += sum_n dy[n, c] * x[n, c] * r[n], in two deterministic passes
+// (fixed-order sums, no atomics), so the rows are spread over many workgroups:
+//   gain_partial  (ceil(C / WG), ceil(N / ROWS)) workgroups: part[k, c] = sum over rows
+//                 [k * ROWS, (k + 1) * ROWS) of dy * x * r     (bindings 0, 1, 2, 4, 6: =)
+//   gain_finish   ceil(C / WG) workgroups: dg[c] += sum_k part[k, c]   (bindings 0, 5, 6: +=)
+//   @binding(6) part : array<f32> [ceil(N / ROWS), C]  scratch
 
 override WG: u32 = 64u;
 override ACCUM: bool = false;
 
-struct Dims { N: u32, C: u32, pad0: u32, pad1: u32 }
+struct Dims { N: u32, C: u32, ROWS: u32, CHUNKS: u32 }
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> dy: array<f32>;
@@ -26,6 +28,7 @@ struct Dims { N: u32, C: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> g: array<f32>;
 @group(0) @binding(4) var<storage, read> rstd: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
 
@@ -53,12 +56,22 @@ fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
 }
 
 @compute @workgroup_size(WG)
-fn rmsnorm_backward_gain(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn gain_partial(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let c = gid.x;
+  let k = gid.y;
+  if (c >= dims.C || k >= dims.CHUNKS) { return; }
+  var s = 0.0;
+  for (var n = k * dims.ROWS; n < min(dims.N, (k + 1u) * dims.ROWS); n = n + 1u) {
+    s = s + dy[n * dims.C + c] * x[n * dims.C + c] * rstd[n];
+  }
+  part[k * dims.C + c] = s;
+}
+
+@compute @workgroup_size(WG)
+fn gain_finish(@builtin(global_invocation_id) gid: vec3<u32>) {
   let c = gid.x;
   if (c >= dims.C) { return; }
   var s = 0.0;
-  for (var n = 0u; n < dims.N; n = n + 1u) {
-    s = s + dy[n * dims.C + c] * x[n * dims.C + c] * rstd[n];
-  }
+  for (var k = 0u; k < dims.CHUNKS; k = k + 1u) { s = s + part[k * dims.C + c]; }
   out[c] = out[c] + s;
 }

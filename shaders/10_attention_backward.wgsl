@@ -18,6 +18,9 @@
 //#include "lib/common.wgsl"
 
 override WG: u32 = 64u;
+// Head dim as a pipeline constant: the d-loops get constant trip counts, so the compiler can
+// unroll them and keep the per-thread rows in registers instead of local memory.
+override HD: u32 = 64u;
 const MAX_D: u32 = 128u;
 
 struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad1: u32 }
@@ -46,7 +49,7 @@ fn attention_backward_dq(@builtin(global_invocation_id) gid: vec3<u32>,
   var g: array<f32, MAX_D>;
   var dq: array<f32, MAX_D>;
   var dl = 0.0;
-  for (var d = 0u; d < dims.D; d = d + 1u) {
+  for (var d = 0u; d < HD; d = d + 1u) {
     q[d] = qkv[row3(b, t) + hd + d] * dims.scale;
     g[d] = dy[row1(b, t) + hd + d];
     dl = fma(g[d], y[row1(b, t) + hd + d], dl);
@@ -59,14 +62,14 @@ fn attention_backward_dq(@builtin(global_invocation_id) gid: vec3<u32>,
     let voff = koff + dims.C;
     var score = 0.0;
     var dp = 0.0;
-    for (var d = 0u; d < dims.D; d = d + 1u) {
+    for (var d = 0u; d < HD; d = d + 1u) {
       score = fma(q[d], qkv[koff + d], score);
       dp = fma(g[d], qkv[voff + d], dp);
     }
     let ds = exp(score - l) * (dp - dl);
-    for (var d = 0u; d < dims.D; d = d + 1u) { dq[d] = fma(ds, qkv[koff + d], dq[d]); }
+    for (var d = 0u; d < HD; d = d + 1u) { dq[d] = fma(ds, qkv[koff + d], dq[d]); }
   }
-  for (var d = 0u; d < dims.D; d = d + 1u) { dqkv[row3(b, t) + hd + d] = dq[d] * dims.scale; }
+  for (var d = 0u; d < HD; d = d + 1u) { dqkv[row3(b, t) + hd + d] = dq[d] * dims.scale; }
 }
 
 @compute @workgroup_size(WG)
@@ -82,7 +85,7 @@ fn attention_backward_dkdv(@builtin(global_invocation_id) gid: vec3<u32>,
   var v: array<f32, MAX_D>;
   var dk: array<f32, MAX_D>;
   var dv: array<f32, MAX_D>;
-  for (var d = 0u; d < dims.D; d = d + 1u) {
+  for (var d = 0u; d < HD; d = d + 1u) {
     k[d] = qkv[row3(b, s) + dims.C + hd + d];
     v[d] = qkv[row3(b, s) + 2u * dims.C + hd + d];
     dk[d] = 0.0;
@@ -94,18 +97,18 @@ fn attention_backward_dkdv(@builtin(global_invocation_id) gid: vec3<u32>,
     let goff = row1(b, t) + hd;
     var score = 0.0;
     var dp = 0.0;
-    for (var d = 0u; d < dims.D; d = d + 1u) {
+    for (var d = 0u; d < HD; d = d + 1u) {
       score = fma(qkv[qoff + d] * dims.scale, k[d], score);
       dp = fma(dy[goff + d], v[d], dp);
     }
     let p = exp(score - lse[hrow + t]);
     let ds = p * (dp - delta[hrow + t]);
-    for (var d = 0u; d < dims.D; d = d + 1u) {
+    for (var d = 0u; d < HD; d = d + 1u) {
       dv[d] = fma(p, dy[goff + d], dv[d]);
       dk[d] = fma(ds, qkv[qoff + d], dk[d]);
     }
   }
-  for (var d = 0u; d < dims.D; d = d + 1u) {
+  for (var d = 0u; d < HD; d = d + 1u) {
     dqkv[row3(b, s) + dims.C + hd + d] = dk[d] * dims.scale;
     dqkv[row3(b, s) + 2u * dims.C + hd + d] = dv[d];
   }

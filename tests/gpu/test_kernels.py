@@ -68,7 +68,7 @@ def test_embed_forward_backward(lab_session):
     check("embed.dwte", back["dwte"], w.grad)
 
 
-@pytest.mark.parametrize("N,C", [(33, 50), (7, 200)])
+@pytest.mark.parametrize("N,C", [(33, 50), (7, 200), (150, 37)])
 def test_rmsnorm_forward_backward(lab_session, N, C):
     eps = 1e-5
     x, g, dy = randn(N, C), 1 + randn(C, scale=0.1), randn(N, C)

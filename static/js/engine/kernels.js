@@ -6,6 +6,10 @@
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
 const TILE = 32;  // matmul_core.wgsl's output tile
+const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
+
+/** Scratch floats the norm-gain gradient needs for N rows of C channels. */
+export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
 const cdiv = (a, b) => Math.ceil(a / b);
 
 function check(cond, msg) {
@@ -48,10 +52,16 @@ export class Kernels {
       [N, C], [dy, x, g, rstd, dx], grid1d(N), 'rmsnorm_backward');
   }
 
-  /** dg[C] += sum over rows of dy * x * rstd */
-  rmsnormBackwardGain({ dy, x, rstd, dg, N, C }) {
-    return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_gain', {}, [N, C],
-      [dy, x, null, rstd, dg], [cdiv(C, 64), 1], 'rmsnorm_backward_gain');
+  /** dg[C] += sum over rows of dy * x * rstd; part: scratch of gainPartialNumel(N, C) floats */
+  rmsnormBackwardGain({ dy, x, rstd, dg, part, N, C }) {
+    const chunks = cdiv(N, GAIN_ROWS);
+    const dims = [N, C, GAIN_ROWS, chunks];
+    return Promise.all([
+      this.op('08_norm_backward.wgsl', 'gain_partial', {}, dims,
+        [dy, x, null, rstd, null, part], [cdiv(C, 64), chunks], 'rmsnorm_backward_gain'),
+      this.op('08_norm_backward.wgsl', 'gain_finish', {}, dims,
+        [null, null, null, null, dg, part], [cdiv(C, 64), 1], 'rmsnorm_backward_gain'),
+    ]);
   }
 
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
@@ -86,7 +96,7 @@ export class Kernels {
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
-    return this.op('05_attention.wgsl', 'main', {}, this.attentionDims(B, T, H, D),
+    return this.op('05_attention.wgsl', 'main', { HD: D }, this.attentionDims(B, T, H, D),
       [qkv, y, lse], grid1d(cdiv(B * H * T, 64)), 'attention');
   }
 
@@ -95,9 +105,9 @@ export class Kernels {
     const dims = this.attentionDims(B, T, H, D);
     const grid = grid1d(cdiv(B * H * T, 64));
     return Promise.all([
-      this.op('10_attention_backward.wgsl', 'attention_backward_dq', {}, dims,
+      this.op('10_attention_backward.wgsl', 'attention_backward_dq', { HD: D }, dims,
         [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
-      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', {}, dims,
+      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', { HD: D }, dims,
         [qkv, null, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),
     ]);
   }

@@ -2,7 +2,7 @@
 // each kernel against PyTorch. All arrays in and out are plain typed arrays.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { Kernels, ropeTable } from './kernels.js';
+import { Kernels, gainPartialNumel, ropeTable } from './kernels.js';
 import { createModel } from './model.js';
 import { encodeOps } from './ops.js';
 
@@ -44,7 +44,7 @@ export function labEntries(ctx) {
     rmsnorm: ({ x, g, N, C, eps }) => runOps(ctx, { x, g }, { y: N * C, rstd: N },
       (b) => k.rmsnorm({ ...b, N, C, eps })),
     rmsnormBackward: ({ dy, x, g, rstd, N, C }) => runOps(ctx, { dy, x, g, rstd },
-      { dx: N * C, dg: C }, (b) => [k.rmsnormBackward({ ...b, N, C }),
+      { dx: N * C, dg: C, part: gainPartialNumel(N, C) }, (b) => [k.rmsnormBackward({ ...b, N, C }),
         k.rmsnormBackwardGain({ ...b, N, C })]),
     linear: ({ x, w, M, N, K }) => runOps(ctx, { x, w }, { y: M * N },
       (b) => k.linear({ ...b, M, N, K })),

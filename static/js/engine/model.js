@@ -6,7 +6,7 @@
 // N = B * T rows.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { Kernels, ropeTable } from './kernels.js';
+import { Kernels, gainPartialNumel, ropeTable } from './kernels.js';
 import { copyOp, encodeOps, view } from './ops.js';
 
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
@@ -32,6 +32,7 @@ export function activationShapes(config, B, T) {
     ['dres', N * C, null], ['dn', N * C, null], ['datt', N * C, null],   // backward scratch
     ['dqkv', N * 3 * C, null], ['delta', B * H * T, null],
     ['dh', N * F, null], ['dgu', N * 2 * F, null],
+    ['gainPart', gainPartialNumel(N, C), null],      // norm-gain gradient partial sums
   ];
 }
 
@@ -196,7 +197,7 @@ export class Model {
         wF16: f16 }),
       k.linearBackwardWeight({ dy: a.logits, x: a.nf, dw: this.t(G, wte), M: N, N: V, K: C }),
       k.rmsnormBackwardGain({ dy: a.dn, x: a.res[L], rstd: a.rstdf,
-        dg: this.t(G, 'model.norm.weight'), N, C }),
+        dg: this.t(G, 'model.norm.weight'), part: a.gainPart, N, C }),
       k.rmsnormBackward({ dy: a.dn, x: a.res[L], g: this.t(W, 'model.norm.weight'),
         rstd: a.rstdf, dx: a.dres, N, C, accum: false }),
     ];
@@ -215,7 +216,7 @@ export class Model {
         k.linearBackwardWeight({ dy: a.dgu, x: a.n2[i], dw: this.t(G, p(i, 'mlp.gate_proj'), 2),
           M: N, N: 2 * F, K: C }),
         k.rmsnormBackwardGain({ dy: a.dn, x: a.resMid[i], rstd: a.rstd2[i],
-          dg: this.t(G, g2), N, C }),
+          dg: this.t(G, g2), part: a.gainPart, N, C }),
         k.rmsnormBackward({ dy: a.dn, x: a.resMid[i], g: this.t(W, g2), rstd: a.rstd2[i],
           dx: a.dres, N, C, accum: true }),                                  // dres = d resMid
         k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'self_attn.o_proj')), dx: a.datt,
@@ -230,7 +231,7 @@ export class Model {
         k.linearBackwardWeight({ dy: a.dqkv, x: a.n1[i], dw: this.t(G, p(i, 'self_attn.q_proj'), 3),
           M: N, N: 3 * C, K: C }),
         k.rmsnormBackwardGain({ dy: a.dn, x: a.res[i], rstd: a.rstd1[i],
-          dg: this.t(G, g1), N, C }),
+          dg: this.t(G, g1), part: a.gainPart, N, C }),
         k.rmsnormBackward({ dy: a.dn, x: a.res[i], g: this.t(W, g1), rstd: a.rstd1[i],
           dx: a.dres, N, C, accum: true }),                                  // dres = d res[i]
       );
