@@ -76,7 +76,8 @@ fn attention_backward_dq(@builtin(global_invocation_id) gid: vec3<u32>,
 // of registers at HD 64 and spills; each pass alone holds at most three rows, like dq.
 @compute @workgroup_size(WG)
 fn attention_backward_dk(@builtin(global_invocation_id) gid: vec3<u32>,
-                         @builtin(num_workgroups) nwg: vec3<u32>) {
+                         @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
   let e = flat_id(gid, nwg, WG);          // over [B, H, T], here s is the key position
   if (e >= dims.B * dims.H * dims.T) { return; }
   let s = e % dims.T;
@@ -92,7 +93,10 @@ fn attention_backward_dk(@builtin(global_invocation_id) gid: vec3<u32>,
     dk[d] = 0.0;
   }
   let hrow = (b * dims.H + h) * dims.T;
-  for (var t = s; t < dims.T; t = t + 1u) {
+  // All threads of the workgroup walk the same query rows t in step (from the workgroup's first
+  // key), so each row is one broadcast read, not 64 scattered ones; t < s is skipped.
+  for (var t = s - min(s, lid); t < dims.T; t = t + 1u) {
+    if (t < s) { continue; }
     let qoff = row3(b, t) + hd;
     let goff = row1(b, t) + hd;
     var score = 0.0;
@@ -111,7 +115,8 @@ fn attention_backward_dk(@builtin(global_invocation_id) gid: vec3<u32>,
 
 @compute @workgroup_size(WG)
 fn attention_backward_dv(@builtin(global_invocation_id) gid: vec3<u32>,
-                         @builtin(num_workgroups) nwg: vec3<u32>) {
+                         @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
   let e = flat_id(gid, nwg, WG);          // over [B, H, T], here s is the key position
   if (e >= dims.B * dims.H * dims.T) { return; }
   let s = e % dims.T;
@@ -125,7 +130,10 @@ fn attention_backward_dv(@builtin(global_invocation_id) gid: vec3<u32>,
     dv[d] = 0.0;
   }
   let hrow = (b * dims.H + h) * dims.T;
-  for (var t = s; t < dims.T; t = t + 1u) {
+  // All threads of the workgroup walk the same query rows t in step (from the workgroup's first
+  // key), so each row is one broadcast read, not 64 scattered ones; t < s is skipped.
+  for (var t = s - min(s, lid); t < dims.T; t = t + 1u) {
+    if (t < s) { continue; }
     let qoff = row3(b, t) + hd;
     let goff = row1(b, t) + hd;
     var score = 0.0;
