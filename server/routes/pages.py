@@ -40,3 +40,8 @@ def diagnostics(request: Request):
 @router.get("/lab", response_class=HTMLResponse)
 def lab(request: Request):
     return _render(request, "lab.html", title="Engine lab")
+
+
+@router.get("/kernels", response_class=HTMLResponse)
+def kernels_page(request: Request):
+    return _render(request, "kernels.html", title="Kernels")

@@ -25,7 +25,7 @@ export class Kernels {
   async op(file, entry, constants, uniforms, resources, grid, label) {
     const pipeline = await this.lib.pipeline(file, entry, constants);
     const u = uniformWords(this.device, uniforms, `${label}.dims`);
-    return launch(this.device, pipeline, [u, ...resources], grid, label);
+    return { ...launch(this.device, pipeline, [u, ...resources], grid, label), file, entry };
   }
 
   /** x[N, C] = wte[tokens[n]] */

@@ -38,16 +38,16 @@ export async function profileOps(device, ops) {
     if (op.kind !== 'dispatch') return { label: op.label, ms: null };
     const ms = Number(ns[i + 1] - ns[i]) / 1e6;
     i += 2;
-    return { label: op.label, ms };
+    return { label: op.label, file: op.file, entry: op.entry, ms };
   });
 }
 
-/** Sum per label: [{label, calls, ms}] sorted by time. */
+/** Sum per label: [{label, file, entry, calls, ms}] sorted by time. */
 export function summarize(profile) {
   const by = new Map();
-  for (const { label, ms } of profile) {
+  for (const { label, file, entry, ms } of profile) {
     if (ms === null) continue;
-    const e = by.get(label) ?? { label, calls: 0, ms: 0 };
+    const e = by.get(label) ?? { label, file, entry, calls: 0, ms: 0 };
     e.calls += 1;
     e.ms += ms;
     by.set(label, e);

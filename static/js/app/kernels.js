@@ -1,0 +1,101 @@
+// Kernels page: profile one training step on this GPU and read each kernel's WGSL beside its time.
+import { acquireDevice } from '../engine/gpu.js';
+import { createModel } from '../engine/model.js';
+import { Optimizer } from '../engine/optimizer.js';
+import { profileOps, summarize } from '../engine/profiler.js';
+import { fetchLoader, ShaderLibrary } from '../engine/shaders.js';
+
+const $ = (id) => document.getElementById(id);
+let ctx = null;
+
+async function showSource(file, entry) {
+  $('source-title').textContent = `${file}${entry && entry !== 'main' ? ` (entry point ${entry})` : ''}`;
+  $('source').textContent = await (await fetch(`/shaders/${file}`)).text();
+}
+
+async function profile(event) {
+  event?.preventDefault();
+  $('run').disabled = true;
+  $('status').textContent = 'Compiling and profiling…';
+  try {
+    const preset = $('preset').value;
+    const B = Number($('batch').value);
+    const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
+    const T = layout.config.seq_len;
+    const model = await createModel(ctx, layout, { seed: 0 });
+    const plan = await model.plan(B, T);
+    const V = layout.config.vocab_size;
+    model.writeBatch(plan, Uint32Array.from({ length: B * T }, (_, i) => (i * 7919) % V),
+      Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V));
+    const ops = [...plan.forward, ...plan.loss, ...plan.backward];
+    await profileOps(ctx.device, ops);                     // warm-up
+    const rows = summarize(await profileOps(ctx.device, ops));
+    if ($('optimizer').checked) {
+      const opt = await Optimizer.create(ctx.device, ctx.lib, layout, { variant: 'adamw',
+        W: model.W, G: model.G, limits: ctx.limits });
+      opt.setStep(1, 1e-3);
+      const ms = await timePass(ctx.device, (enc, timestampWrites) => opt.encode(enc, { timestampWrites }));
+      rows.push({ label: 'optimizer (norm + clip + AdamW)', file: '12_optimizer.wgsl',
+        entry: 'adamw_update', calls: 1, ms });
+      opt.destroy();
+    }
+    const total = rows.reduce((a, r) => a + r.ms, 0);
+    $('kernels').querySelector('tbody').replaceChildren(...rows.sort((a, b) => b.ms - a.ms).map((r) => {
+      const tr = document.createElement('tr');
+      tr.dataset.kernel = r.label;
+      const a = document.createElement('a');
+      a.href = '#source';
+      a.textContent = r.label;
+      a.onclick = () => showSource(r.file, r.entry);
+      for (const v of [a, r.file, String(r.calls), r.ms.toFixed(3), `${(100 * r.ms / total).toFixed(1)}%`]) {
+        const td = tr.insertCell();
+        td.append(v);
+      }
+      return tr;
+    }));
+    $('status').textContent = `${preset}, batch ${B} x ${T}: ${total.toFixed(1)} ms of GPU time ` +
+      `in ${ops.filter((o) => o.kind === 'dispatch').length} dispatches`;
+    if (rows[0]) await showSource(rows[0].file, rows[0].entry);
+    document.body.dataset.profiled = '1';
+  } catch (e) {
+    $('status').textContent = `Profiling failed: ${e.message}`;
+    $('status').className = 'status bad';
+  } finally {
+    $('run').disabled = false;
+  }
+}
+
+/** GPU ms of whatever `encode(encoder, timestampWrites)` puts in one pass. */
+async function timePass(device, encode) {
+  const querySet = device.createQuerySet({ type: 'timestamp', count: 2 });
+  const resolve = device.createBuffer({ size: 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+  const read = device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const enc = device.createCommandEncoder();
+  encode(enc, { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 });
+  enc.resolveQuerySet(querySet, 0, 2, resolve, 0);
+  enc.copyBufferToBuffer(resolve, 0, read, 0, 16);
+  device.queue.submit([enc.finish()]);
+  await read.mapAsync(GPUMapMode.READ);
+  const [a, b] = new BigUint64Array(read.getMappedRange());
+  return Number(b - a) / 1e6;
+}
+
+async function main() {
+  const presets = await (await fetch('/api/presets')).json();
+  $('preset').replaceChildren(...presets.map((p) => new Option(p.name, p.name)));
+  try {
+    const dev = await acquireDevice(navigator.gpu);
+    ctx = { ...dev, lib: new ShaderLibrary(dev.device, fetchLoader()) };
+  } catch (e) {
+    $('status').textContent = `WebGPU is unavailable: ${e.message} (see Diagnostics)`;
+    return;
+  }
+  if (!ctx.features.includes('timestamp-query')) {
+    $('status').textContent = 'This adapter has no timestamp-query: GPU times cannot be measured.';
+    return;
+  }
+  $('profile-form').addEventListener('submit', profile);
+  await profile();
+}
+
+main();
