@@ -37,7 +37,7 @@ def main() -> None:
         x = torch.randint(0, V, (B, T), device="cuda")
         y = torch.randint(0, V, (B, T), device="cuda")
 
-        def step():
+        def step(model=model, opt=opt):
             loss = torch.nn.functional.cross_entropy(
                 model(input_ids=x).logits.view(-1, V), y.view(-1))
             loss.backward()
