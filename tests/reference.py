@@ -49,7 +49,7 @@ def loss_and_grads(layout: dict, flat: np.ndarray, tokens: np.ndarray, targets: 
     loss = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), torch.from_numpy(targets.astype(np.int64)).ravel())
     loss.backward()
-    return float(loss), flat_grads(model, layout), logits.detach().numpy()
+    return float(loss.detach()), flat_grads(model, layout), logits.detach().numpy()
 
 
 def random_params(layout: dict, seed: int = 0, scale: float = 1.0) -> np.ndarray:
