@@ -3,7 +3,7 @@ def test_kernels_page_times_every_kernel_and_shows_its_wgsl(page, live_server, p
     page.wait_for_function("document.body.dataset.profiled === '1'", timeout=120_000)
     rows = page.locator("#kernels tbody tr")
     labels = [rows.nth(i).get_attribute("data-kernel") for i in range(rows.count())]
-    for k in ("linear", "attention", "attention_backward_dk", "rmsnorm", "cross_entropy",
+    for k in ("linear", "attention", "attention_backward_dkdv", "rmsnorm", "cross_entropy",
               "optimizer (norm + clip + AdamW)"):
         assert k in labels, labels
     times = [float(rows.nth(i).locator("td").nth(3).inner_text()) for i in range(rows.count())]

@@ -2,8 +2,8 @@
 // logsumexp. With P_ts = exp(q_t.k_s * scale - lse_t) (s <= t), dO = dy, delta_t = dO_t . y_t:
 //   dS_ts = P_ts * (dO_t . v_s - delta_t)
 //   dq_t  = scale * sum_s dS_ts k_s            (attention_backward_dq, one thread per query)
-//   dk_s  = scale * sum_t dS_ts q_t            (attention_backward_dk, one thread per key)
-//   dv_s  = sum_t P_ts dO_t                    (attention_backward_dv, one thread per key)
+//   dk_s  = scale * sum_t dS_ts q_t            (attention_backward_dkdv, one thread per key)
+//   dv_s  = sum_t P_ts dO_t
 // No atomics: each output row is owned by one thread, so results are deterministic.
 //
 //   @binding(0) dims  : {B, T, H, D, C, scale}   uniform
@@ -11,9 +11,9 @@
 //   @binding(2) y     : array<f32> [B, T, C]     read (forward output)
 //   @binding(3) dy    : array<f32> [B, T, C]     read
 //   @binding(4) lse   : array<f32> [B, H, T]     read
-//   @binding(5) delta : array<f32> [B, H, T]     dq pass: = dO.y ; dk pass: read
-//   @binding(6) dqkv  : array<f32> [B, T, 3C]    each pass = its third (dq, dk or dv)
-// Dispatch (all three): ceil(B*H*T / WG) workgroups (2-D when over 65535). Run dq first.
+//   @binding(5) delta : array<f32> [B, H, T]     dq pass: = dO.y ; dkdv pass: read
+//   @binding(6) dqkv  : array<f32> [B, T, 3C]    dq pass: = dq third; dkdv pass: = dk, dv thirds
+// Dispatch (both): ceil(B*H*T / WG) workgroups (2-D when over 65535). Run dq first.
 
 //#include "lib/common.wgsl"
 
@@ -72,12 +72,10 @@ fn attention_backward_dq(@builtin(global_invocation_id) gid: vec3<u32>,
   for (var d = 0u; d < HD; d = d + 1u) { dqkv[row3(b, t) + hd + d] = dq[d] * dims.scale; }
 }
 
-// dk and dv are separate passes: one thread holding k, v, dk and dv (4 x HD floats) runs out
-// of registers at HD 64 and spills; each pass alone holds at most three rows, like dq.
 @compute @workgroup_size(WG)
-fn attention_backward_dk(@builtin(global_invocation_id) gid: vec3<u32>,
-                         @builtin(num_workgroups) nwg: vec3<u32>,
-                         @builtin(local_invocation_index) lid: u32) {
+fn attention_backward_dkdv(@builtin(global_invocation_id) gid: vec3<u32>,
+                           @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
   let e = flat_id(gid, nwg, WG);          // over [B, H, T], here s is the key position
   if (e >= dims.B * dims.H * dims.T) { return; }
   let s = e % dims.T;
@@ -87,10 +85,12 @@ fn attention_backward_dk(@builtin(global_invocation_id) gid: vec3<u32>,
   var k: array<f32, MAX_D>;
   var v: array<f32, MAX_D>;
   var dk: array<f32, MAX_D>;
+  var dv: array<f32, MAX_D>;
   for (var d = 0u; d < HD; d = d + 1u) {
     k[d] = qkv[row3(b, s) + dims.C + hd + d] * dims.scale;
     v[d] = qkv[row3(b, s) + 2u * dims.C + hd + d];
     dk[d] = 0.0;
+    dv[d] = 0.0;
   }
   let hrow = (b * dims.H + h) * dims.T;
   // All threads of the workgroup walk the same query rows t in step (from the workgroup's first
@@ -105,43 +105,15 @@ fn attention_backward_dk(@builtin(global_invocation_id) gid: vec3<u32>,
       score = fma(qkv[qoff + d], k[d], score);
       dp = fma(dy[goff + d], v[d], dp);
     }
-    let ds = exp(score - lse[hrow + t]) * (dp - delta[hrow + t]);
-    for (var d = 0u; d < HD; d = d + 1u) { dk[d] = fma(ds, qkv[qoff + d], dk[d]); }
+    let p = exp(score - lse[hrow + t]);
+    let ds = p * (dp - delta[hrow + t]);
+    for (var d = 0u; d < HD; d = d + 1u) {
+      dv[d] = fma(p, dy[goff + d], dv[d]);
+      dk[d] = fma(ds, qkv[qoff + d], dk[d]);
+    }
   }
   for (var d = 0u; d < HD; d = d + 1u) {
     dqkv[row3(b, s) + dims.C + hd + d] = dk[d] * dims.scale;
-  }
-}
-
-@compute @workgroup_size(WG)
-fn attention_backward_dv(@builtin(global_invocation_id) gid: vec3<u32>,
-                         @builtin(num_workgroups) nwg: vec3<u32>,
-                         @builtin(local_invocation_index) lid: u32) {
-  let e = flat_id(gid, nwg, WG);          // over [B, H, T], here s is the key position
-  if (e >= dims.B * dims.H * dims.T) { return; }
-  let s = e % dims.T;
-  let h = (e / dims.T) % dims.H;
-  let b = e / (dims.T * dims.H);
-  let hd = h * dims.D;
-  var k: array<f32, MAX_D>;
-  var dv: array<f32, MAX_D>;
-  for (var d = 0u; d < HD; d = d + 1u) {
-    k[d] = qkv[row3(b, s) + dims.C + hd + d] * dims.scale;
-    dv[d] = 0.0;
-  }
-  let hrow = (b * dims.H + h) * dims.T;
-  // All threads of the workgroup walk the same query rows t in step (from the workgroup's first
-  // key), so each row is one broadcast read, not 64 scattered ones; t < s is skipped.
-  for (var t = s - min(s, lid); t < dims.T; t = t + 1u) {
-    if (t < s) { continue; }
-    let qoff = row3(b, t) + hd;
-    let goff = row1(b, t) + hd;
-    var score = 0.0;
-    for (var d = 0u; d < HD; d = d + 1u) { score = fma(qkv[qoff + d], k[d], score); }
-    let p = exp(score - lse[hrow + t]);
-    for (var d = 0u; d < HD; d = d + 1u) { dv[d] = fma(p, dy[goff + d], dv[d]); }
-  }
-  for (var d = 0u; d < HD; d = d + 1u) {
     dqkv[row3(b, s) + 2u * dims.C + hd + d] = dv[d];
   }
 }

@@ -100,17 +100,15 @@ export class Kernels {
       [qkv, y, lse], grid1d(cdiv(B * H * T, 64)), 'attention');
   }
 
-  /** dqkv[B, T, 3C] from dy; three launches (dq first: it writes delta for dk) */
+  /** dqkv[B, T, 3C] from dy; two launches (dq first: it writes delta for dkdv) */
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
     const grid = grid1d(cdiv(B * H * T, 64));
     return Promise.all([
       this.op('10_attention_backward.wgsl', 'attention_backward_dq', { HD: D }, dims,
         [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
-      this.op('10_attention_backward.wgsl', 'attention_backward_dk', { HD: D }, dims,
-        [qkv, null, dy, lse, delta, dqkv], grid, 'attention_backward_dk'),
-      this.op('10_attention_backward.wgsl', 'attention_backward_dv', { HD: D }, dims,
-        [qkv, null, dy, lse, null, dqkv], grid, 'attention_backward_dv'),
+      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', { HD: D }, dims,
+        [qkv, null, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),
     ]);
   }
 
