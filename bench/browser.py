@@ -3,37 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
+from pathlib import Path
 
+from server.headless import own_server
 from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
 
 
-@contextlib.contextmanager
 def served(data_dir: str | None = None):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data_dir = data_dir or tempfile.mkdtemp(prefix="andrea-bench-")
-    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--port", str(port),
-                             "--data-dir", data_dir], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(150):
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    """A live server for the benchmark (the same one `andrea train --headless` starts)."""
+    return own_server(Path(data_dir) if data_dir else None)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,8 @@ def _http(method: str, url: str, body: dict | None = None) -> dict:
 
 
 @contextlib.contextmanager
-def _own_server(data_dir: Path | None):
+def own_server(data_dir: Path | None = None):
+    """`andrea serve` on a free loopback port for the duration of the block; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -80,7 +81,7 @@ def train(args) -> int:
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
     server = (contextlib.nullcontext(args.server.rstrip("/")) if args.server
-              else _own_server(Path(args.data_dir) if args.data_dir else None))
+              else own_server(Path(args.data_dir) if args.data_dir else None))
     with server as url:
         run = _http("POST", url + "/api/runs", config)
         run_id = run["id"]
