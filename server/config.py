@@ -18,6 +18,8 @@ class Settings:
     shaders_dir: Path = ROOT / "shaders"
     templates_dir: Path = ROOT / "templates"
     vendor_dir: Path = ROOT / "node_modules"   # npm packages the pages import (uPlot)
+    # Seconds a running run may go without its trainer socket before it is marked interrupted.
+    trainer_grace_s: float = 60.0
     # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
     corpora: tuple[tuple[str, Path], ...] = ()
 

@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS runs (
   config TEXT NOT NULL,            -- JSON: the validated run config
   token_sha256 TEXT NOT NULL,      -- the trainer's write token, hashed
   status TEXT NOT NULL,            -- created | running | paused | finished | stopped | failed
+                                   -- | interrupted (its training tab went away)
   message TEXT,                    -- why it failed or stopped
   adapter TEXT                     -- JSON: the GPU adapter the trainer reported
 );

@@ -107,6 +107,7 @@ class Hub:
 
     def __init__(self):
         self.viewers: dict[str, set[asyncio.Queue]] = {}
+        self.trainers: dict[str, int] = {}   # open trainer sockets per run (after hello)
 
     def subscribe(self, run_id: str) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue(maxsize=VIEWER_QUEUE)
@@ -166,6 +167,7 @@ async def _close(ws: WebSocket, code: int, message: str) -> None:
 async def trainer_socket(ws: WebSocket, run_id: str):
     app = ws.app
     store, hub = app.state.store, app.state.hub
+    connected = False
     if not _origin_ok(ws):
         await ws.close(code=1008, reason="origin not allowed")
         return
@@ -181,6 +183,8 @@ async def trainer_socket(ws: WebSocket, run_id: str):
             raise ProtocolError(1008, "wrong token for this run")
         await ws.send_json({"type": "welcome", "last_committed_step":
                             await store.run(store.last_step, run_id)})
+        hub.trainers[run_id] = hub.trainers.get(run_id, 0) + 1
+        connected = True
         while True:
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
@@ -206,6 +210,26 @@ async def trainer_socket(ws: WebSocket, run_id: str):
         await _close(ws, 1008, "no hello within 30 s")
     except WebSocketDisconnect:
         pass
+    finally:
+        if connected:
+            hub.trainers[run_id] -= 1
+            asyncio.get_running_loop().create_task(_mark_if_abandoned(app, run_id))
+
+
+async def _mark_if_abandoned(app, run_id: str) -> None:
+    """A running run whose training tab stays away past the grace period (closed, reloaded,
+    crashed) is marked interrupted, so the list does not show it running forever. A trainer
+    that comes back and reports 'running' flips it back."""
+    await asyncio.sleep(app.state.settings.trainer_grace_s)
+    store, hub = app.state.store, app.state.hub
+    if hub.trainers.get(run_id, 0) > 0:
+        return
+    run = await store.run(store.get_run, run_id)
+    if run and run["status"] in ("running", "paused"):
+        message = "the training tab went away before the run ended"
+        await store.run(store.set_status, run_id, "interrupted", message)
+        hub.publish(run_id, {"type": "run",
+                             "run": public_run(await store.run(store.get_run, run_id))})
 
 
 @router.websocket("/ws/runs/{run_id}/watch")

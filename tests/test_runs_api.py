@@ -93,3 +93,28 @@ def test_telemetry_source_losses_steer_the_bandit(client):
         client.get(f"/api/runs/{rid}/batches/{step}")
     weights = client.get(f"/api/runs/{rid}/data").json()["phases"][-1]["weights"]
     assert weights[0] > weights[1], weights
+
+
+def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.config import Settings
+
+    app = create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))
+    with TestClient(app) as c:
+        run = c.post("/api/runs", json={"preset": "tiny"}).json()
+        with c.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+            ws.send_json({"type": "hello", "token": run["token"]})
+            ws.receive_json()
+            ws.send_json({"type": "status", "status": "running"})
+            ws.send_json({"type": "ping"})
+            assert ws.receive_json() == {"type": "pong"}
+        deadline = time.monotonic() + 10
+        while c.get(f"/api/runs/{run['id']}").json()["status"] == "running":
+            assert time.monotonic() < deadline, "never marked interrupted"
+            time.sleep(0.1)
+        info = c.get(f"/api/runs/{run['id']}").json()
+        assert info["status"] == "interrupted" and "went away" in info["message"]
