@@ -72,7 +72,45 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--timeout", type=float, default=3600, help="seconds before giving up")
     tr.add_argument("--json", action="store_true", help="print one JSON object at the end")
     tr.set_defaults(func=lambda a: __import__("server.headless", fromlist=["train"]).train(a))
+
+    ex = sub.add_parser("export", help="write a run's trained model as a Hugging Face checkpoint")
+    ex.add_argument("run_id")
+    ex.add_argument("--out", required=True, help="folder for config.json, model.safetensors, "
+                                                 "tokenizer.json (LlamaForCausalLM.from_pretrained)")
+    ex.add_argument("--data-dir", default=str(Settings().data_dir))
+    ex.set_defaults(func=_export)
     return parser
+
+
+def _export(args: argparse.Namespace) -> int:
+    from server.data.tokenizer import tokenizer_dir
+    from server.export import export_run
+    from server.model import PRESETS
+    from server.store import Store
+
+    data_dir = Path(args.data_dir).resolve()
+    if not (data_dir / "andrea.sqlite").exists():
+        print(f"andrea export: no database in {data_dir}", file=sys.stderr)
+        return 2
+    run = Store(data_dir / "andrea.sqlite").get_run(args.run_id)
+    if run is None:
+        print(f"andrea export: unknown run {args.run_id!r} in {data_dir}", file=sys.stderr)
+        return 2
+    # The tokenizer the run trained with: cached under the run's own corpus hash.
+    corpus_hash = run["config"].get("corpus_hash")
+    vocab = PRESETS[run["config"]["preset"]].vocab_size
+    tokenizer = tokenizer_dir(data_dir, corpus_hash, vocab) / "tokenizer.json"
+    if not tokenizer.exists():
+        print(f"andrea export: no cached tokenizer for this run's corpus; writing the weights "
+              "and config only", file=sys.stderr)
+        tokenizer = None
+    try:
+        out = export_run(run, data_dir, tokenizer, Path(args.out))
+    except (FileNotFoundError, ValueError) as e:
+        print(f"andrea export: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}: LlamaForCausalLM.from_pretrained({str(out)!r})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,15 +7,23 @@ import io
 import secrets
 from typing import Annotated, Literal
 
+import asyncio
+import hmac
+import shutil
+import tempfile
+from pathlib import Path
+
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.background import BackgroundTask
 
 from server.data.spec import BatchSpec
 from server.model import PRESETS, build_layout
 from server.optim import optimizer_memory
 from server.run_info import public_run
 from server.store import METRIC_COLUMNS
+from server.export import export_run, weights_path
 from server.telemetry import token_hash
 
 router = APIRouter(prefix="/api")
@@ -68,6 +76,9 @@ async def create_run(request: Request, config: RunConfig) -> dict:
     token = secrets.token_urlsafe(24)
     cfg = config.model_dump()
     layout = {"preset": config.preset, **build_layout(PRESETS[config.preset])}
+    # The run is tied to this server's corpus: a restart on other text answers 409, not
+    # silently different batches; export finds the run's tokenizer by it.
+    cfg["corpus_hash"] = app.state.data.corpus_hash()
     spec = batch_spec(app, cfg)
     await store.run(store.create_run, run_id, cfg, token_hash(token))
     app.state.runs.register(run_id, spec)
@@ -82,7 +93,7 @@ def batch_spec(app, cfg: dict) -> BatchSpec:
     """The data side of a run config (also used to restore runs after a restart)."""
     return BatchSpec(seed=cfg["seed"], batch_size=cfg["batch_size"], seq_len=cfg["seq_len"],
                      vocab_size=PRESETS[cfg["preset"]].vocab_size, total_steps=cfg["steps"],
-                     mode=cfg["data_mode"], corpus_hash=app.state.data.corpus_hash())
+                     mode=cfg["data_mode"], corpus_hash=cfg["corpus_hash"])
 
 
 @router.get("/runs")
@@ -103,8 +114,9 @@ async def _run_or_404(request: Request, run_id: str) -> dict:
 async def get_run(request: Request, run_id: str) -> dict:
     run = await _run_or_404(request, run_id)
     store = request.app.state.store
-    return {**public_run(run),
-            "samples": await store.run(store.events, run_id, "sample")}
+    data_dir = request.app.state.settings.data_dir
+    return {**public_run(run), "samples": await store.run(store.events, run_id, "sample"),
+            "has_weights": weights_path(data_dir, run_id).exists()}
 
 
 @router.get("/runs/{run_id}/metrics")
@@ -122,3 +134,50 @@ async def get_metrics(request: Request, run_id: str,
     writer.writerows(rows)
     return Response(buf.getvalue(), media_type="text/csv", headers={
         "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
+
+
+@router.put("/runs/{run_id}/weights", status_code=204)
+async def put_weights(request: Request, run_id: str):
+    """The training tab's final weights: W as little-endian f32 in table order, exactly
+    total_numel floats, authorised by the run's write token (Authorization: Bearer ...)."""
+    store = request.app.state.store
+    row = await store.run(store.get_run_with_token, run_id)
+    if row is None:
+        raise HTTPException(404, f"unknown run {run_id!r}")
+    token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(row["token_sha256"], token_hash(token)):
+        raise HTTPException(403, "wrong or missing write token")
+    run = await store.run(store.get_run, run_id)
+    expected = 4 * build_layout(PRESETS[run["config"]["preset"]])["total_numel"]
+    dest = weights_path(request.app.state.settings.data_dir, run_id)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".part")
+    size = 0
+    with open(tmp, "wb") as f:   # streamed to disk off the event loop, never held whole
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > expected:
+                break
+            await asyncio.to_thread(f.write, chunk)
+    if size != expected:
+        tmp.unlink(missing_ok=True)
+        raise HTTPException(413 if size > expected else 400,
+                            f"weights must be exactly {expected} bytes (got {size}"
+                            f"{' or more' if size > expected else ''})")
+    tmp.replace(dest)   # atomic: a reader never sees half a file
+
+
+@router.get("/runs/{run_id}/model.safetensors")
+async def get_model(request: Request, run_id: str):
+    """The run's trained weights as a Hugging Face safetensors file (HF names, [out, in])."""
+    run = await _run_or_404(request, run_id)
+    settings = request.app.state.settings
+    out = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=settings.data_dir))
+    try:
+        await asyncio.to_thread(export_run, run, settings.data_dir, None, out)
+    except FileNotFoundError as e:
+        shutil.rmtree(out, ignore_errors=True)
+        raise HTTPException(404, str(e)) from e
+    return FileResponse(out / "model.safetensors", media_type="application/octet-stream",
+                        filename=f"andrea-{run_id}.safetensors",
+                        background=BackgroundTask(shutil.rmtree, out, ignore_errors=True))

@@ -171,6 +171,7 @@ async function train(run, token) {
     showError(`Training failed: ${e.message}`);
     final = 'failed';
   }
+  if (final === 'finished' || final === 'stopped') await saveWeights(trainer, token);
   const lastStep = data.steps[data.steps.length - 1] ?? 0;
   await socket.committed(lastStep);
   await socket.sync();
@@ -200,6 +201,25 @@ async function fetchRetrying(url, attempts = 12) {
   }
 }
 
+/** Upload the trained weights (W, table order) so the run can be exported to PyTorch. */
+async function saveWeights(trainer, token) {
+  try {
+    const w = await trainer.model.getParams();
+    const res = await fetch(`/api/runs/${runId}/weights`, { method: 'PUT', body: w,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' } });
+    if (!res.ok) throw new Error(`${res.status} ${await res.text()}`);
+    showModelLink();
+    body.dataset.weights = 'saved';
+  } catch (e) {
+    showError(`Could not save the trained weights: ${e.message}`);
+  }
+}
+
+function showModelLink() {
+  const a = $('model');
+  a.hidden = false;
+}
+
 function view() {
   $('mode').textContent = '(watching)';
   watch(runId, (msg) => {
@@ -218,6 +238,7 @@ async function main() {
   }
   const run = await res.json();
   showRun(run);
+  if (run.has_weights) showModelLink();
   makeCharts();
   const saved = JSON.parse(sessionStorage.getItem(`andrea.run.${runId}`) || 'null');
   if (saved && run.status === 'created') {
