@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="write a run's trained model as a Hugging Face checkpoint")
     ex.add_argument("run_id")
-    ex.add_argument("--out", required=True, help="folder for config.json, model.safetensors, "
-                                                 "tokenizer.json (LlamaForCausalLM.from_pretrained)")
+    ex.add_argument("--out", required=True,
+                    help="folder for config.json, model.safetensors, tokenizer.json "
+                         "(LlamaForCausalLM.from_pretrained)")
     ex.add_argument("--data-dir", default=str(Settings().data_dir))
     ex.set_defaults(func=_export)
     return parser
@@ -101,7 +102,7 @@ def _export(args: argparse.Namespace) -> int:
     vocab = PRESETS[run["config"]["preset"]].vocab_size
     tokenizer = tokenizer_dir(data_dir, corpus_hash, vocab) / "tokenizer.json"
     if not tokenizer.exists():
-        print(f"andrea export: no cached tokenizer for this run's corpus; writing the weights "
+        print("andrea export: no cached tokenizer for this run's corpus; writing the weights "
               "and config only", file=sys.stderr)
         tokenizer = None
     try:

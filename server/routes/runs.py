@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import hmac
 import io
 import secrets
-from typing import Annotated, Literal
-
-import asyncio
-import hmac
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -19,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.background import BackgroundTask
 
 from server.data.spec import BatchSpec
+from server.export import export_run, weights_path
 from server.model import PRESETS, build_layout
 from server.optim import optimizer_memory
 from server.run_info import public_run
 from server.store import METRIC_COLUMNS
-from server.export import export_run, weights_path
 from server.telemetry import token_hash
 
 router = APIRouter(prefix="/api")
