@@ -74,13 +74,9 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 def _feed_bandit(app: FastAPI, run_id: str, records) -> None:
-    """Per-source training losses from telemetry go to the run's bandit (bandit runs only;
-    the bandit already exists then, since its batches were served)."""
-    registry = app.state.runs
-    spec = registry.get(run_id)
-    if spec is None or spec.mode != "bandit":
-        return
-    bandit = registry._bandits.get(run_id)
+    """Per-source training losses from telemetry go to the run's bandit (bandit runs only,
+    whose bandit exists once their first batch was served)."""
+    bandit = app.state.runs.started_bandit(run_id)
     if bandit is None:
         return
     for r in records:

@@ -72,6 +72,10 @@ class RunRegistry:
                 self._bandits[run_id] = bandit
             return self._bandits[run_id]
 
+    def started_bandit(self, run_id: str) -> SourceBandit | None:
+        """The run's bandit if its batches have been served (so it exists), else None."""
+        return self._bandits.get(run_id)
+
     def report(self, run_id: str, step: int, source: int | str, loss: float,
                source_names: list[str]) -> bool:
         """Telemetry's entry point: a source's mean training loss at a step. False if ignored."""

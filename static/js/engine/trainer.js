@@ -81,7 +81,6 @@ export class Trainer {
     this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: 4,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
-    this.optimizerBytes = this.opt.stateBytes ?? null;
   }
 
   /** Stops submitting; the status turns 'paused' once the steps in flight have landed. */
