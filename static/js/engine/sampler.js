@@ -22,12 +22,12 @@ export async function generate(model, prompt, n, { temperature = 0.8, seed = 0 }
   const plan = await model.plan(1, T);
   const random = rng(seed);
   const ids = [...prompt];
-  const window = new Uint32Array(T);
+  const buf = new Uint32Array(T);
   for (let i = 0; i < n; i++) {
     const ctx = ids.slice(-T);
-    window.fill(0);
-    window.set(ctx);
-    model.writeBatch(plan, window);
+    buf.fill(0);
+    buf.set(ctx);
+    model.writeBatch(plan, buf);
     model.submit(plan.forward);
     // Causal attention: padding after the context cannot change the last real position.
     const row = new Float32Array(await readBuffer(model.device, plan.acts.logits, V * 4,
