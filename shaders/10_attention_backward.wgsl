@@ -4,7 +4,9 @@
 //   dq_t  = scale * sum_s dS_ts k_s            (attention_backward_dq, one thread per query)
 //   dk_s  = scale * sum_t dS_ts q_t            (attention_backward_dkdv, one thread per key)
 //   dv_s  = sum_t P_ts dO_t
-// No atomics: each output row is owned by one thread, so results are deterministic.
+// No atomics: each output row is owned by one thread, so results are deterministic. A workgroup
+// takes WG consecutive rows of one (batch, head) and stages the rows they all read (keys and
+// values for dq; queries, dO, lse and delta for dk/dv) in workgroup memory, KT at a time.
 //
 //   @binding(0) dims  : {B, T, H, D, C, scale}   uniform
 //   @binding(1) qkv   : array<f32> [B, T, 3C]    read (forward's q, k after RoPE, v)
@@ -13,14 +15,13 @@
 //   @binding(4) lse   : array<f32> [B, H, T]     read
 //   @binding(5) delta : array<f32> [B, H, T]     dq pass: = dO.y ; dkdv pass: read
 //   @binding(6) dqkv  : array<f32> [B, T, 3C]    dq pass: = dq third; dkdv pass: = dk, dv thirds
-// Dispatch (both): ceil(B*H*T / WG) workgroups (2-D when over 65535). Run dq first.
-
-//#include "lib/common.wgsl"
+// Dispatch (both): B * H * ceil(T / WG) workgroups (2-D when over 65535). Run dq first.
 
 override WG: u32 = 64u;
 // Head dim as a pipeline constant: the d-loops get constant trip counts, so the compiler can
 // unroll them and keep the per-thread rows in registers instead of local memory.
 override HD: u32 = 64u;
+override KT: u32 = 16u;          // rows per staged tile
 const MAX_D: u32 = 128u;
 
 struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad1: u32 }
@@ -36,84 +37,125 @@ struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad
 fn row3(b: u32, t: u32) -> u32 { return (b * dims.T + t) * 3u * dims.C; }
 fn row1(b: u32, t: u32) -> u32 { return (b * dims.T + t) * dims.C; }
 
+var<workgroup> tile_a: array<f32, KT * HD>;   // dq: keys;   dkdv: queries (scaled)
+var<workgroup> tile_b: array<f32, KT * HD>;   // dq: values; dkdv: dO rows
+var<workgroup> tile_l: array<f32, KT>;        // dkdv: lse of the staged queries
+var<workgroup> tile_d: array<f32, KT>;        // dkdv: delta of the staged queries
+
+// (batch, head, first row, 1 if the workgroup has rows) of this workgroup.
+fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec4<u32> {
+  let nb = (dims.T + WG - 1u) / WG;
+  let w = wid.x + wid.y * nwg.x;
+  return vec4<u32>(w / (nb * dims.H), (w / nb) % dims.H, (w % nb) * WG,
+                   select(0u, 1u, w < dims.B * dims.H * nb));
+}
+
 @compute @workgroup_size(WG)
-fn attention_backward_dq(@builtin(global_invocation_id) gid: vec3<u32>,
-                         @builtin(num_workgroups) nwg: vec3<u32>) {
-  let e = flat_id(gid, nwg, WG);          // over [B, H, T]
-  if (e >= dims.B * dims.H * dims.T) { return; }
-  let t = e % dims.T;
-  let h = (e / dims.T) % dims.H;
-  let b = e / (dims.T * dims.H);
+fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+  let blk = block_of(wid, nwg);
+  if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
+  let b = blk.x;
+  let h = blk.y;
+  let t = blk.z + lid;                  // this thread's query
+  let valid = t < dims.T;
+  let tc = min(t, dims.T - 1u);
   let hd = h * dims.D;
   var q: array<f32, MAX_D>;
   var g: array<f32, MAX_D>;
   var dq: array<f32, MAX_D>;
   var dl = 0.0;
   for (var d = 0u; d < HD; d = d + 1u) {
-    q[d] = qkv[row3(b, t) + hd + d] * dims.scale;
-    g[d] = dy[row1(b, t) + hd + d];
-    dl = fma(g[d], y[row1(b, t) + hd + d], dl);
+    q[d] = qkv[row3(b, tc) + hd + d] * dims.scale;
+    g[d] = dy[row1(b, tc) + hd + d];
+    dl = fma(g[d], y[row1(b, tc) + hd + d], dl);
     dq[d] = 0.0;
   }
-  delta[e] = dl;
+  let e = (b * dims.H + h) * dims.T + tc;
+  if (valid) { delta[e] = dl; }
   let l = lse[e];
-  for (var s = 0u; s <= t; s = s + 1u) {
-    let koff = row3(b, s) + dims.C + hd;
-    let voff = koff + dims.C;
-    var score = 0.0;
-    var dp = 0.0;
-    for (var d = 0u; d < HD; d = d + 1u) {
-      score = fma(q[d], qkv[koff + d], score);
-      dp = fma(g[d], qkv[voff + d], dp);
+  let keys = min(dims.T, blk.z + WG);   // the block's last query sees keys [0, keys)
+  for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
+    for (var i = lid; i < KT * HD; i = i + WG) {
+      let koff = row3(b, min(s0 + i / HD, dims.T - 1u)) + dims.C + hd + i % HD;
+      tile_a[i] = qkv[koff];
+      tile_b[i] = qkv[koff + dims.C];
     }
-    let ds = exp(score - l) * (dp - dl);
-    for (var d = 0u; d < HD; d = d + 1u) { dq[d] = fma(ds, qkv[koff + d], dq[d]); }
+    workgroupBarrier();
+    let n = select(0u, min(KT, t + 1u - s0), valid && t >= s0);   // keys s0 + j <= t
+    for (var j = 0u; j < n; j = j + 1u) {
+      var score = 0.0;
+      var dp = 0.0;
+      for (var d = 0u; d < HD; d = d + 1u) {
+        score = fma(q[d], tile_a[j * HD + d], score);
+        dp = fma(g[d], tile_b[j * HD + d], dp);
+      }
+      let ds = exp(score - l) * (dp - dl);
+      for (var d = 0u; d < HD; d = d + 1u) { dq[d] = fma(ds, tile_a[j * HD + d], dq[d]); }
+    }
+    workgroupBarrier();
   }
+  if (!valid) { return; }
   for (var d = 0u; d < HD; d = d + 1u) { dqkv[row3(b, t) + hd + d] = dq[d] * dims.scale; }
 }
 
 @compute @workgroup_size(WG)
-fn attention_backward_dkdv(@builtin(global_invocation_id) gid: vec3<u32>,
+fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
                            @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
-  let e = flat_id(gid, nwg, WG);          // over [B, H, T], here s is the key position
-  if (e >= dims.B * dims.H * dims.T) { return; }
-  let s = e % dims.T;
-  let h = (e / dims.T) % dims.H;
-  let b = e / (dims.T * dims.H);
+  let blk = block_of(wid, nwg);
+  if (blk.w == 0u) { return; }
+  let b = blk.x;
+  let h = blk.y;
+  let s = blk.z + lid;                  // this thread's key
+  let valid = s < dims.T;
+  let sc = min(s, dims.T - 1u);
   let hd = h * dims.D;
   var k: array<f32, MAX_D>;
   var v: array<f32, MAX_D>;
   var dk: array<f32, MAX_D>;
   var dv: array<f32, MAX_D>;
   for (var d = 0u; d < HD; d = d + 1u) {
-    k[d] = qkv[row3(b, s) + dims.C + hd + d] * dims.scale;
-    v[d] = qkv[row3(b, s) + 2u * dims.C + hd + d];
+    k[d] = qkv[row3(b, sc) + dims.C + hd + d];
+    v[d] = qkv[row3(b, sc) + 2u * dims.C + hd + d];
     dk[d] = 0.0;
     dv[d] = 0.0;
   }
   let hrow = (b * dims.H + h) * dims.T;
-  // All threads of the workgroup walk the same query rows t in step (from the workgroup's first
-  // key), so each row is one broadcast read, not 64 scattered ones; t < s is skipped.
-  for (var t = s - min(s, lid); t < dims.T; t = t + 1u) {
-    if (t < s) { continue; }
-    let qoff = row3(b, t) + hd;
-    let goff = row1(b, t) + hd;
-    var score = 0.0;
-    var dp = 0.0;
-    for (var d = 0u; d < HD; d = d + 1u) {
-      score = fma(qkv[qoff + d], k[d], score);
-      dp = fma(dy[goff + d], v[d], dp);
+  for (var t0 = blk.z; t0 < dims.T; t0 = t0 + KT) {   // queries t >= the block's first key
+    for (var i = lid; i < KT * HD; i = i + WG) {
+      let tt = min(t0 + i / HD, dims.T - 1u);
+      tile_a[i] = qkv[row3(b, tt) + hd + i % HD] * dims.scale;
+      tile_b[i] = dy[row1(b, tt) + hd + i % HD];
     }
-    let p = exp(score - lse[hrow + t]);
-    let ds = p * (dp - delta[hrow + t]);
-    for (var d = 0u; d < HD; d = d + 1u) {
-      dv[d] = fma(p, dy[goff + d], dv[d]);
-      dk[d] = fma(ds, qkv[qoff + d], dk[d]);
+    for (var i = lid; i < KT; i = i + WG) {
+      let tt = min(t0 + i, dims.T - 1u);
+      tile_l[i] = lse[hrow + tt];
+      tile_d[i] = delta[hrow + tt];
     }
+    workgroupBarrier();
+    let end = min(KT, dims.T - t0);
+    let begin = select(min(s - t0, end), 0u, s <= t0);   // queries t0 + j >= s
+    for (var j = select(end, begin, valid); j < end; j = j + 1u) {
+      var score = 0.0;
+      var dp = 0.0;
+      for (var d = 0u; d < HD; d = d + 1u) {
+        score = fma(tile_a[j * HD + d], k[d], score);
+        dp = fma(tile_b[j * HD + d], v[d], dp);
+      }
+      let p = exp(score - tile_l[j]);
+      let ds = p * (dp - tile_d[j]);
+      for (var d = 0u; d < HD; d = d + 1u) {
+        dv[d] = fma(p, tile_b[j * HD + d], dv[d]);
+        dk[d] = fma(ds, tile_a[j * HD + d], dk[d]);
+      }
+    }
+    workgroupBarrier();
   }
+  if (!valid) { return; }
   for (var d = 0u; d < HD; d = d + 1u) {
-    dqkv[row3(b, s) + dims.C + hd + d] = dk[d] * dims.scale;
+    dqkv[row3(b, s) + dims.C + hd + d] = dk[d];   // the staged queries carry the scale
     dqkv[row3(b, s) + 2u * dims.C + hd + d] = dv[d];
   }
 }

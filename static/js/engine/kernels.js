@@ -96,18 +96,19 @@ export class Kernels {
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
-    return this.op('05_attention.wgsl', 'main', { HD: D }, this.attentionDims(B, T, H, D),
-      [qkv, y, lse], grid1d(cdiv(B * H * T, 64)), 'attention');
+    return this.op('05_attention.wgsl', 'main', { HD: D, KT: D > 64 ? 16 : 32 },
+      this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, 64)), 'attention');
   }
 
   /** dqkv[B, T, 3C] from dy; two launches (dq first: it writes delta for dkdv) */
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
-    const grid = grid1d(cdiv(B * H * T, 64));
+    const grid = grid1d(B * H * cdiv(T, 64));
+    const c = { HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles stay under 16 KiB
     return Promise.all([
-      this.op('10_attention_backward.wgsl', 'attention_backward_dq', { HD: D }, dims,
+      this.op('10_attention_backward.wgsl', 'attention_backward_dq', c, dims,
         [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
-      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', { HD: D }, dims,
+      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', c, dims,
         [qkv, null, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),
     ]);
   }
