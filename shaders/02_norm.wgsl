@@ -20,7 +20,7 @@ struct Dims { N: u32, C: u32, eps: f32, pad: u32 }
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read_write> rstd: array<f32>;
 
-var<workgroup> red: array<f32, WG>;
+//#include "lib/reduce.wgsl"
 
 @compute @workgroup_size(WG)
 fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
@@ -31,13 +31,7 @@ fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
   let base = row * dims.C;
   var s = 0.0;
   for (var c = t; c < dims.C; c = c + WG) { let v = x[base + c]; s = s + v * v; }
-  red[t] = s;
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-    if (t < k) { red[t] = red[t] + red[t + k]; }
-    workgroupBarrier();
-  }
-  let r = inverseSqrt(red[0] / f32(dims.C) + dims.eps);
+  let r = inverseSqrt(reduce_sum(t, s) / f32(dims.C) + dims.eps);
   for (var c = t; c < dims.C; c = c + WG) { y[base + c] = g[c] * (x[base + c] * r); }
   if (t == 0u) { rstd[row] = r; }
 }

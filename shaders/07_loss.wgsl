@@ -22,31 +22,7 @@ struct Dims { N: u32, V: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(2) var<storage, read> targets: array<u32>;
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>;
 
-var<workgroup> red: array<f32, WG>;
-
-fn reduce_max(t: u32, v: f32) -> f32 {
-  red[t] = v;
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-    if (t < k) { red[t] = max(red[t], red[t + k]); }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn reduce_sum(t: u32, v: f32) -> f32 {
-  red[t] = v;
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-    if (t < k) { red[t] = red[t] + red[t + k]; }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
+//#include "lib/reduce.wgsl"
 
 @compute @workgroup_size(WG)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -30,7 +30,7 @@ struct Dims { N: u32, C: u32, ROWS: u32, CHUNKS: u32 }
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
-var<workgroup> red: array<f32, WG>;
+//#include "lib/reduce.wgsl"
 
 @compute @workgroup_size(WG)
 fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
@@ -41,14 +41,9 @@ fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
   let base = row * dims.C;
   var s = 0.0;
   for (var c = t; c < dims.C; c = c + WG) { s = s + g[c] * dy[base + c] * x[base + c]; }
-  red[t] = s;
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-    if (t < k) { red[t] = red[t] + red[t + k]; }
-    workgroupBarrier();
-  }
+  let total = reduce_sum(t, s);
   let r = rstd[row];
-  let coef = r * r * r * red[0] / f32(dims.C);
+  let coef = r * r * r * total / f32(dims.C);
   for (var c = t; c < dims.C; c = c + WG) {
     let d = r * g[c] * dy[base + c] - x[base + c] * coef;
     if (ACCUM) { out[base + c] = out[base + c] + d; } else { out[base + c] = d; }
