@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
-from server.headless import own_server
+from server.launch import served  # noqa: F401  (bench scripts import it from here)
 from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
-
-
-def served(data_dir: str | None = None):
-    """A live server for the benchmark (the same one `andrea train --headless` starts)."""
-    return own_server(Path(data_dir) if data_dir else None)
 
 
 @contextlib.contextmanager

@@ -2,24 +2,13 @@
 websocket reconnects and resends what was not acked), and every step lands exactly once."""
 
 import json
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
 
-from tests.browser import _free_port, _wait_healthy
+from server.launch import free_port, start_server, stop_server
 
 STEPS = 40
-
-
-def serve(port, data_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--port", str(port),
-                             "--data-dir", str(data_dir), "--no-warm-data"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_healthy(f"http://127.0.0.1:{port}", proc)
-    return proc
 
 
 def committed(data_dir, run_id):
@@ -32,9 +21,9 @@ def committed(data_dir, run_id):
 
 
 def test_run_survives_a_server_restart(page, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = serve(port, tmp_path)
+    server, _ = start_server(tmp_path, port)
     try:
         req = urllib.request.Request(url + "/api/runs", method="POST",
                                      data=(b'{"preset": "tiny", "batch_size": 2, "steps": %d,'
@@ -47,15 +36,13 @@ def test_run_survives_a_server_restart(page, tmp_path):
         deadline = time.monotonic() + 120
         while len(committed(tmp_path, run["id"])) < 8 and time.monotonic() < deadline:
             time.sleep(0.2)
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=20)
+        stop_server(server)
         before = committed(tmp_path, run["id"])
         assert 8 <= len(before) < STEPS
         time.sleep(2)                       # the page keeps training and queues its records
-        server = serve(port, tmp_path)
+        server, _ = start_server(tmp_path, port)
         page.wait_for_function("document.body.dataset.done !== undefined", timeout=300_000)
         assert page.evaluate("document.body.dataset.done") == "finished"
         assert committed(tmp_path, run["id"]) == list(range(1, STEPS + 1))
     finally:
-        server.terminate()
-        server.wait(timeout=20)
+        stop_server(server)

@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def load_spec(run_id: str):
         run = store.get_run(run_id)
-        return runs.batch_spec(app, run["config"]) if run else None
+        return runs.batch_spec(run["config"]) if run else None
 
     def replay_source_losses(run_id: str):
         for rec in store.metrics(run_id):

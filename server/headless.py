@@ -3,17 +3,16 @@ be scripted or done on a GPU server without a desktop. Same page, same engine, s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from server.launch import start_server, stop_server
 
 CHROMIUM = os.environ.get("ANDREA_CHROMIUM", "/usr/bin/chromium")
 QUIET = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
@@ -35,33 +34,6 @@ def _http(method: str, url: str, body: dict | None = None) -> dict:
         raise SystemExit(f"andrea train: {method} {url} failed: {e.code} {detail}") from None
 
 
-@contextlib.contextmanager
-def own_server(data_dir: Path | None = None):
-    """`andrea serve` on a free loopback port for the duration of the block; yields its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data_dir = data_dir or Path(tempfile.mkdtemp(prefix="andrea-"))
-    log = open(data_dir / "server.log", "a") if data_dir.is_dir() else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--port", str(port),
-                             "--data-dir", str(data_dir), "--no-warm-data"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise SystemExit(f"andrea train: the server exited with code {proc.returncode}")
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-
-
 def _bar(done: int, total: int, loss, width: int = 30) -> str:
     filled = int(width * done / max(total, 1))
     loss_s = "-" if loss is None else f"{loss:.4f}"
@@ -70,7 +42,7 @@ def _bar(done: int, total: int, loss, width: int = 30) -> str:
 
 def train(args) -> int:
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         print("andrea train --headless needs Playwright: pip install 'andrea[headless]'",
               file=sys.stderr)
@@ -80,52 +52,39 @@ def train(args) -> int:
     for key in ("batch_size", "lr", "max_norm", "data_mode"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
-    server = (contextlib.nullcontext(args.server.rstrip("/")) if args.server
-              else own_server(Path(args.data_dir) if args.data_dir else None))
-    with server as url:
-        run = _http("POST", url + "/api/runs", config)
-        run_id = run["id"]
-        if not args.json:
-            print(f"run {run_id} on {url}: {args.preset}, {args.optimizer}, {args.steps} steps",
-                  flush=True)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM,
-                                        args=["--headless=new", *QUIET,
-                                              *(GPU if args.gpu else SWIFTSHADER)])
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            saved = json.dumps(json.dumps({"token": run["token"]}))
-            page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
-            page.goto(f"{url}/runs/{run_id}")
-            deadline = time.monotonic() + args.timeout
-            done = None
-            while time.monotonic() < deadline:
-                done = page.evaluate("document.body.dataset.done || null")
-                info = _http("GET", f"{url}/api/runs/{run_id}")
-                if not args.json:
-                    print(_bar(info.get("last_step") or 0, args.steps, info.get("last_loss")),
-                          end="", flush=True)
-                if done or errors:
-                    break
-                time.sleep(0.5)
-            error_text = page.evaluate("document.getElementById('error')?.hidden === false"
-                                       " ? document.getElementById('error').textContent : null")
-            stats = page.evaluate("window.andreaTrainer ? window.andreaTrainer.stats : null")
-            browser.close()
-        metrics = _http("GET", f"{url}/api/runs/{run_id}/metrics")
-        info = _http("GET", f"{url}/api/runs/{run_id}")
+    if args.server:
+        return _train(args, config, args.server.rstrip("/"))
+    try:
+        proc, url = start_server(Path(args.data_dir) if args.data_dir
+                                 else Path(tempfile.mkdtemp(prefix="andrea-")))
+    except RuntimeError as e:
+        print(f"andrea train: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _train(args, config, url)
+    finally:
+        stop_server(proc)
+
+
+def _train(args, config: dict, url: str) -> int:
+    run = _http("POST", url + "/api/runs", config)
+    if not args.json:
+        print(f"run {run['id']} on {url}: {args.preset}, {args.optimizer}, {args.steps} steps",
+              flush=True)
+    page = _drive_page(args, url, run)
+    metrics = _http("GET", f"{url}/api/runs/{run['id']}/metrics")
+    info = _http("GET", f"{url}/api/runs/{run['id']}")
     final = next((m for m in reversed(metrics) if m.get("loss") is not None), None)
-    ok = done == "finished" and not errors
-    result = {"run_id": run_id, "status": info["status"], "steps": len(metrics),
+    step_ms = sorted(m["step_ms"] for m in metrics if m.get("step_ms"))
+    ok = page["done"] == "finished" and not page["errors"]
+    result = {"run_id": run["id"], "status": info["status"], "steps": len(metrics),
               "final_loss": final["loss"] if final else None,
               "final_grad_norm": final["grad_norm"] if final else None,
-              "median_step_ms": sorted(m["step_ms"] for m in metrics if m.get("step_ms"))[
-                  len(metrics) // 2] if metrics else None,
-              "readback": stats, "ok": ok}
+              "median_step_ms": step_ms[len(step_ms) // 2] if step_ms else None,
+              "readback": page["stats"], "ok": ok}
     if not ok:
-        result["error"] = "; ".join(filter(None, [*errors, error_text,
-                                                  None if done else "timed out"]))
+        result["error"] = "; ".join(filter(None, [*page["errors"], page["error_text"],
+                                                  None if page["done"] else "timed out"]))
     if args.json:
         print(json.dumps(result))
     else:
@@ -133,3 +92,37 @@ def train(args) -> int:
         for k, v in result.items():
             print(f"{k:16s} {v}")
     return 0 if ok else 1
+
+
+def _drive_page(args, url: str, run: dict) -> dict:
+    """Opens the run page with the write token in sessionStorage (never in the URL), so the
+    page trains the run; polls until it is done, showing progress from the server."""
+    from playwright.sync_api import sync_playwright
+
+    run_id = run["id"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--headless=new", *QUIET,
+                                          *(GPU if args.gpu else SWIFTSHADER)])
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        saved = json.dumps(json.dumps({"token": run["token"]}))
+        page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
+        page.goto(f"{url}/runs/{run_id}")
+        deadline = time.monotonic() + args.timeout
+        done = None
+        while time.monotonic() < deadline:
+            done = page.evaluate("document.body.dataset.done || null")
+            if not args.json:
+                info = _http("GET", f"{url}/api/runs/{run_id}")
+                print(_bar(info.get("last_step") or 0, args.steps, info.get("last_loss")),
+                      end="", flush=True)
+            if done or errors:
+                break
+            time.sleep(0.5)
+        error_text = page.evaluate("document.getElementById('error')?.hidden === false"
+                                   " ? document.getElementById('error').textContent : null")
+        stats = page.evaluate("window.andreaTrainer ? window.andreaTrainer.stats : null")
+        browser.close()
+    return {"done": done, "errors": errors, "error_text": error_text, "stats": stats}

@@ -102,28 +102,36 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Hub:
-    """Per-run sets of viewer queues. Publishing never blocks: a full queue drops its viewer."""
+class Viewer:
+    """One watching socket's bounded queue; `dropped` once it fell too far behind."""
 
     def __init__(self):
-        self.viewers: dict[str, set[asyncio.Queue]] = {}
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=VIEWER_QUEUE)
+        self.dropped = False
+
+
+class Hub:
+    """Per-run sets of viewers. Publishing never blocks: a full queue drops its viewer."""
+
+    def __init__(self):
+        self.viewers: dict[str, set[Viewer]] = {}
         self.trainers: dict[str, int] = {}   # open trainer sockets per run (after hello)
 
-    def subscribe(self, run_id: str) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue(maxsize=VIEWER_QUEUE)
-        self.viewers.setdefault(run_id, set()).add(q)
-        return q
+    def subscribe(self, run_id: str) -> Viewer:
+        viewer = Viewer()
+        self.viewers.setdefault(run_id, set()).add(viewer)
+        return viewer
 
-    def unsubscribe(self, run_id: str, q: asyncio.Queue) -> None:
-        self.viewers.get(run_id, set()).discard(q)
+    def unsubscribe(self, run_id: str, viewer: Viewer) -> None:
+        self.viewers.get(run_id, set()).discard(viewer)
 
     def publish(self, run_id: str, message: dict) -> None:
-        for q in list(self.viewers.get(run_id, ())):
+        for viewer in list(self.viewers.get(run_id, ())):
             try:
-                q.put_nowait(message)
+                viewer.queue.put_nowait(message)
             except asyncio.QueueFull:
-                self.unsubscribe(run_id, q)
-                q.put_nowait_overflow = True  # the viewer's loop sees this and closes 1013
+                self.unsubscribe(run_id, viewer)
+                viewer.dropped = True   # its socket drains what it has, then closes 1013
 
 
 def _origin_ok(ws: WebSocket) -> bool:
@@ -243,7 +251,7 @@ async def viewer_socket(ws: WebSocket, run_id: str):
     if run is None:
         await _close(ws, 1008, f"unknown run {run_id!r}")
         return
-    queue = hub.subscribe(run_id)  # before the backlog read, so nothing falls between them
+    viewer = hub.subscribe(run_id)  # before the backlog read, so nothing falls between them
     try:
         await ws.send_json({"type": "run", "run": public_run(run)})
         backlog = await store.run(store.metrics, run_id)
@@ -252,7 +260,7 @@ async def viewer_socket(ws: WebSocket, run_id: str):
         for ev in await store.run(store.events, run_id):
             await ws.send_json({"type": ev["kind"], **ev})
         while True:
-            get = asyncio.ensure_future(queue.get())
+            get = asyncio.ensure_future(viewer.queue.get())
             recv = asyncio.ensure_future(ws.receive())
             done, _ = await asyncio.wait({get, recv}, return_when=asyncio.FIRST_COMPLETED)
             if recv in done:
@@ -262,10 +270,10 @@ async def viewer_socket(ws: WebSocket, run_id: str):
                 continue  # viewers have nothing to say; ignore
             recv.cancel()
             await ws.send_json(get.result())
-            if getattr(queue, "put_nowait_overflow", False) and queue.empty():
+            if viewer.dropped and viewer.queue.empty():
                 await _close(ws, 1013, "viewer too slow; reconnect to resume from the backlog")
                 return
     except WebSocketDisconnect:
         pass
     finally:
-        hub.unsubscribe(run_id, queue)
+        hub.unsubscribe(run_id, viewer)

@@ -9,14 +9,7 @@
 //   @binding(3) lse  : array<f32> [B, H, T]            = logsumexp of the scaled scores (backward)
 // Dispatch: B * H * ceil(T / WG) workgroups (2-D when over 65535). D <= MAX_D.
 
-override WG: u32 = 64u;
-// Head dim as a pipeline constant: the d-loops get constant trip counts, so the compiler can
-// unroll them and keep the per-thread rows in registers instead of local memory.
-override HD: u32 = 64u;
-override KT: u32 = 32u;          // keys per tile: 2 * KT * HD * 4 bytes of workgroup memory
-const MAX_D: u32 = 128u;
-
-struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad1: u32 }
+//#include "lib/attention.wgsl"
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -29,13 +22,11 @@ var<workgroup> tile_v: array<f32, KT * HD>;   // [KT, HD] their values
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  let nqb = (dims.T + WG - 1u) / WG;
-  let w = wid.x + wid.y * nwg.x;          // over [B, H, query blocks]
-  if (w >= dims.B * dims.H * nqb) { return; }   // whole workgroups only: barriers stay uniform
-  let qb = w % nqb;
-  let h = (w / nqb) % dims.H;
-  let b = w / (nqb * dims.H);
-  let t = qb * WG + lid;
+  let blk = block_of(wid, nwg);
+  if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
+  let b = blk.x;
+  let h = blk.y;
+  let t = blk.z + lid;                  // this thread's query
   let valid = t < dims.T;
   let C3 = 3u * dims.C;
   var q: array<f32, MAX_D>;
@@ -44,7 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   for (var d = 0u; d < HD; d = d + 1u) { q[d] = qkv[qoff + d] * dims.scale; acc[d] = 0.0; }
   var m = -3.0e38;
   var l = 0.0;
-  let keys = min(dims.T, qb * WG + WG);    // the block's last query sees keys [0, keys)
+  let keys = min(dims.T, blk.z + WG);   // the block's last query sees keys [0, keys)
   for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
     for (var i = lid; i < KT * HD; i = i + WG) {
       let s = s0 + i / HD;

@@ -17,14 +17,7 @@
 //   @binding(6) dqkv  : array<f32> [B, T, 3C]    dq pass: = dq third; dkdv pass: = dk, dv thirds
 // Dispatch (both): B * H * ceil(T / WG) workgroups (2-D when over 65535). Run dq first.
 
-override WG: u32 = 64u;
-// Head dim as a pipeline constant: the d-loops get constant trip counts, so the compiler can
-// unroll them and keep the per-thread rows in registers instead of local memory.
-override HD: u32 = 64u;
-override KT: u32 = 16u;          // rows per staged tile
-const MAX_D: u32 = 128u;
-
-struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad1: u32 }
+//#include "lib/attention.wgsl"
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -41,14 +34,6 @@ var<workgroup> tile_a: array<f32, KT * HD>;   // dq: keys;   dkdv: queries (scal
 var<workgroup> tile_b: array<f32, KT * HD>;   // dq: values; dkdv: dO rows
 var<workgroup> tile_l: array<f32, KT>;        // dkdv: lse of the staged queries
 var<workgroup> tile_d: array<f32, KT>;        // dkdv: delta of the staged queries
-
-// (batch, head, first row, 1 if the workgroup has rows) of this workgroup.
-fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec4<u32> {
-  let nb = (dims.T + WG - 1u) / WG;
-  let w = wid.x + wid.y * nwg.x;
-  return vec4<u32>(w / (nb * dims.H), (w / nb) % dims.H, (w % nb) * WG,
-                   select(0u, 1u, w < dims.B * dims.H * nb));
-}
 
 @compute @workgroup_size(WG)
 fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,

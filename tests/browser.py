@@ -3,45 +3,17 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = os.environ.get("ANDREA_CHROMIUM", "/usr/bin/chromium")
+# The same Chromium and flags as `andrea train --headless` (DESIGN.md section 9).
+from server.headless import CHROMIUM, GPU, QUIET, SWIFTSHADER
+from server.launch import served
 
-# DESIGN.md section 9: WebGPU on SwiftShader in headless Chromium, no network chatter.
-QUIET_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run"]
-WEBGPU_FLAGS = ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
-                "--use-webgpu-adapter=swiftshader"]
-if os.environ.get("ANDREA_GPU_BROWSER"):
-    # On a machine with a real GPU: let Chrome pick it through Vulkan instead of SwiftShader.
-    WEBGPU_FLAGS = ["--enable-unsafe-webgpu", "--enable-features=Vulkan"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"server at {url} did not become healthy in {timeout}s")
+QUIET_FLAGS = QUIET
+# ANDREA_GPU_BROWSER=1: on a machine with a real GPU, Chrome picks it through Vulkan.
+WEBGPU_FLAGS = GPU if os.environ.get("ANDREA_GPU_BROWSER") else SWIFTSHADER
 
 
 @pytest.fixture(scope="session")
@@ -52,23 +24,8 @@ def server_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def live_server(server_data_dir) -> str:
     """`andrea serve` in a subprocess on a free loopback port; yields its base URL."""
-    port = _free_port()
-    log = open(server_data_dir / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port),
-         "--data-dir", str(server_data_dir)],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc)
+    with served(server_data_dir) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="session")

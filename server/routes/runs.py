@@ -78,7 +78,7 @@ async def create_run(request: Request, config: RunConfig) -> dict:
     # The run is tied to this server's corpus: a restart on other text answers 409, not
     # silently different batches; export finds the run's tokenizer by it.
     cfg["corpus_hash"] = app.state.data.corpus_hash()
-    spec = batch_spec(app, cfg)
+    spec = batch_spec(cfg)
     await store.run(store.create_run, run_id, cfg, token_hash(token))
     app.state.runs.register(run_id, spec)
     return {"id": run_id, "token": token, "config": cfg, "layout": layout,
@@ -88,7 +88,7 @@ async def create_run(request: Request, config: RunConfig) -> dict:
                      "tokenizer": f"/api/tokenizer/{config.preset}", "spec": spec.to_dict()}}
 
 
-def batch_spec(app, cfg: dict) -> BatchSpec:
+def batch_spec(cfg: dict) -> BatchSpec:
     """The data side of a run config (also used to restore runs after a restart)."""
     return BatchSpec(seed=cfg["seed"], batch_size=cfg["batch_size"], seq_len=cfg["seq_len"],
                      vocab_size=PRESETS[cfg["preset"]].vocab_size, total_steps=cfg["steps"],

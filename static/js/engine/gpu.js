@@ -123,13 +123,6 @@ export function storageBuffer(device, size, { label, data = null, usage = 0 } = 
   return buffer;
 }
 
-export function uniformBuffer(device, data, label) {
-  const buffer = device.createBuffer({ label, size: align(data.byteLength, 16),
-    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-  device.queue.writeBuffer(buffer, 0, data.buffer, data.byteOffset, data.byteLength);
-  return buffer;
-}
-
 /** Copy `size` bytes of `buffer` (from `offset`) to the CPU. For tests and tools, not per step. */
 export async function readBuffer(device, buffer, size = buffer.size, offset = 0) {
   const staging = device.createBuffer({ size: align(size, 4),

@@ -96,6 +96,7 @@ export class Kernels {
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
+    // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
     return this.op('05_attention.wgsl', 'main', { HD: D, KT: D > 64 ? 16 : 32 },
       this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, 64)), 'attention');
   }

@@ -123,12 +123,6 @@ export class Model {
     this.device.queue.writeBuffer(this.W, 0, values);
   }
 
-  zeroGrads() {
-    const enc = this.device.createCommandEncoder();
-    enc.clearBuffer(this.G);
-    this.device.queue.submit([enc.finish()]);
-  }
-
   /** Activations and op lists for batch shape (B, T); cached. */
   async plan(B, T) {
     const key = `${B}x${T}`;
@@ -254,8 +248,10 @@ export class Model {
         if (arr[i] < 0 || arr[i] >= V) throw new Error(`token ${arr[i]} at ${i} is outside [0, ${V})`);
       }
     }
-    this.device.queue.writeBuffer(plan.acts.tokens, 0, Uint32Array.from(tokens));
-    if (targets) this.device.queue.writeBuffer(plan.acts.targets, 0, Uint32Array.from(targets));
+    // Batches from the server are Uint32Array already: written as they are, no per-step copy.
+    const u32 = (a) => (a instanceof Uint32Array ? a : Uint32Array.from(a));
+    this.device.queue.writeBuffer(plan.acts.tokens, 0, u32(tokens));
+    if (targets) this.device.queue.writeBuffer(plan.acts.targets, 0, u32(targets));
   }
 
   /** Encode forward + loss + backward into `encoder` (the trainer adds the optimizer). */

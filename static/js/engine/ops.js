@@ -45,8 +45,8 @@ export function launch(device, pipeline, resources, grid, label) {
 /** Copy f32 elements between buffers (a residual stream forked before `+=` into it). */
 export const copyOp = (src, dst, numel, label) => ({ kind: 'copy', src, dst, numel, label });
 
-/** Encode ops into `encoder`, keeping consecutive dispatches in one compute pass.
- *  `timestamps` (optional) is {querySet, next()} to time each dispatch. */
+/** Encode ops into `encoder`, keeping consecutive dispatches in one compute pass
+ *  (profiler.js times them one pass each instead). */
 export function encodeOps(encoder, ops) {
   let pass = null;
   for (const op of ops) {

@@ -1,0 +1,64 @@
+"""Starting `andrea serve` as a subprocess on a loopback port: used by `andrea train --headless`,
+the benchmarks and the tests, so there is one way to start a server and wait for it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
+                 warm_data: bool = False) -> tuple[subprocess.Popen, str]:
+    """Starts the server (its output appended to data_dir/server.log) and waits until /healthz
+    answers; raises RuntimeError if it exits or stays silent."""
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),
+           "--data-dir", str(data_dir)]
+    with open(data_dir / "server.log", "a") as log:
+        proc = subprocess.Popen(cmd + ([] if warm_data else ["--no-warm-data"]),
+                                stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} "
+                               f"(see {data_dir / 'server.log'})")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    stop_server(proc)
+    raise RuntimeError(f"the server at {url} did not answer within {timeout:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def served(data_dir: Path | None = None, port: int | None = None):
+    """A server for the duration of the block (a fresh temporary data dir by default)."""
+    proc, url = start_server(data_dir or Path(tempfile.mkdtemp(prefix="andrea-")), port)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
