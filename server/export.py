@@ -49,9 +49,11 @@ def export_run(run: dict, data_dir: Path, tokenizer_path: Path | None, out: Path
     if flat.size != layout["total_numel"]:
         raise ValueError(f"{src} holds {flat.size} floats, the layout {layout['total_numel']}")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors(layout, flat), str(out / "model.safetensors"),
-              metadata={"format": "pt", "andrea_run": run["id"]})
-    (out / "config.json").write_text(json.dumps(hf_config(layout["config"]), indent=2))
+    # One metadata key only: safetensors writes __metadata__ from a hash map whose order varies
+    # per call, and the same weights must give the same bytes (a download equals a CLI export).
+    save_file(tensors(layout, flat), str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = {**hf_config(layout["config"]), "andrea_run": run["id"]}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     if tokenizer_path is not None:
         shutil.copyfile(tokenizer_path, out / "tokenizer.json")
     return out

@@ -118,3 +118,22 @@ def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
             time.sleep(0.1)
         info = c.get(f"/api/runs/{run['id']}").json()
         assert info["status"] == "interrupted" and "went away" in info["message"]
+
+
+def test_model_download_is_the_uploaded_weights_byte_for_byte_every_time(client):
+    """The same weights give the same file: a download equals any other download or CLI export
+    (safetensors orders multi-key metadata at random, so the header must hold one key)."""
+    import numpy as np
+    from safetensors.numpy import load
+
+    run = client.post("/api/runs", json={"preset": "tiny"}).json()
+    w = np.random.default_rng(0).standard_normal(run["layout"]["total_numel"]).astype("<f4")
+    r = client.put(f"/api/runs/{run['id']}/weights", content=w.tobytes(),
+                   headers={"authorization": f"Bearer {run['token']}"})
+    assert r.status_code == 204, r.text
+    bodies = {client.get(f"/api/runs/{run['id']}/model.safetensors").content for _ in range(8)}
+    assert len(bodies) == 1
+    tensors = load(bodies.pop())
+    for p in run["layout"]["params"]:
+        want = w[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"])
+        assert np.array_equal(tensors[p["name"]], want), p["name"]
