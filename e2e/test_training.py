@@ -74,11 +74,13 @@ def test_second_tab_watches_live(browser, live_server, server_data_dir):
     run_id = start_run(trainer, live_server, "adamw")
     trainer.wait_for_function("Number(document.getElementById('charts').dataset.steps || 0) >= 3",
                               timeout=TIMEOUT)
+    trainer.click("#pause")   # so the run cannot end before the viewer is connected
     viewer = browser.new_context().new_page()   # another tab, no token: watches
     viewer.goto(f"{live_server}/runs/{run_id}")
     viewer.wait_for_function("document.body.dataset.socket === 'connected'", timeout=60_000)
     first = int(viewer.evaluate("document.getElementById('charts').dataset.steps || '0'"))
     assert first < STEPS
+    trainer.click("#resume")
     viewer.wait_for_function(f"document.getElementById('charts').dataset.steps === '{STEPS}'",
                              timeout=TIMEOUT)
     assert viewer.inner_text("#mode") == "(watching)"
