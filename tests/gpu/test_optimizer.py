@@ -306,6 +306,18 @@ def test_split_bindings_and_determinism(lab_session, layout, problem):
         assert np.array_equal(whole["mirror"].view(np.uint16), f16_bits(whole["params"]))
 
 
+def test_8bit_schedules_agree_bit_for_bit(lab_session, layout, problem):
+    """The 8-bit kernel's tuning knobs (schedule, blocks per workgroup, grid size) change only
+    the speed: every one gives the default's bits."""
+    w0, grads = problem
+    base = run_steps(lab_session, layout, w0, grads[:3], variant="adamw_8bit_f16")
+    for tuning in ({"persistent": False, "bpw": 3}, {"bpw": 1, "nwg8": 5}, {"bpw": 2, "nwg8": 7}):
+        got = run_steps(lab_session, layout, w0, grads[:3], variant="adamw_8bit_f16",
+                        tuning=tuning)
+        for key in ("params", "mirror", "grad_norms", "clip_scales"):
+            assert np.array_equal(base[key], got[key]), f"{tuning} {key} differs"
+
+
 def test_8bit_maps_come_from_the_server(lab_session, layout, problem):
     """Without `maps`, the lab fetches GET /api/optimizer/maps (what the trainer does)."""
     w0, grads = problem
