@@ -171,6 +171,7 @@ async function train(run, token) {
     showError(`Training failed: ${e.message}`);
     final = 'failed';
   }
+  $('trainer-controls').hidden = true;   // nothing left to pause or stop
   if (final === 'finished' || final === 'stopped') await saveWeights(trainer, token);
   const lastStep = data.steps[data.steps.length - 1] ?? 0;
   await socket.committed(lastStep);
