@@ -3,14 +3,24 @@
 // MODE 0 (input grad):  dx[M, K]  = dy @ W        R = M, S = K, INNER = N   (= write)
 // MODE 1 (weight grad): dW[N, K] += dy^T @ x      R = N, S = K, INNER = M   (+= accumulate:
 //                       G is zeroed by the optimizer; the tied embedding also gets embed grads)
+// MODE 2 (weight grad, split-K): part[z, N, K] = dy^T @ x over rows [z * KCHUNK, (z+1) * KCHUNK)
+//                       of M; then add_partials: dW[N, K] += sum over z of part[z] (z in order,
+//                       so the result is deterministic). A weight gradient sums over all B*T
+//                       rows; splitting them gives small weights enough workgroups.
 //
 // Bindings:
 //   @binding(0) mm  : MatmulDims  uniform  {R, S, INNER} as above
 //   @binding(1) dy  : array<f32>  [M, N]  read
 //   @binding(2) src : array<u32>  MODE 0: W [N, K] (f32 bits, or f16 mirror with W_F16)
 //                                 MODE 1: x [M, K] (f32 bits)
-//   @binding(3) out : array<f32>  MODE 0: dx [M, K] (=);  MODE 1: dW [N, K] (+=)
-// Dispatch: (ceil(S / 32), ceil(R / 32)) workgroups of 8 x 8 threads.
+//   @binding(3) out : array<f32>  MODE 0: dx [M, K] (=);  MODE 1: dW [N, K] (+=);
+//                                 MODE 2: part [splits, N, K] (=)
+// Dispatch: (ceil(S / 32), ceil(R / 32), splits) workgroups of 8 x 8 threads (splits 1 unless
+// MODE 2, whose mm.KCHUNK is the rows per split).
+//
+// add_partials: dW[o] += sum_z part[z * R * S + o]
+//   @binding(0) mm : {R = N, S = K, INNER = splits}   @binding(1) part   @binding(3) dW
+//   Dispatch: grid1d(ceil(N * K / 256)) workgroups of 256 threads.
 
 override MODE: u32 = 0u;
 override W_F16: bool = false;
@@ -22,6 +32,9 @@ override W_F16: bool = false;
 
 //#include "lib/matmul_core.wgsl"
 //#include "lib/weights.wgsl"
+//#include "lib/common.wgsl"
+
+var<private> part_base: u32;   // MODE 2: this split's slice of part
 
 fn load_a(i: u32, r: u32) -> f32 {
   if (i >= mm.R || r >= mm.INNER) { return 0.0; }
@@ -37,10 +50,24 @@ fn load_b(r: u32, j: u32) -> f32 {
 
 fn store_c(i: u32, j: u32, v: f32) {
   let o = i * mm.S + j;
-  if (MODE == 0u) { out[o] = v; } else { out[o] = out[o] + v; }
+  if (MODE == 0u) { out[o] = v; }
+  else if (MODE == 1u) { out[o] = out[o] + v; }
+  else { out[part_base + o] = v; }
 }
 
 @compute @workgroup_size(8, 8)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  part_base = wid.z * mm.R * mm.S;
   matmul_tile(wid, lid);
+}
+
+@compute @workgroup_size(256)
+fn add_partials(@builtin(global_invocation_id) gid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+  let o = flat_id(gid, nwg, 256u);
+  let n = mm.R * mm.S;
+  if (o >= n) { return; }
+  var acc = 0.0;
+  for (var z = 0u; z < mm.INNER; z = z + 1u) { acc = acc + dy[z * n + o]; }
+  out[o] = out[o] + acc;
 }

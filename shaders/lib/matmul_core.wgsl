@@ -3,15 +3,16 @@
 //   fn load_a(i: u32, r: u32) -> f32    (returns 0 outside [R, INNER])
 //   fn load_b(r: u32, j: u32) -> f32    (returns 0 outside [INNER, S])
 //   fn store_c(i: u32, j: u32, v: f32)  (only called inside [R, S])
-// and a uniform `mm` with fields R, S, INNER.
+// and a uniform `mm` with fields R, S, INNER, KCHUNK. With KCHUNK > 0 (split-K), workgroup z sums
+// only r in [z * KCHUNK, (z + 1) * KCHUNK) (KCHUNK a multiple of BK); 0 sums all of INNER.
 // Each workgroup computes a TILE x TILE block of out with 8x8 threads, 4x4 outputs each;
 // the reduction dimension advances BK at a time through workgroup memory.
-// Dispatch: (ceil(S / TILE), ceil(R / TILE)) workgroups of 64 threads.
+// Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of 64 threads.
 
 const TILE: u32 = 32u;
 const BK: u32 = 16u;
 
-struct MatmulDims { R: u32, S: u32, INNER: u32, pad: u32 }
+struct MatmulDims { R: u32, S: u32, INNER: u32, KCHUNK: u32 }
 
 var<workgroup> tile_a: array<array<vec4<f32>, 8>, BK>;  // [BK][TILE/4]: A(i0 + ii, r0 + kk)
 var<workgroup> tile_b: array<array<vec4<f32>, 8>, BK>;  // [BK][TILE/4]: B(r0 + kk, j0 + jj)
@@ -26,7 +27,9 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   var acc1 = vec4<f32>(0.0);
   var acc2 = vec4<f32>(0.0);
   var acc3 = vec4<f32>(0.0);
-  for (var r0 = 0u; r0 < mm.INNER; r0 = r0 + BK) {
+  let r_begin = wid.z * mm.KCHUNK;
+  let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
+  for (var r0 = r_begin; r0 < r_end; r0 = r0 + BK) {
     // 64 threads fill 2 x BK x TILE elements as vec4s: 2 + 2 each.
     for (var e = t; e < BK * 8u; e = e + 64u) {
       let kk = e / 8u;

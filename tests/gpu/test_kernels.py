@@ -41,7 +41,8 @@ def T(x, grad=False):
     return torch.tensor(x, requires_grad=grad)
 
 
-@pytest.mark.parametrize("M,N,K", [(37, 45, 19), (64, 96, 33), (5, 130, 70), (133, 70, 150)])
+@pytest.mark.parametrize("M,N,K", [(37, 45, 19), (64, 96, 33), (5, 130, 70), (133, 70, 150),
+                                   (1000, 40, 24)])   # the last: dW split over 3 row ranges
 def test_linear_forward_backward(lab_session, M, N, K):
     x, w, dy = randn(M, K), randn(N, K), randn(M, N)
     out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K)

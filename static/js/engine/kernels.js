@@ -12,6 +12,28 @@ const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
 const cdiv = (a, b) => Math.ceil(a / b);
 
+// Split-K for weight gradients (dW[N, K] sums over all M = B*T rows): enough splits to give the
+// GPU about SPLIT_TARGET workgroups, each split at least SPLIT_MIN_ROWS rows. A function of the
+// shapes only, so a given model and batch always sums in the same order on every adapter.
+const SPLIT_TARGET = 1024;
+const SPLIT_MIN_ROWS = 256;
+const BK = 16;   // matmul_core.wgsl's reduction step: a split's rows are a multiple of it
+
+/** {splits, rows per split} of the weight gradient dW[N, K] over M rows. */
+export function weightGradSplit(M, N, K) {
+  const tiles = cdiv(N, TILE) * cdiv(K, TILE);
+  const splits = Math.max(1, Math.min(Math.floor(SPLIT_TARGET / tiles),
+    Math.floor(M / SPLIT_MIN_ROWS)));
+  const rows = cdiv(cdiv(M, splits), BK) * BK;
+  return { splits: cdiv(M, rows), rows };
+}
+
+/** Scratch floats linearBackwardWeight needs for dW[N, K] over M rows (0: no split). */
+export function weightGradPartNumel(M, N, K) {
+  const { splits } = weightGradSplit(M, N, K);
+  return splits > 1 ? splits * N * K : 0;
+}
+
 function check(cond, msg) {
   if (!cond) throw new Error(msg);
 }
@@ -76,10 +98,24 @@ export class Kernels {
       [M, K, N, 0], [dy, w, dx], [cdiv(K, TILE), cdiv(M, TILE)], 'linear_backward_input');
   }
 
-  /** dW[N, K] += dy[M, N]^T @ x[M, K] */
-  linearBackwardWeight({ dy, x, dw, M, N, K }) {
-    return this.op('11_linear_backward.wgsl', 'main', { MODE: 1 }, [N, K, M, 0],
-      [dy, x, dw], [cdiv(K, TILE), cdiv(N, TILE)], 'linear_backward_weight');
+  /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
+   *  (split-K partial sums, added into dW in a fixed order) */
+  linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
+    const { splits, rows } = weightGradSplit(M, N, K);
+    const label = 'linear_backward_weight';
+    if (splits === 1) {
+      return this.op('11_linear_backward.wgsl', 'main', { MODE: 1 }, [N, K, M, 0],
+        [dy, x, dw], [cdiv(K, TILE), cdiv(N, TILE)], label);
+    }
+    const need = 4 * splits * N * K;
+    check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
+      `buffer of ${need} bytes`);
+    return Promise.all([
+      this.op('11_linear_backward.wgsl', 'main', { MODE: 2 }, [N, K, M, rows],
+        [dy, x, part], [cdiv(K, TILE), cdiv(N, TILE), splits], label),
+      this.op('11_linear_backward.wgsl', 'add_partials', {}, [N, K, splits, 0],
+        [part, null, dw], grid1d(cdiv(N * K, 256)), label),
+    ]);
   }
 
   /** RoPE on the q and k thirds of qkv[N, 3C], in place; inverse for backward */

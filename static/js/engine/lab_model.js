@@ -2,7 +2,7 @@
 // each kernel against PyTorch. All arrays in and out are plain typed arrays.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { Kernels, gainPartialNumel, ropeTable } from './kernels.js';
+import { Kernels, gainPartialNumel, ropeTable, weightGradPartNumel } from './kernels.js';
 import { createModel } from './model.js';
 import { encodeOps } from './ops.js';
 
@@ -49,7 +49,8 @@ export function labEntries(ctx) {
     linear: ({ x, w, M, N, K }) => runOps(ctx, { x, w }, { y: M * N },
       (b) => k.linear({ ...b, M, N, K })),
     linearBackward: ({ dy, x, w, M, N, K }) => runOps(ctx, { dy, x, w },
-      { dx: M * K, dw: N * K }, (b) => [k.linearBackwardInput({ ...b, M, N, K }),
+      { dx: M * K, dw: N * K, part: Math.max(1, weightGradPartNumel(M, N, K)) },
+      (b) => [k.linearBackwardInput({ ...b, M, N, K }),
         k.linearBackwardWeight({ ...b, M, N, K })]),
     rope: ({ qkv, B, T, H, D, theta, inverse = false }) => runOps(ctx,
       { table: ropeTable(T, D, theta) }, { qkv },

@@ -6,7 +6,7 @@
 // N = B * T rows.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { Kernels, gainPartialNumel, ropeTable } from './kernels.js';
+import { Kernels, gainPartialNumel, ropeTable, weightGradPartNumel } from './kernels.js';
 import { copyOp, encodeOps, view } from './ops.js';
 
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
@@ -33,6 +33,10 @@ export function activationShapes(config, B, T) {
     ['dqkv', N * 3 * C, null], ['delta', B * H * T, null],
     ['dh', N * F, null], ['dgu', N * 2 * F, null],
     ['gainPart', gainPartialNumel(N, C), null],      // norm-gain gradient partial sums
+    // split-K partials of the weight gradients: the [out, in] shapes of the backward's five
+    // linearBackwardWeight calls (lm head, down, gate|up, o, q|k|v)
+    ['wgradPart', Math.max(1, ...[[V, C], [C, F], [2 * F, C], [C, C], [3 * C, C]].map(
+      ([n, k]) => weightGradPartNumel(N, n, k))), null],
   ];
 }
 
@@ -189,7 +193,8 @@ export class Model {
     const backward = [
       k.linearBackwardInput({ dy: a.logits, w: this.tw(wte), dx: a.dn, M: N, N: V, K: C,
         wF16: f16 }),
-      k.linearBackwardWeight({ dy: a.logits, x: a.nf, dw: this.t(G, wte), M: N, N: V, K: C }),
+      k.linearBackwardWeight({ dy: a.logits, x: a.nf, dw: this.t(G, wte), part: a.wgradPart,
+        M: N, N: V, K: C }),
       k.rmsnormBackwardGain({ dy: a.dn, x: a.res[L], rstd: a.rstdf,
         dg: this.t(G, 'model.norm.weight'), part: a.gainPart, N, C }),
       k.rmsnormBackward({ dy: a.dn, x: a.res[L], g: this.t(W, 'model.norm.weight'),
@@ -203,12 +208,12 @@ export class Model {
         k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'mlp.down_proj')), dx: a.dh,
           M: N, N: C, K: F, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dres, x: a.h[i], dw: this.t(G, p(i, 'mlp.down_proj')),
-          M: N, N: C, K: F }),
+          part: a.wgradPart, M: N, N: C, K: F }),
         k.swigluBackward({ gu: a.gu[i], dh: a.dh, dgu: a.dgu, N, F }),
         k.linearBackwardInput({ dy: a.dgu, w: this.tw(p(i, 'mlp.gate_proj'), 2), dx: a.dn,
           M: N, N: 2 * F, K: C, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dgu, x: a.n2[i], dw: this.t(G, p(i, 'mlp.gate_proj'), 2),
-          M: N, N: 2 * F, K: C }),
+          part: a.wgradPart, M: N, N: 2 * F, K: C }),
         k.rmsnormBackwardGain({ dy: a.dn, x: a.resMid[i], rstd: a.rstd2[i],
           dg: this.t(G, g2), part: a.gainPart, N, C }),
         k.rmsnormBackward({ dy: a.dn, x: a.resMid[i], g: this.t(W, g2), rstd: a.rstd2[i],
@@ -216,14 +221,14 @@ export class Model {
         k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'self_attn.o_proj')), dx: a.datt,
           M: N, N: C, K: C, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dres, x: a.att[i], dw: this.t(G, p(i, 'self_attn.o_proj')),
-          M: N, N: C, K: C }),
+          part: a.wgradPart, M: N, N: C, K: C }),
         k.attentionBackward({ qkv: a.qkv[i], y: a.att[i], dy: a.datt, lse: a.lse[i],
           delta: a.delta, dqkv: a.dqkv, B, T, H, D }),
         k.rope({ qkv: a.dqkv, table: a.rope, N, T, H, D, inverse: true }),
         k.linearBackwardInput({ dy: a.dqkv, w: this.tw(p(i, 'self_attn.q_proj'), 3), dx: a.dn,
           M: N, N: 3 * C, K: C, wF16: f16 }),
         k.linearBackwardWeight({ dy: a.dqkv, x: a.n1[i], dw: this.t(G, p(i, 'self_attn.q_proj'), 3),
-          M: N, N: 3 * C, K: C }),
+          part: a.wgradPart, M: N, N: 3 * C, K: C }),
         k.rmsnormBackwardGain({ dy: a.dn, x: a.res[i], rstd: a.rstd1[i],
           dg: this.t(G, g1), part: a.gainPart, N, C }),
         k.rmsnormBackward({ dy: a.dn, x: a.res[i], g: this.t(W, g1), rstd: a.rstd1[i],

@@ -54,7 +54,7 @@ export function encodeOps(encoder, ops) {
       pass ??= encoder.beginComputePass();
       pass.setPipeline(op.pipeline);
       pass.setBindGroup(0, op.bindGroup);
-      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1);
+      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1, op.grid[2] ?? 1);
     } else {
       if (pass) { pass.end(); pass = null; }
       encoder.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,

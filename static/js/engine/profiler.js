@@ -21,7 +21,7 @@ export async function profileOps(device, ops) {
       q += 2;
       pass.setPipeline(op.pipeline);
       pass.setBindGroup(0, op.bindGroup);
-      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1);
+      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1, op.grid[2] ?? 1);
       pass.end();
     } else {
       enc.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,
