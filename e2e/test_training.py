@@ -96,7 +96,8 @@ def test_compare_page_overlays_both(page, live_server, runs):
     for run_id in runs.values():
         page.check(f"tr[data-run-id='{run_id}'] input[type=checkbox]")
     page.click("#compare")
-    page.wait_for_function("document.body.dataset.ready === '1'")
+    page.wait_for_url("**/compare?ids=*")   # else the old page's ready flag could answer
+    page.wait_for_function("document.body?.dataset.ready === '1'")
     assert page.get_attribute("#charts", "data-series") == "2"
     assert page.get_attribute("[data-chart=loss]", "data-points") == str(STEPS)
     text = page.inner_text("#summary")
