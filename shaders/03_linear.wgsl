@@ -7,7 +7,7 @@
 //                                         (two halves per u32, element e in half e & 1)
 //   @binding(3) y  : array<f32>  [M, N]   y = x @ W^T, or y += x @ W^T with ACCUM
 //                                         (ACCUM adds into a residual stream copied there first)
-// Dispatch: (ceil(N / 32), ceil(M / 32)) workgroups of 8 x 8 threads.
+// Dispatch: (ceil(N / TILE), ceil(M / TILE)) workgroups of TG x TG threads (TILE = 4 * TG).
 
 override ACCUM: bool = false;
 override W_F16: bool = false;
@@ -35,7 +35,7 @@ fn store_c(i: u32, j: u32, v: f32) {
   if (ACCUM) { y[o] = y[o] + v; } else { y[o] = v; }
 }
 
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size(TG, TG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   matmul_tile(wid, lid);
 }

@@ -15,8 +15,8 @@
 //                                 MODE 1: x [M, K] (f32 bits)
 //   @binding(3) out : array<f32>  MODE 0: dx [M, K] (=);  MODE 1: dW [N, K] (+=);
 //                                 MODE 2: part [splits, N, K] (=)
-// Dispatch: (ceil(S / 32), ceil(R / 32), splits) workgroups of 8 x 8 threads (splits 1 unless
-// MODE 2, whose mm.KCHUNK is the rows per split).
+// Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads, TILE = 4 * TG
+// (splits 1 unless MODE 2, whose mm.KCHUNK is the rows per split).
 //
 // add_partials: dW[o] += sum_z part[z * R * S + o]
 //   @binding(0) mm : {R = N, S = K, INNER = splits}   @binding(1) part   @binding(3) dW
@@ -55,7 +55,7 @@ fn store_c(i: u32, j: u32, v: f32) {
   else { out[part_base + o] = v; }
 }
 
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size(TG, TG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   part_base = wid.z * mm.R * mm.S;
   matmul_tile(wid, lid);

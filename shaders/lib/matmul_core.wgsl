@@ -5,22 +5,23 @@
 //   fn store_c(i: u32, j: u32, v: f32)  (only called inside [R, S])
 // and a uniform `mm` with fields R, S, INNER, KCHUNK. With KCHUNK > 0 (split-K), workgroup z sums
 // only r in [z * KCHUNK, (z + 1) * KCHUNK) (KCHUNK a multiple of BK); 0 sums all of INNER.
-// Each workgroup computes a TILE x TILE block of out with 8x8 threads, 4x4 outputs each;
-// the reduction dimension advances BK at a time through workgroup memory.
-// Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of 64 threads.
+// Each workgroup computes a TILE x TILE block of out with TG x TG threads, 4x4 outputs each
+// (TILE = 4 * TG); the reduction dimension advances BK at a time through workgroup memory.
+// Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads.
 
-const TILE: u32 = 32u;
+override TG: u32 = 8u;       // threads per side of the workgroup (the includer's workgroup_size)
+override TILE: u32 = 4u * TG;
 const BK: u32 = 16u;
 
 struct MatmulDims { R: u32, S: u32, INNER: u32, KCHUNK: u32 }
 
-var<workgroup> tile_a: array<array<vec4<f32>, 8>, BK>;  // [BK][TILE/4]: A(i0 + ii, r0 + kk)
-var<workgroup> tile_b: array<array<vec4<f32>, 8>, BK>;  // [BK][TILE/4]: B(r0 + kk, j0 + jj)
+var<workgroup> tile_a: array<vec4<f32>, BK * TG>;  // [BK][TILE/4]: A(i0 + ii, r0 + kk)
+var<workgroup> tile_b: array<vec4<f32>, BK * TG>;  // [BK][TILE/4]: B(r0 + kk, j0 + jj)
 
 fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   let i0 = wid.y * TILE;
   let j0 = wid.x * TILE;
-  let t = lid.y * 8u + lid.x;
+  let t = lid.y * TG + lid.x;
   // 4x4 outputs per thread as four vec4 rows, updated with vec4 FMAs: no dynamically indexed
   // private arrays (which software adapters spill to memory).
   var acc0 = vec4<f32>(0.0);
@@ -30,19 +31,19 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   let r_begin = wid.z * mm.KCHUNK;
   let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
   for (var r0 = r_begin; r0 < r_end; r0 = r0 + BK) {
-    // 64 threads fill 2 x BK x TILE elements as vec4s: 2 + 2 each.
-    for (var e = t; e < BK * 8u; e = e + 64u) {
-      let kk = e / 8u;
-      let x = (e % 8u) * 4u;
-      tile_a[kk][e % 8u] = vec4<f32>(load_a(i0 + x, r0 + kk), load_a(i0 + x + 1u, r0 + kk),
-                                     load_a(i0 + x + 2u, r0 + kk), load_a(i0 + x + 3u, r0 + kk));
-      tile_b[kk][e % 8u] = vec4<f32>(load_b(r0 + kk, j0 + x), load_b(r0 + kk, j0 + x + 1u),
-                                     load_b(r0 + kk, j0 + x + 2u), load_b(r0 + kk, j0 + x + 3u));
+    // TG*TG threads fill 2 x BK x TILE elements as vec4s.
+    for (var e = t; e < BK * TG; e = e + TG * TG) {
+      let kk = e / TG;
+      let x = (e % TG) * 4u;
+      tile_a[e] = vec4<f32>(load_a(i0 + x, r0 + kk), load_a(i0 + x + 1u, r0 + kk),
+                            load_a(i0 + x + 2u, r0 + kk), load_a(i0 + x + 3u, r0 + kk));
+      tile_b[e] = vec4<f32>(load_b(r0 + kk, j0 + x), load_b(r0 + kk, j0 + x + 1u),
+                            load_b(r0 + kk, j0 + x + 2u), load_b(r0 + kk, j0 + x + 3u));
     }
     workgroupBarrier();
     for (var kk = 0u; kk < BK; kk = kk + 1u) {
-      let a = tile_a[kk][lid.y];
-      let b = tile_b[kk][lid.x];
+      let a = tile_a[kk * TG + lid.y];
+      let b = tile_b[kk * TG + lid.x];
       acc0 = fma(vec4<f32>(a.x), b, acc0);
       acc1 = fma(vec4<f32>(a.y), b, acc1);
       acc2 = fma(vec4<f32>(a.z), b, acc2);

@@ -41,8 +41,10 @@ def T(x, grad=False):
     return torch.tensor(x, requires_grad=grad)
 
 
+# (1000, 40, 24): dW split over 3 row ranges (32 x 32 tiles); (1000, 300, 230): past
+# kernels.js BIG_MATMUL, so 64 x 64 tiles in all three matmuls and dW split 3 ways.
 @pytest.mark.parametrize("M,N,K", [(37, 45, 19), (64, 96, 33), (5, 130, 70), (133, 70, 150),
-                                   (1000, 40, 24)])   # the last: dW split over 3 row ranges
+                                   (1000, 40, 24), (1000, 300, 230)])
 def test_linear_forward_backward(lab_session, M, N, K):
     x, w, dy = randn(M, K), randn(N, K), randn(M, N)
     out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K)

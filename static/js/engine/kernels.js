@@ -5,7 +5,17 @@
 
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
-const TILE = 32;  // matmul_core.wgsl's output tile
+// matmul_core.wgsl runs TG x TG threads on a 4TG x 4TG output tile. 16 (64 x 64 tiles) is faster
+// on an H200 for 12m/120m shapes (step 56.1 -> 51.2 and 443.5 -> 412.0 ms); 8 (32 x 32) keeps
+// small problems such as `tiny` spread over enough workgroups (16 would cost 17% of a `tiny` step
+// on SwiftShader). Chosen from the problem size only, so results never depend on the adapter.
+const BIG_MATMUL = 2 ** 26;   // R * S * INNER multiply-adds from which the big tile is used
+
+/** {tg, tile} of matmul_core for an [R, S] output summed over `inner`. */
+function matmulShape(R, S, inner) {
+  const tg = R * S * inner >= BIG_MATMUL ? 16 : 8;
+  return { tg, tile: 4 * tg };
+}
 const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
 
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
@@ -19,13 +29,14 @@ const SPLIT_TARGET = 1024;
 const SPLIT_MIN_ROWS = 256;
 const BK = 16;   // matmul_core.wgsl's reduction step: a split's rows are a multiple of it
 
-/** {splits, rows per split} of the weight gradient dW[N, K] over M rows. */
+/** {splits, rows per split, tg, tile} of the weight gradient dW[N, K] over M rows. */
 export function weightGradSplit(M, N, K) {
-  const tiles = cdiv(N, TILE) * cdiv(K, TILE);
+  const { tg, tile } = matmulShape(N, K, M);
+  const tiles = cdiv(N, tile) * cdiv(K, tile);
   const splits = Math.max(1, Math.min(Math.floor(SPLIT_TARGET / tiles),
     Math.floor(M / SPLIT_MIN_ROWS)));
   const rows = cdiv(cdiv(M, splits), BK) * BK;
-  return { splits: cdiv(M, rows), rows };
+  return { splits: cdiv(M, rows), rows, tg, tile };
 }
 
 /** Scratch floats linearBackwardWeight needs for dW[N, K] over M rows (0: no split). */
@@ -88,31 +99,33 @@ export class Kernels {
 
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
-    return this.op('03_linear.wgsl', 'main', { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0 },
-      [M, N, K, 0], [x, w, y], [cdiv(N, TILE), cdiv(M, TILE)], 'linear');
+    const { tg, tile } = matmulShape(M, N, K);
+    return this.op('03_linear.wgsl', 'main', { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, TG: tg },
+      [M, N, K, 0], [x, w, y], [cdiv(N, tile), cdiv(M, tile)], 'linear');
   }
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
   linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
-    return this.op('11_linear_backward.wgsl', 'main', { MODE: 0, W_F16: wF16 ? 1 : 0 },
-      [M, K, N, 0], [dy, w, dx], [cdiv(K, TILE), cdiv(M, TILE)], 'linear_backward_input');
+    const { tg, tile } = matmulShape(M, K, N);
+    return this.op('11_linear_backward.wgsl', 'main', { MODE: 0, W_F16: wF16 ? 1 : 0, TG: tg },
+      [M, K, N, 0], [dy, w, dx], [cdiv(K, tile), cdiv(M, tile)], 'linear_backward_input');
   }
 
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
    *  (split-K partial sums, added into dW in a fixed order) */
   linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
-    const { splits, rows } = weightGradSplit(M, N, K);
+    const { splits, rows, tg, tile } = weightGradSplit(M, N, K);
     const label = 'linear_backward_weight';
     if (splits === 1) {
-      return this.op('11_linear_backward.wgsl', 'main', { MODE: 1 }, [N, K, M, 0],
-        [dy, x, dw], [cdiv(K, TILE), cdiv(N, TILE)], label);
+      return this.op('11_linear_backward.wgsl', 'main', { MODE: 1, TG: tg }, [N, K, M, 0],
+        [dy, x, dw], [cdiv(K, tile), cdiv(N, tile)], label);
     }
     const need = 4 * splits * N * K;
     check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
       `buffer of ${need} bytes`);
     return Promise.all([
-      this.op('11_linear_backward.wgsl', 'main', { MODE: 2 }, [N, K, M, rows],
-        [dy, x, part], [cdiv(K, TILE), cdiv(N, TILE), splits], label),
+      this.op('11_linear_backward.wgsl', 'main', { MODE: 2, TG: tg }, [N, K, M, rows],
+        [dy, x, part], [cdiv(K, tile), cdiv(N, tile), splits], label),
       this.op('11_linear_backward.wgsl', 'add_partials', {}, [N, K, splits, 0],
         [part, null, dw], grid1d(cdiv(N * K, 256)), label),
     ]);
