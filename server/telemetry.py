@@ -52,6 +52,8 @@ class Record(_Msg):
     lr: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     tokens_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     step_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    # GPU time of the optimizer phase (norm, clip, AdamW), where the adapter has timestamp-query.
+    opt_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     eval_loss: Finite | None = None
     # Mean training loss per data source this step ({source index: loss}), for the bandit.
     source_losses: dict[Annotated[str, Field(max_length=8)], Finite] | None = Field(

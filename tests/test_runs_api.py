@@ -137,3 +137,20 @@ def test_model_download_is_the_uploaded_weights_byte_for_byte_every_time(client)
     for p in run["layout"]["params"]:
         want = w[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"])
         assert np.array_equal(tensors[p["name"]], want), p["name"]
+
+
+def test_optimizer_time_is_stored_and_exported(client):
+    """opt_ms (the optimizer phase's GPU time) goes through the websocket into SQLite and comes
+    back in the JSON metrics and the CSV export; a record without it stays without it."""
+    run = client.post("/api/runs", json={"preset": "tiny"}).json()
+    base = {"loss": 6.0, "grad_norm": 2.0, "clip_scale": 0.5, "lr": 1e-3}
+    with client.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+        ws.send_json({"type": "hello", "token": run["token"]})
+        assert ws.receive_json()["type"] == "welcome"
+        ws.send_json({"type": "metrics", "records": [{"step": 1, **base, "opt_ms": 0.25},
+                                                     {"step": 2, **base}]})
+        assert ws.receive_json() == {"type": "ack", "step": 2}
+    rows = client.get(f"/api/runs/{run['id']}/metrics").json()
+    assert rows[0]["opt_ms"] == 0.25 and "opt_ms" not in rows[1]
+    csv_lines = client.get(f"/api/runs/{run['id']}/metrics?format=csv").text.splitlines()
+    assert csv_lines[0].endswith(",opt_ms") and csv_lines[1].endswith(",0.25")

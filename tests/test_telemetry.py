@@ -109,6 +109,8 @@ BAD = {
     "too-many-records": (json.dumps({"type": "metrics", "records": [record(1)] * 2001}), 1003),
     "huge": (json.dumps({"type": "metrics", "records": [record(1)] * 9000}), 1009),
     "unknown-type": (json.dumps({"type": "launch"}), 1003),
+    "negative-time": (json.dumps({"type": "metrics", "records": [{**record(1), "opt_ms": -1}]}),
+                      1003),
 }
 
 

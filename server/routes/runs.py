@@ -128,7 +128,7 @@ async def get_metrics(request: Request, run_id: str,
         return JSONResponse(rows, headers={
             "content-disposition": f'inline; filename="andrea-{run_id}.json"'})
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(METRIC_COLUMNS), extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=[*METRIC_COLUMNS, "opt_ms"], extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return Response(buf.getvalue(), media_type="text/csv", headers={

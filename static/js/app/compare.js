@@ -9,6 +9,12 @@ function median(xs) {
   return s.length ? s[s.length >> 1] : null;
 }
 
+/** Mean training loss over a run's last 10 recorded steps (null if none). */
+function tailMean(metrics) {
+  const l = metrics.map((m) => m.loss).filter((x) => x !== null && x !== undefined).slice(-10);
+  return l.length ? l.reduce((a, b) => a + b, 0) / l.length : null;
+}
+
 async function main() {
   const runs = await Promise.all(ids.map(async (id) => {
     const [run, metrics] = await Promise.all([
@@ -18,6 +24,14 @@ async function main() {
     return { id, run, metrics };
   }));
   const found = runs.filter((r) => r.run);
+  const ref = found.length ? tailMean(found[0].metrics) : null;   // the loss gap's reference
+  const gap = (metrics, isRef) => {
+    if (isRef) return 'reference';
+    const tail = tailMean(metrics);
+    if (tail === null || !ref) return '-';
+    const pct = (tail / ref - 1) * 100;
+    return `${pct >= 0 ? '+' : ''}${pct.toFixed(2)} %`;
+  };
   for (const { id, run, metrics } of runs) {
     const tr = tbody.insertRow();
     tr.dataset.runId = id;
@@ -34,6 +48,9 @@ async function main() {
     tr.insertCell().textContent = `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`;
     const ms = median(metrics.map((m) => m.step_ms));
     tr.insertCell().textContent = ms === null ? '-' : `${ms.toFixed(1)} ms`;
+    const opt = median(metrics.map((m) => m.opt_ms));   // GPU time, where timestamp-query exists
+    tr.insertCell().textContent = opt === null ? '-' : `${opt.toFixed(2)} ms`;
+    tr.insertCell().textContent = gap(metrics, run === found[0].run);
   }
   // One x axis over the union of steps; each run a series with gaps where it has no step.
   const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => m.step)))].sort((a, b) => a - b);

@@ -69,6 +69,7 @@ function redraw() {
     stat('grad norm', last.grad_norm?.toFixed(3) ?? '-');
     stat('clip scale', last.clip_scale?.toFixed(3) ?? '-');
     stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
+    if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`);
     stat('clipped steps', String(clipped.filter(Boolean).length));
   }
 }

@@ -38,7 +38,9 @@ export class Optimizer {
    *   mirror        optional u32 buffer for the f16 mirror (else one is created)
    *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper)
    *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
-   *   software      the adapter is a CPU (ctx.software): smaller 8-bit workgroups
+   *   software      the adapter is a CPU (ctx.software): smaller and fewer 8-bit workgroups
+   *                 (each loads ~10 KB of tables, slow on SwiftShader: tiny's 8-bit update
+   *                 26 -> 18 ms with 4 instead of 18 workgroups)
    *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning. The 8-bit defaults (persistent, 4 blocks
    *                 per workgroup, at most 4224 workgroups) were the fastest of the shapes timed
    *                 on an H200 (bench/results/optimizer_h200.txt); persistent: false runs one
@@ -52,7 +54,7 @@ export class Optimizer {
 
   constructor(device, lib, layout, { variant = 'adamw', W, G, limits = device.limits, maps = null,
     mirror = null, hyper = {}, maxBindingBytes = null, software = false, wg = 256, wgReduce = 256,
-    bpw = software ? 2 : 4, persistent = true, nwg8 = 4224, label = 'opt' } = {}) {
+    bpw = software ? 2 : 4, persistent = true, nwg8 = software ? 4 : 4224, label = 'opt' } = {}) {
     if (!VARIANTS.includes(variant)) throw new Error(`unknown optimizer variant ${variant}`);
     if (!W || !G) throw new Error('Optimizer needs the W and G mega-buffers');
     this.device = device;

@@ -14,7 +14,11 @@ import { Optimizer } from './optimizer.js';
 import { generate } from './sampler.js';
 
 const RING = 4;          // readback slots: how many steps the CPU may run ahead of the GPU
-const SLOT_HEAD = 32;    // bytes: [0] mean loss, [16..32) optimizer stats (norm, clip, norm^2, bad)
+// Readback slot head, bytes: [0, 4) mean loss, [16, 32) optimizer stats (norm, clip, norm^2, bad),
+// [32, 48) the optimizer pass's begin and end timestamps (u64 ns, with timestamp-query);
+// then the per-token losses.
+const SLOT_HEAD = 48;
+const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
 
 /** Learning rate at 0-based `step`: linear warmup, then cosine decay to lr * min_lr_ratio. */
 export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floor }) {
@@ -78,6 +82,13 @@ export class Trainer {
         usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST }),
       pending: null,
     }));
+    // The optimizer phase's GPU time per step, where the adapter can tell (timestamp-query;
+    // browsers quantize it, Chrome to 100 us): two timestamps per ring slot.
+    if (this.device.features.has('timestamp-query')) {
+      this.queries = this.device.createQuerySet({ type: 'timestamp', count: 2 * RING });
+      this.queryBuf = this.device.createBuffer({ label: 'optimizer timestamps',
+        size: QUERY_STRIDE * RING, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+    }
     this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: 4,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
@@ -125,7 +136,8 @@ export class Trainer {
         if (this.state === 'stopping') break;
         const step = this.step;
         const batch = await this.prefetch.get(step);
-        const slot = this.ring[step % RING];
+        const slotIndex = step % RING;
+        const slot = this.ring[slotIndex];
         if (slot.pending) { this.stats.ringWaits++; await slot.pending; }
         if (prevSlot && prevSlot.done) this.stats.gpuStarved++;   // the queue had run dry
         const lr = lrAt(step, c);
@@ -133,10 +145,15 @@ export class Trainer {
         this.opt.setStep(step + 1, lr);
         const enc = this.device.createCommandEncoder();
         this.model.encodeStep(enc, this.plan);
-        this.opt.encode(enc);
+        this.opt.encode(enc, this.queries ? { timestampWrites: { querySet: this.queries,
+          beginningOfPassWriteIndex: 2 * slotIndex, endOfPassWriteIndex: 2 * slotIndex + 1 } } : {});
         const N = this.B * this.T;
         enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, slot.buf, 0, 4);
         enc.copyBufferToBuffer(this.opt.stats, 0, slot.buf, 16, 16);
+        if (this.queries) {
+          enc.resolveQuerySet(this.queries, 2 * slotIndex, 2, this.queryBuf, QUERY_STRIDE * slotIndex);
+          enc.copyBufferToBuffer(this.queryBuf, QUERY_STRIDE * slotIndex, slot.buf, 32, 16);
+        }
         enc.copyBufferToBuffer(this.plan.acts.losses, 0, slot.buf, SLOT_HEAD, N * 4);
         this.device.queue.submit([enc.finish()]);
         this.stats.submitted++;
@@ -168,14 +185,18 @@ export class Trainer {
 
   readSlot(slot, step, lr, batch, ms, evalLoss) {
     const N = this.B * this.T;
-    const data = new Float32Array(slot.buf.getMappedRange(), 0, 8 + N);
+    const range = slot.buf.getMappedRange();
+    const data = new Float32Array(range, 0, SLOT_HEAD / 4 + N);
     const loss = data[0];
     const [norm, clip] = [data[4], data[5]];
+    const [t0, t1] = new BigUint64Array(range, 32, 2);
+    const optMs = this.queries && t1 > t0 ? Number(t1 - t0) / 1e6 : null;
+    const tok = SLOT_HEAD / 4;   // first per-token loss
     // Per-source mean training loss from the per-token losses, for the source bandit.
     const sums = {};
     for (let b = 0; b < this.B; b++) {
       let s = 0;
-      for (let t = 0; t < this.T; t++) s += data[8 + b * this.T + t];
+      for (let t = 0; t < this.T; t++) s += data[tok + b * this.T + t];
       const k = String(batch.sources[b]);
       sums[k] = sums[k] ?? [0, 0];
       sums[k][0] += s;
@@ -185,7 +206,7 @@ export class Trainer {
     const finite = (x) => (Number.isFinite(x) ? x : null);
     const rec = {
       step: step + 1, loss: finite(loss), grad_norm: finite(norm), clip_scale: finite(clip), lr,
-      tokens_per_s: (N * 1000) / ms, step_ms: ms,
+      tokens_per_s: (N * 1000) / ms, step_ms: ms, ...(optMs !== null ? { opt_ms: optMs } : {}),
       source_losses: Object.fromEntries(Object.entries(sums)
         .map(([k, [s, n]]) => [k, s / n]).filter(([, v]) => Number.isFinite(v))),
     };
@@ -232,5 +253,7 @@ export class Trainer {
   destroy() {
     this.opt?.destroy();
     for (const s of this.ring ?? []) s.buf.destroy();
+    this.queryBuf?.destroy();
+    this.queries?.destroy();
   }
 }
