@@ -107,3 +107,21 @@ def test_compare_page_overlays_both(page, live_server, runs):
     text = page.inner_text("#summary")
     assert "adamw_8bit" in text and "adamw" in text
     assert "reference" in text and " %" in text   # the loss gap of the second run to the first
+
+
+def test_leaving_a_training_tab_asks_first(browser, live_server):
+    """The weights and optimizer state live only on the training tab's GPU, so closing it
+    mid-run raises the browser's leave-page prompt (once the user has interacted with it)."""
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    start_run(page, live_server, "adamw")
+    page.wait_for_function("Number(document.getElementById('charts').dataset.steps || 0) >= 1",
+                           timeout=TIMEOUT)
+    page.click("#logscale")   # browsers only prompt on pages the user has interacted with
+    with page.expect_event("dialog", timeout=10_000) as prompt:
+        page.close(run_before_unload=True)
+    assert prompt.value.type == "beforeunload"
+    prompt.value.dismiss()    # "stay": the run goes on
+    page.wait_for_function("Number(document.getElementById('charts').dataset.steps) >= 3",
+                           timeout=TIMEOUT)
+    ctx.close()

@@ -165,6 +165,9 @@ async function train(run, token) {
   $('pause').onclick = () => { trainer.pause(); $('pause').hidden = true; $('resume').hidden = false; };
   $('resume').onclick = () => { trainer.resume(); $('pause').hidden = false; $('resume').hidden = true; };
   $('stop').onclick = () => trainer.stop();
+  // The weights and optimizer state live only on this tab's GPU: leaving would end the run.
+  const stay = (e) => { e.preventDefault(); e.returnValue = ''; };
+  window.addEventListener('beforeunload', stay);
   let final;
   try {
     final = await trainer.run();
@@ -177,6 +180,7 @@ async function train(run, token) {
   const lastStep = data.steps[data.steps.length - 1] ?? 0;
   await socket.committed(lastStep);
   await socket.sync();
+  window.removeEventListener('beforeunload', stay);   // weights saved, every record committed
   body.dataset.committed = String(lastStep);
   stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`);
   socket.close();
