@@ -6,7 +6,11 @@ override WG: u32 = 64u;          // rows (queries or keys) per workgroup, one pe
 // unroll them and keep the per-thread rows in registers instead of local memory.
 override HD: u32 = 64u;
 override KT: u32 = 16u;          // rows per tile staged in workgroup memory
+override HV: u32 = (HD + 3u) / 4u;   // vec4s per head row (zero-padded past HD)
 const MAX_D: u32 = 128u;
+const MAX_V: u32 = MAX_D / 4u;
+// Rows are held and staged as vec4s: a dot product or an update reads one vec4 of workgroup
+// memory per 4 FMAs instead of one float per FMA.
 
 struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad1: u32 }
 
@@ -17,4 +21,19 @@ fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec4<u32> {
   let w = wid.x + wid.y * nwg.x;
   return vec4<u32>(w / (nb * dims.H), (w / nb) % dims.H, (w % nb) * WG,
                    select(0u, 1u, w < dims.B * dims.H * nb));
+}
+
+// Elements 4*d4 .. 4*d4 + 3 of the head row that starts at buf[o], zeros past HD. `buf` is the
+// including file's accessor (WGSL cannot pass a storage array to a function).
+fn pad4(o: u32, d4: u32, which: u32) -> vec4<f32> {
+  if (HD % 4u == 0u) {
+    let i = o + 4u * d4;
+    return vec4<f32>(row_at(which, i), row_at(which, i + 1u), row_at(which, i + 2u),
+                     row_at(which, i + 3u));
+  }
+  var r = vec4<f32>(0.0);
+  for (var c = 0u; c < 4u; c = c + 1u) {
+    if (4u * d4 + c < HD) { r[c] = row_at(which, o + 4u * d4 + c); }
+  }
+  return r;
 }

@@ -159,7 +159,7 @@ export class Kernels {
       this.op('10_attention_backward.wgsl', 'attention_backward_dq', c, dims,
         [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
       this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', c, dims,
-        [qkv, null, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),
+        [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),   // y: bound, unread
     ]);
   }
 
