@@ -11,6 +11,8 @@
 
 override ACCUM: bool = false;
 override W_F16: bool = false;
+const A_ALONG_R: bool = true;   // x[i, r]: rows of x are contiguous
+const B_ALONG_R: bool = true;   // W[j, r]: rows of W are contiguous
 
 @group(0) @binding(0) var<uniform> mm: MatmulDims;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

@@ -24,6 +24,8 @@
 
 override MODE: u32 = 0u;
 override W_F16: bool = false;
+override A_ALONG_R: bool = MODE == 0u;   // dy[i, r] (MODE 0) or dy[r, i] (MODE 1, 2)
+const B_ALONG_R: bool = false;           // W[r, j] or x[r, j]: j is contiguous
 
 @group(0) @binding(0) var<uniform> mm: MatmulDims;
 @group(0) @binding(1) var<storage, read> dy: array<f32>;

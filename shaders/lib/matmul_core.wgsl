@@ -3,6 +3,9 @@
 //   fn load_a(i: u32, r: u32) -> f32    (returns 0 outside [R, INNER])
 //   fn load_b(r: u32, j: u32) -> f32    (returns 0 outside [INNER, S])
 //   fn store_c(i: u32, j: u32, v: f32)  (only called inside [R, S])
+//   A_ALONG_R, B_ALONG_R : bool         whether consecutive r are adjacent in memory for that
+//                                       operand (else consecutive i, resp. j, are); the tile fill
+//                                       then gives neighbouring threads neighbouring words
 // and a uniform `mm` with fields R, S, INNER, KCHUNK. With KCHUNK > 0 (split-K), workgroup z sums
 // only r in [z * KCHUNK, (z + 1) * KCHUNK) (KCHUNK a multiple of BK); 0 sums all of INNER.
 // Each workgroup computes a TILE x TILE block of out with TG x TG threads, 4x4 outputs each
@@ -11,12 +14,14 @@
 
 override TG: u32 = 8u;       // threads per side of the workgroup (the includer's workgroup_size)
 override TILE: u32 = 4u * TG;
+override TP: u32 = TG + 1u;  // tile row stride in vec4s: the padding spreads an along-r fill's
+                             // stores (one per kk) over the banks
 const BK: u32 = 16u;
 
 struct MatmulDims { R: u32, S: u32, INNER: u32, KCHUNK: u32 }
 
-var<workgroup> tile_a: array<vec4<f32>, BK * TG>;  // [BK][TILE/4]: A(i0 + ii, r0 + kk)
-var<workgroup> tile_b: array<vec4<f32>, BK * TG>;  // [BK][TILE/4]: B(r0 + kk, j0 + jj)
+var<workgroup> tile_a: array<vec4<f32>, BK * TP>;  // [BK][TP]: A(i0 + ii, r0 + kk), ii < TILE
+var<workgroup> tile_b: array<vec4<f32>, BK * TP>;  // [BK][TP]: B(r0 + kk, j0 + jj), jj < TILE
 
 fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   let i0 = wid.y * TILE;
@@ -31,19 +36,23 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   let r_begin = wid.z * mm.KCHUNK;
   let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
   for (var r0 = r_begin; r0 < r_end; r0 = r0 + BK) {
-    // TG*TG threads fill 2 x BK x TILE elements as vec4s.
+    // TG*TG threads fill 2 x BK x TILE elements as vec4s of 4 consecutive i (or j): thread e
+    // takes kk = e / TG, or kk = e % BK when the operand is contiguous along r, so that
+    // neighbouring threads read neighbouring words.
     for (var e = t; e < BK * TG; e = e + TG * TG) {
-      let kk = e / TG;
-      let x = (e % TG) * 4u;
-      tile_a[e] = vec4<f32>(load_a(i0 + x, r0 + kk), load_a(i0 + x + 1u, r0 + kk),
-                            load_a(i0 + x + 2u, r0 + kk), load_a(i0 + x + 3u, r0 + kk));
-      tile_b[e] = vec4<f32>(load_b(r0 + kk, j0 + x), load_b(r0 + kk, j0 + x + 1u),
-                            load_b(r0 + kk, j0 + x + 2u), load_b(r0 + kk, j0 + x + 3u));
+      let ka = select(e / TG, e % BK, A_ALONG_R);
+      let xa = select(e % TG, e / BK, A_ALONG_R) * 4u;
+      tile_a[ka * TP + xa / 4u] = vec4<f32>(load_a(i0 + xa, r0 + ka),
+        load_a(i0 + xa + 1u, r0 + ka), load_a(i0 + xa + 2u, r0 + ka), load_a(i0 + xa + 3u, r0 + ka));
+      let kb = select(e / TG, e % BK, B_ALONG_R);
+      let xb = select(e % TG, e / BK, B_ALONG_R) * 4u;
+      tile_b[kb * TP + xb / 4u] = vec4<f32>(load_b(r0 + kb, j0 + xb),
+        load_b(r0 + kb, j0 + xb + 1u), load_b(r0 + kb, j0 + xb + 2u), load_b(r0 + kb, j0 + xb + 3u));
     }
     workgroupBarrier();
     for (var kk = 0u; kk < BK; kk = kk + 1u) {
-      let a = tile_a[kk * TG + lid.y];
-      let b = tile_b[kk * TG + lid.x];
+      let a = tile_a[kk * TP + lid.y];
+      let b = tile_b[kk * TP + lid.x];
       acc0 = fma(vec4<f32>(a.x), b, acc0);
       acc1 = fma(vec4<f32>(a.y), b, acc1);
       acc2 = fma(vec4<f32>(a.z), b, acc2);
