@@ -16,6 +16,7 @@ function matmulShape(R, S, inner) {
   const tg = R * S * inner >= BIG_MATMUL ? 16 : 8;
   return { tg, tile: 4 * tg };
 }
+
 const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
 
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
