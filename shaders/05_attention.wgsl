@@ -19,7 +19,7 @@
 var<workgroup> tile_k: array<vec4<f32>, KT * HV>;   // [KT, HV] keys s0 .. s0 + KT
 var<workgroup> tile_v: array<vec4<f32>, KT * HV>;   // [KT, HV] their values
 
-fn row_at(which: u32, i: u32) -> f32 { return qkv[i]; }
+fn row_at(src: u32, i: u32) -> f32 { return qkv[i]; }   // the forward reads qkv only
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -35,7 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var acc: array<vec4<f32>, MAX_V>;
   let qoff = (b * dims.T + min(t, dims.T - 1u)) * C3 + h * dims.D;
   for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    q[d4] = pad4(qoff, d4, 0u) * dims.scale;
+    q[d4] = pad4(qoff, d4, QKV) * dims.scale;
     acc[d4] = vec4<f32>(0.0);
   }
   var m = -3.0e38;
@@ -44,8 +44,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
     for (var i = lid; i < KT * HV; i = i + WG) {
       let koff = (b * dims.T + min(s0 + i / HV, dims.T - 1u)) * C3 + dims.C + h * dims.D;
-      tile_k[i] = pad4(koff, i % HV, 0u);
-      tile_v[i] = pad4(koff + dims.C, i % HV, 0u);
+      tile_k[i] = pad4(koff, i % HV, QKV);
+      tile_v[i] = pad4(koff + dims.C, i % HV, QKV);
     }
     workgroupBarrier();
     // Keys s0 + j <= t of this tile (none when the tile starts after t).

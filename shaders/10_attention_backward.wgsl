@@ -35,9 +35,9 @@ var<workgroup> tile_b: array<vec4<f32>, KT * HV>;   // dq: values; dkdv: dO rows
 var<workgroup> tile_l: array<f32, KT>;              // dkdv: lse of the staged queries
 var<workgroup> tile_d: array<f32, KT>;              // dkdv: delta of the staged queries
 
-fn row_at(which: u32, i: u32) -> f32 {
-  if (which == 0u) { return qkv[i]; }
-  if (which == 1u) { return y[i]; }
+fn row_at(src: u32, i: u32) -> f32 {
+  if (src == QKV) { return qkv[i]; }
+  if (src == Y) { return y[i]; }
   return dy[i];
 }
 
@@ -67,9 +67,9 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
   var dq: array<vec4<f32>, MAX_V>;
   var dl4 = vec4<f32>(0.0);
   for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    q[d4] = pad4(row3(b, tc) + hd, d4, 0u) * dims.scale;
-    g[d4] = pad4(row1(b, tc) + hd, d4, 2u);
-    dl4 = fma(g[d4], pad4(row1(b, tc) + hd, d4, 1u), dl4);
+    q[d4] = pad4(row3(b, tc) + hd, d4, QKV) * dims.scale;
+    g[d4] = pad4(row1(b, tc) + hd, d4, DY);
+    dl4 = fma(g[d4], pad4(row1(b, tc) + hd, d4, Y), dl4);
     dq[d4] = vec4<f32>(0.0);
   }
   let dl = sum4(dl4);
@@ -80,8 +80,8 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
   for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
     for (var i = lid; i < KT * HV; i = i + WG) {
       let koff = row3(b, min(s0 + i / HV, dims.T - 1u)) + dims.C + hd;
-      tile_a[i] = pad4(koff, i % HV, 0u);
-      tile_b[i] = pad4(koff + dims.C, i % HV, 0u);
+      tile_a[i] = pad4(koff, i % HV, QKV);
+      tile_b[i] = pad4(koff + dims.C, i % HV, QKV);
     }
     workgroupBarrier();
     let n = select(0u, min(KT, t + 1u - s0), valid && t >= s0);   // keys s0 + j <= t
@@ -120,8 +120,8 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
   var dk: array<vec4<f32>, MAX_V>;
   var dv: array<vec4<f32>, MAX_V>;
   for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    k[d4] = pad4(row3(b, sc) + dims.C + hd, d4, 0u);
-    v[d4] = pad4(row3(b, sc) + 2u * dims.C + hd, d4, 0u);
+    k[d4] = pad4(row3(b, sc) + dims.C + hd, d4, QKV);
+    v[d4] = pad4(row3(b, sc) + 2u * dims.C + hd, d4, QKV);
     dk[d4] = vec4<f32>(0.0);
     dv[d4] = vec4<f32>(0.0);
   }
@@ -129,8 +129,8 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
   for (var t0 = blk.z; t0 < dims.T; t0 = t0 + KT) {   // queries t >= the block's first key
     for (var i = lid; i < KT * HV; i = i + WG) {
       let tt = min(t0 + i / HV, dims.T - 1u);
-      tile_a[i] = pad4(row3(b, tt) + hd, i % HV, 0u) * dims.scale;
-      tile_b[i] = pad4(row1(b, tt) + hd, i % HV, 2u);
+      tile_a[i] = pad4(row3(b, tt) + hd, i % HV, QKV) * dims.scale;
+      tile_b[i] = pad4(row1(b, tt) + hd, i % HV, DY);
     }
     for (var i = lid; i < KT; i = i + WG) {
       let tt = min(t0 + i, dims.T - 1u);

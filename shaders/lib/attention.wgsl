@@ -23,17 +23,21 @@ fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec4<u32> {
                    select(0u, 1u, w < dims.B * dims.H * nb));
 }
 
-// Elements 4*d4 .. 4*d4 + 3 of the head row that starts at buf[o], zeros past HD. `buf` is the
-// including file's accessor (WGSL cannot pass a storage array to a function).
-fn pad4(o: u32, d4: u32, which: u32) -> vec4<f32> {
+// Row sources for pad4: the including file's row_at(src, i) returns element i of qkv, the forward
+// output y or its gradient dO (WGSL cannot pass a storage array to a function).
+const QKV: u32 = 0u;
+const Y: u32 = 1u;
+const DY: u32 = 2u;
+
+// Elements 4*d4 .. 4*d4 + 3 of the head row that starts at element o of `src`, zeros past HD.
+fn pad4(o: u32, d4: u32, src: u32) -> vec4<f32> {
   if (HD % 4u == 0u) {
     let i = o + 4u * d4;
-    return vec4<f32>(row_at(which, i), row_at(which, i + 1u), row_at(which, i + 2u),
-                     row_at(which, i + 3u));
+    return vec4<f32>(row_at(src, i), row_at(src, i + 1u), row_at(src, i + 2u), row_at(src, i + 3u));
   }
   var r = vec4<f32>(0.0);
   for (var c = 0u; c < 4u; c = c + 1u) {
-    if (4u * d4 + c < HD) { r[c] = row_at(which, o + 4u * d4 + c); }
+    if (4u * d4 + c < HD) { r[c] = row_at(src, o + 4u * d4 + c); }
   }
   return r;
 }

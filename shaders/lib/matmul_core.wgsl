@@ -16,7 +16,7 @@ override TG: u32 = 8u;       // threads per side of the workgroup (the includer'
 override TILE: u32 = 4u * TG;
 override TP: u32 = TG + 1u;  // tile row stride in vec4s: the padding spreads an along-r fill's
                              // stores (one per kk) over the banks
-const BK: u32 = 16u;
+override BK: u32 = 16u;      // reduction step (kernels.js passes its BK, which split-K relies on)
 
 struct MatmulDims { R: u32, S: u32, INNER: u32, KCHUNK: u32 }
 
@@ -40,14 +40,12 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
     // takes kk = e / TG, or kk = e % BK when the operand is contiguous along r, so that
     // neighbouring threads read neighbouring words.
     for (var e = t; e < BK * TG; e = e + TG * TG) {
-      let ka = select(e / TG, e % BK, A_ALONG_R);
-      let xa = select(e % TG, e / BK, A_ALONG_R) * 4u;
-      tile_a[ka * TP + xa / 4u] = vec4<f32>(load_a(i0 + xa, r0 + ka),
-        load_a(i0 + xa + 1u, r0 + ka), load_a(i0 + xa + 2u, r0 + ka), load_a(i0 + xa + 3u, r0 + ka));
+      let ka = select(e / TG, e % BK, A_ALONG_R);   // reduction index in the tile
+      let va = select(e % TG, e / BK, A_ALONG_R);   // vec4 of rows 4va .. 4va + 3
+      tile_a[ka * TP + va] = load_a4(i0 + 4u * va, r0 + ka);
       let kb = select(e / TG, e % BK, B_ALONG_R);
-      let xb = select(e % TG, e / BK, B_ALONG_R) * 4u;
-      tile_b[kb * TP + xb / 4u] = vec4<f32>(load_b(r0 + kb, j0 + xb),
-        load_b(r0 + kb, j0 + xb + 1u), load_b(r0 + kb, j0 + xb + 2u), load_b(r0 + kb, j0 + xb + 3u));
+      let vb = select(e % TG, e / BK, B_ALONG_R);
+      tile_b[kb * TP + vb] = load_b4(r0 + kb, j0 + 4u * vb);
     }
     workgroupBarrier();
     for (var kk = 0u; kk < BK; kk = kk + 1u) {
@@ -64,6 +62,15 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   store_row(i0 + lid.y * 4u + 1u, j0 + lid.x * 4u, acc1);
   store_row(i0 + lid.y * 4u + 2u, j0 + lid.x * 4u, acc2);
   store_row(i0 + lid.y * 4u + 3u, j0 + lid.x * 4u, acc3);
+}
+
+// A(i..i+3, r) and B(r, j..j+3) as vec4s: one tile entry.
+fn load_a4(i: u32, r: u32) -> vec4<f32> {
+  return vec4<f32>(load_a(i, r), load_a(i + 1u, r), load_a(i + 2u, r), load_a(i + 3u, r));
+}
+
+fn load_b4(r: u32, j: u32) -> vec4<f32> {
+  return vec4<f32>(load_b(r, j), load_b(r, j + 1u), load_b(r, j + 2u), load_b(r, j + 3u));
 }
 
 fn store_row(i: u32, j: u32, v: vec4<f32>) {

@@ -9,9 +9,13 @@ function median(xs) {
   return s.length ? s[s.length >> 1] : null;
 }
 
+/** A run's recorded losses (non-finite steps are stored as null). */
+const finiteLosses = (metrics) => metrics.map((m) => m.loss)
+  .filter((x) => x !== null && x !== undefined);
+
 /** Mean training loss over a run's last 10 recorded steps (null if none). */
-function tailMean(metrics) {
-  const l = metrics.map((m) => m.loss).filter((x) => x !== null && x !== undefined).slice(-10);
+function tailMean(losses) {
+  const l = losses.slice(-10);
   return l.length ? l.reduce((a, b) => a + b, 0) / l.length : null;
 }
 
@@ -24,10 +28,10 @@ async function main() {
     return { id, run, metrics };
   }));
   const found = runs.filter((r) => r.run);
-  const ref = found.length ? tailMean(found[0].metrics) : null;   // the loss gap's reference
-  const gap = (metrics, isRef) => {
+  const ref = found.length ? tailMean(finiteLosses(found[0].metrics)) : null;   // gap reference
+  const gap = (losses, isRef) => {
     if (isRef) return 'reference';
-    const tail = tailMean(metrics);
+    const tail = tailMean(losses);
     if (tail === null || !ref) return '-';
     const pct = (tail / ref - 1) * 100;
     return `${pct >= 0 ? '+' : ''}${pct.toFixed(2)} %`;
@@ -36,7 +40,7 @@ async function main() {
     const tr = tbody.insertRow();
     tr.dataset.runId = id;
     if (!run) { tr.insertCell().textContent = `${id}: no such run`; continue; }
-    const losses = metrics.map((m) => m.loss).filter((x) => x !== null);
+    const losses = finiteLosses(metrics);
     const a = document.createElement('a');
     a.href = `/runs/${id}`;
     a.textContent = id;
@@ -50,7 +54,7 @@ async function main() {
     tr.insertCell().textContent = ms === null ? '-' : `${ms.toFixed(1)} ms`;
     const opt = median(metrics.map((m) => m.opt_ms));   // GPU time, where timestamp-query exists
     tr.insertCell().textContent = opt === null ? '-' : `${opt.toFixed(2)} ms`;
-    tr.insertCell().textContent = gap(metrics, run === found[0].run);
+    tr.insertCell().textContent = gap(losses, run === found[0].run);
   }
   // One x axis over the union of steps; each run a series with gaps where it has no step.
   const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => m.step)))].sort((a, b) => a - b);

@@ -28,7 +28,7 @@ const cdiv = (a, b) => Math.ceil(a / b);
 // shapes only, so a given model and batch always sums in the same order on every adapter.
 const SPLIT_TARGET = 1024;
 const SPLIT_MIN_ROWS = 256;
-const BK = 16;   // matmul_core.wgsl's reduction step: a split's rows are a multiple of it
+const BK = 16;   // matmul_core.wgsl's reduction step (passed to it): split rows are multiples
 
 /** {splits, rows per split, tg, tile} of the weight gradient dW[N, K] over M rows. */
 export function weightGradSplit(M, N, K) {
@@ -101,14 +101,16 @@ export class Kernels {
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
     const { tg, tile } = matmulShape(M, N, K);
-    return this.op('03_linear.wgsl', 'main', { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, TG: tg },
+    return this.op('03_linear.wgsl', 'main',
+      { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, TG: tg, BK },
       [M, N, K, 0], [x, w, y], [cdiv(N, tile), cdiv(M, tile)], 'linear');
   }
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
   linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
     const { tg, tile } = matmulShape(M, K, N);
-    return this.op('11_linear_backward.wgsl', 'main', { MODE: 0, W_F16: wF16 ? 1 : 0, TG: tg },
+    return this.op('11_linear_backward.wgsl', 'main',
+      { MODE: 0, W_F16: wF16 ? 1 : 0, TG: tg, BK },
       [M, K, N, 0], [dy, w, dx], [cdiv(K, tile), cdiv(M, tile)], 'linear_backward_input');
   }
 
@@ -118,14 +120,14 @@ export class Kernels {
     const { splits, rows, tg, tile } = weightGradSplit(M, N, K);
     const label = 'linear_backward_weight';
     if (splits === 1) {
-      return this.op('11_linear_backward.wgsl', 'main', { MODE: 1, TG: tg }, [N, K, M, 0],
+      return this.op('11_linear_backward.wgsl', 'main', { MODE: 1, TG: tg, BK }, [N, K, M, 0],
         [dy, x, dw], [cdiv(K, tile), cdiv(N, tile)], label);
     }
     const need = 4 * splits * N * K;
     check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
       `buffer of ${need} bytes`);
     return Promise.all([
-      this.op('11_linear_backward.wgsl', 'main', { MODE: 2, TG: tg }, [N, K, M, rows],
+      this.op('11_linear_backward.wgsl', 'main', { MODE: 2, TG: tg, BK }, [N, K, M, rows],
         [dy, x, part], [cdiv(K, tile), cdiv(N, tile), splits], label),
       this.op('11_linear_backward.wgsl', 'add_partials', {}, [N, K, splits, 0],
         [part, null, dw], grid1d(cdiv(N * K, 256)), label),

@@ -45,6 +45,19 @@ export function launch(device, pipeline, resources, grid, label) {
 /** Copy f32 elements between buffers (a residual stream forked before `+=` into it). */
 export const copyOp = (src, dst, numel, label) => ({ kind: 'copy', src, dst, numel, label });
 
+/** Record one dispatch op into an open compute pass. */
+export function encodeDispatch(pass, op) {
+  pass.setPipeline(op.pipeline);
+  pass.setBindGroup(0, op.bindGroup);
+  pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1, op.grid[2] ?? 1);
+}
+
+/** Record one copy op into `encoder` (outside any pass). */
+export function encodeCopy(encoder, op) {
+  encoder.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,
+    op.dst.buffer ?? op.dst, op.dst.offset ?? 0, op.numel * 4);
+}
+
 /** Encode ops into `encoder`, keeping consecutive dispatches in one compute pass
  *  (profiler.js times them one pass each instead). */
 export function encodeOps(encoder, ops) {
@@ -52,13 +65,10 @@ export function encodeOps(encoder, ops) {
   for (const op of ops) {
     if (op.kind === 'dispatch') {
       pass ??= encoder.beginComputePass();
-      pass.setPipeline(op.pipeline);
-      pass.setBindGroup(0, op.bindGroup);
-      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1, op.grid[2] ?? 1);
+      encodeDispatch(pass, op);
     } else {
       if (pass) { pass.end(); pass = null; }
-      encoder.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,
-        op.dst.buffer ?? op.dst, op.dst.offset ?? 0, op.numel * 4);
+      encodeCopy(encoder, op);
     }
   }
   if (pass) pass.end();

@@ -2,6 +2,7 @@
 // timestampWrites (begin, end). Profiling only; the training step keeps one pass.
 
 import { readBuffer } from './gpu.js';
+import { encodeCopy, encodeDispatch } from './ops.js';
 
 /** Run `ops` once with a timestamp pair around every dispatch; resolves to
  *  [{label, ms}] in op order (copies are listed with ms null), or null without the feature. */
@@ -19,13 +20,10 @@ export async function profileOps(device, ops) {
       const pass = enc.beginComputePass({ timestampWrites: { querySet,
         beginningOfPassWriteIndex: q, endOfPassWriteIndex: q + 1 } });
       q += 2;
-      pass.setPipeline(op.pipeline);
-      pass.setBindGroup(0, op.bindGroup);
-      pass.dispatchWorkgroups(op.grid[0], op.grid[1] ?? 1, op.grid[2] ?? 1);
+      encodeDispatch(pass, op);
       pass.end();
     } else {
-      enc.copyBufferToBuffer(op.src.buffer ?? op.src, op.src.offset ?? 0,
-        op.dst.buffer ?? op.dst, op.dst.offset ?? 0, op.numel * 4);
+      encodeCopy(enc, op);
     }
   }
   enc.resolveQuerySet(querySet, 0, count, resolve, 0);
