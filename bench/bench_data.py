@@ -24,13 +24,13 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from server.app import create_app  # noqa: E402
-from server.config import Settings  # noqa: E402
-from server.data import wire  # noqa: E402
-from server.data.hub import DataHub  # noqa: E402
-from server.data.sampler import sample_batch  # noqa: E402
-from server.data.spec import BatchSpec  # noqa: E402
-from server.model import PRESETS  # noqa: E402
+from andrea.app import create_app  # noqa: E402
+from andrea.config import Settings  # noqa: E402
+from andrea.data import wire  # noqa: E402
+from andrea.data.hub import DataHub  # noqa: E402
+from andrea.data.sampler import sample_batch  # noqa: E402
+from andrea.data.spec import BatchSpec  # noqa: E402
+from andrea.model import PRESETS  # noqa: E402
 
 
 def rate(label: str, n: int, fn) -> None:

@@ -1,7 +1,7 @@
 // The optimizer phase (global grad norm + AdamW) of the engine under Node + Dawn, per variant,
 // timed on the GPU with timestamp queries (wall clock where the adapter has none).
 //
-//   python -m server.optim 120m > /tmp/layout_120m.json        # layout + maps (pure Python)
+//   python -m andrea.optim 120m > /tmp/layout_120m.json        # layout + maps (pure Python)
 //   node bench/bench_optimizer.mjs /tmp/layout_120m.json [--iters 30] [--variants adamw,...]
 //        [--torch torch.json] [--out table.txt] [--tune] [--tuning '{"bpw": 2}']
 // Env: DAWN_NODE (Dawn's dawn.node; see ../shared/gpu/README.md). --torch merges the numbers

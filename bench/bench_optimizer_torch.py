@@ -1,7 +1,7 @@
 """PyTorch's optimizer phase on the GPU, for bench/bench_optimizer.mjs to print beside the engine:
 clip_grad_norm_ + AdamW (fused, and foreach) over one tensor per entry of the parameter table.
 
-    python -m server.optim 120m > /tmp/layout_120m.json
+    python -m andrea.optim 120m > /tmp/layout_120m.json
     python bench/bench_optimizer_torch.py /tmp/layout_120m.json [--iters 30] [--out torch.json]
 
 Timed with CUDA events, median over --iters steps after warm-up; gradients are restored from a

@@ -2,7 +2,7 @@
 // submit) of the engine under Node + Dawn, for one preset and batch shape, plus a per-kernel
 // GPU-time breakdown with timestamp-query.
 //
-//   python -m server.optim 12m > /tmp/l12m.json
+//   python -m andrea.optim 12m > /tmp/l12m.json
 //   node bench/bench_step.mjs /tmp/l12m.json --batch 32 [--seq 256] [--iters 20] [--variant adamw]
 // Env: DAWN_NODE (see ../shared/gpu/README.md).
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from server.launch import served  # noqa: F401  (bench scripts import it from here)
+from andrea.launch import served  # noqa: F401  (bench scripts import it from here)
 from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
 
 

@@ -14,14 +14,14 @@ from tests.lab import b64, call
 
 def test_trained_run_exports_to_hf_and_matches_the_engine(live_server, server_data_dir,
                                                            lab_session, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "server", "train", "--headless", "--preset", "tiny",
+    r = subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", "--preset", "tiny",
                         "--steps", "6", "--batch-size", "2", "--server", live_server, "--json"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = json.loads(r.stdout.strip().splitlines()[-1])["run_id"]
     assert httpx.get(f"{live_server}/api/runs/{run_id}").json()["has_weights"]
     out = tmp_path / "hf"
-    e = subprocess.run([sys.executable, "-m", "server", "export", run_id, "--out", str(out),
+    e = subprocess.run([sys.executable, "-m", "andrea", "export", run_id, "--out", str(out),
                         "--data-dir", str(server_data_dir)], capture_output=True, text=True)
     assert e.returncode == 0, e.stderr
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}

@@ -6,7 +6,7 @@ import sys
 
 
 def andrea(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "server", "train", "--headless", *args],
+    return subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

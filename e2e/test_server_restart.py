@@ -6,7 +6,7 @@ import sqlite3
 import time
 import urllib.request
 
-from server.launch import free_port, start_server, stop_server
+from andrea.launch import free_port, start_server, stop_server
 
 STEPS = 40
 

@@ -11,7 +11,7 @@ STEPS = 300
 
 
 def run(live_server, optimizer):
-    r = subprocess.run([sys.executable, "-m", "server", "train", "--headless", "--preset", "tiny",
+    r = subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", "--preset", "tiny",
                         "--optimizer", optimizer, "--steps", str(STEPS), "--batch-size", "4",
                         "--seed", "3", "--server", live_server, "--json"],
                        capture_output=True, text=True, timeout=1200)

@@ -1,3 +1,3 @@
-from server.cli import main
+from andrea.cli import main
 
 raise SystemExit(main())

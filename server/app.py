@@ -4,43 +4,44 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
-from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from server import __version__, telemetry
-from server.config import Settings
-from server.data.hub import DataHub
-from server.data.runs import RunRegistry
-from server.routes import data, health, pages, presets, runs
-from server.store import Store
-
-
-class ShaderFiles(StaticFiles):
-    """WGSL served as UTF-8 text so both fetch() and a human reader get source."""
-
-    def file_response(self, *args, **kwargs):
-        response = super().file_response(*args, **kwargs)
-        response.headers["content-type"] = "text/plain; charset=utf-8"
-        return response
+from andrea import __version__, telemetry
+from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
+from andrea.config import Settings
+from andrea.data.hub import DataHub
+from andrea.data.runs import RunRegistry
+from andrea.routes import data, health, pages, presets, runs
+from andrea.store import Store
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    app = FastAPI(title="Andrea", version=__version__)
+    # /docs and /redoc would load their scripts from a CDN (blank offline): off; the API is
+    # described by /openapi.json.
+    app = FastAPI(title="Andrea", version=__version__, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.state.templates = Jinja2Templates(directory=str(settings.templates_dir))
-    app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
-    app.mount("/shaders", ShaderFiles(directory=settings.shaders_dir), name="shaders")
-    uplot = settings.vendor_dir / "uplot" / "dist"
-    if uplot.is_dir():
-        app.mount("/vendor/uplot", StaticFiles(directory=uplot), name="uplot")
-    else:
-        @app.get("/vendor/uplot/{path:path}", include_in_schema=False)
-        def _no_uplot(path: str):
-            return JSONResponse({"detail": "uPlot is not installed: run `npm ci` in the checkout "
-                                 "(bash scripts/serve does it)"}, status_code=404)
+    # Text (pages, modules, shaders, JSON) is gzipped; binary batches and weights are not worth
+    # the CPU.
+    app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=(
+        "text/event-stream", "application/octet-stream"))
+    static, shaders = asset_dir("static"), asset_dir("shaders")
+    version = content_version(static, shaders)
+    templates = Jinja2Templates(directory=str(asset_dir("templates")))
+    templates.env.globals.update(version=__version__, static_base=f"/static/{version}/",
+                                 shader_base=f"/shaders/{version}/")
+    app.state.templates = templates
+    wgsl = "text/plain; charset=utf-8"
+    app.mount(f"/static/{version}", CachedFiles(directory=static, cache_control=IMMUTABLE),
+              name="static-versioned")
+    app.mount(f"/shaders/{version}", CachedFiles(directory=shaders, cache_control=IMMUTABLE,
+                                                  media_type=wgsl), name="shaders-versioned")
+    app.mount("/static", CachedFiles(directory=static, cache_control=REVALIDATE), name="static")
+    app.mount("/shaders", CachedFiles(directory=shaders, cache_control=REVALIDATE,
+                                      media_type=wgsl), name="shaders")
     app.include_router(health.router)
     app.include_router(pages.router)
     app.include_router(presets.router)

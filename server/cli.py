@@ -6,15 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from server.config import Settings
+from andrea.config import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from server.app import create_app
-    from server.data.sources import CorpusError, parse_corpus_arg
-    from server.model import PRESETS
+    from andrea.app import create_app
+    from andrea.data.sources import CorpusError, parse_corpus_arg
+    from andrea.model import PRESETS
 
     try:
         corpora = tuple(parse_corpus_arg(a) for a in args.corpus)
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use the machine's GPU through Vulkan instead of SwiftShader")
     tr.add_argument("--timeout", type=float, default=3600, help="seconds before giving up")
     tr.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    tr.set_defaults(func=lambda a: __import__("server.headless", fromlist=["train"]).train(a))
+    tr.set_defaults(func=lambda a: __import__("andrea.headless", fromlist=["train"]).train(a))
 
     ex = sub.add_parser("export", help="write a run's trained model as a Hugging Face checkpoint")
     ex.add_argument("run_id")
@@ -84,10 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from server.data.tokenizer import tokenizer_dir
-    from server.export import export_run
-    from server.model import PRESETS
-    from server.store import Store
+    from andrea.data.tokenizer import tokenizer_dir
+    from andrea.export import export_run
+    from andrea.model import PRESETS
+    from andrea.store import Store
 
     data_dir = Path(args.data_dir).resolve()
     if not (data_dir / "andrea.sqlite").exists():

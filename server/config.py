@@ -1,31 +1,44 @@
-"""One Settings object for the whole server."""
+"""One Settings object for the whole server, read from the environment the ecosystem way:
+ANDREA_HOST, ANDREA_PORT, ANDREA_DATA_DIR (command-line flags override them). The default data
+dir is the platform's user data folder, the same for `serve`, `train` and `export`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
-# The repository root holds static/, shaders/ and templates/ beside the server package.
-ROOT = Path(__file__).resolve().parent.parent
+import platformdirs
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-@dataclass(frozen=True)
-class Settings:
+def default_data_dir() -> Path:
+    """~/.local/share/andrea on Linux, ~/Library/Application Support/andrea on macOS, ..."""
+    return Path(platformdirs.user_data_dir("andrea", appauthor=False))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ANDREA_", frozen=True, extra="ignore")
+
     host: str = "127.0.0.1"
-    port: int = 8000
-    data_dir: Path = field(default_factory=lambda: ROOT / "data")
-    static_dir: Path = ROOT / "static"
-    shaders_dir: Path = ROOT / "shaders"
-    templates_dir: Path = ROOT / "templates"
-    vendor_dir: Path = ROOT / "node_modules"   # npm packages the pages import (uPlot)
+    port: int = Field(8000, ge=0, le=65535)
+    data_dir: Path = Field(default_factory=default_data_dir)
     # Seconds a running run may go without its trainer socket before it is marked interrupted.
     trainer_grace_s: float = 60.0
     # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
     corpora: tuple[tuple[str, Path], ...] = ()
 
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
     @property
     def db_path(self) -> Path:
         return self.data_dir / "andrea.sqlite"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     @property
     def allowed_origins(self) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server.model import PRESETS, build_layout
+from andrea.model import PRESETS, build_layout
 
 
 def weights_path(data_dir: Path, run_id: str) -> Path:

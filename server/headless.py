@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from server.launch import start_server, stop_server
+from andrea.launch import start_server, stop_server
 
 CHROMIUM = os.environ.get("ANDREA_CHROMIUM", "/usr/bin/chromium")
 QUIET = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",

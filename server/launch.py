@@ -25,7 +25,7 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
     answers; raises RuntimeError if it exits or stays silent."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),
+    cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port),
            "--data-dir", str(data_dir)]
     with open(data_dir / "server.log", "a") as log:
         proc = subprocess.Popen(cmd + ([] if warm_data else ["--no-warm-data"]),

@@ -2,7 +2,7 @@
 the optimizer state bytes of each variant for a layout (server/model.py).
 
 Pure Python (no torch, no numpy) so it also runs on a bare GPU server for the benchmark:
-`python -m server.optim 120m > layout.json` prints the layout with maps and state bytes.
+`python -m andrea.optim 120m > layout.json` prints the layout with maps and state bytes.
 
 The maps equal `bitsandbytes.functional.create_dynamic_map(signed)` bit for bit (tests/
 test_optim_maps.py checks it): 256 sorted f32 values in [-1, 1] (signed, for Adam's m) or [0, 1]
@@ -117,9 +117,9 @@ def optimizer_memory(layout: dict) -> dict:
 
 
 def _main(argv: list[str]) -> int:
-    from server.model import PRESETS, build_layout
+    from andrea.model import PRESETS, build_layout
     if len(argv) != 1 or argv[0] not in PRESETS:
-        print(f"usage: python -m server.optim {{{'|'.join(PRESETS)}}}", file=sys.stderr)
+        print(f"usage: python -m andrea.optim {{{'|'.join(PRESETS)}}}", file=sys.stderr)
         return 2
     layout = {"preset": argv[0], **build_layout(PRESETS[argv[0]])}
     layout["optimizer_state"] = optimizer_memory(layout)

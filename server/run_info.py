@@ -1,8 +1,8 @@
 """What the API and the viewers' websocket say about a run: the stored row plus the sizes that
 follow from its config (parameters, optimizer state bytes)."""
 
-from server.model import PRESETS, build_layout
-from server.optim import optimizer_memory
+from andrea.model import PRESETS, build_layout
+from andrea.optim import optimizer_memory
 
 
 def public_run(run: dict) -> dict:

@@ -26,7 +26,7 @@ from typing import Annotated, Literal, Union
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from server.run_info import public_run
+from andrea.run_info import public_run
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()

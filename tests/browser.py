@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 # The same Chromium and flags as `andrea train --headless` (DESIGN.md section 9).
-from server.headless import CHROMIUM, GPU, QUIET, SWIFTSHADER
-from server.launch import served
+from andrea.headless import CHROMIUM, GPU, QUIET, SWIFTSHADER
+from andrea.launch import served
 
 QUIET_FLAGS = QUIET
 # ANDREA_GPU_BROWSER=1: on a machine with a real GPU, Chrome picks it through Vulkan.

@@ -1,8 +1,8 @@
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
-from server.config import Settings
+from andrea.app import create_app
+from andrea.config import Settings
 
 
 @pytest.fixture

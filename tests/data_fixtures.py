@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
-from server.config import Settings
-from server.data.hub import DataHub
+from andrea.app import create_app
+from andrea.config import Settings
+from andrea.data.hub import DataHub
 
 TINY_V = 512
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.data import wire
-from server.data.bandit import EXPLORE, PHASE_LENGTHS, PhaseSchedule, SourceBandit, phase_length
+from andrea.data import wire
+from andrea.data.bandit import EXPLORE, PHASE_LENGTHS, PhaseSchedule, SourceBandit, phase_length
 
 SOURCES = ["docs", "code", "prose"]
 

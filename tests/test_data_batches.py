@@ -8,11 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from server.config import ROOT
-from server.data import wire
-from server.data.sampler import sample_batch, train_windows, val_windows
-from server.data.spec import BatchSpec
-from server.data.tokens import TokenFile
+from andrea.data import wire
+from andrea.data.sampler import sample_batch, train_windows, val_windows
+from andrea.data.spec import BatchSpec
+from andrea.data.tokens import TokenFile
 from tests.data_fixtures import TINY_V
 
 AD_HOC = "/api/batches/{}?preset=tiny&seed=7&batch_size=4"
@@ -60,8 +59,8 @@ CHILD = """
 import sys
 from pathlib import Path
 from fastapi.testclient import TestClient
-from server.app import create_app
-from server.config import Settings
+from andrea.app import create_app
+from andrea.config import Settings
 with TestClient(create_app(Settings(data_dir=Path(sys.argv[1])))) as c:
     for url in sys.argv[2:]:
         r = c.get(url)
@@ -73,7 +72,7 @@ with TestClient(create_app(Settings(data_dir=Path(sys.argv[1])))) as c:
 def test_same_bytes_in_two_server_processes(data_dir, data_client):
     urls = [AD_HOC.format(11), "/api/val_batches/2?preset=tiny&batch_size=4",
             "/api/batches/40?preset=tiny&seed=3&batch_size=2&mode=bandit"]
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(data_dir), *urls], cwd=ROOT,
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(data_dir), *urls],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outs = []
     for p in procs:

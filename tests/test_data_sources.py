@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli import main
-from server.data.sources import (
+from andrea.cli import main
+from andrea.data.sources import (
     CorpusError,
     corpus_hash,
     default_sources,

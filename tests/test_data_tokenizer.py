@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from server.data import tokenizer as tk
-from server.data.hub import DataHub
+from andrea.data import tokenizer as tk
+from andrea.data.hub import DataHub
 from tests.data_fixtures import TINY_V
 
 NON_ASCII = [

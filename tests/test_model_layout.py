@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from server.model import ALIGN_ELEMS, PRESETS, ModelConfig, build_layout, param_by_name
+from andrea.model import ALIGN_ELEMS, PRESETS, ModelConfig, build_layout, param_by_name
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

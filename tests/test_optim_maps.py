@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from server.model import PRESETS, ModelConfig, build_layout
-from server.optim import (
+from andrea.model import PRESETS, ModelConfig, build_layout
+from andrea.optim import (
     BLOCKSIZE,
     MIN_8BIT_SIZE,
     block_plan,

@@ -49,7 +49,7 @@ def test_run_batches_are_served(client):
 def test_server_restart_keeps_runs_metrics_and_batches(settings):
     from fastapi.testclient import TestClient
 
-    from server.app import create_app
+    from andrea.app import create_app
 
     with TestClient(create_app(settings)) as c1:
         run = c1.post("/api/runs", json={"preset": "tiny", "batch_size": 2, "steps": 5}).json()
@@ -100,8 +100,8 @@ def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
 
     from fastapi.testclient import TestClient
 
-    from server.app import create_app
-    from server.config import Settings
+    from andrea.app import create_app
+    from andrea.config import Settings
 
     app = create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))
     with TestClient(app) as c:

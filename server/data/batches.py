@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from server.data.bandit import SourceBandit
-from server.data.hub import PreparedCorpus
-from server.data.sampler import Split, sample_batch
-from server.data.spec import BatchSpec
-from server.data.wire import Batch
+from andrea.data.bandit import SourceBandit
+from andrea.data.hub import PreparedCorpus
+from andrea.data.sampler import Split, sample_batch
+from andrea.data.spec import BatchSpec
+from andrea.data.wire import Batch
 
 
 class StepOutOfRange(ValueError):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from server.data import tokenizer as tk
-from server.data.sources import Source, corpus_hash, load_sources
-from server.data.tokens import VAL_FRACTION, TokenFile, load_or_build
+from andrea.data import tokenizer as tk
+from andrea.data.sources import Source, corpus_hash, load_sources
+from andrea.data.tokens import VAL_FRACTION, TokenFile, load_or_build
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from server.data.bandit import SourceBandit
-from server.data.spec import BatchSpec
+from andrea.data.bandit import SourceBandit
+from andrea.data.spec import BatchSpec
 
 MAX_AD_HOC = 64                     # bounded: each holds a bandit's reports
 

@@ -16,8 +16,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from server.data.spec import BatchSpec
-from server.data.tokens import TokenFile
+from andrea.data.spec import BatchSpec
+from andrea.data.tokens import TokenFile
 
 Split = Literal["train", "val"]
 TRAIN_SALT = 0x54524149             # "TRAI": keeps these streams apart from other uses of the seed

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from server.data.sources import Source
+from andrea.data.sources import Source
 
 EOT = "<|endoftext|>"
 MIN_VOCAB = 257                    # 256 byte tokens + the end-of-text token

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from server.data.sources import Source
-from server.data.tokenizer import EOT
+from andrea.data.sources import Source
+from andrea.data.tokenizer import EOT
 
 VAL_FRACTION = 0.1
 TOKEN_DTYPE = np.dtype("<u2")       # V <= 65536 (ModelConfig checks it)

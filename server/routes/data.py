@@ -15,14 +15,14 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.data import tokenizer as tk
-from server.data import wire
-from server.data.batches import CorpusMismatch, make_batch
-from server.data.hub import DataHub, PreparedCorpus
-from server.data.runs import RunRegistry
-from server.data.sources import CorpusError
-from server.data.spec import MAX_STEPS, BatchSpec
-from server.model import PRESETS
+from andrea.data import tokenizer as tk
+from andrea.data import wire
+from andrea.data.batches import CorpusMismatch, make_batch
+from andrea.data.hub import DataHub, PreparedCorpus
+from andrea.data.runs import RunRegistry
+from andrea.data.sources import CorpusError
+from andrea.data.spec import MAX_STEPS, BatchSpec
+from andrea.model import PRESETS
 
 router = APIRouter(prefix="/api", tags=["data"])
 

@@ -1,6 +1,6 @@
 from fastapi import APIRouter
 
-from server import __version__
+from andrea import __version__
 
 router = APIRouter()
 

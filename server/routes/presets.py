@@ -3,8 +3,8 @@
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.model import PRESETS, ModelConfig, build_layout, preset_layout
-from server.optim import optimizer_memory, quantization_maps
+from andrea.model import PRESETS, ModelConfig, build_layout, preset_layout
+from andrea.optim import optimizer_memory, quantization_maps
 
 router = APIRouter(prefix="/api")
 

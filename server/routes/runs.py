@@ -17,13 +17,13 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.background import BackgroundTask
 
-from server.data.spec import BatchSpec
-from server.export import export_run, weights_path
-from server.model import PRESETS, build_layout
-from server.optim import optimizer_memory
-from server.run_info import public_run
-from server.store import METRIC_COLUMNS
-from server.telemetry import token_hash
+from andrea.data.spec import BatchSpec
+from andrea.export import export_run, weights_path
+from andrea.model import PRESETS, build_layout
+from andrea.optim import optimizer_memory
+from andrea.run_info import public_run
+from andrea.store import METRIC_COLUMNS
+from andrea.telemetry import token_hash
 
 router = APIRouter(prefix="/api")
 

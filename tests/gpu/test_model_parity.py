@@ -5,7 +5,7 @@ loss (relative diff <= 1e-5), logits, and every parameter's gradient
 import numpy as np
 import pytest
 
-from server.model import PRESETS, ModelConfig, build_layout
+from andrea.model import PRESETS, ModelConfig, build_layout
 from tests import reference as ref
 from tests.lab import b64, call
 

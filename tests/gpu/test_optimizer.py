@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from server.model import PRESETS, build_layout
-from server.optim import optimizer_memory, quantization_maps
+from andrea.model import PRESETS, build_layout
+from andrea.optim import optimizer_memory, quantization_maps
 from tests.lab import b64, call
 
 LR, B1, B2, EPS, WD, MAX_NORM = 1e-3, 0.9, 0.999, 1e-8, 0.1, 1.0

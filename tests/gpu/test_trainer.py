@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from server.model import PRESETS, build_layout
+from andrea.model import PRESETS, build_layout
 from tests.lab import call
 
 SETUP = """

@@ -1,6 +1,6 @@
 // Live charts with uPlot: columnar data, one setData per animation frame, clip events and
 // bandit phase changes marked, EMA smoothing and a log scale for the loss.
-import uPlot from '/vendor/uplot/uPlot.esm.js';
+import uPlot from 'uplot';   // templates/base.html's import map
 
 const COLORS = ['#2a6df4', '#e8710a', '#0a7d38', '#b3261e', '#8e44ad', '#00838f'];
 

@@ -1,4 +1,5 @@
 // /diagnostics: what WebGPU this browser offers, and whether compute actually works.
+import { SHADER_BASE } from './assets.js';
 import { acquireDevice, GPUUnavailableError } from '../engine/gpu.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { runSelfTest } from '../engine/selftest.js';
@@ -59,7 +60,7 @@ async function main() {
     }));
     fillTable($('limits'), limits);
     $('details').hidden = false;
-    result.selftest = await runSelfTest(device, fetchLoader());
+    result.selftest = await runSelfTest(device, fetchLoader(SHADER_BASE));
     fillTable($('selftest'), result.selftest);
     if (!result.selftest.passed || errors.length) {
       throw new GPUUnavailableError('selftest', `self-test failed ${JSON.stringify(result.selftest)} ${errors.join('; ')}`);

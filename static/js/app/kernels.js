@@ -1,4 +1,5 @@
 // Kernels page: profile one training step on this GPU and read each kernel's WGSL beside its time.
+import { SHADER_BASE } from './assets.js';
 import { acquireDevice } from '../engine/gpu.js';
 import { createModel } from '../engine/model.js';
 import { Optimizer } from '../engine/optimizer.js';
@@ -10,7 +11,7 @@ let ctx = null;
 
 async function showSource(file, entry) {
   $('source-title').textContent = `${file}${entry && entry !== 'main' ? ` (entry point ${entry})` : ''}`;
-  $('source').textContent = await (await fetch(`/shaders/${file}`)).text();
+  $('source').textContent = await (await fetch(SHADER_BASE + file)).text();
 }
 
 async function profile(event) {
@@ -85,7 +86,7 @@ async function main() {
   $('preset').replaceChildren(...presets.map((p) => new Option(p.name, p.name)));
   try {
     const dev = await acquireDevice(navigator.gpu);
-    ctx = { ...dev, lib: new ShaderLibrary(dev.device, fetchLoader()) };
+    ctx = { ...dev, lib: new ShaderLibrary(dev.device, fetchLoader(SHADER_BASE)) };
   } catch (e) {
     $('status').textContent = `WebGPU is unavailable: ${e.message} (see Diagnostics)`;
     return;

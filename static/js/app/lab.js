@@ -1,4 +1,5 @@
 // /lab: exposes the engine to tests as window.andrea.lab (see static/js/engine/README.md).
+import { SHADER_BASE } from './assets.js';
 import * as b64 from '../engine/b64.js';
 import { createLab } from '../engine/lab.js';
 import { fetchLoader } from '../engine/shaders.js';
@@ -13,7 +14,7 @@ async function getLayout({ preset, config }) {
 }
 
 try {
-  const lab = await createLab({ gpu: navigator.gpu, load: fetchLoader(), getLayout });
+  const lab = await createLab({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE), getLayout });
   window.andrea = { lab, b64 };
   document.getElementById('status').textContent =
     `Lab ready on ${lab.info.adapter.vendor} ${lab.info.adapter.architecture}`;

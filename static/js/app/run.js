@@ -1,5 +1,6 @@
 // Run page. The tab that created the run (its token is in sessionStorage) trains it on this GPU
 // and streams records to the server; any other tab watches the committed records live.
+import { SHADER_BASE } from './assets.js';
 import { acquireDevice } from '../engine/gpu.js';
 import { makeDecoder } from '../engine/decode.js';
 import { fetchLoader, ShaderLibrary } from '../engine/shaders.js';
@@ -134,7 +135,7 @@ async function train(run, token) {
   });
   const { device, info, limits, features, software } = await acquireDevice(navigator.gpu, {
     onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
-  const ctx = { device, limits, features, lib: new ShaderLibrary(device, fetchLoader()) };
+  const ctx = { device, limits, features, lib: new ShaderLibrary(device, fetchLoader(SHADER_BASE)) };
   const adapter = { vendor: info.vendor, architecture: info.architecture,
     description: info.description, software };
   stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`);
