@@ -32,3 +32,81 @@ def test_cli_fails_when_the_page_cannot_train(live_server):
     assert r.returncode == 1, r.stdout + r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert not result["ok"] and "logits" in result["error"]
+
+
+# A server whose static/ lacks one engine module, as a broken install would.
+BROKEN_SERVER = """
+import shutil, sys
+from pathlib import Path
+import uvicorn
+import andrea.assets as assets
+from andrea.app import create_app
+from andrea.config import Settings
+static = Path(sys.argv[2]) / "static"
+shutil.copytree(assets.asset_dir("static"), static)
+(static / "js" / "engine" / "trainer.js").unlink()
+real = assets.asset_dir
+assets.asset_dir = lambda name: static if name == "static" else real(name)
+import andrea.app
+andrea.app.asset_dir = assets.asset_dir
+uvicorn.run(create_app(Settings(data_dir=Path(sys.argv[2]) / "data")), host="127.0.0.1",
+            port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def test_cli_fails_fast_when_a_module_is_missing(tmp_path):
+    import time
+    import urllib.request
+
+    from andrea.launch import free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", BROKEN_SERVER, str(port), str(tmp_path)])
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        # 30 s is the issue's bound for this case; without the check the CLI waited an hour.
+        r = andrea("--preset", "tiny", "--steps", "4", "--server", f"http://127.0.0.1:{port}",
+                   "--json", timeout=60)
+    finally:
+        server.terminate()
+        server.wait()
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = r.stdout.strip().splitlines()
+    result = json.loads(line)
+    assert not result["ok"] and "trainer.js: HTTP 404" in result["error"], result
+
+
+def test_ctrl_c_stops_the_run_and_exits_130(live_server):
+    import signal
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "andrea", "train", "--preset", "tiny",
+                             "--steps", "100000", "--batch-size", "2", "--server", live_server,
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = None
+        for _ in range(600):   # until the run has committed a step
+            time.sleep(0.5)
+            runs = httpx.get(f"{live_server}/api/runs").json()
+            live = [r for r in runs if r["config"]["steps"] == 100000 and r["status"] == "running"
+                    and (r.get("last_step") or 0) >= 1]
+            if live:
+                run_id = live[0]["id"]
+                break
+        assert run_id, "the run never started"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out + err
+    (line,) = out.strip().splitlines()
+    result = json.loads(line)
+    assert result["run_id"] == run_id and result["status"] == "stopped", result
+    assert httpx.get(f"{live_server}/api/runs/{run_id}").json()["status"] == "stopped"

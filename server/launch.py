@@ -28,8 +28,10 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
     cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port),
            "--data-dir", str(data_dir)]
     with open(data_dir / "server.log", "a") as log:
+        # Its own session: a Ctrl-C meant for the caller (andrea train) must not stop the
+        # server that the caller still needs to stop the run cleanly.
         proc = subprocess.Popen(cmd + ([] if warm_data else ["--no-warm-data"]),
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

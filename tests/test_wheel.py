@@ -1,0 +1,81 @@
+"""The built wheel is self-contained: installed into a fresh virtual environment, `andrea serve`
+started from an unrelated folder serves a page, a shader and the chart library."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200, url
+        return r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp),
+                    str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp.glob("andrea-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                        str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return venv
+
+
+def test_wheel_carries_the_app_files(wheel_venv):
+    import zipfile
+
+    (wheel,) = wheel_venv.parent.glob("andrea-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for must in ("andrea/app.py", "andrea/templates/run.html", "andrea/shaders/03_linear.wgsl",
+                 "andrea/static/js/engine/trainer.js", "andrea/static/vendor/uplot/uPlot.esm.js",
+                 "andrea/static/vendor/uplot/LICENSE"):
+        assert must in names, must
+    assert not any(n.startswith(("server/", "tests/")) for n in names)
+
+
+def test_installed_wheel_serves_from_any_folder(wheel_venv, tmp_path):
+    from andrea.launch import free_port
+
+    port = free_port()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.Popen([str(wheel_venv / "bin" / "andrea"), "serve", "--port", str(port),
+                             "--data-dir", str(tmp_path / "data"), "--no-warm-data"],
+                            cwd=elsewhere, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                _get(url + "/healthz")
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(proc.stdout.read())
+                time.sleep(0.2)
+        html = _get(url + "/runs/abc")
+        shaders = re.search(r'data-shaders="([^"]+)"', html).group(1)
+        assert "@compute" in _get(url + shaders + "03_linear.wgsl")
+        uplot = re.search(r'"uplot": "([^"]+)"', html).group(1)
+        assert "uPlot" in _get(url + uplot)
+        module = re.search(r'src="([^"]+/js/app/run\.js)"', html).group(1)
+        assert "Trainer" in _get(url + module)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    # Nothing was written where the server was started.
+    assert list(elsewhere.iterdir()) == []
