@@ -7,16 +7,13 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from andrea import export
+
 
 def hf_config(config: dict) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=config["vocab_size"], hidden_size=config["n_embd"],
-        intermediate_size=config["ffn_dim"], num_hidden_layers=config["n_layer"],
-        num_attention_heads=config["n_head"], num_key_value_heads=config["n_head"],
-        max_position_embeddings=config["seq_len"], rms_norm_eps=config["norm_eps"],
-        rope_theta=config["rope_theta"], tie_word_embeddings=True, attention_bias=False,
-        mlp_bias=False, hidden_act="silu", attn_implementation="eager",
-        torch_dtype=torch.float32)
+    """The exported config.json's mapping (andrea.export.hf_config), so the parity tests check
+    it too; eager attention, as the per-kernel references compute it."""
+    return LlamaConfig.from_dict(export.hf_config(config), attn_implementation="eager")
 
 
 def hf_model(layout: dict, flat: np.ndarray) -> LlamaForCausalLM:

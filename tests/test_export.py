@@ -1,0 +1,205 @@
+"""`andrea export`: a complete Hugging Face checkpoint (configs, tokenizer files, model card)
+that transformers loads from the folder alone and that stops generating at <|endoftext|>;
+the same bytes every time, locally or through a running server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from andrea.app import create_app
+from andrea.cli import main
+from andrea.config import Settings
+from andrea.launch import start_server, stop_server
+from andrea.store import Store
+
+STEPS = [  # what the card reports: steps done, the last loss, the last and the best eval loss
+    {"step": 1, "loss": 6.2, "lr": 1e-3},
+    {"step": 2, "loss": 5.9, "lr": 1e-3, "eval_loss": 5.5},
+    {"step": 3, "loss": 5.1, "lr": 1e-3, "eval_loss": 5.7},
+]
+CHAIN_TEXT = "def main():"     # its last token starts the chain that ends at <|endoftext|>
+CHAIN = 3                      # tokens generated after the prompt, the last one EOS
+
+
+@pytest.fixture(scope="module")
+def export_data(data_dir, tmp_path_factory):
+    """A data dir of this module's own, with the session's cached tokenizers and token files."""
+    path = tmp_path_factory.mktemp("export-data")
+    for sub in ("tokenizers", "tokens"):
+        shutil.copytree(data_dir / sub, path / sub)
+    return path
+
+
+def chain_weights(layout: dict, ids: list[int]) -> np.ndarray:
+    """W whose greedy continuation of ids[0] is ids[1], ids[2], ..., then token 0 forever.
+    Only the chain's embedding rows are non-zero (one axis each); attention is zero and layer
+    0's SwiGLU maps axis i to axis i + 1, so the logits depend on the last token alone. Any
+    other token has a zero row: its logits are all 0 and argmax picks token 0 at once."""
+    params = {p["name"]: p for p in layout["params"]}
+    flat = np.zeros(layout["total_numel"], dtype=np.float32)
+
+    def view(name):
+        p = params[name]
+        return flat[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"])
+
+    for p in layout["params"]:
+        if p["init"] == "ones":
+            view(p["name"])[:] = 1.0
+    emb = view("model.embed_tokens.weight")
+    for axis, tok in enumerate(ids):
+        emb[tok, axis] = 1.0
+    mlp = "model.layers.0.mlp."
+    gate, up, down = (view(mlp + n + "_proj.weight") for n in ("gate", "up", "down"))
+    for axis in range(len(ids) - 1):
+        gate[axis, axis] = up[axis, axis] = down[axis + 1, axis] = 1.0
+    return flat
+
+
+@pytest.fixture(scope="module")
+def run(export_data):
+    """A tiny run with chain weights uploaded and three steps of metrics."""
+    from tokenizers import Tokenizer
+
+    with TestClient(create_app(Settings(data_dir=export_data))) as client:
+        run = client.post("/api/runs", json={"preset": "tiny", "seq_len": 32, "batch_size": 4,
+                                             "steps": 10}).json()
+        tok_path = next((export_data / "tokenizers").glob(f"{run['config']['corpus_hash']}_*"))
+        tok = Tokenizer.from_file(str(tok_path / "tokenizer.json"))
+        last = tok.encode(CHAIN_TEXT).ids[-1]
+        chain = [last] + [t for t in (300, 301) if t != last][:CHAIN - 1] + [0]
+        w = chain_weights(run["layout"], chain)
+        r = client.put(f"/api/runs/{run['id']}/weights", content=w.astype("<f4").tobytes(),
+                       headers={"authorization": f"Bearer {run['token']}"})
+        assert r.status_code == 204, r.text
+    Store(export_data / "andrea.sqlite").add_metrics(run["id"], STEPS)
+    return {**run, "chain": chain}
+
+
+@pytest.fixture(scope="module")
+def bare_run(export_data) -> str:
+    """A run that never uploaded weights."""
+    with TestClient(create_app(Settings(data_dir=export_data))) as client:
+        return client.post("/api/runs", json={"preset": "tiny"}).json()["id"]
+
+
+@pytest.fixture(scope="module")
+def exported(run, export_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf")
+    assert main(["export", run["id"], "--out", str(out), "--data-dir", str(export_data)]) == 0
+    return out
+
+
+def files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_the_checkpoint_has_every_file(exported):
+    assert set(files(exported)) == {
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json", "special_tokens_map.json", "README.md"}
+    config = json.loads((exported / "config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == 0
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
+    assert "pad_token_id" not in config    # it would freeze embedding row 0 when fine-tuning
+    gen = json.loads((exported / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "max_length": 32}
+
+
+def test_config_matches_what_transformers_writes(exported):
+    """Every key is one LlamaConfig knows, with the value it reads back (dtype, rope, ids)."""
+    from transformers import AutoConfig, LlamaConfig
+
+    ours = json.loads((exported / "config.json").read_text())
+    theirs = AutoConfig.from_pretrained(exported).to_dict()
+    assert isinstance(AutoConfig.from_pretrained(exported), LlamaConfig)
+    known = set(LlamaConfig().to_dict()) | {"architectures", "rope_theta", "andrea_run"}
+    assert set(ours) <= known, set(ours) - known
+    for key in set(ours) - {"rope_theta"}:
+        assert theirs[key] == ours[key], key
+
+
+def test_tokenizer_loads_with_eos_and_no_bos_insertion(exported, run):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = AutoTokenizer.from_pretrained(exported)
+    assert isinstance(tok, PreTrainedTokenizerFast)
+    assert tok.eos_token == tok.bos_token == tok.pad_token == "<|endoftext|>"
+    assert tok.eos_token_id == 0 and tok.model_max_length == run["config"]["seq_len"]
+    text = "def main():\n    return 0\n"
+    ids = tok(text)["input_ids"]
+    assert 0 not in ids and tok.decode(ids) == text     # no BOS, no EOS added
+    assert tok("a<|endoftext|>b")["input_ids"].count(0) == 1
+
+
+def test_generate_stops_at_end_of_text(exported, run):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(exported).eval()
+    tok = AutoTokenizer.from_pretrained(exported)
+    prompt = tok(CHAIN_TEXT, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=10, do_sample=False)[0].tolist()
+    n = prompt["input_ids"].shape[1]
+    assert out[n:] == run["chain"][1:], out            # the chain, then EOS, then it stops
+    assert out[-1] == 0 and len(out) - n < 10
+
+
+def test_pipeline_generates_from_the_folder(exported):
+    from transformers import pipeline
+
+    generate = pipeline("text-generation", model=str(exported))
+    text = generate(CHAIN_TEXT, max_new_tokens=5)[0]["generated_text"]
+    assert text.startswith(CHAIN_TEXT)
+
+
+def test_model_card(exported, run):
+    card = (exported / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\n")
+    assert f"andrea export {run['id']} --out DIR" in card
+    assert f"| parameters | {run['layout']['n_params']:,} |" in card
+    assert "| steps | 3 of 10 |" in card
+    assert f"| tokens seen | {3 * 4 * 32:,} " in card
+    assert "| final train loss | 5.1000 (step 3) |" in card
+    assert "| final eval loss | 5.7000 (step 3) |" in card
+    assert "| best eval loss | 5.5000 (step 2) |" in card
+    assert "AdamW (fp32 moments)" in card and "python-docs" in card
+
+
+def test_export_is_byte_identical_twice(run, export_data, exported, tmp_path):
+    again = tmp_path / "again"
+    assert main(["export", run["id"], "--out", str(again), "--data-dir", str(export_data)]) == 0
+    assert files(again) == files(exported)
+
+
+def test_server_export_equals_local_export(run, bare_run, export_data, exported, tmp_path,
+                                           capsys):
+    proc, url = start_server(export_data)
+    try:
+        out, x = tmp_path / "fetched", str(tmp_path / "x")
+        assert main(["export", run["id"], "--out", str(out), "--server", url]) == 0
+        assert main(["export", "nope", "--out", x, "--server", url]) == 2
+        assert main(["export", bare_run, "--out", x, "--server", url]) == 1
+    finally:
+        stop_server(proc)
+    assert files(out) == files(exported)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "unknown run" in err[0] and "no saved weights" in err[1], err
+
+
+def test_cli_errors_are_one_line_with_usage_code_2(run, bare_run, export_data, tmp_path,
+                                                   capsys):
+    out = str(tmp_path / "x")
+    assert main(["export", "nope", "--out", out, "--data-dir", str(export_data)]) == 2
+    assert main(["export", run["id"], "--out", out, "--data-dir", str(tmp_path)]) == 2
+    assert main(["export", bare_run, "--out", out, "--data-dir", str(export_data)]) == 1
+    assert main(["export", run["id"], "--out", out, "--server", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(line.startswith("andrea export: ") for line in err), err
+    assert "unknown run" in err[0] and "no database" in err[1]
+    assert "no saved weights" in err[2] and "cannot reach" in err[3]
