@@ -28,8 +28,8 @@ from andrea.app import create_app  # noqa: E402
 from andrea.config import Settings  # noqa: E402
 from andrea.data import wire  # noqa: E402
 from andrea.data.hub import DataHub  # noqa: E402
-from andrea.data.sampler import sample_batch  # noqa: E402
 from andrea.data.spec import BatchSpec  # noqa: E402
+from andrea.data.windows import sample_batch  # noqa: E402
 from andrea.model import PRESETS  # noqa: E402
 
 

@@ -1,10 +1,12 @@
 """A user's run, end to end: the new-run form in real Chromium (SwiftShader WebGPU), a live
 uvicorn, the websocket, SQLite on disk, the charts, a second viewer tab, the compare page."""
 
+import json
 import sqlite3
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 STEPS = 30
 TIMEOUT = 300_000
@@ -43,13 +45,8 @@ def check_run_in_db(data_dir, run_id):
     return losses
 
 
-@pytest.fixture(scope="module")
-def runs():
-    return {}
-
-
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
-def test_train_from_the_ui(page, live_server, server_data_dir, page_errors, runs, optimizer):
+def test_train_from_the_ui(page, live_server, server_data_dir, page_errors, optimizer):
     run_id = start_run(page, live_server, optimizer)
     page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
     assert page.evaluate("document.body.dataset.done") == "finished", page.inner_text("main")
@@ -69,7 +66,6 @@ def test_train_from_the_ui(page, live_server, server_data_dir, page_errors, runs
     print(f"{optimizer}: readback ring waits {stats['ringWaits']}, "
           f"GPU starved {stats['gpuStarved']}")
     assert page_errors == []
-    runs[optimizer] = run_id
 
 
 def test_second_tab_watches_live(browser, live_server, server_data_dir):
@@ -93,8 +89,33 @@ def test_second_tab_watches_live(browser, live_server, server_data_dir):
     ctx.close()
 
 
-def test_compare_page_overlays_both(page, live_server, runs):
-    assert set(runs) == {"adamw", "adamw_8bit"}
+def recorded_run(live_server, optimizer) -> str:
+    """A finished run of STEPS steps, reported over the telemetry socket as a training tab
+    would (falling loss, step and optimizer times), without training it."""
+    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny", "optimizer": optimizer,
+                                                      "steps": STEPS}).json()
+    scale = 1.0 if optimizer == "adamw" else 1.01
+    records = [{"step": s, "loss": scale * (6.0 - 0.05 * s), "grad_norm": 1.0,
+                "clip_scale": 1.0, "lr": 1e-3, "step_ms": 20.0, "opt_ms": 1.0}
+               for s in range(1, STEPS + 1)]
+    with connect(live_server.replace("http://", "ws://") + f"/ws/runs/{run['id']}") as ws:
+        for message in ({"type": "hello", "token": run["token"]},
+                        {"type": "metrics", "records": records}):
+            ws.send(json.dumps(message))
+            assert json.loads(ws.recv(timeout=10))["type"] in ("welcome", "ack")
+        ws.send(json.dumps({"type": "status", "status": "finished"}))
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+    return run["id"]
+
+
+@pytest.fixture
+def two_runs(live_server) -> dict[str, str]:
+    return {opt: recorded_run(live_server, opt) for opt in ("adamw", "adamw_8bit")}
+
+
+def test_compare_page_overlays_both(page, live_server, two_runs):
+    runs = two_runs
     page.goto(f"{live_server}/runs")
     page.wait_for_function("document.body.dataset.ready === '1'")
     for run_id in runs.values():
@@ -107,6 +128,27 @@ def test_compare_page_overlays_both(page, live_server, runs):
     text = page.inner_text("#summary")
     assert "adamw_8bit" in text and "adamw" in text
     assert "reference" in text and " %" in text   # the loss gap of the second run to the first
+
+
+def test_form_leaves_defaults_to_the_server(page, live_server):
+    """The form's defaults and bounds are RunConfig's: an empty warmup is the server's default
+    (so 5 steps are not refused for a warmup of 20), an empty learning rate is required."""
+    page.goto(live_server + "/")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("!document.getElementById('start').disabled")
+    assert page.input_value("input[name=warmup_steps]") == ""
+    page.fill("input[name=lr]", "")
+    page.click("#start")
+    assert "Learning rate is required" in page.inner_text("#form-error")
+    assert page.url.rstrip("/") == live_server       # nothing was sent
+    page.fill("input[name=lr]", "0.003")
+    page.fill("input[name=steps]", "5")
+    page.fill("input[name=eval_every]", "0")
+    page.fill("input[name=sample_every]", "0")
+    page.click("#start")
+    page.wait_for_url("**/runs/*")
+    run = httpx.get(f"{live_server}/api/runs/{page.url.rsplit('/', 1)[1]}").json()
+    assert run["config"]["steps"] == 5 and run["config"]["warmup_steps"] == 0
 
 
 def test_leaving_a_training_tab_asks_first(browser, live_server):

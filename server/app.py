@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
@@ -13,15 +15,24 @@ from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content
 from andrea.config import Settings
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
+from andrea.fanout import Fanout
 from andrea.routes import data, health, pages, presets, runs
 from andrea.store import Store
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    yield
+    await app.state.fanout.shutdown()   # pending "trainer went away" checks
+    app.state.store.close()             # pending writes land, then the file is closed
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     # /docs and /redoc would load their scripts from a CDN (blank offline): off; the API is
     # described by /openapi.json.
-    app = FastAPI(title="Andrea", version=__version__, docs_url=None, redoc_url=None)
+    app = FastAPI(title="Andrea", version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=_lifespan)
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Text (pages, modules, shaders, JSON) is gzipped; binary batches and weights are not worth
@@ -42,28 +53,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static", CachedFiles(directory=static, cache_control=REVALIDATE), name="static")
     app.mount("/shaders", CachedFiles(directory=shaders, cache_control=REVALIDATE,
                                       media_type=wgsl), name="shaders")
-    app.include_router(health.router)
-    app.include_router(pages.router)
-    app.include_router(presets.router)
-    # Data is read and tokenized lazily, on first use, so page loads and tests stay fast.
+    # The app's objects, made once here and handed to handlers by deps.py. Data is read and
+    # tokenized lazily, on first use, so page loads and tests stay fast.
     app.state.data = DataHub(settings.data_dir, settings.corpora)
     app.state.store = store = Store(settings.db_path)
-    app.state.hub = telemetry.Hub()
-
-    def load_spec(run_id: str):
-        run = store.get_run(run_id)
-        return runs.batch_spec(run["config"]) if run else None
-
-    def replay_source_losses(run_id: str):
-        for rec in store.metrics(run_id):
-            for source, loss in (rec.get("source_losses") or {}).items():
-                yield rec["step"], int(source), loss
-
-    app.state.runs = RunRegistry(loader=load_spec, replay=replay_source_losses)
-    app.state.runs_feedback = lambda run_id, records: _feed_bandit(app, run_id, records)
-    app.include_router(data.router)
-    app.include_router(runs.router)
-    app.include_router(telemetry.router)
+    app.state.runs = RunRegistry(store)
+    app.state.fanout = Fanout()
+    for router in (health.router, pages.router, presets.router, data.router, runs.router,
+                   telemetry.router):
+        app.include_router(router)
     return app
 
 
@@ -72,14 +70,3 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
               for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=422)
-
-
-def _feed_bandit(app: FastAPI, run_id: str, records) -> None:
-    """Per-source training losses from telemetry go to the run's bandit (bandit runs only,
-    whose bandit exists once their first batch was served)."""
-    bandit = app.state.runs.started_bandit(run_id)
-    if bandit is None:
-        return
-    for r in records:
-        for source, loss in (r.source_losses or {}).items():
-            bandit.report(r.step, int(source), loss)

@@ -43,7 +43,7 @@ class TrainError(Exception):
 # ---- arguments: one flag per RunConfig field -----------------------------------------------------
 
 def _run_config():
-    from andrea.routes.runs import RunConfig
+    from andrea.run_config import RunConfig
     return RunConfig
 
 

@@ -11,6 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from andrea.metrics import COLUMNS, REQUIRED
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY,
@@ -18,22 +20,14 @@ CREATE TABLE IF NOT EXISTS runs (
   updated_at REAL NOT NULL,
   config TEXT NOT NULL,            -- JSON: the validated run config
   token_sha256 TEXT NOT NULL,      -- the trainer's write token, hashed
-  status TEXT NOT NULL,            -- created | running | paused | finished | stopped | failed
-                                   -- | interrupted (its training tab went away)
+  status TEXT NOT NULL,            -- run_info.RunStatus
   message TEXT,                    -- why it failed or stopped
   adapter TEXT                     -- JSON: the GPU adapter the trainer reported
 );
 CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT NOT NULL REFERENCES runs(id),
   step INTEGER NOT NULL,
-  loss REAL,                       -- NULL: the loss was not finite on the GPU
-  grad_norm REAL,
-  clip_scale REAL,
-  lr REAL,
-  tokens_per_s REAL,
-  step_ms REAL,
-  eval_loss REAL,
-  extra TEXT,                      -- JSON of the remaining validated fields
+  extra TEXT,                      -- JSON of the record's non-numeric fields (source_losses)
   PRIMARY KEY (run_id, step)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
@@ -45,17 +39,25 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 """
 
-METRIC_COLUMNS = ("step", "loss", "grad_norm", "clip_scale", "lr", "tokens_per_s", "step_ms",
-                  "eval_loss")
+# Each numeric field of metrics.Record has a column of its own, added to an older file when it
+# opens (NULL: the field was not sent, or for a required field, not finite); the rest is JSON.
+VALUE_COLUMNS = {name: t for name, t in COLUMNS.items() if name != "step"}
+_INSERT_METRICS = (f"INSERT OR IGNORE INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
+                   f" VALUES ({', '.join('?' * (len(COLUMNS) + 2))})")
 
 
 class Store:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
-        self._conn().executescript(SCHEMA)
+        conn = self._conn()
+        conn.executescript(SCHEMA)
+        have = {r["name"] for r in conn.execute("PRAGMA table_info(metrics)")}
+        for name, sql_type in VALUE_COLUMNS.items():
+            if name not in have:
+                conn.execute(f"ALTER TABLE metrics ADD COLUMN {name} {sql_type}")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -69,10 +71,22 @@ class Store:
 
     async def run(self, fn, *args):
         """Run a store method on the SQLite thread, off the event loop."""
+        if self._pool is None:      # opened on first use, again after close()
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Finish pending writes and close the writer thread's connection (app shutdown)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.submit(self._close_conn).result()
+            pool.shutdown(wait=True)
+
+    def _close_conn(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
     # ---- runs ---------------------------------------------------------------------------
     def create_run(self, run_id: str, config: dict, token_sha256: str) -> None:
@@ -110,18 +124,17 @@ class Store:
 
     # ---- metrics ------------------------------------------------------------------------
     def add_metrics(self, run_id: str, records: list[dict]) -> int | None:
-        """Insert records (existing steps are kept as they are); returns the highest step."""
+        """Insert records (metrics.Record.row(); existing steps are kept as they are); returns
+        the highest step."""
         rows = []
         for r in records:
-            extra = {k: v for k, v in r.items() if k not in METRIC_COLUMNS}
-            rows.append((run_id, *(r.get(c) for c in METRIC_COLUMNS),
+            extra = {k: v for k, v in r.items() if k not in COLUMNS}
+            rows.append((run_id, *(r.get(c) for c in COLUMNS),
                          json.dumps(extra) if extra else None))
         conn = self._conn()
         with conn:  # one transaction: a batch commits whole or not at all
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT OR IGNORE INTO metrics (run_id, step, loss, grad_norm, clip_scale, lr,"
-                " tokens_per_s, step_ms, eval_loss, extra) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            conn.executemany(_INSERT_METRICS, rows)
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
         return self.last_step(run_id)
 
@@ -135,7 +148,7 @@ class Store:
             (run_id, -1 if after is None else after)).fetchall()
         out = []
         for row in rows:
-            d = {c: row[c] for c in METRIC_COLUMNS}
+            d = {c: row[c] for c in COLUMNS if row[c] is not None or c in REQUIRED}
             if row["extra"]:
                 d.update(json.loads(row["extra"]))
             out.append(d)

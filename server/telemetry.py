@@ -1,4 +1,4 @@
-"""Websocket telemetry (DESIGN.md section 8): the training tab streams step records, the server
+"""Websocket telemetry: the training tab streams step records (metrics.Record), the server
 validates, commits to SQLite, acks, and fans committed records out to read-only viewers.
 
 Trainer (`/ws/runs/{id}`), client -> server:
@@ -8,7 +8,8 @@ Trainer (`/ws/runs/{id}`), client -> server:
    "message"?: str, "adapter"?: {...}}
   {"type": "sample", "step": int, "text": str}                      generated text
   {"type": "ping"}
-server -> client: welcome {last_committed_step}, ack {step}, pong, error {message}.
+server -> client: welcome {last_committed_step, records_per_message}, ack {step}, pong,
+error {message}. A trainer sends at most records_per_message records per metrics message.
 Viewers (`/ws/runs/{id}/watch`) get {"type": "records", "records": [...]} (backlog first),
 {"type": "run", "run": {...}} on status changes and {"type": "sample", ...}.
 Close codes: 1003 bad data, 1008 policy (origin, token, unknown run), 1009 too big,
@@ -18,47 +19,35 @@ Close codes: 1003 bad data, 1008 policy (origin, token, unknown run), 1009 too b
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 from typing import Annotated, Literal, Union
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from andrea.run_info import public_run
+from andrea.auth import token_matches
+from andrea.config import Settings
+from andrea.data.runs import RunRegistry
+from andrea.deps import FanoutDep, RunsDep, SettingsDep, StoreDep
+from andrea.fanout import Fanout
+from andrea.metrics import Record, Step
+from andrea.run_info import TrainerStatus, public_run
+from andrea.store import Store
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()
 
 MAX_MESSAGE_BYTES = 1 << 20      # one metrics batch; a step record is ~200 bytes
-MAX_RECORDS = 2000               # per message
+# Records per metrics message a trainer sends (told in welcome): ~100 KiB, far below the limit.
+RECORDS_PER_MESSAGE = 500
+MAX_RECORDS = 4 * RECORDS_PER_MESSAGE   # accepted per message
+BACKLOG_CHUNK = 1000             # records per message of a viewer's backlog
 MAX_SAMPLE_CHARS = 20_000
-VIEWER_QUEUE = 256               # messages buffered per viewer before it is dropped
-
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
+HELLO_TIMEOUT_S = 30
 
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class Record(_Msg):
-    step: Step
-    loss: Finite | None            # None: non-finite on the GPU (reported, never hidden)
-    grad_norm: Finite | None
-    clip_scale: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None
-    lr: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    tokens_per_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    step_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    # GPU time of the optimizer phase (norm, clip, AdamW), where the adapter has timestamp-query.
-    opt_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    eval_loss: Finite | None = None
-    # Mean training loss per data source this step ({source index: loss}), for the bandit.
-    source_losses: dict[Annotated[str, Field(max_length=8)], Finite] | None = Field(
-        default=None, max_length=64)
-    phase: Annotated[int, Field(ge=0)] | None = None
 
 
 class Hello(_Msg):
@@ -74,7 +63,7 @@ class Metrics(_Msg):
 
 class Status(_Msg):
     type: Literal["status"]
-    status: Literal["running", "paused", "finished", "stopped", "failed"]
+    status: TrainerStatus
     message: Annotated[str, Field(max_length=2000)] | None = None
     adapter: dict[Annotated[str, Field(max_length=64)],
                   Annotated[str, Field(max_length=256)] | bool | int | float] | None = None
@@ -100,49 +89,12 @@ class ProtocolError(Exception):
         self.code = code
 
 
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-class Viewer:
-    """One watching socket's bounded queue; `dropped` once it fell too far behind."""
-
-    def __init__(self):
-        self.queue: asyncio.Queue = asyncio.Queue(maxsize=VIEWER_QUEUE)
-        self.dropped = False
-
-
-class Hub:
-    """Per-run sets of viewers. Publishing never blocks: a full queue drops its viewer."""
-
-    def __init__(self):
-        self.viewers: dict[str, set[Viewer]] = {}
-        self.trainers: dict[str, int] = {}   # open trainer sockets per run (after hello)
-
-    def subscribe(self, run_id: str) -> Viewer:
-        viewer = Viewer()
-        self.viewers.setdefault(run_id, set()).add(viewer)
-        return viewer
-
-    def unsubscribe(self, run_id: str, viewer: Viewer) -> None:
-        self.viewers.get(run_id, set()).discard(viewer)
-
-    def publish(self, run_id: str, message: dict) -> None:
-        for viewer in list(self.viewers.get(run_id, ())):
-            try:
-                viewer.queue.put_nowait(message)
-            except asyncio.QueueFull:
-                self.unsubscribe(run_id, viewer)
-                viewer.dropped = True   # its socket drains what it has, then closes 1013
-
-
-def _origin_ok(ws: WebSocket) -> bool:
+def _origin_ok(ws: WebSocket, settings: Settings) -> bool:
     origin = ws.headers.get("origin")
     if origin is None:          # not a browser (CLI, tests): the token still guards writes
         return True
-    allowed = ws.app.state.settings.allowed_origins
     host = ws.headers.get("host", "")
-    return origin in allowed or origin == f"http://{host}"
+    return origin in settings.allowed_origins or origin == f"http://{host}"
 
 
 async def _receive(ws: WebSocket):
@@ -173,43 +125,51 @@ async def _close(ws: WebSocket, code: int, message: str) -> None:
         pass
 
 
+def _feed_bandit(runs: RunRegistry, run_id: str, records: list[Record]) -> None:
+    for r in records:
+        if r.source_losses:
+            runs.report_losses(run_id, r.step, r.source_losses)
+
+
 @router.websocket("/ws/runs/{run_id}")
-async def trainer_socket(ws: WebSocket, run_id: str):
-    app = ws.app
-    store, hub = app.state.store, app.state.hub
+async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
+                         runs: RunsDep, settings: SettingsDep):
     connected = False
-    if not _origin_ok(ws):
+    if not _origin_ok(ws, settings):
         await ws.close(code=1008, reason="origin not allowed")
         return
     await ws.accept()
     try:
-        hello = await asyncio.wait_for(_receive(ws), timeout=30)
+        hello = await asyncio.wait_for(_receive(ws), timeout=HELLO_TIMEOUT_S)
         if not isinstance(hello, Hello):
             raise ProtocolError(1008, "the first message must be hello with the run's token")
         run = await store.run(store.get_run_with_token, run_id)
         if run is None:
             raise ProtocolError(1008, f"unknown run {run_id!r}")
-        if not hmac.compare_digest(run["token_sha256"], token_hash(hello.token)):
+        if not token_matches(run["token_sha256"], hello.token):
             raise ProtocolError(1008, "wrong token for this run")
-        await ws.send_json({"type": "welcome", "last_committed_step":
-                            await store.run(store.last_step, run_id)})
-        hub.trainers[run_id] = hub.trainers.get(run_id, 0) + 1
+        await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
+                            "last_committed_step": await store.run(store.last_step, run_id)})
+        fanout.trainer_joined(run_id)
         connected = True
         while True:
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
-                records = [r.model_dump(exclude_none=True) | {"loss": r.loss} for r in msg.records]
+                records = [r.row() for r in msg.records]
                 last = await store.run(store.add_metrics, run_id, records)
                 await ws.send_json({"type": "ack", "step": last})
-                hub.publish(run_id, {"type": "records", "records": records})
-                app.state.runs_feedback(run_id, msg.records)
+                fanout.publish(run_id, {"type": "records", "records": records})
+                try:    # off the loop: a bandit being made replays the store under its lock
+                    await asyncio.to_thread(_feed_bandit, runs, run_id, msg.records)
+                except ValueError as e:
+                    raise ProtocolError(1003, f"source_losses: {e}") from None
             elif isinstance(msg, Status):
                 await store.run(store.set_status, run_id, msg.status, msg.message, msg.adapter)
-                hub.publish(run_id, {"type": "run",
-                                     "run": public_run(await store.run(store.get_run, run_id))})
+                fanout.publish(run_id, {"type": "run",
+                                        "run": public_run(await store.run(store.get_run, run_id))})
             elif isinstance(msg, Sample):
                 await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
-                hub.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
+                fanout.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
             elif isinstance(msg, Ping):
                 await ws.send_json({"type": "pong"})
             else:
@@ -217,35 +177,34 @@ async def trainer_socket(ws: WebSocket, run_id: str):
     except ProtocolError as e:
         await _close(ws, e.code, str(e))
     except asyncio.TimeoutError:
-        await _close(ws, 1008, "no hello within 30 s")
+        await _close(ws, 1008, f"no hello within {HELLO_TIMEOUT_S} s")
     except WebSocketDisconnect:
         pass
     finally:
         if connected:
-            hub.trainers[run_id] -= 1
-            asyncio.get_running_loop().create_task(_mark_if_abandoned(app, run_id))
+            fanout.trainer_left(run_id)
+            fanout.spawn(_mark_if_abandoned(store, fanout, settings.trainer_grace_s, run_id))
 
 
-async def _mark_if_abandoned(app, run_id: str) -> None:
+async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
     """A running run whose training tab stays away past the grace period (closed, reloaded,
     crashed) is marked interrupted, so the list does not show it running forever. A trainer
     that comes back and reports 'running' flips it back."""
-    await asyncio.sleep(app.state.settings.trainer_grace_s)
-    store, hub = app.state.store, app.state.hub
-    if hub.trainers.get(run_id, 0) > 0:
+    await asyncio.sleep(grace_s)
+    if fanout.has_trainer(run_id):
         return
     run = await store.run(store.get_run, run_id)
     if run and run["status"] in ("running", "paused"):
         message = "the training tab went away before the run ended"
         await store.run(store.set_status, run_id, "interrupted", message)
-        hub.publish(run_id, {"type": "run",
-                             "run": public_run(await store.run(store.get_run, run_id))})
+        fanout.publish(run_id, {"type": "run",
+                                "run": public_run(await store.run(store.get_run, run_id))})
 
 
 @router.websocket("/ws/runs/{run_id}/watch")
-async def viewer_socket(ws: WebSocket, run_id: str):
-    store, hub = ws.app.state.store, ws.app.state.hub
-    if not _origin_ok(ws):
+async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
+                        settings: SettingsDep):
+    if not _origin_ok(ws, settings):
         await ws.close(code=1008, reason="origin not allowed")
         return
     await ws.accept()
@@ -253,12 +212,12 @@ async def viewer_socket(ws: WebSocket, run_id: str):
     if run is None:
         await _close(ws, 1008, f"unknown run {run_id!r}")
         return
-    viewer = hub.subscribe(run_id)  # before the backlog read, so nothing falls between them
+    viewer = fanout.subscribe(run_id)  # before the backlog read, so nothing falls between them
     try:
         await ws.send_json({"type": "run", "run": public_run(run)})
         backlog = await store.run(store.metrics, run_id)
-        for i in range(0, len(backlog), 1000):
-            await ws.send_json({"type": "records", "records": backlog[i:i + 1000]})
+        for i in range(0, len(backlog), BACKLOG_CHUNK):
+            await ws.send_json({"type": "records", "records": backlog[i:i + BACKLOG_CHUNK]})
         for ev in await store.run(store.events, run_id):
             await ws.send_json({"type": ev["kind"], **ev})
         while True:
@@ -278,4 +237,4 @@ async def viewer_socket(ws: WebSocket, run_id: str):
     except WebSocketDisconnect:
         pass
     finally:
-        hub.unsubscribe(run_id, viewer)
+        fanout.unsubscribe(run_id, viewer)

@@ -80,7 +80,7 @@ def test_train_against_a_closed_port_fails_within_seconds():
 
 
 def test_train_flags_cover_every_run_config_field():
-    from andrea.routes.runs import RunConfig
+    from andrea.run_config import RunConfig
 
     out = andrea("train", "--help").stdout
     for name in RunConfig.model_fields:

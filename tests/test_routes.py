@@ -56,11 +56,59 @@ def test_text_assets_are_gzipped(client):
     assert r.headers.get("content-encoding") == "gzip"
 
 
+def _response_schema(spec: dict, path: str, method: str, status: str = "200") -> dict:
+    return spec["paths"][path][method]["responses"][status]["content"]["application/json"][
+        "schema"]
+
+
 def test_docs_need_no_cdn_and_the_api_is_described(client):
     assert client.get("/docs").status_code == 404
     spec = client.get("/openapi.json").json()
-    run = spec["paths"]["/api/runs/{run_id}"]["get"]["responses"]["200"]
-    assert run["content"]["application/json"]["schema"] != {}
+    components = spec["components"]["schemas"]
+    # The run endpoints answer named shapes, described field by field.
+    for path, method, status in [("/api/runs/{run_id}", "get", "200"),
+                                 ("/api/runs", "post", "201")]:
+        ref = _response_schema(spec, path, method, status)["$ref"]
+        name = ref.removeprefix("#/components/schemas/")
+        assert ref.startswith("#/components/schemas/") and name in components, ref
+        assert {"id", "config"} <= set(components[name]["properties"]), name
+    listed = _response_schema(spec, "/api/runs", "get")
+    assert listed["type"] == "array" and "$ref" in listed["items"]
+    for path in ["/api/runs/{run_id}/metrics", "/api/presets", "/api/presets/{name}/layout",
+                 "/healthz", "/api/corpus", "/api/runs/{run_id}/data"]:
+        schema = _response_schema(spec, path, "get")
+        assert "$ref" in schema or "$ref" in schema.get("items", {}), (path, schema)
+    assert "$ref" in _response_schema(spec, "/api/layout", "post")
+
+
+def _inputs(html: str) -> dict[str, dict[str, str]]:
+    """The new-run form's number inputs: name -> attributes."""
+    out = {}
+    for tag in re.findall(r"<input [^>]*>", html, re.S):
+        attrs = dict(re.findall(r'([a-z_-]+)(?:="([^"]*)")?', tag[len("<input "):]))
+        if attrs.get("type") == "number":
+            out[attrs["name"]] = attrs
+    return out
+
+
+def test_run_form_takes_defaults_and_bounds_from_run_config(client):
+    from andrea.run_config import RunConfig
+
+    fields = _inputs(client.get("/").text)
+    assert {"batch_size", "steps", "seed", "lr", "warmup_steps", "eval_every"} <= set(fields)
+    schema = RunConfig.model_json_schema()["properties"]
+    for name, attrs in fields.items():
+        prop = schema[name]
+        bound = next(p for p in prop.get("anyOf", [prop]) if p.get("type") != "null")
+        default = RunConfig.model_fields[name].default
+        if default is None:     # the server decides: empty, and may stay empty
+            assert attrs["value"] == "" and "required" not in attrs, name
+        else:
+            assert float(attrs["value"]) == default and "required" in attrs, name
+        if "minimum" in bound:
+            assert float(attrs["min"]) == bound["minimum"], name
+        if "maximum" in bound:
+            assert float(attrs["max"]) == bound["maximum"], name
 
 
 def test_shaders_served_as_text(client):
@@ -73,3 +121,12 @@ def test_shaders_served_as_text(client):
 def test_missing_static_is_404(client):
     assert client.get("/static/js/nope.js").status_code == 404
     assert client.get("/shaders/nope.wgsl").status_code == 404
+
+
+def test_custom_layout_defaults_are_the_model_configs(client):
+    from andrea.model import ModelConfig
+
+    r = client.post("/api/layout", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["config"] == ModelConfig().to_dict()
+    assert client.post("/api/layout", json={"n_embd": 1}).status_code == 422

@@ -1,5 +1,8 @@
 import pytest
 
+from andrea.metrics import COLUMNS
+from andrea.telemetry import RECORDS_PER_MESSAGE
+
 
 def test_minimal_config_gets_defaults(client):
     r = client.post("/api/runs", json={"preset": "tiny"})
@@ -25,6 +28,15 @@ def test_bad_configs_are_422(client, bad):
     r = client.post("/api/runs", json=bad)
     assert r.status_code == 422, r.text
     assert r.json()["detail"]
+
+
+def test_empty_warmup_is_the_server_default(client):
+    """The new-run form leaves warmup out when it is empty: a short run must not be refused
+    for a warmup nobody asked for."""
+    r = client.post("/api/runs", json={"preset": "tiny", "steps": 5})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["warmup_steps"] == 0
+    assert client.get("/api/run_config").json()["properties"]["warmup_steps"]["default"] is None
 
 
 def test_nan_in_config_is_rejected(client):
@@ -66,7 +78,8 @@ def test_server_restart_keeps_runs_metrics_and_batches(settings):
         assert c2.get(f"/api/runs/{run['id']}/batches/3").content == batch
         with c2.websocket_connect(f"/ws/runs/{run['id']}") as ws:
             ws.send_json({"type": "hello", "token": run["token"], "last_acked_step": 0})
-            assert ws.receive_json() == {"type": "welcome", "last_committed_step": 1}
+            assert ws.receive_json() == {"type": "welcome", "last_committed_step": 1,
+                                         "records_per_message": RECORDS_PER_MESSAGE}
 
 
 def test_telemetry_source_losses_steer_the_bandit(client):
@@ -93,6 +106,22 @@ def test_telemetry_source_losses_steer_the_bandit(client):
         client.get(f"/api/runs/{rid}/batches/{step}")
     weights = client.get(f"/api/runs/{rid}/data").json()["phases"][-1]["weights"]
     assert weights[0] > weights[1], weights
+
+
+@pytest.mark.parametrize("key", ["7", "x"])
+def test_telemetry_losses_of_unknown_sources_are_refused(client, key):
+    run = client.post("/api/runs", json={"preset": "tiny", "data_mode": "bandit"}).json()
+    client.get(f"/api/runs/{run['id']}/batches/0")      # the bandit exists
+    with client.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+        ws.send_json({"type": "hello", "token": run["token"]})
+        ws.receive_json()
+        ws.send_json({"type": "metrics", "records": [
+            {"step": 1, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
+             "source_losses": {"0": 5.0, key: 5.0}}]})
+        if key.isdigit():     # a well-formed record is committed before its losses are read
+            assert ws.receive_json()["type"] == "ack"
+        error = ws.receive_json()
+        assert error["type"] == "error" and "source" in error["message"], error
 
 
 def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
@@ -154,3 +183,32 @@ def test_optimizer_time_is_stored_and_exported(client):
     assert rows[0]["opt_ms"] == 0.25 and "opt_ms" not in rows[1]
     csv_lines = client.get(f"/api/runs/{run['id']}/metrics?format=csv").text.splitlines()
     assert csv_lines[0].endswith(",opt_ms") and csv_lines[1].endswith(",0.25")
+    assert csv_lines[0].split(",") == list(COLUMNS)      # the record's numbers, in its order
+
+
+def test_a_store_from_before_a_metric_existed_gains_its_column(tmp_path):
+    """A database written when opt_ms lived in the JSON column opens with an opt_ms column,
+    and old and new rows read back the same way."""
+    import json
+    import sqlite3
+
+    from andrea.store import Store
+
+    path = tmp_path / "andrea.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE metrics (run_id TEXT NOT NULL, step INTEGER NOT NULL, loss REAL,
+          grad_norm REAL, clip_scale REAL, lr REAL, tokens_per_s REAL, step_ms REAL,
+          eval_loss REAL, extra TEXT, PRIMARY KEY (run_id, step)) WITHOUT ROWID;""")
+    db.execute("INSERT INTO metrics (run_id, step, loss, grad_norm, clip_scale, lr, extra)"
+               " VALUES ('r', 1, 5.0, 1.0, 1.0, 0.001, ?)", (json.dumps({"opt_ms": 0.5}),))
+    db.commit()
+    db.close()
+    store = Store(path)
+    store.add_metrics("r", [{"step": 2, "loss": None, "grad_norm": 1.0, "clip_scale": 1.0,
+                             "lr": 0.001, "opt_ms": 0.25}])
+    rows = store.metrics("r")
+    assert [(r["step"], r["loss"], r["opt_ms"]) for r in rows] == [(1, 5.0, 0.5), (2, None, 0.25)]
+    assert "eval_loss" not in rows[1]
+    columns = {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(metrics)")}
+    assert set(COLUMNS) <= columns

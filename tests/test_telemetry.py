@@ -9,6 +9,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from andrea.telemetry import MAX_RECORDS, RECORDS_PER_MESSAGE
+
 
 def ws_url(live_server, path):
     return live_server.replace("http://", "ws://") + path
@@ -44,7 +46,8 @@ def test_reconnect_and_resend_lose_nothing_and_duplicate_nothing(live_server, se
     run = new_run(live_server)
     url = ws_url(live_server, f"/ws/runs/{run['id']}")
     with connect(url) as ws:
-        assert hello(ws, run["token"]) == {"type": "welcome", "last_committed_step": None}
+        assert hello(ws, run["token"]) == {"type": "welcome", "last_committed_step": None,
+                                           "records_per_message": RECORDS_PER_MESSAGE}
         assert send_metrics(ws, [record(s) for s in range(1, 6)]) == {"type": "ack", "step": 5}
         ws.send(json.dumps({"type": "metrics", "records": [record(s) for s in range(6, 9)]}))
         # Drop the connection before reading the ack: the client cannot know 6..8 landed.
@@ -106,7 +109,8 @@ BAD = {
     "extra-field": (json.dumps({"type": "metrics", "records": [{**record(1), "x": 1}]}), 1003),
     "nan": ('{"type": "metrics", "records": [{"step": 1, "loss": NaN, "grad_norm": 1,'
             ' "clip_scale": 1, "lr": 0.1}]}', 1003),
-    "too-many-records": (json.dumps({"type": "metrics", "records": [record(1)] * 2001}), 1003),
+    "too-many-records": (json.dumps({"type": "metrics",
+                                     "records": [record(1)] * (MAX_RECORDS + 1)}), 1003),
     "huge": (json.dumps({"type": "metrics", "records": [record(1)] * 9000}), 1009),
     "unknown-type": (json.dumps({"type": "launch"}), 1003),
     "negative-time": (json.dumps({"type": "metrics", "records": [{**record(1), "opt_ms": -1}]}),

@@ -1,13 +1,13 @@
-"""Data: corpus sources, tokenizer, token files, the batch sampler and the source bandit.
+"""Data: corpus sources, tokenizer, token files, the batch windows and the source bandit.
 
     sources.py    named streams of text (embedded Python docs + stdlib, user files)
     tokenizer.py  byte-level BPE per (corpus hash, V), cached as tokenizer.json
     tokens.py     per-source uint16 token files (memmap), train part + held-out val tail
     hub.py        DataHub: the server's corpus, prepared lazily per vocab size
     spec.py       BatchSpec: everything that decides a run's batches
-    sampler.py    THE sampler: (spec, step, split) -> tokens [B, T + 1] and row sources
+    windows.py    THE batch draw: (spec, step, split) -> tokens [B, T + 1] and row sources
     bandit.py     phases of 7-42 steps and the per-source weights learned from loss progress
-    batches.py    one run's batch: weights + sampler + wire record
+    batches.py    one run's batch: weights + windows + wire record
     wire.py       the binary body (header layout documented there and in README.md)
-    runs.py       run_id -> BatchSpec (+ bandit), in memory until the runs store exists
+    runs.py       run_id -> BatchSpec (+ bandit), restored from the runs store
 """

@@ -101,45 +101,33 @@ class Phase:
         return {"index": self.index, "start": self.start, "length": self.length,
                 "weights": list(self.weights), "estimates": list(self.estimates)}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Phase":
-        return cls(d["index"], d["start"], d["length"], tuple(d["weights"]), tuple(d["estimates"]))
-
 
 class SourceBandit:
     """One run's bandit. Thread-safe: batch requests and telemetry reports come from threads."""
 
-    def __init__(self, seed: int, sources: Sequence[str], phases: Sequence[Phase] = ()):
+    def __init__(self, seed: int, sources: Sequence[str]):
         if not sources:
             raise ValueError("the bandit needs at least one source")
         self.sources = tuple(sources)
         self.schedule = PhaseSchedule(seed)
-        self._phases: list[Phase] = list(phases)    # decided so far, frozen
+        self._phases: list[Phase] = []               # decided so far, frozen
         self._seen: set[tuple[int, int]] = set()     # (step, source): resends are ignored
         self._sums: dict[int, np.ndarray] = {}       # phase -> per-source [loss sum, count]
         self._lock = threading.Lock()
 
-    def _source_index(self, source: int | str) -> int:
-        if isinstance(source, str):
-            if source not in self.sources:
-                raise ValueError(f"unknown source {source!r}; known: {', '.join(self.sources)}")
-            return self.sources.index(source)
+    def report(self, step: int, source: int, loss: float) -> None:
+        """Source `source`'s (corpus index) mean training loss at `step`. Idempotent."""
         if not 0 <= source < len(self.sources):
             raise ValueError(f"source index {source} out of range [0, {len(self.sources)})")
-        return int(source)
-
-    def report(self, step: int, source: int | str, loss: float) -> None:
-        """Per-source mean training loss at `step` (called by telemetry). Idempotent."""
-        i = self._source_index(source)
         if step < 0 or not math.isfinite(loss):
             return                  # a non-finite loss says nothing about progress
         k = self.schedule.locate(step)[0]
         with self._lock:
-            if (step, i) in self._seen:
+            if (step, source) in self._seen:
                 return
-            self._seen.add((step, i))
+            self._seen.add((step, source))
             acc = self._sums.setdefault(k, np.zeros((len(self.sources), 2)))
-            acc[i] += (loss, 1.0)
+            acc[source] += (loss, 1.0)
 
     def estimates(self, before_phase: int) -> np.ndarray:
         """q per source from the reports of phases < before_phase (see module docstring)."""

@@ -1,11 +1,11 @@
-"""One batch for one run: weights (static or the bandit's), the sampler, the wire record."""
+"""One batch for one run: weights (static or the bandit's), its token windows, the wire record."""
 
 from __future__ import annotations
 
 from andrea.data.bandit import SourceBandit
 from andrea.data.hub import PreparedCorpus
-from andrea.data.sampler import Split, sample_batch
 from andrea.data.spec import BatchSpec
+from andrea.data.windows import Split, sample_batch
 from andrea.data.wire import Batch
 
 

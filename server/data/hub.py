@@ -85,13 +85,6 @@ class DataHub:
                     {"tokenizer": round(t1 - t0, 3), "tokens": round(t2 - t1, 3)})
         return self._prepared[vocab_size]
 
-    def describe_sources(self) -> dict:
-        """What is known without tokenizing: names, kinds, sizes."""
-        return {"corpus_hash": self.corpus_hash(),
-                "sources": [{"index": i, "name": s.name, "kind": s.kind, "origin": s.origin,
-                             "chars": s.n_chars, "documents": len(s.documents)}
-                            for i, s in enumerate(self.sources())]}
-
     def warm(self, vocab_sizes) -> threading.Thread:
         """Prepare these vocab sizes in the background so the first batch is served at once."""
         def run():

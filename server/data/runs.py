@@ -1,10 +1,10 @@
 """Run registry: run_id -> BatchSpec, plus each bandit run's SourceBandit.
 
-Specs live in memory and are restored on a miss through `loader` (the SQLite runs table, so a
-server restart loses no run); a restored bandit replays the per-source losses that telemetry
-committed (`replay`), so it decides the same phases again. Ad hoc batch requests
-(`GET /api/batches/{step}?preset=...&seed=...`) register their spec under a content-derived id,
-`adhoc-<hash>`, so they go through exactly the same path as a real run.
+Specs live in memory and are restored on a miss from the runs store (a server restart loses no
+run); a restored bandit replays the per-source losses that telemetry committed, so it decides
+the same phases again. Ad hoc batch requests (`GET /api/batches/{step}?preset=...&seed=...`)
+register their spec under a content-derived id, `adhoc-<hash>`, so they go through exactly the
+same path as a real run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Mapping
+from typing import Protocol
 
 from andrea.data.bandit import SourceBandit
 from andrea.data.spec import BatchSpec
@@ -21,11 +22,17 @@ from andrea.data.spec import BatchSpec
 MAX_AD_HOC = 64                     # bounded: each holds a bandit's reports
 
 
+class RunStore(Protocol):
+    """What the registry reads from the runs store (store.Store)."""
+
+    def get_run(self, run_id: str) -> dict | None: ...
+
+    def metrics(self, run_id: str) -> list[dict]: ...
+
+
 class RunRegistry:
-    def __init__(self, loader: Callable[[str], BatchSpec | None] | None = None,
-                 replay: Callable[[str], Iterable[tuple[int, str, float]]] | None = None):
-        self._loader = loader
-        self._replay = replay
+    def __init__(self, store: RunStore | None = None):
+        self._store = store
         self._specs: dict[str, BatchSpec] = {}
         self._ad_hoc: OrderedDict[str, None] = OrderedDict()
         self._bandits: dict[str, SourceBandit] = {}
@@ -39,11 +46,11 @@ class RunRegistry:
 
     def get(self, run_id: str) -> BatchSpec | None:
         spec = self._specs.get(run_id)
-        if spec is None and self._loader is not None and not run_id.startswith("adhoc-"):
-            spec = self._loader(run_id)
-            if spec is not None:
+        if spec is None and self._store is not None and not run_id.startswith("adhoc-"):
+            run = self._store.get_run(run_id)
+            if run is not None:
                 with self._lock:
-                    self._specs.setdefault(run_id, spec)
+                    spec = self._specs.setdefault(run_id, BatchSpec.of_run(run["config"]))
         return spec
 
     def register_ad_hoc(self, spec: BatchSpec) -> str:
@@ -67,20 +74,29 @@ class RunRegistry:
         with self._lock:
             if run_id not in self._bandits:
                 bandit = SourceBandit(spec.seed, source_names)
-                for step, source, loss in (self._replay(run_id) if self._replay else ()):
-                    bandit.report(step, source, loss)
+                if self._store is not None and not run_id.startswith("adhoc-"):
+                    for rec in self._store.metrics(run_id):
+                        _report(bandit, rec["step"], rec.get("source_losses") or {})
                 self._bandits[run_id] = bandit
             return self._bandits[run_id]
 
-    def started_bandit(self, run_id: str) -> SourceBandit | None:
-        """The run's bandit if its batches have been served (so it exists), else None."""
-        return self._bandits.get(run_id)
-
-    def report(self, run_id: str, step: int, source: int | str, loss: float,
-               source_names: list[str]) -> bool:
-        """Telemetry's entry point: a source's mean training loss at a step. False if ignored."""
-        bandit = self.bandit(run_id, source_names)
+    def report_losses(self, run_id: str, step: int, losses: Mapping[str, float]) -> bool:
+        """THE way per-source training losses reach a bandit: {source index: mean loss} at
+        `step` (a telemetry record's source_losses). False when no bandit took them: the run is
+        not in bandit mode, or its bandit does not exist yet (no batch served), in which case
+        it replays the committed records when it is made. ValueError for an unknown source."""
+        with self._lock:    # a bandit being made replays first: no report falls in between
+            bandit = self._bandits.get(run_id)
         if bandit is None:
             return False
-        bandit.report(step, source, loss)
+        _report(bandit, step, losses)
         return True
+
+
+def _report(bandit: SourceBandit, step: int, losses: Mapping[str, float]) -> None:
+    bad = sorted(k for k in losses if not (k.isdigit() and int(k) < len(bandit.sources)))
+    if bad:
+        known = ", ".join(f"{i} ({name})" for i, name in enumerate(bandit.sources))
+        raise ValueError(f"unknown sources {bad}: give source indices; known: {known}")
+    for source, loss in losses.items():
+        bandit.report(step, int(source), loss)

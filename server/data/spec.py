@@ -7,10 +7,12 @@ column and a replay or a PyTorch reproduction can rebuild the same batches from 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
+
+from andrea.model import PRESETS
 
 Mode = Literal["uniform", "fixed", "bandit"]
-MODES: tuple[str, ...] = ("uniform", "fixed", "bandit")
+MODES: tuple[str, ...] = get_args(Mode)
 MAX_STEPS = 1_000_000_000           # the batch header stores the step as a u32
 MAX_BATCH_TOKENS = 16 * 1024 * 1024 # B * (T + 1) bound: 64 MiB of u32 per response
 
@@ -55,5 +57,9 @@ class BatchSpec:
         return {**asdict(self), "weights": list(self.weights)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BatchSpec":
-        return cls(**{**d, "weights": tuple(d.get("weights", ()))})
+    def of_run(cls, config: dict) -> "BatchSpec":
+        """The data side of a stored run config (RunConfig plus its corpus_hash)."""
+        return cls(seed=config["seed"], batch_size=config["batch_size"],
+                   seq_len=config["seq_len"], vocab_size=PRESETS[config["preset"]].vocab_size,
+                   total_steps=config["steps"], mode=config["data_mode"],
+                   corpus_hash=config["corpus_hash"])

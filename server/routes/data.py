@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,21 +22,14 @@ from andrea.data.hub import DataHub, PreparedCorpus
 from andrea.data.runs import RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
+from andrea.deps import DataDep, RunsDep
 from andrea.model import PRESETS
+from andrea.schemas import CorpusInfo, LossesTaken, RunData, TokenizerInfo
 
 router = APIRouter(prefix="/api", tags=["data"])
 
-
-def get_hub(request: Request) -> DataHub:
-    return request.app.state.data
-
-
-def get_runs(request: Request) -> RunRegistry:
-    return request.app.state.runs
-
-
-Hub = Annotated[DataHub, Depends(get_hub)]
-Runs = Annotated[RunRegistry, Depends(get_runs)]
+# The binary batch body (wire.py), for /openapi.json.
+BATCH = {200: {"content": {wire.MEDIA_TYPE: {}}, "description": "a batch, wire.py's format"}}
 Step = Annotated[int, Path(ge=0, lt=2**32, description="training step, from 0")]
 Index = Annotated[int, Path(ge=0, lt=2**32, description="validation batch index, from 0")]
 
@@ -61,25 +54,27 @@ def _vocab_of(key: str) -> int:
 
 
 @router.get("/corpus")
-def corpus(hub: Hub, preset: Annotated[str | None, Query()] = "tiny",
-           vocab_size: Annotated[int | None, Query(ge=tk.MIN_VOCAB, le=65536)] = None) -> dict:
+def corpus(hub: DataDep, preset: Annotated[str | None, Query()] = "tiny",
+           vocab_size: Annotated[int | None, Query(ge=tk.MIN_VOCAB, le=65536)] = None
+           ) -> CorpusInfo:
     """Sources in corpus order (the batch header's source indices), with token and split sizes
     for the given preset's (or vocab size's) tokenizer."""
     return _prepare(hub, vocab_size or _vocab_of(preset or "tiny")).describe()
 
 
 @router.get("/tokenizer/{key}")
-def tokenizer(hub: Hub, key: str) -> dict:
+def tokenizer(hub: DataDep, key: str) -> TokenizerInfo:
     """What the browser needs to decode samples: the bytes of every token id, base64."""
     c = _prepare(hub, _vocab_of(key))
-    return {"vocab_size": c.vocab_size, "n_tokens": c.tokenizer.get_vocab_size(),
-            "corpus_hash": c.corpus_hash, "eot": tk.EOT, "eot_id": c.tokenizer.token_to_id(tk.EOT),
-            "token_bytes_b64": tk.decode_table(c.tokenizer),
-            "tokenizer_json": f"/api/tokenizer/{key}/tokenizer.json"}
+    return TokenizerInfo(vocab_size=c.vocab_size, n_tokens=c.tokenizer.get_vocab_size(),
+                         corpus_hash=c.corpus_hash, eot=tk.EOT,
+                         eot_id=c.tokenizer.token_to_id(tk.EOT),
+                         token_bytes_b64=tk.decode_table(c.tokenizer),
+                         tokenizer_json=f"/api/tokenizer/{key}/tokenizer.json")
 
 
 @router.get("/tokenizer/{key}/tokenizer.json")
-def tokenizer_json(hub: Hub, key: str) -> FileResponse:
+def tokenizer_json(hub: DataDep, key: str) -> FileResponse:
     """The standard Hugging Face tokenizer.json (for PyTorch/transformers after export)."""
     return FileResponse(_prepare(hub, _vocab_of(key)).tokenizer_path, media_type="application/json")
 
@@ -100,49 +95,52 @@ def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int, spl
                              "X-Andrea-Sources": ",".join(corpus.source_names)})
 
 
-@router.get("/runs/{run_id}/batches/{step}", response_class=Response)
-def run_batch(hub: Hub, runs: Runs, run_id: str, step: Step) -> Response:
+@router.get("/runs/{run_id}/batches/{step}", response_class=Response, responses=BATCH)
+def run_batch(hub: DataDep, runs: RunsDep, run_id: str, step: Step) -> Response:
     """B x (T + 1) training tokens for `step`: the same bytes for the same (run, step)."""
     return _batch_response(hub, runs, run_id, step, "train")
 
 
-@router.get("/runs/{run_id}/val_batches/{index}", response_class=Response)
-def run_val_batch(hub: Hub, runs: Runs, run_id: str, index: Index) -> Response:
+@router.get("/runs/{run_id}/val_batches/{index}", response_class=Response, responses=BATCH)
+def run_val_batch(hub: DataDep, runs: RunsDep, run_id: str, index: Index) -> Response:
     """Validation batch `index`, from the held-out tail of every source."""
     return _batch_response(hub, runs, run_id, index, "val")
 
 
 @router.get("/runs/{run_id}/data")
-def run_data(hub: Hub, runs: Runs, run_id: str) -> dict:
+def run_data(hub: DataDep, runs: RunsDep, run_id: str) -> RunData:
     """The run's batch spec, its sources, and the bandit phases decided so far (chart marks)."""
     spec = runs.get(run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
     corpus = _prepare(hub, spec.vocab_size)
     bandit = runs.bandit(run_id, corpus.source_names)
-    return {"run_id": run_id, "spec": spec.to_dict(), "sources": corpus.source_names,
-            "corpus_hash": corpus.corpus_hash,
-            "phases": [p.to_dict() for p in bandit.phases()] if bandit else []}
+    return RunData(run_id=run_id, spec=spec.to_dict(), sources=corpus.source_names,
+                   corpus_hash=corpus.corpus_hash,
+                   phases=[p.to_dict() for p in bandit.phases()] if bandit else [])
 
 
 class SourceLosses(BaseModel):
-    """Per-source mean training loss at one step (telemetry will call the registry directly)."""
+    """Per-source mean training loss at one step, as a telemetry record carries it (for runs
+    without a trainer socket, such as ad hoc ones)."""
     model_config = ConfigDict(extra="forbid")
     step: int = Field(ge=0, lt=MAX_STEPS)
-    losses: dict[str, float] = Field(max_length=256)
+    losses: dict[str, float] = Field(max_length=256,
+                                     description="{source index: mean training loss}")
 
 
 @router.post("/runs/{run_id}/source_losses")
-def report_source_losses(hub: Hub, runs: Runs, run_id: str, body: SourceLosses) -> dict:
+def report_source_losses(hub: DataDep, runs: RunsDep, run_id: str,
+                         body: SourceLosses) -> LossesTaken:
     spec = runs.get(run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
-    names = _prepare(hub, spec.vocab_size).source_names
-    unknown = sorted(set(body.losses) - set(names))
-    if unknown:
-        raise HTTPException(400, f"unknown sources {unknown}; known: {', '.join(names)}")
-    used = [runs.report(run_id, body.step, name, loss, names) for name, loss in body.losses.items()]
-    return {"run_id": run_id, "step": body.step, "used_by_bandit": any(used)}
+    runs.bandit(run_id, _prepare(hub, spec.vocab_size).source_names)    # made if it is not yet
+    try:
+        used = runs.report_losses(run_id, body.step, body.losses)
+    except ValueError as e:
+        raise HTTPException(400, str(e)) from e
+    return LossesTaken(run_id=run_id, step=body.step, used_by_bandit=used)
 
 
 def _ad_hoc_spec(hub: DataHub, preset: str, seed: int, batch_size: int, seq_len: int | None,
@@ -182,13 +180,13 @@ def _ad_hoc_run(hub: DataHub, runs: RunRegistry, q: AdHocQuery) -> str:
     return runs.register_ad_hoc(_ad_hoc_spec(hub, **q.model_dump()))
 
 
-@router.get("/batches/{step}", response_class=Response)
-def ad_hoc_batch(hub: Hub, runs: Runs, step: Step,
+@router.get("/batches/{step}", response_class=Response, responses=BATCH)
+def ad_hoc_batch(hub: DataDep, runs: RunsDep, step: Step,
                  q: Annotated[AdHocQuery, Query()]) -> Response:
     return _batch_response(hub, runs, _ad_hoc_run(hub, runs, q), step, "train")
 
 
-@router.get("/val_batches/{index}", response_class=Response)
-def ad_hoc_val_batch(hub: Hub, runs: Runs, index: Index,
+@router.get("/val_batches/{index}", response_class=Response, responses=BATCH)
+def ad_hoc_val_batch(hub: DataDep, runs: RunsDep, index: Index,
                      q: Annotated[AdHocQuery, Query()]) -> Response:
     return _batch_response(hub, runs, _ad_hoc_run(hub, runs, q), index, "val")

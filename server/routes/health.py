@@ -1,10 +1,13 @@
+"""Liveness: the launcher and tests poll it until the server answers."""
+
 from fastapi import APIRouter
 
 from andrea import __version__
+from andrea.schemas import Health
 
-router = APIRouter()
+router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict:
-    return {"status": "ok", "version": __version__}
+def healthz() -> Health:
+    return Health(status="ok", version=__version__)

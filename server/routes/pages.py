@@ -3,45 +3,49 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-router = APIRouter()
+from andrea.deps import TemplatesDep
+from andrea.run_config import form_fields
+
+router = APIRouter(default_response_class=HTMLResponse, include_in_schema=False)
 
 
-def _render(request: Request, template: str, **context) -> HTMLResponse:
-    templates = request.app.state.templates
+def _render(templates: TemplatesDep, request: Request, template: str,
+            **context) -> HTMLResponse:
     return templates.TemplateResponse(request, template, context)
 
 
-@router.get("/", response_class=HTMLResponse)
-def index(request: Request):
-    return _render(request, "index.html", title="New run")
+@router.get("/")
+def index(request: Request, templates: TemplatesDep):
+    # The form's defaults, bounds and required marks are RunConfig's (run_config.py).
+    return _render(templates, request, "index.html", title="New run", fields=form_fields())
 
 
-@router.get("/runs", response_class=HTMLResponse)
-def runs_page(request: Request):
-    return _render(request, "runs.html", title="Runs")
+@router.get("/runs")
+def runs_page(request: Request, templates: TemplatesDep):
+    return _render(templates, request, "runs.html", title="Runs")
 
 
-@router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: str):
+@router.get("/runs/{run_id}")
+def run_page(request: Request, templates: TemplatesDep, run_id: str):
     # The page loads the run through the API and says so itself when the run does not exist.
-    return _render(request, "run.html", title=f"Run {run_id}", run_id=run_id)
+    return _render(templates, request, "run.html", title=f"Run {run_id}", run_id=run_id)
 
 
-@router.get("/compare", response_class=HTMLResponse)
-def compare_page(request: Request):
-    return _render(request, "compare.html", title="Compare runs")
+@router.get("/compare")
+def compare_page(request: Request, templates: TemplatesDep):
+    return _render(templates, request, "compare.html", title="Compare runs")
 
 
-@router.get("/diagnostics", response_class=HTMLResponse)
-def diagnostics(request: Request):
-    return _render(request, "diagnostics.html", title="WebGPU diagnostics")
+@router.get("/diagnostics")
+def diagnostics(request: Request, templates: TemplatesDep):
+    return _render(templates, request, "diagnostics.html", title="WebGPU diagnostics")
 
 
-@router.get("/lab", response_class=HTMLResponse)
-def lab(request: Request):
-    return _render(request, "lab.html", title="Engine lab")
+@router.get("/lab")
+def lab(request: Request, templates: TemplatesDep):
+    return _render(templates, request, "lab.html", title="Engine lab")
 
 
-@router.get("/kernels", response_class=HTMLResponse)
-def kernels_page(request: Request):
-    return _render(request, "kernels.html", title="Kernels")
+@router.get("/kernels")
+def kernels_page(request: Request, templates: TemplatesDep):
+    return _render(templates, request, "kernels.html", title="Kernels")

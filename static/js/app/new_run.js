@@ -21,16 +21,24 @@ async function json(url, init) {
   return body;
 }
 
+/** The run config the form describes. Inputs, defaults and bounds are RunConfig's (the page
+ *  is rendered from its schema); an empty optional number is left out: the server decides. */
 function config() {
-  const f = new FormData(form);
-  const num = (k) => Number(f.get(k));
-  return {
-    preset: f.get('preset'), optimizer: f.get('optimizer'), f16_mirror: f.has('f16_mirror'),
-    batch_size: num('batch_size'), steps: num('steps'), seed: num('seed'), lr: num('lr'),
-    warmup_steps: num('warmup_steps'), weight_decay: num('weight_decay'), clip: f.has('clip'),
-    max_norm: num('max_norm'), data_mode: f.get('data_mode'), eval_every: num('eval_every'),
-    sample_every: num('sample_every'),
-  };
+  const out = {};
+  for (const el of form.elements) {
+    if (!el.name || (el.type === 'radio' && !el.checked)) continue;
+    if (el.type === 'checkbox') out[el.name] = el.checked;
+    else if (el.value !== '') out[el.name] = el.type === 'number' ? Number(el.value) : el.value;
+  }
+  return out;
+}
+
+/** What the form's own limits refuse, in words ("Learning rate is required"). */
+function problems() {
+  return [...form.elements].filter((el) => el.name && !el.checkValidity()).map((el) => {
+    const label = el.dataset.label ?? el.name;
+    return el.validity.valueMissing ? `${label} is required` : `${label}: ${el.validationMessage}`;
+  });
 }
 
 async function layoutOf(preset) {
@@ -47,7 +55,8 @@ async function updateMemory() {
   const opt = layout.optimizer_state[variant];
   const weights = layout.total_numel * 4;
   const mirror = c.f16_mirror ? layout.total_numel * 2 : 0;
-  const acts = activationBytes(layout.config, c.batch_size, T).total;
+  const B = c.batch_size ?? 0;
+  const acts = activationBytes(layout.config, B, T).total;
   const total = 2 * weights + opt.state_bytes + mirror + acts;
   const rows = [
     ['parameters', `${(layout.n_params / 1e6).toFixed(2)} M`],
@@ -55,10 +64,10 @@ async function updateMemory() {
     [`optimizer state (${variant === 'adamw' ? 'fp32 m, v' : '8-bit m, v'})`,
       `${MiB(opt.state_bytes)} (${opt.bytes_per_param} B/param)`],
     ...(mirror ? [['f16 weight mirror', MiB(mirror)]] : []),
-    [`activations (batch ${c.batch_size} x ${T})`, MiB(acts)],
+    [`activations (batch ${B} x ${T})`, MiB(acts)],
     ['estimated GPU memory', MiB(total)],
   ];
-  const problems = limits ? limitProblems(layout, c.batch_size, T, limits) : [];
+  const gpuProblems = limits ? limitProblems(layout, B, T, limits) : [];
   $('memory').innerHTML = '';
   const table = document.createElement('table');
   for (const [k, v] of rows) {
@@ -74,18 +83,24 @@ async function updateMemory() {
     p.textContent = 'WebGPU is not available in this browser: see Diagnostics.';
     $('memory').append(p);
   }
-  for (const problem of problems) {
+  for (const problem of gpuProblems) {
     const p = document.createElement('p');
     p.className = 'error';
     p.textContent = `This GPU cannot run it: ${problem}.`;
     $('memory').append(p);
   }
-  $('start').disabled = !limits || problems.length > 0;
+  $('start').disabled = !limits || gpuProblems.length > 0;
 }
 
 async function start(event) {
   event.preventDefault();
   $('form-error').hidden = true;
+  const refused = problems();
+  if (refused.length) {
+    $('form-error').textContent = `Cannot start: ${refused.join('; ')}`;
+    $('form-error').hidden = false;
+    return;
+  }
   $('start').disabled = true;
   try {
     const run = await json('/api/runs', { method: 'POST',

@@ -2,6 +2,7 @@
 //
 // TrainerSocket keeps every record until the server acks its step, flushes every 250 ms, and
 // after a reconnect resends what the server has not committed: no step is lost or duplicated.
+// How many records go in one message is the server's to say (welcome.records_per_message).
 // Viewer sockets receive committed records (backlog first) and reconnect on their own.
 
 const FLUSH_MS = 250;
@@ -14,6 +15,7 @@ export class TrainerSocket {
     this.control = [];        // status / sample messages, sent in order once connected
     this.lastAcked = null;
     this.sentUpTo = null;     // highest step sent on the current connection
+    this.perMessage = null;   // records per metrics message, from the server's welcome
     this.ws = null;
     this.closed = false;
     this.retry = 500;
@@ -46,6 +48,7 @@ export class TrainerSocket {
     if (msg.type === 'welcome') {
       this.ready = true;
       this.retry = 500;
+      this.perMessage = msg.records_per_message;
       this.markAcked(msg.last_committed_step);
       this.sentUpTo = this.lastAcked;   // resend everything after the committed step
       this.onState('connected');
@@ -77,8 +80,8 @@ export class TrainerSocket {
     if (!this.ready || this.ws.readyState !== WebSocket.OPEN) return;
     while (this.control.length) this.ws.send(JSON.stringify(this.control.shift()));
     const fresh = this.unacked.filter((r) => this.sentUpTo === null || r.step > this.sentUpTo);
-    for (let i = 0; i < fresh.length; i += 500) {
-      this.ws.send(JSON.stringify({ type: 'metrics', records: fresh.slice(i, i + 500) }));
+    for (let i = 0; i < fresh.length; i += this.perMessage) {
+      this.ws.send(JSON.stringify({ type: 'metrics', records: fresh.slice(i, i + this.perMessage) }));
     }
     if (fresh.length) this.sentUpTo = fresh[fresh.length - 1].step;
   }

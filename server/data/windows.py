@@ -1,0 +1,89 @@
+"""Token windows, THE way batches are drawn: (spec, step, split) -> B rows of T + 1 tokens and
+each row's source. (Not static/js/engine/sampler.js, which samples generated text.)
+
+Randomness comes only from `np.random.default_rng([seed, step, salt])` and its `random()`
+stream (PCG64 doubles, stable across numpy versions), never from global state, so the same
+request gives the same bytes in any process, after any restart. Per training row:
+    source = the first i with u0 * sum(w) < cumsum(w)[i]     (w: weights, 0 for a source too short)
+    start  = floor(u1 * (n_train[source] - T))               (T + 1 tokens, all in the train part)
+Validation rows come from each source's held-out tail (tokens.py) and depend only on the
+index, not the run's seed, so runs with different seeds are scored on the same text. Rows go
+round-robin over sources, so every eval batch measures every source.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+
+from andrea.data.spec import BatchSpec
+from andrea.data.tokens import TokenFile
+
+Split = Literal["train", "val"]
+TRAIN_SALT = 0x54524149             # "TRAI": keeps these streams apart from other uses of the seed
+VAL_SALT = 0x56414C31               # "VAL1"
+
+
+def static_weights(spec: BatchSpec, n_sources: int) -> np.ndarray:
+    """Weights for the modes that do not learn; bandit weights come from bandit.py."""
+    if spec.mode == "uniform":
+        return np.ones(n_sources)
+    if spec.mode == "fixed":
+        spec.check_sources(n_sources)
+        return np.asarray(spec.weights, dtype=np.float64)
+    raise ValueError("bandit weights depend on reported losses: pass them explicitly")
+
+
+def train_windows(files: Sequence[TokenFile], spec: BatchSpec, step: int,
+                  weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source index [B], window start [B]) for a training step."""
+    T, B = spec.seq_len, spec.batch_size
+    n_train = np.array([f.n_train for f in files], dtype=np.int64)
+    w = np.asarray(weights, dtype=np.float64) * (n_train >= T + 1)
+    if not w.sum() > 0:
+        raise ValueError(f"no source with a positive weight has the {T + 1} training tokens a row "
+                         f"needs (train tokens per source: {n_train.tolist()})")
+    cdf = np.cumsum(w)
+    u = np.random.default_rng([spec.seed, step, TRAIN_SALT]).random((2, B))
+    src = np.searchsorted(cdf, u[0] * cdf[-1], side="right")
+    src = np.minimum(src, np.flatnonzero(w > 0)[-1])   # u0 * sum rounding up to the total
+    start = (u[1] * (n_train[src] - T)).astype(np.int64)
+    return src, start
+
+
+def val_windows(files: Sequence[TokenFile], spec: BatchSpec,
+                index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(source index [B], window start [B]) for validation batch `index`."""
+    T, B = spec.seq_len, spec.batch_size
+    n_train = np.array([f.n_train for f in files], dtype=np.int64)
+    n_val = np.array([f.n_val for f in files], dtype=np.int64)
+    usable = np.flatnonzero(n_val >= T + 1)
+    if usable.size == 0:
+        raise ValueError(f"no source has the {T + 1} validation tokens a row needs "
+                         f"(validation tokens per source: {n_val.tolist()})")
+    src = usable[(index * B + np.arange(B)) % usable.size]
+    u = np.random.default_rng([index, VAL_SALT]).random(B)
+    start = n_train[src] + (u * (n_val[src] - T)).astype(np.int64)
+    return src, start
+
+
+def sample_batch(files: Sequence[TokenFile], spec: BatchSpec, step: int, split: Split = "train",
+                 weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """tokens (B, T + 1) uint32 and source index per row (B,) uint8.
+    `step` is the training step, or the validation batch index when split == "val"."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if split == "train":
+        if weights is None:
+            weights = static_weights(spec, len(files))
+        src, start = train_windows(files, spec, step, weights)
+    elif split == "val":
+        src, start = val_windows(files, spec, step)
+    else:
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    rows = spec.seq_len + 1
+    out = np.empty((spec.batch_size, rows), dtype=np.uint32)
+    for r, (i, s) in enumerate(zip(src.tolist(), start.tolist())):
+        out[r] = files[i].tokens[s:s + rows]
+    return out, src.astype(np.uint8)

@@ -1,0 +1,59 @@
+"""Typed dependencies: how routes and websocket handlers get the app's objects. create_app
+(app.py) makes each once and keeps it on app.state; handlers ask here, never app.state."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException
+from fastapi.requests import HTTPConnection
+from fastapi.templating import Jinja2Templates
+
+from andrea.config import Settings
+from andrea.data.hub import DataHub
+from andrea.data.runs import RunRegistry
+from andrea.fanout import Fanout
+from andrea.store import Store
+
+
+def get_settings(conn: HTTPConnection) -> Settings:
+    return conn.app.state.settings
+
+
+def get_store(conn: HTTPConnection) -> Store:
+    return conn.app.state.store
+
+
+def get_data(conn: HTTPConnection) -> DataHub:
+    return conn.app.state.data
+
+
+def get_runs(conn: HTTPConnection) -> RunRegistry:
+    return conn.app.state.runs
+
+
+def get_fanout(conn: HTTPConnection) -> Fanout:
+    return conn.app.state.fanout
+
+
+def get_templates(conn: HTTPConnection) -> Jinja2Templates:
+    return conn.app.state.templates
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+DataDep = Annotated[DataHub, Depends(get_data)]          # the corpus and its tokenizers
+RunsDep = Annotated[RunRegistry, Depends(get_runs)]      # batch specs and bandits
+FanoutDep = Annotated[Fanout, Depends(get_fanout)]       # live viewers and trainers
+TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
+
+
+async def get_existing_run(run_id: str, store: StoreDep) -> dict:
+    """The stored run of the path's run_id, or 404."""
+    run = await store.run(store.get_run, run_id)
+    if run is None:
+        raise HTTPException(404, f"unknown run {run_id!r}")
+    return run
+
+
+RunDep = Annotated[dict, Depends(get_existing_run)]

@@ -1,0 +1,53 @@
+"""The step record: the one definition of what a training step reports.
+
+The websocket validates it (telemetry.py), SQLite keeps a column per number and JSON for the
+rest (store.py), the CSV export lists the numbers (routes/runs.py). A new metric is a new field
+here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
+
+
+class Record(BaseModel):
+    """One training step. Fields without a default are in every stored row (None: not finite
+    on the GPU, reported, never hidden); the others only where the trainer sent them."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    step: Step
+    loss: Finite | None
+    grad_norm: Finite | None
+    clip_scale: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None
+    lr: NonNegative
+    tokens_per_s: NonNegative | None = None
+    step_ms: NonNegative | None = None
+    eval_loss: Finite | None = None
+    phase: Annotated[int, Field(ge=0)] | None = None      # the bandit phase of the step's batch
+    # GPU time of the optimizer phase (norm, clip, AdamW), where the adapter has timestamp-query.
+    opt_ms: NonNegative | None = None
+    # Mean training loss per data source this step ({source index: loss}), for the bandit.
+    source_losses: dict[Annotated[str, Field(pattern=r"^[0-9]{1,3}$")], Finite] | None = Field(
+        default=None, max_length=64)
+
+    def row(self) -> dict:
+        """What is stored and sent to viewers: the sent fields, plus the required ones."""
+        return {k: getattr(self, k) for k in REQUIRED} | self.model_dump(exclude_none=True)
+
+
+def _sql_type(prop: dict) -> str | None:
+    """SQLite type of a scalar field's JSON schema; None for the rest (kept as JSON)."""
+    types = {p.get("type") for p in prop.get("anyOf", [prop])} - {"null"}
+    return {frozenset({"integer"}): "INTEGER", frozenset({"number"}): "REAL"}.get(frozenset(types))
+
+
+_PROPS = Record.model_json_schema()["properties"]
+# Numeric fields in declaration order: SQLite columns and the CSV export's columns.
+COLUMNS: dict[str, str] = {name: t for name, p in _PROPS.items() if (t := _sql_type(p))}
+REQUIRED: tuple[str, ...] = tuple(n for n, f in Record.model_fields.items() if f.is_required())

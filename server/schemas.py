@@ -1,0 +1,182 @@
+"""What the JSON API answers (response models, so /openapi.json names each shape). Storage
+keeps its own rows (store.py); these are the public view. Models of values computed elsewhere
+(model.py layouts, optim.py sizes) list the fields clients use and let later ones through."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from andrea.run_config import StoredRunConfig
+from andrea.run_info import RunStatus
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+# ---- model shapes (server/model.py) and optimizer state (server/optim.py) -----------------
+class ModelShape(_Open):
+    vocab_size: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    ffn_dim: int
+    seq_len: int
+    norm_eps: float
+    rope_theta: float
+    init_std: float
+    head_dim: int
+
+
+class Param(_Open):
+    name: str
+    shape: list[int]
+    offset: int                     # in f32 elements, into W (and G, M, V)
+    numel: int
+
+
+class OptimizerState(_Open):
+    state_bytes: int
+    bytes_per_param: float
+
+
+class Layout(_Open):
+    preset: str | None = None
+    config: ModelShape
+    params: list[Param]
+    n_params: int
+    total_numel: int
+    decay_numel: int
+    align_elems: int
+
+
+class LayoutWithState(Layout):
+    optimizer_state: dict[str, OptimizerState]      # per optimizer variant
+
+
+class Preset(BaseModel):
+    name: str
+    config: ModelShape
+    n_params: int
+
+
+class QuantizationMaps(_Open):
+    signed: list[float]
+    unsigned: list[float]
+    blocksize: int
+    min_8bit_size: int
+
+
+# ---- runs -----------------------------------------------------------------------------------
+class BatchSpecInfo(BaseModel):
+    """data/spec.py BatchSpec: everything that decides a run's batches."""
+    seed: int
+    batch_size: int
+    seq_len: int
+    vocab_size: int
+    total_steps: int
+    mode: Literal["uniform", "fixed", "bandit"]
+    weights: list[float]
+    corpus_hash: str
+
+
+class RunDataLinks(BaseModel):
+    batches: str                    # URL template with {step}
+    val_batches: str                # URL template with {index}
+    tokenizer: str
+    spec: BatchSpecInfo
+
+
+class RunCreated(BaseModel):
+    id: str
+    token: str                      # the write token: shown once, stored only as a hash
+    config: StoredRunConfig
+    layout: Layout
+    optimizer_state: dict[str, OptimizerState]
+    data: RunDataLinks
+
+
+class Run(BaseModel):
+    id: str
+    created_at: float
+    updated_at: float
+    config: StoredRunConfig
+    status: RunStatus
+    message: str | None
+    adapter: dict | None            # the GPU adapter the trainer reported
+    last_step: int | None
+    last_loss: float | None
+    state_bytes: int                # the run's optimizer state on the GPU
+    n_params: int
+
+
+class Sample(BaseModel):
+    step: int
+    kind: Literal["sample"]
+    text: str
+
+
+class RunDetail(Run):
+    samples: list[Sample]
+    has_weights: bool
+
+
+# ---- data -----------------------------------------------------------------------------------
+class SourceInfo(BaseModel):
+    index: int
+    name: str
+    kind: str
+    origin: str
+    chars: int
+    documents: int
+    tokens: int
+    train_tokens: int
+    val_tokens: int
+    chars_per_token: float
+
+
+class CorpusInfo(BaseModel):
+    corpus_hash: str
+    vocab_size: int
+    tokenizer_tokens: int
+    val_fraction: float
+    sources: list[SourceInfo]       # corpus order: the batch header's source indices
+
+
+class TokenizerInfo(BaseModel):
+    vocab_size: int
+    n_tokens: int
+    corpus_hash: str
+    eot: str
+    eot_id: int
+    token_bytes_b64: list[str]
+    tokenizer_json: str
+
+
+class PhaseInfo(BaseModel):
+    index: int
+    start: int
+    length: int
+    weights: list[float]            # one per source, corpus order
+    estimates: list[float]
+
+
+class RunData(BaseModel):
+    run_id: str
+    spec: BatchSpecInfo
+    sources: list[str]
+    corpus_hash: str
+    phases: list[PhaseInfo]
+
+
+class LossesTaken(BaseModel):
+    run_id: str
+    step: int
+    used_by_bandit: bool
