@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# The same Chromium and flags as `andrea train --headless` (DESIGN.md section 9).
+# The same Chromium and flags as `andrea train` (server/headless.py).
 from andrea.headless import CHROMIUM, GPU, QUIET, SWIFTSHADER
 from andrea.launch import served
 

@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 from andrea.auth import new_token, token_hash, token_matches
 from andrea.data.spec import BatchSpec
 from andrea.deps import DataDep, RunDep, RunsDep, SettingsDep, StoreDep
-from andrea.export import export_run, weights_path
+from andrea.export import export_run, tokenizer_path, weights_path, write_weights, zip_folder
 from andrea.metrics import COLUMNS, Record
 from andrea.model import PRESETS, build_layout
 from andrea.optim import optimizer_memory
@@ -59,15 +59,6 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep,
 @router.get("/runs")
 async def list_runs(store: StoreDep) -> list[Run]:
     return [public_run(r) for r in await store.run(store.list_runs)]
-
-
-async def _run_or_404(request: Request, run_id: str) -> dict:
-    """For handlers not yet on deps.RunDep (the export ones below)."""
-    store = request.app.state.store
-    run = await store.run(store.get_run, run_id)
-    if run is None:
-        raise HTTPException(404, f"unknown run {run_id!r}")
-    return run
 
 
 @router.get("/runs/{run_id}")
@@ -124,12 +115,9 @@ async def put_weights(request: Request, run: RunDep, store: StoreDep, settings: 
 
 
 @router.get("/runs/{run_id}/model.safetensors")
-async def get_model(request: Request, run_id: str):
+async def get_model(run: RunDep, settings: SettingsDep):
     """The run's trained weights as a Hugging Face safetensors file (HF names, [out, in])."""
-    from andrea.export import write_weights
-
-    run = await _run_or_404(request, run_id)
-    settings = request.app.state.settings
+    run_id = run["id"]
     out = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=settings.data_dir))
     try:
         await asyncio.to_thread(write_weights, run, settings.data_dir, out)
@@ -142,15 +130,11 @@ async def get_model(request: Request, run_id: str):
 
 
 @router.get("/runs/{run_id}/export.zip")
-async def get_export(request: Request, run_id: str):
+async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep):
     """The whole Hugging Face checkpoint (`andrea export` writes the same files) as one zip;
     `andrea export --server` unpacks it. Without the run's tokenizer built yet, the zip holds
     the weights, configs and card only, as a local export does."""
-    from andrea.export import tokenizer_path, zip_folder
-
-    run = await _run_or_404(request, run_id)
-    store = request.app.state.store
-    data_dir = request.app.state.settings.data_dir
+    run_id, data_dir = run["id"], settings.data_dir
     metrics = await store.run(store.metrics, run_id)
     tmp = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=data_dir))
     try:
