@@ -4,7 +4,7 @@
 //   python -m andrea.optim 120m > /tmp/layout_120m.json        # layout + maps (pure Python)
 //   node bench/bench_optimizer.mjs /tmp/layout_120m.json [--iters 30] [--variants adamw,...]
 //        [--torch torch.json] [--out table.txt] [--tune] [--tuning '{"bpw": 2}']
-// Env: DAWN_NODE (Dawn's dawn.node; see ../shared/gpu/README.md). --torch merges the numbers
+// Env: DAWN_NODE (Dawn's dawn.node; see bench/README.md). --torch merges the numbers
 // of bench/bench_optimizer_torch.py (same GPU, same run) into the table; --tune also times a few
 // 8-bit kernel shapes. Grads are refreshed from a copy before every step (outside the timing),
 // so each step sees real gradients; timings are medians over --iters steps after warm-up.
@@ -15,8 +15,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const { acquireDevice } = await import(`${repo}/static/js/engine/gpu.js`);
-const { ShaderLibrary } = await import(`${repo}/static/js/engine/shaders.js`);
+const { createContext } = await import(`${repo}/static/js/engine/context.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 
 function parseArgs(argv) {
@@ -42,9 +41,10 @@ const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE
 Object.assign(globalThis, globals);
 // Dawn quantizes timestamps (to ~65 us here) unless told not to; the GPU times are the point.
 const gpu = create(['enable-dawn-features=allow_unsafe_apis', 'disable-dawn-features=timestamp_quantization']);
-const ctx = await acquireDevice(gpu, { onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
+const ctx = await createContext({ gpu,
+  load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
+  onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
 const { device } = ctx;
-const lib = new ShaderLibrary(device, async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'));
 const hasTs = ctx.features.includes('timestamp-query');
 const N = layout.total_numel;
 const adapter = [ctx.info.vendor, ctx.info.architecture, ctx.info.device, ctx.info.description]
@@ -76,8 +76,8 @@ await device.queue.onSubmittedWorkDone();
 const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s[s.length >> 1]; };
 
 async function timeVariant(variant, tuning = {}) {
-  const opt = await Optimizer.create(device, lib, layout, {
-    variant, W, G, limits: ctx.limits, software: ctx.software, maps, label: variant, ...tuning,
+  const opt = await Optimizer.create(ctx, layout, {
+    variant, W, G, maps, label: variant, ...tuning,
     hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true },
   });
   if (opt.mirror) opt.initMirror(w0);
@@ -123,6 +123,7 @@ async function timeVariant(variant, tuning = {}) {
     await read.mapAsync(GPUMapMode.READ);
     const t = new BigInt64Array(read.getMappedRange().slice(0));
     read.unmap();
+    read.destroy();
     const ms = (a, b) => Number(t[b] - t[a]) / 1e6;
     const rows = [...Array(iters)].map((_, i) => 4 * i);
     norm = median(rows.map((r) => ms(r, r + 1)));
@@ -133,7 +134,7 @@ async function timeVariant(variant, tuning = {}) {
   }
   // Bytes that must move (each element once): norm reads G; fp32 update reads and writes W, G
   // (zeroed), M, V; the mirror adds 2 B/elem written; 8-bit reads and writes W, G and the codes.
-  const q = opt.is8 ? opt.plan.qBlocks * 256 : 0;
+  const q = opt.is8 ? opt.plan.qBlocks * opt.plan.blocksize : 0;
   const updBytes = opt.is8 ? 16 * N + 4 * q + (opt.f16 ? 2 * N : 0) + 16 * opt.plan.qBlocks
     : 32 * N + (opt.f16 ? 2 * N : 0);
   const res = { variant, tuning, norm, update, total, wallMs: median(wall), stateBytes: opt.stateBytes,

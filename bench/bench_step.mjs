@@ -4,7 +4,7 @@
 //
 //   python -m andrea.optim 12m > /tmp/l12m.json
 //   node bench/bench_step.mjs /tmp/l12m.json --batch 32 [--seq 256] [--iters 20] [--variant adamw]
-// Env: DAWN_NODE (see ../shared/gpu/README.md).
+// Env: DAWN_NODE (Dawn's dawn.node; see bench/README.md).
 
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
@@ -12,8 +12,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const { acquireDevice } = await import(`${repo}/static/js/engine/gpu.js`);
-const { ShaderLibrary } = await import(`${repo}/static/js/engine/shaders.js`);
+const { createContext } = await import(`${repo}/static/js/engine/context.js`);
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 const { profileOps, summarize } = await import(`${repo}/static/js/engine/profiler.js`);
@@ -33,14 +32,15 @@ const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE
 Object.assign(globalThis, globals);
 const gpu = create(['enable-dawn-features=allow_unsafe_apis',
   'disable-dawn-features=timestamp_quantization']);
-const ctx = await acquireDevice(gpu, { onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
-ctx.lib = new ShaderLibrary(ctx.device, async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'));
+const ctx = await createContext({ gpu,
+  load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
+  onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
 const { device } = ctx;
 
 const model = new Model(ctx, layout);
 await model.init(0);
-const optim = await Optimizer.create(device, ctx.lib, layout, { variant, W: model.W, G: model.G,
-  limits: ctx.limits, maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1,
+const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G,
+  maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1,
     max_norm: 1.0, clip: true } });
 if (optim.mirror) {
   optim.initMirror(await model.getParams());

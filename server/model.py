@@ -19,6 +19,12 @@ from dataclasses import asdict, dataclass
 ALIGN_BYTES = 512
 ALIGN_ELEMS = ALIGN_BYTES // 4
 
+# The attention kernels hold a head row in registers sized for at most this head dim
+# (shaders/lib/attention.wgsl MAX_D, a WGSL const because private arrays need one; tests/
+# test_model_layout.py checks they agree). Sent in every layout as limits.max_head_dim: the engine
+# reads it from there.
+MAX_HEAD_DIM = 128
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -41,6 +47,9 @@ class ModelConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim ({self.head_dim}) above {MAX_HEAD_DIM} is not supported "
+                             "by the attention kernels")
         if self.vocab_size > 65536:
             raise ValueError("vocab_size above 65536 is not supported (token files are uint16)")
 
@@ -128,6 +137,7 @@ def build_layout(cfg: ModelConfig) -> dict:
         "total_numel": total,          # W, G, M, V each hold this many f32 (padding is zero)
         "decay_numel": no_decay_start,  # [0, decay_numel) decays; [decay_numel, total) does not
         "align_elems": ALIGN_ELEMS,
+        "limits": {"max_head_dim": MAX_HEAD_DIM},   # what the engine's kernels support
     }
     _check_layout(layout, decay_end)
     return layout

@@ -9,7 +9,7 @@ test_optim_maps.py checks it): 256 sorted f32 values in [-1, 1] (signed, for Ada
 (unsigned, for v). An element x of a 256-element block is stored as the index of the map entry
 nearest to x / absmax(block).
 
-Variants and their state (DESIGN.md section 5):
+Variants and their state:
   adamw       M, V: f32 [total_numel] each                                   8 B/param
   adamw_f16   as adamw; plus the f16 mirror of W (not optimizer state)       + 2 B/param mirror
   adamw_8bit  per tensor with numel >= 4096 (bnb's min_8bit_size): codes 1 B per element per state,

@@ -8,7 +8,7 @@
 
 //#include "lib/common.wgsl"
 
-override WG: u32 = 256u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 
 struct Params { numel: u32, seed: u32, mode: u32, stdev: f32, stream: u32, pad0: u32, pad1: u32, pad2: u32 }
 

@@ -6,7 +6,7 @@
 //   @binding(2) sums: array<f32>  [nwg] = sum of x over each workgroup's slice (tree reduction)
 // Dispatch: ceil(n / WG) workgroups of WG threads.
 
-override WG: u32 = 64u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

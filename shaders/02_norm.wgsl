@@ -10,7 +10,7 @@
 
 //#include "lib/common.wgsl"
 
-override WG: u32 = 64u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 
 struct Dims { N: u32, C: u32, eps: f32, pad: u32 }
 

@@ -12,7 +12,7 @@
 
 //#include "lib/common.wgsl"
 
-override WG: u32 = 256u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 override INVERSE: bool = false;
 
 struct Dims { N: u32, T: u32, H: u32, D: u32, C: u32, pad0: u32, pad1: u32, pad2: u32 }

@@ -12,7 +12,7 @@
 //   same bindings; losses[N] = sum(losses[0..N)) / N
 //   Dispatch: 1 workgroup.
 
-override WG: u32 = 64u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 override WRITE_GRAD: bool = true;
 
 struct Dims { N: u32, V: u32, pad0: u32, pad1: u32 }

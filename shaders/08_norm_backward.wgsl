@@ -17,7 +17,7 @@
 //   gain_finish   ceil(C / WG) workgroups: dg[c] += sum_k part[k, c]   (bindings 0, 5, 6: +=)
 //   @binding(6) part : array<f32> [ceil(N / ROWS), C]  scratch
 
-override WG: u32 = 64u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 override ACCUM: bool = false;
 
 struct Dims { N: u32, C: u32, ROWS: u32, CHUNKS: u32 }

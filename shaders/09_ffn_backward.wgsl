@@ -9,7 +9,7 @@
 
 //#include "lib/common.wgsl"
 
-override WG: u32 = 256u;
+override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 
 struct Dims { N: u32, F: u32, pad0: u32, pad1: u32 }
 

@@ -20,9 +20,10 @@
 //
 // add_partials: dW[o] += sum_z part[z * R * S + o]
 //   @binding(0) mm : {R = N, S = K, INNER = splits}   @binding(1) part   @binding(3) dW
-//   Dispatch: grid1d(ceil(N * K / 256)) workgroups of 256 threads.
+//   Dispatch: grid1d(ceil(N * K / WG)) workgroups of WG threads (kernels.js passes WG).
 
 override MODE: u32 = 0u;
+override WG: u32;   // add_partials workgroup size
 override W_F16: bool = false;
 override A_ALONG_R: bool = MODE == 0u;   // dy[i, r] (MODE 0) or dy[r, i] (MODE 1, 2)
 const B_ALONG_R: bool = false;           // W[r, j] or x[r, j]: j is contiguous
@@ -63,10 +64,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
   matmul_tile(wid, lid);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn add_partials(@builtin(global_invocation_id) gid: vec3<u32>,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
-  let o = flat_id(gid, nwg, 256u);
+  let o = flat_id(gid, nwg, WG);
   let n = mm.R * mm.S;
   if (o >= n) { return; }
   var acc = 0.0;

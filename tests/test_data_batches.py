@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from andrea.data import wire
-from andrea.data.sampler import sample_batch, train_windows, val_windows
 from andrea.data.spec import BatchSpec
 from andrea.data.tokens import TokenFile
+from andrea.data.windows import sample_batch, train_windows, val_windows
 from tests.data_fixtures import TINY_V
 
 AD_HOC = "/api/batches/{}?preset=tiny&seed=7&batch_size=4"
@@ -180,3 +182,28 @@ def test_step_beyond_a_runs_end(data_client, tiny):
     assert data_client.get("/api/runs/short/batches/4").status_code == 200
     r = data_client.get("/api/runs/short/batches/5")
     assert r.status_code == 400 and "0 to 4" in r.json()["detail"]
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden_batch() -> wire.Batch:
+    """The batch tests/golden/batch_wire.json describes."""
+    spec = json.loads((GOLDEN / "batch_wire.json").read_text())
+    tokens = np.array(spec["tokens"], np.uint32)
+    assert tokens.shape == (spec["B"], spec["T"] + 1)
+    return wire.Batch(spec["step"], spec["split"], spec["n_sources"], spec["phase"],
+                      np.array(spec["sources"], np.uint8), tokens)
+
+
+def test_wire_format_matches_the_golden_file():
+    """wire.py writes exactly the golden bytes, which tests/js/batches.test.mjs parses with the
+    engine's batches.js: a change to either side of the format fails one of the two."""
+    golden = (GOLDEN / "batch_wire.bin").read_bytes()
+    assert wire.encode(_golden_batch()) == golden
+    back = wire.decode(golden)
+    assert back.phase == 2 and back.split == "val" and back.tokens[1, 4] == 0xFFFFFFFF
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write-golden"]:
+    (GOLDEN / "batch_wire.bin").write_bytes(wire.encode(_golden_batch()))

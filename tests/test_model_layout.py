@@ -1,8 +1,19 @@
 import math
+import re
+from pathlib import Path
 
 import pytest
 
-from andrea.model import ALIGN_ELEMS, PRESETS, ModelConfig, build_layout, param_by_name
+from andrea.model import (
+    ALIGN_ELEMS,
+    MAX_HEAD_DIM,
+    PRESETS,
+    ModelConfig,
+    build_layout,
+    param_by_name,
+)
+
+SHADERS = Path(__file__).resolve().parent.parent / "shaders"
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -48,6 +59,17 @@ def test_init_std():
 def test_bad_config_rejected():
     with pytest.raises(ValueError, match="divisible"):
         ModelConfig(n_embd=64, n_head=5)
+    with pytest.raises(ValueError, match=f"above {MAX_HEAD_DIM}"):
+        ModelConfig(n_embd=2 * (MAX_HEAD_DIM + 2), n_head=2)
+    ModelConfig(n_embd=2 * MAX_HEAD_DIM, n_head=2)   # at the limit: fine
+
+
+def test_head_dim_limit_has_one_source():
+    """The engine reads the head-dim limit from the layout; the WGSL const that sizes the
+    attention kernels' register rows (a const: private arrays need one) must agree with it."""
+    assert build_layout(PRESETS["tiny"])["limits"] == {"max_head_dim": MAX_HEAD_DIM}
+    wgsl = (SHADERS / "lib" / "attention.wgsl").read_text()
+    assert re.search(r"const MAX_D: u32 = (\d+)u;", wgsl).group(1) == str(MAX_HEAD_DIM)
 
 
 def test_layout_api(client):

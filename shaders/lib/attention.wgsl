@@ -1,7 +1,7 @@
 // What 05_attention and 10_attention_backward share: the dims uniform (kernels.js
 // attentionDims writes it), the pipeline constants, and the query-block decomposition.
 
-override WG: u32 = 64u;          // rows (queries or keys) per workgroup, one per thread
+override WG: u32;                // rows (queries or keys) per workgroup, one per thread (kernels.js)
 // Head dim as a pipeline constant: the d-loops get constant trip counts, so the compiler can
 // unroll them and keep the per-thread rows in registers instead of local memory.
 override HD: u32 = 64u;

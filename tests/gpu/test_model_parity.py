@@ -23,6 +23,7 @@ def engine_step(page, layout, flat, tokens, targets):
         model.setParams(args.flat);
         const logits = await model.logits(args.tokens, args.B, args.T);
         const {loss, grads} = await model.lossAndGrads(args.tokens, args.targets, args.B, args.T);
+        model.destroy();
         return {loss, grads, logits};
     """, {"layout": layout, "flat": b64(flat), "tokens": b64(tokens.ravel().astype(np.int32)),
           "targets": b64(targets.ravel().astype(np.int32)), "B": B, "T": T})
@@ -70,7 +71,9 @@ def test_gpu_init_matches_table(lab_session):
         const a = await lab.createModel({layout: args.layout, seed: 5});
         const b = await lab.createModel({layout: args.layout, seed: 5});
         const c = await lab.createModel({layout: args.layout, seed: 6});
-        return {a: await a.getParams(), b: await b.getParams(), c: await c.getParams()};
+        const out = {a: await a.getParams(), b: await b.getParams(), c: await c.getParams()};
+        for (const m of [a, b, c]) m.destroy();
+        return out;
     """, {"layout": layout})
     np.testing.assert_array_equal(out["a"], out["b"])
     assert not np.array_equal(out["a"], out["c"])
@@ -100,7 +103,10 @@ def test_f16_mirror_forward_matches_f16_rounded_matmul_weights(lab_session):
             usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST});
         lab.ctx.device.queue.writeBuffer(mirror, 0, packHalf2(args.flat));
         model.weightsF16 = mirror;
-        return {logits: await model.logits(args.tokens, 2, 64)};
+        const logits = await model.logits(args.tokens, 2, 64);
+        model.destroy();
+        mirror.destroy();
+        return {logits};
     """, {"layout": layout, "flat": b64(flat), "tokens": b64(tokens.ravel().astype(np.int32))})
     model = ref.hf_model(layout, flat)
     with torch.no_grad():

@@ -1,5 +1,5 @@
-// Live charts with uPlot: columnar data, one setData per animation frame, clip events and
-// bandit phase changes marked, EMA smoothing and a log scale for the loss.
+// Live charts with uPlot: columnar data (the run page keeps it in series.js), one setData per
+// animation frame, clip events and bandit phase changes marked, a log scale for the loss.
 import uPlot from 'uplot';   // templates/base.html's import map
 
 const COLORS = ['#2a6df4', '#e8710a', '#0a7d38', '#b3261e', '#8e44ad', '#00838f'];
@@ -41,8 +41,8 @@ function marksPlugin(getMarks, color) {
 }
 
 /**
- * A chart of `series` ([{label, color?, points?, dash?}]) over x = step. update(cols) sets
- * columnar data [xs, ys1, ...] (coalesced to one setData per frame).
+ * A chart of `series` ([{label, color?, points?, dash?}]) over x = step. setData(cols) sets
+ * columnar data [xs, ys1, ...]; update(cols) does it on the next frame (coalesced).
  */
 export class Chart {
   constructor(parent, title, series, { log = false, marks = () => [], height = 220 } = {}) {
@@ -71,13 +71,19 @@ export class Chart {
     this.pending = null;
   }
 
+  /** Columns [xs, ys1, ...] now (the run page calls it once per animation frame). */
+  setData(cols) {
+    this.plot.setData(cols);
+    this.box.dataset.points = String(cols[0].length);
+  }
+
+  /** setData on the next animation frame, coalescing calls in between. */
   update(cols) {
     this.pending = cols;
     if (this.frame) return;
     this.frame = requestAnimationFrame(() => {
       this.frame = null;
-      this.plot.setData(this.pending);
-      this.box.dataset.points = String(this.pending[0].length);
+      this.setData(this.pending);
     });
   }
 

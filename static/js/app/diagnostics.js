@@ -1,6 +1,7 @@
 // /diagnostics: what WebGPU this browser offers, and whether compute actually works.
 import { SHADER_BASE } from './assets.js';
-import { acquireDevice, GPUUnavailableError } from '../engine/gpu.js';
+import { createContext } from '../engine/context.js';
+import { GPUUnavailableError } from '../engine/gpu.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { runSelfTest } from '../engine/selftest.js';
 
@@ -49,8 +50,10 @@ async function main() {
   window.andreaDiagnostics = result;
   try {
     const gpu = window.isSecureContext ? navigator.gpu : undefined;
-    const { device, info, features, limits, software, errors } =
-      await acquireDevice(gpu, { onError: (m) => console.error(m) });
+    const ctx = await createContext({ gpu, load: fetchLoader(SHADER_BASE),
+      onError: (m) => console.error(m) });
+    const { info, limits, software, errors } = ctx;
+    const features = [...ctx.adapter.features].sort();   // what the adapter offers
     Object.assign(result, { adapter: { ...info, software }, features, limits });
     fillTable($('adapter'), { ...info, software });
     $('features').replaceChildren(...features.map((f) => {
@@ -60,7 +63,7 @@ async function main() {
     }));
     fillTable($('limits'), limits);
     $('details').hidden = false;
-    result.selftest = await runSelfTest(device, fetchLoader(SHADER_BASE));
+    result.selftest = await runSelfTest(ctx);
     fillTable($('selftest'), result.selftest);
     if (!result.selftest.passed || errors.length) {
       throw new GPUUnavailableError('selftest', `self-test failed ${JSON.stringify(result.selftest)} ${errors.join('; ')}`);

@@ -1,13 +1,33 @@
 // Kernels page: profile one training step on this GPU and read each kernel's WGSL beside its time.
 import { SHADER_BASE } from './assets.js';
-import { acquireDevice } from '../engine/gpu.js';
+import { createContext } from '../engine/context.js';
 import { createModel } from '../engine/model.js';
 import { Optimizer } from '../engine/optimizer.js';
 import { profileOps, summarize } from '../engine/profiler.js';
-import { fetchLoader, ShaderLibrary } from '../engine/shaders.js';
+import { fetchLoader } from '../engine/shaders.js';
 
 const $ = (id) => document.getElementById(id);
 let ctx = null;
+// {key, model, plan}: reused while preset and batch stay, destroyed when either changes, so
+// repeated clicks hold one model and one plan at most.
+let held = null;
+
+/** Model and plan of `preset` at batch B: the ones already built, or new ones. */
+async function planFor(preset, B) {
+  const key = `${preset}/${B}`;
+  if (held?.key === key) return held;
+  held?.model.destroy();
+  held = null;
+  const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
+  const model = await createModel(ctx, layout, { seed: 0 });
+  try {
+    held = { key, model, plan: await model.plan(B, layout.config.seq_len) };
+  } catch (e) {
+    model.destroy();
+    throw e;
+  }
+  return held;
+}
 
 async function showSource(file, entry) {
   $('source-title').textContent = `${file}${entry && entry !== 'main' ? ` (entry point ${entry})` : ''}`;
@@ -21,10 +41,9 @@ async function profile(event) {
   try {
     const preset = $('preset').value;
     const B = Number($('batch').value);
-    const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
-    const T = layout.config.seq_len;
-    const model = await createModel(ctx, layout, { seed: 0 });
-    const plan = await model.plan(B, T);
+    const { model, plan } = await planFor(preset, B);
+    const { layout } = model;
+    const T = plan.T;
     const V = layout.config.vocab_size;
     model.writeBatch(plan, Uint32Array.from({ length: B * T }, (_, i) => (i * 7919) % V),
       Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V));
@@ -32,13 +51,15 @@ async function profile(event) {
     await profileOps(ctx.device, ops);                     // warm-up
     const rows = summarize(await profileOps(ctx.device, ops));
     if ($('optimizer').checked) {
-      const opt = await Optimizer.create(ctx.device, ctx.lib, layout, { variant: 'adamw',
-        W: model.W, G: model.G, limits: ctx.limits });
-      opt.setStep(1, 1e-3);
-      const ms = await timePass(ctx.device, (enc, timestampWrites) => opt.encode(enc, { timestampWrites }));
-      rows.push({ label: 'optimizer (norm + clip + AdamW)', file: '12_optimizer.wgsl',
-        entry: 'adamw_update', calls: 1, ms });
-      opt.destroy();
+      const opt = await Optimizer.create(ctx, layout, { variant: 'adamw', W: model.W, G: model.G });
+      try {
+        opt.setStep(1, 1e-3);
+        const ms = await timePass(ctx.device, (enc, timestampWrites) => opt.encode(enc, { timestampWrites }));
+        rows.push({ label: 'optimizer (norm + clip + AdamW)', file: '12_optimizer.wgsl',
+          entry: 'adamw_update', calls: 1, ms });
+      } finally {
+        opt.destroy();
+      }
     }
     const total = rows.reduce((a, r) => a + r.ms, 0);
     $('kernels').querySelector('tbody').replaceChildren(...rows.sort((a, b) => b.ms - a.ms).map((r) => {
@@ -78,6 +99,8 @@ async function timePass(device, encode) {
   device.queue.submit([enc.finish()]);
   await read.mapAsync(GPUMapMode.READ);
   const [a, b] = new BigUint64Array(read.getMappedRange());
+  read.unmap();
+  for (const o of [querySet, resolve, read]) o.destroy();
   return Number(b - a) / 1e6;
 }
 
@@ -85,8 +108,7 @@ async function main() {
   const presets = await (await fetch('/api/presets')).json();
   $('preset').replaceChildren(...presets.map((p) => new Option(p.name, p.name)));
   try {
-    const dev = await acquireDevice(navigator.gpu);
-    ctx = { ...dev, lib: new ShaderLibrary(dev.device, fetchLoader(SHADER_BASE)) };
+    ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE) });
   } catch (e) {
     $('status').textContent = `WebGPU is unavailable: ${e.message} (see Diagnostics)`;
     return;

@@ -1,21 +1,30 @@
 // Run page. The tab that created the run (its token is in sessionStorage) trains it on this GPU
 // and streams records to the server; any other tab watches the committed records live.
 import { SHADER_BASE } from './assets.js';
-import { acquireDevice } from '../engine/gpu.js';
+import { createContext } from '../engine/context.js';
 import { makeDecoder } from '../engine/decode.js';
-import { fetchLoader, ShaderLibrary } from '../engine/shaders.js';
+import { fetchLoader } from '../engine/shaders.js';
 import { Trainer } from '../engine/trainer.js';
-import { Chart, smooth } from './charts.js';
+import { Chart } from './charts.js';
+import { Derived, RunSeries, clipEvents, phaseMarks, runningSmooth } from './series.js';
 import { TrainerSocket, watch } from './telemetry.js';
 
 const $ = (id) => document.getElementById(id);
 const runId = $('run').dataset.runId;
 const body = document.body;
 
-// Columnar metrics, indexed by step (1-based); records may arrive twice (backlog + live).
-const data = { steps: [], byStep: new Map(), phases: [], clips: [] };
+// Columnar metrics by step (series.js): records may arrive twice (backlog + live) or out of
+// order; derived columns extend over new rows only; the charts redraw once per animation frame.
+const series = new RunSeries(['loss', 'eval_loss', 'grad_norm', 'clip_scale', 'lr', 'tokens_per_s']);
+const clips = clipEvents();
+const phases = phaseMarks();
+const maxNormLine = new Derived(() => [], (line) => line.push(config?.clip ? config.max_norm : null));
+let smoothLoss = null;
+let smoothSpeed = null;
+let alpha = null;
 let config = null;
 let charts = null;
+let frame = null;
 
 function setStatus(text, cls = '') {
   $('status').textContent = text;
@@ -28,51 +37,50 @@ function showError(text) {
 }
 
 function addRecords(records) {
-  for (const r of records) {
-    if (!data.byStep.has(r.step)) data.steps.push(r.step);
-    data.byStep.set(r.step, r);
+  for (const r of records) series.add(r);
+  $('charts').dataset.steps = String(series.length);
+  showLast();
+  if (charts && !frame) frame = requestAnimationFrame(draw);
+}
+
+/** The latest record's numbers (O(1) per record; the clip count is kept by clipEvents). */
+function showLast() {
+  const last = series.last;
+  if (!last) return;
+  stat('step', `${last.step} / ${config?.steps ?? '?'}`);
+  stat('loss', last.loss === null ? 'non-finite' : last.loss.toFixed(4));
+  stat('grad norm', last.grad_norm?.toFixed(3) ?? '-');
+  stat('clip scale', last.clip_scale?.toFixed(3) ?? '-');
+  stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
+  if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`);
+}
+
+/** One frame: bring the derived columns up to date, then one setData per chart. */
+function draw() {
+  frame = null;
+  const from = series.takeChanged();
+  const a = Number($('smoothing').value);
+  if (a !== alpha) {
+    alpha = a;
+    smoothLoss = runningSmooth('loss', alpha);
+    smoothSpeed = runningSmooth('tokens_per_s', alpha);
   }
-  data.steps.sort((a, b) => a - b);
-  redraw();
+  const xs = series.steps;
+  const c = series.cols;
+  const clipped = clips.update(series, from);
+  phases.update(series, from);
+  charts.loss.setData([xs, c.loss, smoothLoss.update(series, from).out, c.eval_loss]);
+  charts.norm.setData([xs, c.grad_norm, maxNormLine.update(series, from), clipped.norm]);
+  charts.clip.setData([xs, c.clip_scale]);
+  charts.lr.setData([xs, c.lr]);
+  charts.speed.setData([xs, smoothSpeed.update(series, from).out]);
+  stat('clipped steps', String(clipped.count));
 }
 
-function column(key) {
-  return data.steps.map((s) => data.byStep.get(s)[key] ?? null);
-}
-
+/** Redraw everything on the next frame (smoothing or scale changed). */
 function redraw() {
-  if (!charts) return;
-  const xs = data.steps;
-  const alpha = Number($('smoothing').value);
-  const loss = column('loss');
-  // Phase changes and clip events, for the marks.
-  data.phases = [];
-  let prev = null;
-  for (const s of xs) {
-    const ph = data.byStep.get(s).phase;
-    if (ph !== undefined && ph !== null && prev !== null && ph !== prev) data.phases.push(s);
-    if (ph !== undefined && ph !== null) prev = ph;
-  }
-  const clip = column('clip_scale');
-  const clipped = clip.map((c) => (c !== null && c < 1 ? 1 : null));
-  const norm = column('grad_norm');
-  charts.loss.update([xs, loss, smooth(loss, alpha), column('eval_loss')]);
-  charts.norm.update([xs, norm, xs.map(() => (config?.clip ? config.max_norm : null)),
-    norm.map((n, i) => (clipped[i] ? n : null))]);
-  charts.clip.update([xs, clip]);
-  charts.lr.update([xs, column('lr')]);
-  charts.speed.update([xs, smooth(column('tokens_per_s'), alpha)]);
-  const last = data.byStep.get(xs[xs.length - 1]);
-  $('charts').dataset.steps = String(xs.length);
-  if (last) {
-    stat('step', `${last.step} / ${config?.steps ?? '?'}`);
-    stat('loss', last.loss === null ? 'non-finite' : last.loss.toFixed(4));
-    stat('grad norm', last.grad_norm?.toFixed(3) ?? '-');
-    stat('clip scale', last.clip_scale?.toFixed(3) ?? '-');
-    stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
-    if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`);
-    stat('clipped steps', String(clipped.filter(Boolean).length));
-  }
+  series.changedFrom = 0;
+  if (charts && !frame) frame = requestAnimationFrame(draw);
 }
 
 function stat(name, value) {
@@ -100,7 +108,7 @@ function addSample(step, text) {
 
 function makeCharts() {
   const parent = $('charts');
-  const marks = () => data.phases;
+  const marks = () => phases.state.marks;
   charts = {
     loss: new Chart(parent, 'loss', [{ label: 'train' }, { label: 'smoothed', color: '#0b3d91' },
       { label: 'eval', color: '#e8710a', points: true }], { marks }),
@@ -133,9 +141,9 @@ async function train(run, token) {
   const socket = new TrainerSocket(runId, token, {
     onState: (s, why) => { body.dataset.socket = s; if (s === 'refused') showError(`Server refused: ${why}`); },
   });
-  const { device, info, limits, features, software } = await acquireDevice(navigator.gpu, {
+  const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
     onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
-  const ctx = { device, limits, features, lib: new ShaderLibrary(device, fetchLoader(SHADER_BASE)) };
+  const { info, software } = ctx;
   const adapter = { vendor: info.vendor, architecture: info.architecture,
     description: info.description, software };
   stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`);
@@ -178,7 +186,8 @@ async function train(run, token) {
   }
   $('trainer-controls').hidden = true;   // nothing left to pause or stop
   if (final === 'finished' || final === 'stopped') await saveWeights(trainer, token);
-  const lastStep = data.steps[data.steps.length - 1] ?? 0;
+  trainer.destroy();   // weights saved (or the run failed): free the GPU memory
+  const lastStep = series.last?.step ?? 0;
   await socket.committed(lastStep);
   await socket.sync();
   window.removeEventListener('beforeunload', stay);   // weights saved, every record committed

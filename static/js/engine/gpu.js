@@ -15,8 +15,10 @@ export const WANTED_LIMITS = [
   'maxUniformBufferBindingSize',
 ];
 
-// Optional features we use when present.
-export const WANTED_FEATURES = ['timestamp-query', 'subgroups', 'shader-f16'];
+// Optional features the engine uses when present: timestamp-query times the optimizer pass
+// (trainer.js) and each kernel (profiler.js). No kernel uses subgroups or shader-f16 (the f16
+// mirror is packed with pack2x16float, core WGSL), so they are not requested.
+export const WANTED_FEATURES = ['timestamp-query'];
 
 export class GPUUnavailableError extends Error {
   constructor(reason, message) {

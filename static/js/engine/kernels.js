@@ -6,9 +6,9 @@
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
 // matmul_core.wgsl runs TG x TG threads on a 4TG x 4TG output tile. 16 (64 x 64 tiles) is faster
-// on an H200 for 12m/120m shapes (step 56.1 -> 51.2 and 443.5 -> 412.0 ms); 8 (32 x 32) keeps
-// small problems such as `tiny` spread over enough workgroups (16 would cost 17% of a `tiny` step
-// on SwiftShader). Chosen from the problem size only, so results never depend on the adapter.
+// on a big GPU for 12m/120m shapes; 8 (32 x 32) keeps small problems such as `tiny` spread over
+// enough workgroups (timings: bench/results/). Chosen from the problem size only, so results
+// never depend on the adapter.
 const BIG_MATMUL = 2 ** 26;   // R * S * INNER multiply-adds from which the big tile is used
 
 /** {tg, tile} of matmul_core for an [R, S] output summed over `inner`. */
@@ -18,6 +18,14 @@ function matmulShape(R, S, inner) {
 }
 
 const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
+
+// Workgroup sizes. Each launcher passes its size to the WGSL `override WG` and computes its grid
+// from the same constant, so the two cannot drift apart. The sizes of workgroup reductions (norm
+// rows, cross entropy, loss mean) fix their summation trees: changing one changes result bits.
+const WG_ELEMENT = 256;   // one thread per element: init, embed, rope, swiglu (+ backward), add_partials
+const WG_ROW = 64;        // one workgroup per row, tree-reduced: rmsnorm (+ backward), cross entropy
+const WG_COLUMN = 64;     // one thread per column or vocab row: norm-gain sums, embed backward
+const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup, one per thread
 
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
@@ -51,39 +59,46 @@ function check(cond, msg) {
 }
 
 export class Kernels {
-  constructor(device, lib) {
+  /** maxHeadDim: the attention kernels' head-dim limit, from the layout the server builds
+   *  (layout.limits.max_head_dim, server/model.py MAX_HEAD_DIM). */
+  constructor(device, lib, { maxHeadDim }) {
+    if (!(maxHeadDim > 0)) throw new Error('Kernels needs maxHeadDim (layout.limits.max_head_dim)');
     this.device = device;
     this.lib = lib;
+    this.maxHeadDim = maxHeadDim;
   }
 
   async op(file, entry, constants, uniforms, resources, grid, label) {
     const pipeline = await this.lib.pipeline(file, entry, constants);
     const u = uniformWords(this.device, uniforms, `${label}.dims`);
-    return { ...launch(this.device, pipeline, [u, ...resources], grid, label), file, entry };
+    // The op owns its uniform: the holder of the op list frees it (ops.js releaseOps).
+    return { ...launch(this.device, pipeline, [u, ...resources], grid, label), file, entry,
+      owned: [u] };
   }
 
   /** x[N, C] = wte[tokens[n]] */
   embed({ tokens, wte, x, N, C }) {
-    return this.op('01_embed.wgsl', 'main', {}, [N, C], [tokens, wte, x],
-      grid1d(cdiv(N * C, 256)), 'embed');
+    return this.op('01_embed.wgsl', 'main', { WG: WG_ELEMENT }, [N, C], [tokens, wte, x],
+      grid1d(cdiv(N * C, WG_ELEMENT)), 'embed');
   }
 
   /** dwte[V, C] += rows of dx grouped by token */
   embedBackward({ tokens, dx, dwte, N, C, V }) {
-    return this.op('08_embed_backward.wgsl', 'main', {}, [N, C, V], [tokens, dx, dwte],
-      grid1d(cdiv(V, 64)), 'embed_backward');
+    return this.op('08_embed_backward.wgsl', 'main', { WG: WG_COLUMN }, [N, C, V],
+      [tokens, dx, dwte], grid1d(cdiv(V, WG_COLUMN)), 'embed_backward');
   }
 
   /** y[N, C] = rmsnorm(x) * g; rstd[N] */
   rmsnorm({ x, g, y, rstd, N, C, eps }) {
-    return this.op('02_norm.wgsl', 'rmsnorm_forward', {}, [N, C, f32bits(eps)],
+    return this.op('02_norm.wgsl', 'rmsnorm_forward', { WG: WG_ROW }, [N, C, f32bits(eps)],
       [x, g, y, rstd], grid1d(N), 'rmsnorm');
   }
 
   /** dx[N, C] (= or += with accum) from dy, x, g, rstd */
   rmsnormBackward({ dy, x, g, rstd, dx, N, C, accum }) {
-    return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_input', { ACCUM: accum ? 1 : 0 },
-      [N, C], [dy, x, g, rstd, dx], grid1d(N), 'rmsnorm_backward');
+    return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_input',
+      { WG: WG_ROW, ACCUM: accum ? 1 : 0 }, [N, C], [dy, x, g, rstd, dx], grid1d(N),
+      'rmsnorm_backward');
   }
 
   /** dg[C] += sum over rows of dy * x * rstd; part: scratch of gainPartialNumel(N, C) floats */
@@ -91,10 +106,10 @@ export class Kernels {
     const chunks = cdiv(N, GAIN_ROWS);
     const dims = [N, C, GAIN_ROWS, chunks];
     return Promise.all([
-      this.op('08_norm_backward.wgsl', 'gain_partial', {}, dims,
-        [dy, x, null, rstd, null, part], [cdiv(C, 64), chunks], 'rmsnorm_backward_gain'),
-      this.op('08_norm_backward.wgsl', 'gain_finish', {}, dims,
-        [null, null, null, null, dg, part], [cdiv(C, 64), 1], 'rmsnorm_backward_gain'),
+      this.op('08_norm_backward.wgsl', 'gain_partial', { WG: WG_COLUMN }, dims,
+        [dy, x, null, rstd, null, part], [cdiv(C, WG_COLUMN), chunks], 'rmsnorm_backward_gain'),
+      this.op('08_norm_backward.wgsl', 'gain_finish', { WG: WG_COLUMN }, dims,
+        [null, null, null, null, dg, part], [cdiv(C, WG_COLUMN), 1], 'rmsnorm_backward_gain'),
     ]);
   }
 
@@ -129,35 +144,38 @@ export class Kernels {
     return Promise.all([
       this.op('11_linear_backward.wgsl', 'main', { MODE: 2, TG: tg, BK }, [N, K, M, rows],
         [dy, x, part], [cdiv(K, tile), cdiv(N, tile), splits], label),
-      this.op('11_linear_backward.wgsl', 'add_partials', {}, [N, K, splits, 0],
-        [part, null, dw], grid1d(cdiv(N * K, 256)), label),
+      this.op('11_linear_backward.wgsl', 'add_partials', { WG: WG_ELEMENT }, [N, K, splits, 0],
+        [part, null, dw], grid1d(cdiv(N * K, WG_ELEMENT)), label),
     ]);
   }
 
   /** RoPE on the q and k thirds of qkv[N, 3C], in place; inverse for backward */
   rope({ qkv, table, N, T, H, D, inverse = false }) {
     check(D % 2 === 0, `RoPE needs an even head dim, got ${D}`);
-    return this.op('04_rope.wgsl', 'main', { INVERSE: inverse ? 1 : 0 }, [N, T, H, D, H * D],
-      [qkv, table], grid1d(cdiv(N * H * D, 256)), inverse ? 'rope_backward' : 'rope');
+    // N * 2 (q, k) * H * D/2 rotated pairs, one thread each
+    return this.op('04_rope.wgsl', 'main', { WG: WG_ELEMENT, INVERSE: inverse ? 1 : 0 },
+      [N, T, H, D, H * D], [qkv, table], grid1d(cdiv(N * H * D, WG_ELEMENT)),
+      inverse ? 'rope_backward' : 'rope');
   }
 
   attentionDims(B, T, H, D) {
-    check(D <= 128, `attention supports head dim <= 128, got ${D}`);
+    check(D <= this.maxHeadDim, `attention supports head dim <= ${this.maxHeadDim}, got ${D}`);
     return [B, T, H, D, H * D, f32bits(1 / Math.sqrt(D))];
   }
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
     // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
-    return this.op('05_attention.wgsl', 'main', { HD: D, KT: D > 64 ? 16 : 32 },
-      this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, 64)), 'attention');
+    return this.op('05_attention.wgsl', 'main', { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 16 : 32 },
+      this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, WG_ATTENTION)),
+      'attention');
   }
 
   /** dqkv[B, T, 3C] from dy; two launches (dq first: it writes delta for dkdv) */
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
-    const grid = grid1d(B * H * cdiv(T, 64));
-    const c = { HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles stay under 16 KiB
+    const grid = grid1d(B * H * cdiv(T, WG_ATTENTION));
+    const c = { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles stay under 16 KiB
     return Promise.all([
       this.op('10_attention_backward.wgsl', 'attention_backward_dq', c, dims,
         [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
@@ -168,19 +186,19 @@ export class Kernels {
 
   /** h[N, F] = silu(gate) * up from gu[N, 2F] */
   swiglu({ gu, h, N, F }) {
-    return this.op('06_swiglu.wgsl', 'main', {}, [N, F], [gu, h], grid1d(cdiv(N * F, 256)),
-      'swiglu');
+    return this.op('06_swiglu.wgsl', 'main', { WG: WG_ELEMENT }, [N, F], [gu, h],
+      grid1d(cdiv(N * F, WG_ELEMENT)), 'swiglu');
   }
 
   /** dgu[N, 2F] from dh[N, F] and gu */
   swigluBackward({ gu, dh, dgu, N, F }) {
-    return this.op('09_ffn_backward.wgsl', 'main', {}, [N, F], [gu, dh, dgu],
-      grid1d(cdiv(N * F, 256)), 'swiglu_backward');
+    return this.op('09_ffn_backward.wgsl', 'main', { WG: WG_ELEMENT }, [N, F], [gu, dh, dgu],
+      grid1d(cdiv(N * F, WG_ELEMENT)), 'swiglu_backward');
   }
 
   /** losses[N + 1]: per-row CE and the mean at [N]; logits become dlogits when writeGrad */
   crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
-    const c = { WRITE_GRAD: writeGrad ? 1 : 0 };
+    const c = { WG: WG_ROW, WRITE_GRAD: writeGrad ? 1 : 0 };
     return Promise.all([
       this.op('07_loss.wgsl', 'cross_entropy', c, [N, V], [logits, targets, losses], grid1d(N),
         'cross_entropy'),
@@ -190,8 +208,8 @@ export class Kernels {
 
   /** Fill w[numel] from a seeded normal (std) or with ones */
   init({ w, numel, seed, stream, mode, std }) {
-    return this.op('00_init.wgsl', 'main', {}, [numel, seed >>> 0, mode, f32bits(std), stream],
-      [w], grid1d(cdiv(numel, 256)), 'init');
+    return this.op('00_init.wgsl', 'main', { WG: WG_ELEMENT },
+      [numel, seed >>> 0, mode, f32bits(std), stream], [w], grid1d(cdiv(numel, WG_ELEMENT)), 'init');
   }
 }
 

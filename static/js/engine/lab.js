@@ -2,8 +2,7 @@
 // Every entry takes plain typed arrays and returns plain typed arrays, so tests can compare
 // against PyTorch without knowing about GPU buffers. See README.md beside this file.
 
-import { acquireDevice } from './gpu.js';
-import { ShaderLibrary } from './shaders.js';
+import { createContext } from './context.js';
 
 import * as modelLab from './lab_model.js';
 import * as optimizerLab from './lab_optimizer.js';
@@ -15,9 +14,10 @@ const LAB_MODULES = [modelLab, optimizerLab];
  * getLayout: ({preset} | {config}) => layout JSON from the server (server/model.py).
  */
 export async function createLab({ gpu, load, getLayout }) {
-  const ctx = await acquireDevice(gpu);
-  ctx.lib = new ShaderLibrary(ctx.device, load);
+  const ctx = await createContext({ gpu, load });
   ctx.getLayout = getLayout;
+  // What the server says the kernels support (server/model.py), for kernels run without a model.
+  ctx.modelLimits = (await getLayout({ preset: 'tiny' })).limits;
   const lab = {
     ctx,
     info: { adapter: ctx.info, features: ctx.features, limits: ctx.limits, software: ctx.software },

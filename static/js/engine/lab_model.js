@@ -4,7 +4,7 @@
 import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels, gainPartialNumel, ropeTable, weightGradPartNumel } from './kernels.js';
 import { createModel } from './model.js';
-import { encodeOps } from './ops.js';
+import { encodeOps, releaseOps } from './ops.js';
 
 /**
  * Run one or more kernel ops on fresh buffers. `inputs` maps names to typed arrays (uploaded);
@@ -30,11 +30,12 @@ async function runOps(ctx, inputs, outputs, build) {
     out[name] = new Float32Array(await readBuffer(dev, bufs[name]));
   }
   for (const b of Object.values(bufs)) b.destroy();
+  releaseOps(ops);
   return out;
 }
 
 export function labEntries(ctx) {
-  const k = new Kernels(ctx.device, ctx.lib);
+  const k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim });
   const u32 = (a) => Uint32Array.from(a);
   const ops = {
     embed: ({ tokens, wte, N, C }) => runOps(ctx, { tokens: u32(tokens), wte }, { x: N * C },

@@ -29,8 +29,8 @@ export function labEntries(ctx) {
       const W = storageBuffer(device, n * 4, { label: 'lab.W', data: params });
       const G = storageBuffer(device, n * 4, { label: 'lab.G' });
       const is8 = variant.startsWith('adamw_8bit');
-      const opt = await Optimizer.create(device, ctx.lib, layout, {
-        variant, W, G, limits: ctx.limits, software: ctx.software, maxBindingBytes, ...tuning,
+      const opt = await Optimizer.create(ctx, layout, {
+        variant, W, G, maxBindingBytes, ...tuning,
         label: `lab.${variant}`,
         maps: is8 ? (maps || await fetchMaps()) : null,
         hyper: { beta1, beta2, eps, weight_decay, max_norm, clip },

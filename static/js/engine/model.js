@@ -7,7 +7,7 @@
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels, gainPartialNumel, ropeTable, weightGradPartNumel } from './kernels.js';
-import { copyOp, encodeOps, view } from './ops.js';
+import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
  *  The plan allocates exactly these, and the new-run page sums them for its memory estimate. */
@@ -66,7 +66,8 @@ export function limitProblems(layout, B, T, limits) {
       `at batch ${B} x ${T}; this adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB: ` +
       'use a smaller batch');
   }
-  if (layout.config.n_embd / layout.config.n_head > 128) problems.push('head dim over 128 is not supported');
+  const maxD = layout.limits.max_head_dim;   // server/model.py MAX_HEAD_DIM
+  if (layout.config.head_dim > maxD) problems.push(`head dim over ${maxD} is not supported`);
   return problems;
 }
 
@@ -78,12 +79,25 @@ export class Model {
     this.layout = layout;
     this.config = layout.config;
     this.params = Object.fromEntries(layout.params.map((p) => [p.name, p]));
-    this.k = new Kernels(ctx.device, ctx.lib);
+    this.k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: layout.limits.max_head_dim });
     const bytes = layout.total_numel * 4;
     this.W = storageBuffer(this.device, bytes, { label: 'W' });   // weights
     this.G = storageBuffer(this.device, bytes, { label: 'G' });   // gradients (+=, zeroed by AdamW)
-    this.weightsF16 = null;  // set by the optimizer when the f16 mirror is on
-    this.plans = new Map();
+    this.weightsF16 = null;  // the optimizer's f16 mirror when it is on (the optimizer owns it)
+    this.plans = new Map();  // `${B}x${T}` -> Promise<plan>
+    this.built = new Set();  // plans whose buffers exist
+    this.destroyed = false;
+  }
+
+  /** Frees W, G and every plan's activations and op uniforms (a plan still being built is
+   *  freed when it is done). */
+  destroy() {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    this.W.destroy();
+    this.G.destroy();
+    for (const plan of this.built) destroyPlan(plan);
+    this.built.clear();
   }
 
   /** Sub-range of `buffer` (W or G) holding tensor `name`, or `count` group members from it. */
@@ -108,6 +122,7 @@ export class Model {
       mode: p.init === 'ones' ? 1 : 0, std: p.init_std,
     })));
     this.submit(ops);
+    releaseOps(ops);   // submitted: the queue keeps what it needs
     this.device.queue.writeBuffer(this.G, 0, new Float32Array(this.layout.total_numel));
   }
 
@@ -130,25 +145,45 @@ export class Model {
   /** Activations and op lists for batch shape (B, T); cached. */
   async plan(B, T) {
     const key = `${B}x${T}`;
-    if (!this.plans.has(key)) this.plans.set(key, this.buildPlan(B, T));
+    if (this.destroyed) throw new Error('the model was destroyed');
+    if (!this.plans.has(key)) {
+      this.plans.set(key, this.buildPlan(B, T).then((plan) => {
+        if (this.destroyed) {
+          destroyPlan(plan);
+          throw new Error('the model was destroyed');
+        }
+        this.built.add(plan);
+        return plan;
+      }));
+    }
     return this.plans.get(key);
   }
 
   async buildPlan(B, T) {
-    const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V, seq_len: Tmax,
-      norm_eps: eps, rope_theta: theta } = this.config;
+    const Tmax = this.config.seq_len;
     if (T > Tmax) throw new Error(`sequence length ${T} exceeds the model's ${Tmax}`);
     const problems = limitProblems(this.layout, B, T, this.ctx.limits);
     if (problems.length) throw new Error(`cannot plan batch ${B} x ${T}: ${problems.join('; ')}`);
-    const D = C / H;
-    const N = B * T;
-    const dev = this.device;
     const a = {};  // activations kept for backward, and backward scratch
     for (const [name, numel, layers] of activationShapes(this.config, B, T)) {
-      const make = (i) => storageBuffer(dev, numel * 4, { label: layers ? `${name}${i}` : name });
+      const make = (i) => storageBuffer(this.device, numel * 4, { label: layers ? `${name}${i}` : name });
       a[name] = layers ? [...Array(layers)].map((_, i) => make(i)) : make(0);
     }
-    dev.queue.writeBuffer(a.rope, 0, ropeTable(T, D, theta));
+    try {
+      return await this.buildOps(a, B, T);
+    } catch (e) {
+      destroyPlan({ acts: a, forward: [], loss: [], backward: [] });
+      throw e;
+    }
+  }
+
+  /** The forward, loss and backward op lists of a plan over activations `a`. */
+  async buildOps(a, B, T) {
+    const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V,
+      norm_eps: eps, rope_theta: theta } = this.config;
+    const D = C / H;
+    const N = B * T;
+    this.device.queue.writeBuffer(a.rope, 0, ropeTable(T, D, theta));
     const k = this.k;
     const W = this.W;
     const G = this.G;
@@ -283,6 +318,12 @@ export class Model {
     this.submit(plan.forward);
     return new Float32Array(await readBuffer(this.device, plan.acts.logits));
   }
+}
+
+/** Frees a plan's activation buffers and its ops' uniforms. */
+function destroyPlan(plan) {
+  for (const buf of Object.values(plan.acts).flat()) buf.destroy();
+  releaseOps([...plan.forward, ...plan.loss, ...plan.backward]);
 }
 
 /** A model from a layout, initialised from `seed` on the GPU. */

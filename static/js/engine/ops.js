@@ -1,5 +1,6 @@
 // Ops: one recorded launch (pipeline + bind group + grid) or buffer copy. Built once per plan,
-// then a step only encodes them: nothing is allocated per step.
+// then a step only encodes them: nothing is allocated per step. A dispatch owns its uniform
+// buffer (op.owned); whoever holds the op list frees them with releaseOps.
 
 /** A byte sub-range of `buffer` covering f32 elements [offset, offset + numel). */
 export const view = (buffer, offset = 0, numel = null) => ({
@@ -40,6 +41,11 @@ export function launch(device, pipeline, resources, grid, label) {
   });
   const bindGroup = device.createBindGroup({ label, layout: pipeline.getBindGroupLayout(0), entries });
   return { kind: 'dispatch', pipeline, bindGroup, grid, label };
+}
+
+/** Destroy the buffers `ops` own (their uniforms); the ops cannot be encoded afterwards. */
+export function releaseOps(ops) {
+  for (const op of ops) for (const b of op.owned ?? []) b.destroy();
 }
 
 /** Copy f32 elements between buffers (a residual stream forked before `+=` into it). */

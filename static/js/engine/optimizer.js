@@ -1,18 +1,19 @@
 // The optimizer phase of a training step (12_optimizer.wgsl): global grad norm -> clip scale ->
 // AdamW over the whole mega-buffer, encoded into the caller's command encoder.
 //
-//   const opt = await Optimizer.create(device, lib, layout, {variant, W, G, limits, maps, ...});
+//   const opt = await Optimizer.create(ctx, layout, {variant, W, G, maps, ...});
 //   each step:  opt.setStep(step, lr);   // queue.writeBuffer of 64 bytes, before the submit
 //               opt.encode(encoder);     // or opt.encodeInPass(pass) inside an open compute pass
 //   opt.stats   GPUBuffer f32[4] = (grad_norm, clip_scale, grad_norm^2, #non-finite grad elements),
 //               STORAGE | COPY_SRC: copy it into the trainer's readback ring after encode().
 //   opt.mirror  (f16 variants) u32 [total_numel / 2]: element i of W as f16 in half i % 2 of word
 //               i / 2, low half first; the tensor at element offset o starts at byte 2 * o.
+//   opt.destroy()  frees every buffer it created (the mirror too, unless it was handed in).
 //
 // Pipelines are built once, bind groups once; encode() allocates nothing. Nothing here reads back.
 
 import { align, checked } from './gpu.js';
-import { BLOCKSIZE, buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './optimizer_tables.js';
+import { buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './optimizer_tables.js';
 
 const FILE = '12_optimizer.wgsl';
 export const VARIANTS = ['adamw', 'adamw_f16', 'adamw_8bit', 'adamw_8bit_f16'];
@@ -23,42 +24,47 @@ const ENTRY = {
 const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU default and minimum)
 const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
 const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
-                                 // are what costs on CPU adapters; 16 keeps an H200 busy too)
+                                 // are what costs on CPU adapters)
+const WG_FINAL = 256;            // finalize_grad_stats threads (one workgroup)
+const BLOCK_THREADS = 64;        // 8-bit: threads per block, 4 elements each (the kernel's layout),
+const BLOCK_ELEMS = 4 * BLOCK_THREADS;   // so the server's blocksize must be 256
 const MIN_BLOCK_ROUNDS = 16;     // 8-bit: blocks per group of 64 threads before its tables pay off
+// 8-bit persistent grid on a software adapter: a CPU runs a handful of workgroups at a time and
+// each loads ~10 KB of tables at CPU speed, so a few workgroups with many rounds each are fastest.
+const SOFTWARE_GROUPS = 4;
 
 const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 
 export class Optimizer {
   /**
-   * device, lib (ShaderLibrary), layout (server/model.py), and:
+   * ctx (context.js: device, lib, limits, software), layout (server/model.py), and:
    *   variant       'adamw' | 'adamw_f16' | 'adamw_8bit' | 'adamw_8bit_f16'
    *   W, G          f32 mega-buffers of layout.total_numel elements (G is zeroed by each step)
-   *   limits        the device's limits (ctx.limits); maxStorageBufferBindingSize splits the range
-   *   maps          {signed, unsigned} (GET /api/optimizer/maps), for the 8-bit variants
+   *   maps          {signed, unsigned, blocksize, min_8bit_size} (GET /api/optimizer/maps,
+   *                 server/optim.py quantization_maps()), for the 8-bit variants
    *   mirror        optional u32 buffer for the f16 mirror (else one is created)
    *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper)
    *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
-   *   software      the adapter is a CPU (ctx.software): smaller and fewer 8-bit workgroups
-   *                 (each loads ~10 KB of tables, slow on SwiftShader: tiny's 8-bit update
-   *                 26 -> 18 ms with 4 instead of 18 workgroups)
-   *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning. The 8-bit defaults (persistent, 4 blocks
-   *                 per workgroup, at most 4224 workgroups) were the fastest of the shapes timed
-   *                 on an H200 (bench/results/optimizer_h200.txt); persistent: false runs one
-   *                 round of bpw blocks per workgroup instead (8 was its best there)
+   *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning; none changes a result bit (the
+   *                 optimizer test checks). Defaults come from the context: ctx.limits bounds the
+   *                 workgroup sizes, ctx.software picks smaller and fewer 8-bit workgroups (see
+   *                 defaultGroups8); persistent: false runs one round of bpw blocks per workgroup.
    */
-  static async create(device, lib, layout, opts) {
-    const opt = new Optimizer(device, lib, layout, opts);
+  static async create(ctx, layout, opts) {
+    const opt = new Optimizer(ctx, layout, opts);
     await opt._build();
     return opt;
   }
 
-  constructor(device, lib, layout, { variant = 'adamw', W, G, limits = device.limits, maps = null,
-    mirror = null, hyper = {}, maxBindingBytes = null, software = false, wg = 256, wgReduce = 256,
-    bpw = software ? 2 : 4, persistent = true, nwg8 = software ? 4 : 4224, label = 'opt' } = {}) {
+  constructor(ctx, layout, { variant = 'adamw', W, G, maps = null, mirror = null, hyper = {},
+    maxBindingBytes = null, wg = 256, wgReduce = 256, bpw = ctx.software ? 2 : 4,
+    persistent = true, nwg8 = null, label = 'opt' } = {}) {
     if (!VARIANTS.includes(variant)) throw new Error(`unknown optimizer variant ${variant}`);
     if (!W || !G) throw new Error('Optimizer needs the W and G mega-buffers');
-    this.device = device;
-    this.lib = lib;
+    const { limits } = ctx;
+    this.ctx = ctx;
+    this.device = ctx.device;
+    this.lib = ctx.lib;
     this.layout = layout;
     this.variant = variant;
     this.is8 = variant.startsWith('adamw_8bit');
@@ -68,7 +74,7 @@ export class Optimizer {
     this.maps = maps;
     this.mirror = mirror;
     // 8-bit blocks per workgroup: 64 threads each, within the device's workgroup size.
-    bpw = Math.max(1, Math.min(bpw, Math.floor(limits.maxComputeInvocationsPerWorkgroup / 64)));
+    bpw = Math.max(1, Math.min(bpw, Math.floor(limits.maxComputeInvocationsPerWorkgroup / BLOCK_THREADS)));
     this.tuning = { wg, wgReduce, bpw, persistent, nwg8 };
     this.label = label;
     this.n = layout.total_numel;
@@ -93,6 +99,17 @@ export class Optimizer {
     this._chunks = [];   // per-window uniforms, destroyed with the optimizer
   }
 
+  /** 8-bit persistent workgroups for a chunk of `rounds` rounds of bpw blocks. The grid never
+   *  changes a result bit (each block is updated by one group of 64 threads in the same way,
+   *  whichever workgroup takes it), only the speed, so the default follows the adapter and the
+   *  problem, not one GPU's core count: as many workgroups as the chunk fills with at least
+   *  MIN_BLOCK_ROUNDS rounds each (the tables each one loads then pay off), and on a software
+   *  adapter at most SOFTWARE_GROUPS. bench/bench_optimizer.mjs --tune times other grids. */
+  defaultGroups8(rounds) {
+    const filled = Math.ceil(rounds / MIN_BLOCK_ROUNDS);
+    return this.ctx.software ? Math.min(SOFTWARE_GROUPS, filled) : filled;
+  }
+
   setHyper(h) {
     Object.assign(this.hyper, h);
   }
@@ -107,9 +124,10 @@ export class Optimizer {
     const d = this.device;
     const { wg, wgReduce, bpw, persistent, nwg8 } = this.tuning;
     const need = this.storageBuffersNeeded;
-    if (d.limits.maxStorageBuffersPerShaderStage < need) {
+    const perStage = this.ctx.limits.maxStorageBuffersPerShaderStage;
+    if (perStage < need) {
       throw new Error(`optimizer ${this.variant} needs ${need} storage buffers per shader stage; ` +
-        `this device allows ${d.limits.maxStorageBuffersPerShaderStage}`);
+        `this device allows ${perStage}`);
     }
     // Element windows (fp32 update and the norm): [k * windowElems, ...) over [0, n).
     this.windows = [];
@@ -135,13 +153,22 @@ export class Optimizer {
 
     const pipes = [
       this.lib.pipeline(FILE, 'reduce_norm_sq', { WG_R: wgReduce, VPT: VEC4_PER_THREAD }),
-      this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: 256 }),
+      this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: WG_FINAL }),
     ];
     if (this.is8) {
       if (!this.maps) {
         throw new Error('8-bit optimizer needs the quantization maps (GET /api/optimizer/maps)');
       }
-      this.plan = buildBlockPlan(this.layout);
+      if (this.maps.blocksize !== BLOCK_ELEMS) {
+        throw new Error(`8-bit optimizer: the kernel runs blocks of ${BLOCK_ELEMS} elements; the ` +
+          `server's blocksize is ${this.maps.blocksize}`);
+      }
+      this.plan = buildBlockPlan(this.layout, this.maps);
+      const served = this.layout.optimizer_state?.adamw_8bit;
+      if (served && served.q_blocks !== this.plan.qBlocks) {
+        throw new Error(`8-bit optimizer: ${this.plan.qBlocks} 8-bit blocks here, ` +
+          `${served.q_blocks} in the server's plan (server/optim.py block_plan)`);
+      }
       this.quant = buildQuantTables(this.maps);
       this.state8 = stateLayout8(this.plan);
       const t = new Uint32Array(this.quant.words.length + this.plan.entries.length);
@@ -194,7 +221,8 @@ export class Optimizer {
   // 8-bit chunks: runs of whole blocks whose W/G window and codes window fit one binding each.
   _plan8(bpw, persistent, nwg8) {
     const e = this.plan.entries;
-    const maxCodesBlocks = Math.floor(this.windowElems * 4 / (2 * BLOCKSIZE));
+    const blockBytes = 2 * this.plan.blocksize;   // m and v codes of one block
+    const maxCodesBlocks = Math.floor(this.windowElems * 4 / blockBytes);
     const chunks = [];
     let cur = null;
     for (let b = 0; b < this.plan.nBlocks; b++) {
@@ -229,15 +257,16 @@ export class Optimizer {
         1: this._chunk({ base: c.base, b0: c.b0, b1: c.b1, qbase,
           m32: this.state8.m32, v32: this.state8.v32 }),
         4: this._range(this.W, c.base, len, 4), 5: this._range(this.G, c.base, len, 4),
-        9: { buffer: this.codes, offset: qbase * 2 * BLOCKSIZE,
-          size: Math.min(qlen * 2 * BLOCKSIZE, this.codes.size - qbase * 2 * BLOCKSIZE) },
+        9: { buffer: this.codes, offset: qbase * blockBytes,
+          size: Math.min(qlen * blockBytes, this.codes.size - qbase * blockBytes) },
         10: this.small, 11: this.tables,
       };
       if (this.f16) res[8] = this._range(this.mirror, c.base, len, 2);
       const rounds = Math.ceil((c.b1 - c.b0) / bpw);
       if (persistent) {
         // Each workgroup loads ~10 KB of tables first: give it at least MIN_BLOCK_ROUNDS rounds.
-        const groups = Math.min(nwg8, Math.ceil(rounds / MIN_BLOCK_ROUNDS), MAX_GRID);
+        const groups = Math.min(nwg8 ?? this.defaultGroups8(rounds),
+          Math.ceil(rounds / MIN_BLOCK_ROUNDS), MAX_GRID);
         return { group: this._group(this.pUpdate, res), grid: [groups, 1] };
       }
       const x = Math.min(rounds, MAX_GRID);

@@ -2,8 +2,6 @@
 // the 8-bit block plan, the nearest-code quantization tables, and f32 -> f16 packing for the mirror.
 // Pure JS (no GPU), so it runs the same in a page, under Node, and in tests.
 
-export const BLOCKSIZE = 256;       // bitsandbytes' blockwise size
-export const MIN_8BIT_SIZE = 4096;  // smaller tensors keep f32 state (bitsandbytes' min_8bit_size)
 export const EXP_RANGE = 24;        // quantization buckets cover |x| in [2^-24, 1] (see buildQuantTables)
 
 const F32 = new Float32Array(1);
@@ -13,14 +11,18 @@ const fromBits = (u) => { U32[0] = u >>> 0; return F32[0]; };
 const roundUp = (n, a) => Math.ceil(n / a) * a;
 
 /**
- * The 8-bit block plan (same rules as server/optim.py block_plan): every tensor is cut into blocks of
- * at most 256 elements from its own offset (blocks never straddle tensors); tensors with
- * numel >= 4096 get 8-bit state (slot = 8-bit block ordinal q), smaller ones f32 state (slot =
- * offset in the f32 planes). entries: Uint32Array [4 * nBlocks] of (start, length, slot, flags),
- * flags bit 0 = f32 state. The kernel reads 4 elements per thread: offsets and numels must be
- * multiples of 4 (true whenever n_embd % 4 == 0).
+ * The 8-bit block plan (same rules as server/optim.py block_plan, with its blocksize and
+ * min_8bit_size, sent in GET /api/optimizer/maps): every tensor is cut into blocks of at most
+ * `blocksize` elements from its own offset (blocks never straddle tensors); tensors with
+ * numel >= min_8bit_size get 8-bit state (slot = 8-bit block ordinal q), smaller ones f32 state
+ * (slot = offset in the f32 planes). entries: Uint32Array [4 * nBlocks] of (start, length, slot,
+ * flags), flags bit 0 = f32 state. The kernel reads 4 elements per thread: offsets and numels must
+ * be multiples of 4 (true whenever n_embd % 4 == 0).
  */
-export function buildBlockPlan(layout) {
+export function buildBlockPlan(layout, { blocksize, min_8bit_size: min8 }) {
+  if (!(blocksize > 0 && min8 > 0)) {
+    throw new Error('8-bit optimizer: blocksize and min_8bit_size come from the server (maps)');
+  }
   const rows = [];
   let q = 0;
   let f32 = 0;
@@ -29,23 +31,23 @@ export function buildBlockPlan(layout) {
       throw new Error(`8-bit optimizer: tensor ${p.name} (offset ${p.offset}, numel ${p.numel}) is ` +
         'not a multiple of 4 elements; use a model with n_embd % 4 == 0');
     }
-    const is8 = p.numel >= MIN_8BIT_SIZE;
-    for (let s = 0; s < p.numel; s += BLOCKSIZE) {
-      const len = Math.min(BLOCKSIZE, p.numel - s);
+    const is8 = p.numel >= min8;
+    for (let s = 0; s < p.numel; s += blocksize) {
+      const len = Math.min(blocksize, p.numel - s);
       rows.push([p.offset + s, len, is8 ? q++ : f32 + s, is8 ? 0 : 1]);
     }
     if (!is8) f32 += roundUp(p.numel, 4);
   }
   const entries = new Uint32Array(rows.length * 4);
   rows.forEach((r, i) => entries.set(r, 4 * i));
-  return { entries, nBlocks: rows.length, qBlocks: q, f32Numel: f32 };
+  return { entries, nBlocks: rows.length, qBlocks: q, f32Numel: f32, blocksize };
 }
 
 /** Sizes (bytes) of the 8-bit state buffers; the same numbers as server/optim.py optimizer_memory. */
 export function stateLayout8(plan) {
   const absmaxFloats = roundUp(2 * plan.qBlocks, 4);
   return {
-    codesBytes: 2 * BLOCKSIZE * plan.qBlocks,                   // m and v codes, 1 byte each
+    codesBytes: 2 * plan.blocksize * plan.qBlocks,                   // m and v codes, 1 byte each
     smallFloats: absmaxFloats + 2 * plan.f32Numel,              // absmax pairs, then f32 m, f32 v
     m32: absmaxFloats,
     v32: absmaxFloats + plan.f32Numel,
@@ -152,9 +154,6 @@ export function buildQuantTables(maps) {
   return {
     words,
     constants: { EXP_RANGE, MB_M: bm.mb, MB_V: bv.mb },
-    // Host mirror of the kernel's rounding, for tests: code of x (already divided by absmax).
-    quantM: (x) => countAtOrBelow(thrM, Math.fround(x)),
-    quantV: (x) => countAtOrBelow(thrV, Math.fround(x)),
   };
 }
 

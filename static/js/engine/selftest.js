@@ -2,11 +2,11 @@
 // checked against exact CPU arithmetic (all values are small integers, exact in f32).
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { ShaderLibrary, bindGroup } from './shaders.js';
+import { bindGroup } from './shaders.js';
 
-export async function runSelfTest(device, load, n = 1000, wg = 64) {
+/** ctx: the engine context (context.js); n elements in workgroups of wg threads. */
+export async function runSelfTest({ device, lib }, n = 1000, wg = 64) {
   const t0 = performance.now();
-  const lib = new ShaderLibrary(device, load);
   const pipeline = await lib.pipeline('00_selftest.wgsl', 'main', { WG: wg });
   const x = Float32Array.from({ length: n }, (_, i) => i % 97);
   const nwg = Math.ceil(n / wg);

@@ -1,5 +1,5 @@
-// WGSL source loading and pipeline creation, cached. The loader is injected:
-// fetchLoader() in a page, fsLoader (engine/node.js) under Node.
+// WGSL source loading and pipeline creation, cached. The loader is injected: fetchLoader() in a
+// page, any async (file) => text elsewhere (the Node benches read shaders/ from disk).
 
 import { checked } from './gpu.js';
 

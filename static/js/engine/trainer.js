@@ -6,7 +6,6 @@
 // DOM-free: the app hands in the device context, the server's layout and config, batch loaders,
 // and callbacks for records, samples and status.
 
-import { storageBuffer } from './gpu.js';
 import { Prefetcher, parseBatch } from './batches.js';
 import { Model, limitProblems } from './model.js';
 import { encodeOps } from './ops.js';
@@ -30,14 +29,19 @@ export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floo
 
 export class Trainer {
   /**
-   * ctx: {device, lib, limits}; layout: the run's parameter table; config: the run config
+   * ctx: the engine context (context.js); layout: the run's parameter table; config: the run config
    * (server/routes/runs.py RunConfig); maps: 8-bit quantization maps; loadBatch(step) and
    * loadValBatch(index): async -> ArrayBuffer; decode(ids) -> string (optional);
    * on: {record(rec), sample(step, text), status(status, message)}.
    */
   static async create(opts) {
     const t = new Trainer(opts);
-    await t.build();
+    try {
+      await t.build();
+    } catch (e) {
+      t.destroy();   // whatever was allocated before the failure
+      throw e;
+    }
     return t;
   }
 
@@ -63,8 +67,8 @@ export class Trainer {
     if (problems.length) throw new Error(`this GPU cannot run it: ${problems.join('; ')}`);
     this.model = new Model(ctx, layout);
     await this.model.init(c.seed);
-    this.opt = await Optimizer.create(this.device, ctx.lib, layout, {
-      variant: this.variant, W: this.model.W, G: this.model.G, limits: ctx.limits, maps: this.maps,
+    this.opt = await Optimizer.create(ctx, layout, {
+      variant: this.variant, W: this.model.W, G: this.model.G, maps: this.maps,
       hyper: { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay,
         max_norm: c.max_norm, clip: c.clip },
     });
@@ -250,9 +254,13 @@ export class Trainer {
     this.on.sample(step, text);
   }
 
+  /** Frees every GPU object of the run: model (weights, grads, activations, ops), optimizer,
+   *  readback ring, eval buffer and timestamp queries. Call once run() has resolved. */
   destroy() {
+    this.model?.destroy();
     this.opt?.destroy();
     for (const s of this.ring ?? []) s.buf.destroy();
+    this.evalBuf?.destroy();
     this.queryBuf?.destroy();
     this.queries?.destroy();
   }

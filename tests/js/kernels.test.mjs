@@ -1,0 +1,101 @@
+// Shape rules of the kernel launchers (kernels.js, ops.js, model.js): split-K of the weight
+// gradient, tile choice, grids, scratch sizes, activation sizes and adapter limit checks.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { gainPartialNumel, ropeTable, weightGradPartNumel, weightGradSplit } from '../../static/js/engine/kernels.js';
+import { activationBytes, activationShapes, limitProblems } from '../../static/js/engine/model.js';
+import { f32bits, grid1d, releaseOps, view } from '../../static/js/engine/ops.js';
+
+test('weight-gradient split: rows a multiple of BK 16, splits cover M exactly once', () => {
+  for (const [M, N, K] of [[37, 45, 19], [1000, 40, 24], [1000, 300, 230], [8192, 8192, 768],
+    [64, 512, 64], [256, 64, 64], [100000, 7, 3]]) {
+    const { splits, rows, tg, tile } = weightGradSplit(M, N, K);
+    assert.equal(rows % 16, 0, `${M}x${N}x${K} rows ${rows}`);
+    assert.ok(splits >= 1 && (splits - 1) * rows < M && splits * rows >= M, `${M}x${N}x${K}`);
+    assert.equal(tile, 4 * tg);
+    // Split rows never go under 256 (SPLIT_MIN_ROWS) unless there is one split.
+    if (splits > 1) assert.ok(rows >= 256);
+    assert.equal(weightGradPartNumel(M, N, K), splits > 1 ? splits * N * K : 0);
+  }
+});
+
+test('weight-gradient split: the shapes tests/gpu/test_kernels.py relies on', () => {
+  // 32 x 32 tiles, three row ranges
+  assert.deepEqual(weightGradSplit(1000, 40, 24), { splits: 3, rows: 336, tg: 8, tile: 32 });
+  // past BIG_MATMUL (2^26 multiply-adds): 64 x 64 tiles
+  const big = weightGradSplit(1000, 300, 230);
+  assert.equal(big.tile, 64);
+  assert.equal(big.splits, 3);
+  // small problems: no split
+  assert.equal(weightGradSplit(37, 45, 19).splits, 1);
+});
+
+test('tile choice depends on the problem size only', () => {
+  assert.equal(weightGradSplit(2 ** 10, 2 ** 8, 2 ** 8 - 1).tg, 8);    // just under 2^26
+  assert.equal(weightGradSplit(2 ** 10, 2 ** 8, 2 ** 8).tg, 16);       // exactly 2^26
+});
+
+test('norm-gain scratch: one partial row per 64 rows', () => {
+  assert.equal(gainPartialNumel(64, 10), 10);
+  assert.equal(gainPartialNumel(65, 10), 20);
+  assert.equal(gainPartialNumel(1, 7), 7);
+});
+
+test('grid1d: 1-D up to 65535 workgroups, then 2-D covering at least n', () => {
+  assert.deepEqual(grid1d(0), [1, 1]);
+  assert.deepEqual(grid1d(65535), [65535, 1]);
+  for (const n of [65536, 100000, 65535 * 3 + 1, 2 ** 24]) {
+    const [x, y] = grid1d(n);
+    assert.ok(x <= 65535 && y <= 65535 && x * y >= n && x * (y - 1) < n, `${n}: ${x} x ${y}`);
+  }
+});
+
+test('f32bits and view', () => {
+  assert.equal(f32bits(1), 0x3f800000);
+  assert.equal(f32bits(-0), 0x80000000);
+  assert.deepEqual(view({ size: 400 }, 10, 5), { buffer: { size: 400 }, offset: 40, size: 20 });
+  assert.deepEqual(view({ size: 400 }, 10).size, 360);
+});
+
+test('releaseOps destroys each op\'s own buffers once', () => {
+  let destroyed = 0;
+  const buf = () => ({ destroy: () => { destroyed += 1; } });
+  releaseOps([{ kind: 'dispatch', owned: [buf()] }, { kind: 'copy' }, { kind: 'dispatch', owned: [buf()] }]);
+  assert.equal(destroyed, 2);
+});
+
+test('ropeTable: cos, sin of t * theta^(-2j/D), angles in f32', () => {
+  const t = ropeTable(3, 4, 10000);
+  assert.equal(t.length, 3 * 2 * 2);
+  assert.deepEqual(Array.from(t.subarray(0, 4)), [1, 0, 1, 0]);   // t = 0
+  assert.equal(t[(1 * 2 + 0) * 2], Math.fround(Math.cos(1)));      // t = 1, j = 0: angle 1
+  assert.equal(t[(2 * 2 + 1) * 2 + 1], Math.fround(Math.sin(Math.fround(2 * Math.fround(1 / 100)))));
+});
+
+const tiny = {
+  config: { vocab_size: 512, n_embd: 64, n_layer: 2, n_head: 4, ffn_dim: 192, seq_len: 64, head_dim: 16 },
+  total_numel: 139584,
+  limits: { max_head_dim: 128 },
+};
+const roomy = { maxStorageBufferBindingSize: 2 ** 30, maxBufferSize: 2 ** 30 };
+
+test('activation shapes: layer counts and the largest buffer', () => {
+  const shapes = Object.fromEntries(activationShapes(tiny.config, 2, 64).map(([n, e, l]) => [n, [e, l]]));
+  assert.deepEqual(shapes.res, [2 * 64 * 64, 3]);              // L + 1 residual streams
+  assert.deepEqual(shapes.logits, [2 * 64 * 512, null]);
+  const { total, largest } = activationBytes(tiny.config, 2, 64);
+  assert.equal(largest.name, 'logits');
+  assert.equal(largest.bytes, 2 * 64 * 512 * 4);
+  assert.ok(total > largest.bytes);
+});
+
+test('limitProblems: binding limits and the server\'s head-dim limit', () => {
+  assert.deepEqual(limitProblems(tiny, 2, 64, roomy), []);
+  const small = { maxStorageBufferBindingSize: 2 ** 18, maxBufferSize: 2 ** 30 };
+  const p = limitProblems(tiny, 4, 64, small);
+  assert.equal(p.length, 2);
+  assert.match(p[0], /weights/);
+  assert.match(p[1], /logits activation/);
+  const wide = { ...tiny, config: { ...tiny.config, head_dim: 32 }, limits: { max_head_dim: 16 } };
+  assert.deepEqual(limitProblems(wide, 2, 64, roomy), ['head dim over 16 is not supported']);
+});
