@@ -20,32 +20,28 @@ def index(request: Request, templates: TemplatesDep):
     return _render(templates, request, "index.html", title="New run", fields=form_fields())
 
 
-@router.get("/runs")
-def runs_page(request: Request, templates: TemplatesDep):
-    return _render(templates, request, "runs.html", title="Runs")
-
-
 @router.get("/runs/{run_id}")
 def run_page(request: Request, templates: TemplatesDep, run_id: str):
     # The page loads the run through the API and says so itself when the run does not exist.
     return _render(templates, request, "run.html", title=f"Run {run_id}", run_id=run_id)
 
 
-@router.get("/compare")
-def compare_page(request: Request, templates: TemplatesDep):
-    return _render(templates, request, "compare.html", title="Compare runs")
+# Pages that need nothing but their template: path -> (template, title).
+STATIC_PAGES = {
+    "/runs": ("runs.html", "Runs"),
+    "/compare": ("compare.html", "Compare runs"),
+    "/diagnostics": ("diagnostics.html", "WebGPU diagnostics"),
+    "/lab": ("lab.html", "Engine lab"),
+    "/kernels": ("kernels.html", "Kernels"),
+}
 
 
-@router.get("/diagnostics")
-def diagnostics(request: Request, templates: TemplatesDep):
-    return _render(templates, request, "diagnostics.html", title="WebGPU diagnostics")
+def _static_page(template: str, title: str):
+    def page(request: Request, templates: TemplatesDep):
+        return _render(templates, request, template, title=title)
+    return page
 
 
-@router.get("/lab")
-def lab(request: Request, templates: TemplatesDep):
-    return _render(templates, request, "lab.html", title="Engine lab")
-
-
-@router.get("/kernels")
-def kernels_page(request: Request, templates: TemplatesDep):
-    return _render(templates, request, "kernels.html", title="Kernels")
+for _path, (_template, _title) in STATIC_PAGES.items():
+    router.add_api_route(_path, _static_page(_template, _title), methods=["GET"],
+                         name=_template.removesuffix(".html"))
