@@ -91,3 +91,39 @@ def test_bandit_over_http(data_client):
         assert bad.status_code == 400 and "unknown sources" in bad.text, key
     assert data_client.post(f"/api/runs/{run}/source_losses",
                             json={"step": -1, "losses": {}}).status_code == 422
+
+
+def test_a_phase_waits_for_the_reports_it_depends_on():
+    """Phase k is decided from the reports of phases <= k - 2, all of them: a decision never
+    depends on how far telemetry had got when the batch was asked for."""
+    import threading
+
+    import pytest
+
+    from andrea.data.bandit import NotReady
+
+    curve = lambda s: (3.0, 5.0 * 0.99 ** s, 4.0)   # noqa: E731
+    phases = PhaseSchedule(7).phases_until(400)
+    k = 4
+    need = phases[k - 1][1] - 1                       # record steps 1..need
+    early = SourceBandit(7, SOURCES, wait_s=0.05)
+    _feed(early, range(1, need), curve)               # one step short
+    with pytest.raises(NotReady, match=f"steps 1..{need}"):
+        early.phase_at(phases[k][1])
+    # The missing report arrives while a request waits: it decides then, from exactly the
+    # reports it needs, and equals a bandit that had every report (and more) from the start.
+    early.wait_s = 10
+    threading.Timer(0.1, lambda: _feed(early, range(need, need + 1), curve)).start()
+    late = SourceBandit(7, SOURCES, wait_s=0)
+    _feed(late, range(1, 400), curve)
+    assert early.phase_at(phases[k][1]) == late.phase_at(phases[k][1])
+
+
+def test_a_step_without_usable_losses_still_counts_as_reported():
+    bandit = SourceBandit(2, SOURCES, wait_s=0.01)
+    _feed(bandit, range(1, 300), lambda s: (3.0, 4.0, 5.0))
+    phases = PhaseSchedule(2).phases_until(300)
+    bandit_gap = SourceBandit(2, SOURCES, wait_s=0.01)
+    _feed(bandit_gap, [s for s in range(1, 300) if s != 5], lambda s: (3.0, 4.0, 5.0))
+    bandit_gap.mark_reported(5)                       # its loss was not finite
+    assert bandit_gap.phase_at(phases[3][1]).index == 3

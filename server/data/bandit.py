@@ -11,16 +11,21 @@ the mean training loss of the rows drawn from each source (`report(step, source,
     r[i, j] = (m[i, j'] - m[i, j]) / m[i, j']     j' = the latest earlier phase with reports for i
 i.e. the relative decrease of the source's loss from one phase to the next: positive while the
 model is still learning that source. Per source the estimate q[i] is an EMA (alpha REWARD_EMA)
-of r[i, .] in phase order, 0 until the source has reports in two phases.
+of r[i, .] in phase order, 0 until the source has reports in two phases. Phase k uses the
+estimates from phases <= k - 2 (see Determinism).
 
 Weights. p = (1 - EXPLORE) * softmax(q / max(mean|q|, REWARD_SCALE_FLOOR)) + EXPLORE / K:
 scale-free (equal progress gives equal weights however fast the loss falls), and every
 source keeps at least EXPLORE / K of the rows so none starves and every estimate stays fresh.
 
-Determinism. Phase k's weights are a pure function of the seed and the reports for steps
-before phase k starts. They are decided once, at the first batch request that falls in
-phase k, then frozen and recorded: a late report never changes bytes already served, and a
-replay given the recorded phases reproduces every batch.
+Determinism. Phase k's weights are a pure function of the seed and the reports of phases
+<= k - 2: the whole phase before last, never whichever reports happen to have arrived. A batch
+request in phase k (the trainer prefetches a few steps ahead while telemetry is still in
+flight) waits until every step of those phases has been reported (`wait_s`), then decides and
+freezes phase k. So an uninterrupted run, a run resumed from a checkpoint and a server restarted
+mid-run (which replays the committed reports) all serve the same bytes for the same (run, step).
+A one-phase gap (at least 7 steps) keeps the wait rare: those reports left the GPU long ago.
+Bandits without telemetry (ad hoc batch requests) pass no `wait_s` and decide with what they have.
 """
 
 from __future__ import annotations
@@ -102,18 +107,27 @@ class Phase:
                 "weights": list(self.weights), "estimates": list(self.estimates)}
 
 
-class SourceBandit:
-    """One run's bandit. Thread-safe: batch requests and telemetry reports come from threads."""
+class NotReady(Exception):
+    """A phase cannot be decided yet: reports of earlier steps are still in flight."""
 
-    def __init__(self, seed: int, sources: Sequence[str]):
+
+class SourceBandit:
+    """One run's bandit. Thread-safe: batch requests and telemetry reports come from threads.
+    wait_s: how long a decision may wait for the reports it needs (None: decide with what is
+    there, for bandits that get no telemetry)."""
+
+    def __init__(self, seed: int, sources: Sequence[str], wait_s: float | None = None):
         if not sources:
             raise ValueError("the bandit needs at least one source")
         self.sources = tuple(sources)
         self.schedule = PhaseSchedule(seed)
+        self.wait_s = wait_s
         self._phases: list[Phase] = []               # decided so far, frozen
         self._seen: set[tuple[int, int]] = set()     # (step, source): resends are ignored
         self._sums: dict[int, np.ndarray] = {}       # phase -> per-source [loss sum, count]
-        self._lock = threading.Lock()
+        self._reported_to = 0                        # steps 1..this have all been reported
+        self._reported_after: set[int] = set()       # reported steps past that
+        self._cond = threading.Condition()
 
     def report(self, step: int, source: int, loss: float) -> None:
         """Source `source`'s (corpus index) mean training loss at `step`. Idempotent."""
@@ -122,12 +136,26 @@ class SourceBandit:
         if step < 0 or not math.isfinite(loss):
             return                  # a non-finite loss says nothing about progress
         k = self.schedule.locate(step)[0]
-        with self._lock:
+        with self._cond:
             if (step, source) in self._seen:
                 return
             self._seen.add((step, source))
             acc = self._sums.setdefault(k, np.zeros((len(self.sources), 2)))
             acc[source] += (loss, 1.0)
+            self._mark(step)
+
+    def mark_reported(self, step: int) -> None:
+        """Step `step`'s record arrived (also when it carried no usable loss)."""
+        with self._cond:
+            self._mark(step)
+
+    def _mark(self, step: int) -> None:
+        if step > self._reported_to:
+            self._reported_after.add(step)
+            while self._reported_to + 1 in self._reported_after:
+                self._reported_to += 1
+                self._reported_after.discard(self._reported_to)
+            self._cond.notify_all()
 
     def estimates(self, before_phase: int) -> np.ndarray:
         """q per source from the reports of phases < before_phase (see module docstring)."""
@@ -145,12 +173,20 @@ class SourceBandit:
         return q
 
     def phase_at(self, step: int) -> Phase:
+        """The phase holding `step`, deciding it (and those before) if needed. NotReady if
+        the reports it depends on do not arrive within wait_s."""
         k, _, _ = self.schedule.locate(step)
-        with self._lock:
+        with self._cond:
             while len(self._phases) <= k:
                 j = len(self._phases)
                 start, length = self.schedule.phase(j)
-                q = self.estimates(j)
+                # Phase j depends on every step before phase j - 1 starts (records are 1-based).
+                need = self.schedule.phase(j - 1)[0] - 1 if j >= 2 else 0
+                if self.wait_s is not None and not self._cond.wait_for(
+                        lambda: self._reported_to >= need, timeout=self.wait_s):
+                    raise NotReady(f"phase {j} waits for the training losses of steps 1..{need}; "
+                                   f"steps 1..{self._reported_to} have arrived")
+                q = self.estimates(j - 1)
                 w = mix_weights(q)
                 self._phases.append(Phase(j, start, length, tuple(w.tolist()), tuple(q.tolist())))
             return self._phases[k]
@@ -160,5 +196,5 @@ class SourceBandit:
 
     def phases(self) -> list[Phase]:
         """Phases decided so far (what the charts mark), oldest first."""
-        with self._lock:
+        with self._cond:
             return list(self._phases)

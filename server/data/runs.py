@@ -20,6 +20,9 @@ from andrea.data.bandit import SourceBandit
 from andrea.data.spec import BatchSpec
 
 MAX_AD_HOC = 64                     # bounded: each holds a bandit's reports
+# How long a batch request waits for the telemetry its bandit phase depends on; past that it
+# answers 503 and the page retries (the reports are a few hundred milliseconds behind at most).
+REPORT_WAIT_S = 10.0
 
 
 class RunStore(Protocol):
@@ -73,8 +76,10 @@ class RunRegistry:
             return None
         with self._lock:
             if run_id not in self._bandits:
-                bandit = SourceBandit(spec.seed, source_names)
-                if self._store is not None and not run_id.startswith("adhoc-"):
+                real = self._store is not None and not run_id.startswith("adhoc-")
+                bandit = SourceBandit(spec.seed, source_names,
+                                      wait_s=REPORT_WAIT_S if real else None)
+                if real:
                     for rec in self._store.metrics(run_id):
                         _report(bandit, rec["step"], rec.get("source_losses") or {})
                 self._bandits[run_id] = bandit
@@ -92,6 +97,13 @@ class RunRegistry:
         _report(bandit, step, losses)
         return True
 
+    def forget(self, run_id: str) -> None:
+        """Drops the run's in-memory state (a resumed run's metrics after its checkpoint were
+        deleted): the next use rebuilds it from the committed records."""
+        with self._lock:
+            self._specs.pop(run_id, None)
+            self._bandits.pop(run_id, None)
+
 
 def _report(bandit: SourceBandit, step: int, losses: Mapping[str, float]) -> None:
     bad = sorted(k for k in losses if not (k.isdigit() and int(k) < len(bandit.sources)))
@@ -100,3 +112,4 @@ def _report(bandit: SourceBandit, step: int, losses: Mapping[str, float]) -> Non
         raise ValueError(f"unknown sources {bad}: give source indices; known: {known}")
     for source, loss in losses.items():
         bandit.report(step, int(source), loss)
+    bandit.mark_reported(step)

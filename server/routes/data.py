@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from andrea.data import tokenizer as tk
 from andrea.data import wire
+from andrea.data.bandit import NotReady
 from andrea.data.batches import CorpusMismatch, make_batch
 from andrea.data.hub import DataHub, PreparedCorpus
 from andrea.data.runs import RunRegistry
@@ -88,6 +89,8 @@ def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int, spl
         batch = make_batch(corpus, spec, step, split, runs.bandit(run_id, corpus.source_names))
     except CorpusMismatch as e:
         raise HTTPException(409, str(e)) from e
+    except NotReady as e:           # telemetry still in flight: the page retries
+        raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from e
     except ValueError as e:         # StepOutOfRange, seq_len longer than every source, ...
         raise HTTPException(400, str(e)) from e
     return Response(wire.encode(batch), media_type=wire.MEDIA_TYPE,
