@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -12,16 +13,18 @@ from fastapi.templating import Jinja2Templates
 
 from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
+from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
-from andrea.routes import data, health, pages, presets, runs
+from andrea.routes import checkpoints, data, health, pages, presets, runs
 from andrea.store import Store
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
+    await _recover_checkpoints(app.state.store, app.state.checkpoints)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed
@@ -59,10 +62,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = store = Store(settings.db_path)
     app.state.runs = RunRegistry(store)
     app.state.fanout = Fanout()
+    app.state.checkpoints = CheckpointStore(settings.data_dir, settings.checkpoints_kept)
     for router in (health.router, pages.router, presets.router, data.router, runs.router,
-                   telemetry.router):
+                   checkpoints.router, telemetry.router):
         app.include_router(router)
     return app
+
+
+async def _recover_checkpoints(store: Store, ckpts: CheckpointStore) -> None:
+    """A crash mid-upload leaves temp files or a .ckpt without its sidecar: removed; the
+    database's newest checkpoint per run is set from what is on disk (the sidecars commit)."""
+    on_disk = await asyncio.to_thread(ckpts.recover)
+    recorded = await store.run(store.checkpoint_steps)
+    for run_id in set(on_disk) | set(recorded):
+        if on_disk.get(run_id) != recorded.get(run_id):
+            await store.run(store.set_checkpoint_step, run_id, on_disk.get(run_id))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

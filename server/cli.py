@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "model card: AutoModelForCausalLM.from_pretrained(OUT).")
     ex.add_argument("run_id")
     ex.add_argument("--out", required=True, type=Path, help="folder for the checkpoint")
+    ex.add_argument("--step", type=int, metavar="K",
+                    help="the weights of the run's training checkpoint after step K (see "
+                         "GET /api/runs/RUN_ID/checkpoints) instead of its final upload")
     where = ex.add_mutually_exclusive_group()
     where.add_argument("--data-dir", type=Path,
                        help="the data dir holding the run (default: ANDREA_DATA_DIR or the "
@@ -118,11 +121,13 @@ def _export(args: argparse.Namespace) -> int:
     from andrea import export
 
     try:
+        if args.step is not None and args.step < 1:
+            raise export.UsageError(f"--step must be 1 or more, got {args.step}")
         if args.server:
-            out = export.fetch_export(args.server, args.run_id, args.out)
+            out = export.fetch_export(args.server, args.run_id, args.out, args.step)
         else:
             out = export.export_local(args.data_dir or Settings().data_dir, args.run_id,
-                                      args.out)
+                                      args.out, args.step)
     except export.UsageError as e:
         print(f"andrea export: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 """One Settings object for the whole server, read from the environment the ecosystem way:
-ANDREA_HOST, ANDREA_PORT, ANDREA_DATA_DIR (command-line flags override them). The default data
+ANDREA_HOST, ANDREA_PORT, ANDREA_DATA_DIR, ANDREA_CHECKPOINTS_KEPT, ... (command-line flags
+override them). The default data
 dir is the platform's user data folder, the same for `serve`, `train` and `export`."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     # Seconds a running run may go without its trainer socket before it is marked interrupted.
     trainer_grace_s: float = 60.0
+    # Checkpoints kept per run (the newest ones); older ones are deleted after each upload.
+    checkpoints_kept: int = Field(2, ge=1)
     # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
     corpora: tuple[tuple[str, Path], ...] = ()
 

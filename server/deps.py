@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from fastapi.requests import HTTPConnection
 from fastapi.templating import Jinja2Templates
 
+from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
@@ -40,12 +41,17 @@ def get_templates(conn: HTTPConnection) -> Jinja2Templates:
     return conn.app.state.templates
 
 
+def get_checkpoints(conn: HTTPConnection) -> CheckpointStore:
+    return conn.app.state.checkpoints
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 DataDep = Annotated[DataHub, Depends(get_data)]          # the corpus and its tokenizers
 RunsDep = Annotated[RunRegistry, Depends(get_runs)]      # batch specs and bandits
 FanoutDep = Annotated[Fanout, Depends(get_fanout)]       # live viewers and trainers
 TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
+CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]   # checkpoint files
 
 
 async def get_existing_run(run_id: str, store: StoreDep) -> dict:
@@ -57,3 +63,29 @@ async def get_existing_run(run_id: str, store: StoreDep) -> dict:
 
 
 RunDep = Annotated[dict, Depends(get_existing_run)]
+
+
+REVOKED = "this run was resumed elsewhere; this tab's token was revoked"
+
+
+def bearer(request: Request) -> str:
+    return request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+
+
+async def check_write_token(store: Store, run_id: str, token: str) -> None:
+    """403 unless `token` is the run's current write token (saying so when a resume revoked
+    it). Checked again under the run lock where a resume could have come in between."""
+    verdict = await store.run(store.check_token, run_id, token)
+    if verdict == "revoked":
+        raise HTTPException(403, REVOKED)
+    if verdict != "ok":
+        raise HTTPException(403, "wrong or missing write token")
+
+
+async def get_written_run(run: RunDep, request: Request, store: StoreDep) -> dict:
+    """The path's run, for a request that presents its write token (Authorization: Bearer)."""
+    await check_write_token(store, run["id"], bearer(request))
+    return run
+
+
+WritableRunDep = Annotated[dict, Depends(get_written_run)]

@@ -96,7 +96,11 @@ def tensors(layout: dict, flat: np.ndarray) -> dict[str, np.ndarray]:
             for p in layout["params"]}
 
 
-def load_weights(run: dict, data_dir: Path, layout: dict) -> np.ndarray:
+def load_weights(run: dict, data_dir: Path, layout: dict, step: int | None = None) -> np.ndarray:
+    """W: the final upload, or with `step`, the first section of that checkpoint (verified
+    against its recorded SHA-256 first)."""
+    if step is not None:
+        return checkpoint_weights(run, data_dir, layout, step)
     src = weights_path(data_dir, run["id"])
     if not src.exists():
         raise FileNotFoundError(f"run {run['id']} has no saved weights (it has not ended in a "
@@ -107,12 +111,31 @@ def load_weights(run: dict, data_dir: Path, layout: dict) -> np.ndarray:
     return flat
 
 
-def write_weights(run: dict, data_dir: Path, out: Path) -> Path:
-    """model.safetensors alone (the browser's download)."""
+def checkpoint_weights(run: dict, data_dir: Path, layout: dict, step: int) -> np.ndarray:
+    from andrea.checkpoints import CheckpointError, CheckpointStore
+
+    try:
+        meta = CheckpointStore(data_dir, kept=1).get(run["id"], step)
+        if meta is None:
+            raise CheckpointError(404, f"run {run['id']} has no checkpoint at step {step}")
+        if meta["sections"][0]["name"] != "W":
+            raise ValueError(f"checkpoint {step} of run {run['id']} does not start with W")
+        raw = CheckpointStore(data_dir, kept=1).read_section(run["id"], step, 0)
+    except CheckpointError as e:
+        raise (FileNotFoundError if e.status == 404 else ValueError)(str(e)) from None
+    flat = np.frombuffer(raw, dtype="<f4")
+    if flat.size != layout["total_numel"]:
+        raise ValueError(f"checkpoint {step} of run {run['id']} holds {flat.size} weights, "
+                         f"the layout {layout['total_numel']}")
+    return flat
+
+
+def write_weights(run: dict, data_dir: Path, out: Path, step: int | None = None) -> Path:
+    """model.safetensors alone (the browser's download); `step`: from that checkpoint."""
     from safetensors.numpy import save_file
 
     layout = build_layout(PRESETS[run["config"]["preset"]])
-    flat = load_weights(run, data_dir, layout)
+    flat = load_weights(run, data_dir, layout, step)
     out.mkdir(parents=True, exist_ok=True)
     # One metadata key only: safetensors writes __metadata__ from a hash map whose order varies
     # per call, and the same weights must give the same bytes (a download equals a CLI export).
@@ -145,11 +168,14 @@ def _clear_tokenizer(out: Path) -> None:
 
 
 def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
-               metrics: list[dict] | None = None) -> Path:
+               metrics: list[dict] | None = None, step: int | None = None) -> Path:
     """The whole checkpoint in `out`; without a tokenizer, the weights, configs and card only.
-    `metrics`: the run's step records (Store.metrics), for the model card."""
+    `metrics`: the run's step records (Store.metrics), for the model card. `step`: the weights
+    of that training checkpoint, and the card tells of the steps up to it."""
     layout = build_layout(PRESETS[run["config"]["preset"]])
-    write_weights(run, data_dir, out)
+    write_weights(run, data_dir, out, step)
+    if step is not None:
+        metrics = [m for m in metrics or [] if m["step"] <= step]
     _write_json(out / "config.json", {**hf_config(layout["config"]), "andrea_run": run["id"]})
     seq_len = run["config"]["seq_len"]
     _write_json(out / "generation_config.json", generation_config(seq_len))
@@ -157,7 +183,7 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
     if tokenizer is not None:
         write_tokenizer(tokenizer, seq_len, out)
     corpus = corpus_meta(data_dir, run)
-    (out / "README.md").write_text(model_card(run, layout, metrics or [], corpus),
+    (out / "README.md").write_text(model_card(run, layout, metrics or [], corpus, step),
                                    encoding="utf-8")
     return out
 
@@ -166,8 +192,9 @@ class UsageError(ValueError):
     """The run or its database is not there: the command was asked the wrong thing."""
 
 
-def export_local(data_dir: Path, run_id: str, out: Path) -> Path:
-    """`andrea export RUN_ID --out OUT`: the run, its metrics and tokenizer from a data dir."""
+def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None) -> Path:
+    """`andrea export RUN_ID --out OUT [--step K]`: the run, its metrics and tokenizer from a
+    data dir; with `step`, the weights of that checkpoint."""
     from andrea.store import Store
 
     data_dir = Path(data_dir).resolve()
@@ -181,19 +208,20 @@ def export_local(data_dir: Path, run_id: str, out: Path) -> Path:
         metrics = store.metrics(run_id)
     finally:
         store.close()
-    return export_run(run, data_dir, tokenizer_path(data_dir, run), Path(out), metrics)
+    return export_run(run, data_dir, tokenizer_path(data_dir, run), Path(out), metrics, step)
 
 
-def fetch_export(server: str, run_id: str, out: Path) -> Path:
-    """`andrea export RUN_ID --server URL`: the same files, made by the server
-    (GET /api/runs/{id}/export.zip runs export_run there) and unpacked here."""
+def fetch_export(server: str, run_id: str, out: Path, step: int | None = None) -> Path:
+    """`andrea export RUN_ID --server URL [--step K]`: the same files, made by the server
+    (GET /api/runs/{id}/export.zip[?step=K] runs export_run there) and unpacked here."""
     import tempfile
     import urllib.parse
 
     base = f"{server.rstrip('/')}/api/runs/{urllib.parse.quote(run_id, safe='')}"
     _http_get(base, run_id, server)   # an unknown run is a usage error, not a failure
     with tempfile.TemporaryFile() as tmp:
-        _http_get(base + "/export.zip", run_id, server, into=tmp)
+        query = "" if step is None else f"?step={int(step)}"
+        _http_get(base + "/export.zip" + query, run_id, server, into=tmp)
         return unzip_checkpoint(tmp, Path(out))
 
 
@@ -359,11 +387,13 @@ def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
     ]
 
 
-def training_rows(run: dict, metrics: list[dict]) -> list[tuple[str, str]]:
+def training_rows(run: dict, metrics: list[dict],
+                  step: int | None = None) -> list[tuple[str, str]]:
     cfg, s = run["config"], summary(metrics)
     tokens = s["steps"] * cfg["batch_size"] * cfg["seq_len"]
+    status = run.get("status") or "unknown"
     return [
-        ("status", run.get("status") or "unknown"),
+        ("status", status if step is None else f"the checkpoint of step {step:,} (run {status})"),
         ("steps", f"{s['steps']:,} of {cfg['steps']:,}"),
         ("batch", f"{cfg['batch_size']} x {cfg['seq_len']} tokens"),
         ("tokens seen", f"{tokens:,} (steps x batch size x context)"),
@@ -376,17 +406,19 @@ def training_rows(run: dict, metrics: list[dict]) -> list[tuple[str, str]]:
     ]
 
 
-def model_card(run: dict, layout: dict, metrics: list[dict], corpus: dict | None) -> str:
+def model_card(run: dict, layout: dict, metrics: list[dict], corpus: dict | None,
+               step: int | None = None) -> str:
     cfg = run["config"]
+    made_with = f"andrea export {run['id']}" + (f" --step {step}" if step else "") + " --out DIR"
     return "\n".join([
         FRONT_MATTER,
         f"# Andrea run {run['id']}", "",
         f"A small Llama-style causal language model (preset `{cfg['preset']}`) trained from "
         "scratch in a web browser with WebGPU by Andrea, exported as a Hugging Face checkpoint.",
         "", "## Model", "", _table(model_rows(layout, cfg)), "",
-        "## Training", "", _table(training_rows(run, metrics)), "",
+        "## Training", "", _table(training_rows(run, metrics, step)), "",
         "Losses are mean token cross-entropy in nats.", "",
         "## Data", "", data_text(cfg, corpus), "",
         USAGE,
-        "## Made with", "", "```", f"andrea export {run['id']} --out DIR", "```", "",
+        "## Made with", "", "```", made_with, "```", "",
     ])

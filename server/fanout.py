@@ -1,9 +1,12 @@
-"""Live runs: which viewer sockets watch a run, how many trainer sockets it has, and the
-watchdog tasks that mark a run interrupted when its trainer stays away (telemetry.py)."""
+"""Live runs: which viewer sockets watch a run, which runs have their trainer socket (THE
+registry of "connected": telemetry, can_resume and resume all ask here), the per-run lock
+that orders trainer hellos, resumes, branches and checkpoint commits, and the watchdog tasks
+that mark a run interrupted when its trainer stays away (telemetry.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Coroutine
 
 VIEWER_QUEUE = 256               # messages buffered per viewer before it is dropped
@@ -24,6 +27,17 @@ class Fanout:
         self.viewers: dict[str, set[Viewer]] = {}
         self.trainers: dict[str, int] = {}   # open trainer sockets per run (after hello)
         self._tasks: set[asyncio.Task] = set()
+        # Alive while someone holds or awaits it: no entry outlives its use.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = \
+            weakref.WeakValueDictionary()
+
+    def run_lock(self, run_id: str) -> asyncio.Lock:
+        """Held while deciding who may write a run: a hello claiming the trainer slot, a
+        resume revoking the token, a checkpoint commit checking it, a branch linking files."""
+        lock = self._locks.get(run_id)
+        if lock is None:
+            lock = self._locks[run_id] = asyncio.Lock()
+        return lock
 
     def subscribe(self, run_id: str) -> Viewer:
         viewer = Viewer()
@@ -46,6 +60,8 @@ class Fanout:
 
     def trainer_left(self, run_id: str) -> None:
         self.trainers[run_id] -= 1
+        if not self.trainers[run_id]:
+            del self.trainers[run_id]
 
     def has_trainer(self, run_id: str) -> bool:
         return self.trainers.get(run_id, 0) > 0

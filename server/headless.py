@@ -62,6 +62,8 @@ def _flag_type(annotation):
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     config = parser.add_argument_group("run config (left out: the server's default)")
     for name, field in _run_config().model_fields.items():
+        if name == "parent":   # set through --branch (a run and a step), not as a raw object
+            continue
         kwargs = _flag_type(field.annotation)
         default = "tiny" if name == "preset" else field.default
         help_text = "; ".join(filter(None, [
@@ -70,6 +72,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                             help=help_text.replace("%", "%%"), **kwargs)
     parser.add_argument("--headless", action="store_true",
                         help="accepted; train is always headless")
+    parser.add_argument("--resume", metavar="RUN_ID",
+                        help="continue a stopped or interrupted run from its last checkpoint "
+                             "(with the run's own config: no config flags)")
+    parser.add_argument("--branch", metavar="RUN_ID[@STEP]",
+                        help="a NEW run that continues RUN_ID from its checkpoint STEP (default: "
+                             "its last), with RUN_ID's config changed by the config flags given "
+                             "(e.g. a failed run again with a lower --lr)")
     parser.add_argument("--server", help="an Andrea server URL (default: start one for this run)")
     parser.add_argument("--data-dir", type=Path,
                         help="data dir of the server started for this run "
@@ -88,6 +97,16 @@ def run_config(args: argparse.Namespace) -> dict:
 
     fields = _run_config().model_fields
     config = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    if getattr(args, "branch", None):
+        if getattr(args, "resume", None):
+            raise TrainError("--resume and --branch exclude each other", EXIT_USAGE)
+        return config     # validated by the server on top of the parent's config
+    if getattr(args, "resume", None):
+        if config:
+            given = ", ".join("--" + k.replace("_", "-") for k in config)
+            raise TrainError(f"--resume continues the run with its own config; drop {given}",
+                             EXIT_USAGE)
+        return config
     config.setdefault("preset", "tiny")
     try:
         _run_config().model_validate(config)
@@ -179,11 +198,21 @@ def _start_server(args, result: dict):
 def _train(args, config: dict, result: dict, secret: dict) -> int:
     url = result["server"]
     _http("GET", url + "/healthz", timeout=CONNECT_S)
-    run = _http("POST", url + "/api/runs", config)
+    if args.resume:   # a new write token; the tab that trained it before is refused from now on
+        resumed = _http("POST", f"{url}/api/runs/{args.resume}/resume")
+        run = {"id": args.resume, "token": resumed["token"], "config": resumed["run"]["config"]}
+        how = f"resumed from step {resumed['step']}"
+    elif args.branch:
+        config = _branch_config(url, args.branch, config)
+        run = _http("POST", url + "/api/runs", config)
+        how = f"branched from {config['parent']['run']} at step {config['parent']['step']}"
+    else:
+        run = _http("POST", url + "/api/runs", config)
+        how = "new"
     result["run_id"] = run["id"]
     secret["token"] = run["token"]
     steps = run["config"]["steps"]
-    _progress(f"run {run['id']} on {url}: {config['preset']}, "
+    _progress(f"run {run['id']} on {url} ({how}): {run['config']['preset']}, "
               f"{run['config']['optimizer']}, {steps} steps")
     page = _drive_page(args, url, run, steps, result)
     metrics = _http("GET", f"{url}/api/runs/{run['id']}/metrics")
@@ -207,6 +236,23 @@ def _train(args, config: dict, result: dict, secret: dict) -> int:
             f"the run ended {page['done']}"
         return EXIT_FAILED
     return 0
+
+
+def _branch_config(url: str, branch: str, changes: dict) -> dict:
+    """The parent's config with the given flags on top, and where it comes from."""
+    parent_id, _, step = branch.partition("@")
+    parent = _http("GET", f"{url}/api/runs/{parent_id}")
+    if step:
+        if not step.isdigit():
+            raise TrainError(f"--branch {branch}: STEP must be a number", EXIT_USAGE)
+        step = int(step)
+    else:
+        step = parent["checkpoint"]["last_step"]
+        if step is None:
+            raise TrainError(f"run {parent_id} has no checkpoint to branch from", EXIT_USAGE)
+    config = {k: v for k, v in parent["config"].items()
+              if k in _run_config().model_fields and k != "parent"}
+    return {**config, **changes, "parent": {"run": parent_id, "step": step}}
 
 
 def _drive_page(args, url: str, run: dict, steps: int, result: dict) -> dict:

@@ -116,6 +116,26 @@ def optimizer_memory(layout: dict) -> dict:
     return out
 
 
+def checkpoint_sections(layout: dict, optimizer: str) -> list[dict]:
+    """THE list of a checkpoint's sections, in file order: raw little-endian bytes, no header,
+    no padding. W, then the optimizer state exactly as the GPU holds it (the f16 mirror is
+    recomputed from W, so it is not stored). The engine checks its buffers against this list;
+    the server checks upload sizes against it."""
+    n = layout["total_numel"]
+    if optimizer in ("adamw", "adamw_f16"):
+        return [{"name": "W", "bytes": 4 * n}, {"name": "M", "bytes": 4 * n},
+                {"name": "V", "bytes": 4 * n}]
+    if optimizer == "adamw_8bit":
+        plan = block_plan(layout)
+        # codes: m and v, one byte per element of each 256-element block; small: the absmax
+        # pairs (padded to 4 floats), then f32 m and v of the small tensors.
+        small = 4 * (-(-2 * plan["q_blocks"] // 4) * 4 + 2 * plan["f32_numel"])
+        return [{"name": "W", "bytes": 4 * n},
+                {"name": "codes", "bytes": 2 * BLOCKSIZE * plan["q_blocks"]},
+                {"name": "small", "bytes": small}]
+    raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(VARIANTS)}")
+
+
 def _main(argv: list[str]) -> int:
     from andrea.model import PRESETS, build_layout
     if len(argv) != 1 or argv[0] not in PRESETS:

@@ -14,6 +14,13 @@ Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_WARMUP = 20                     # the default warmup: min(MAX_WARMUP, steps // 10)
 
 
+class Parent(BaseModel):
+    """Where a branched run starts: run `run`'s checkpoint after step `step`."""
+    model_config = ConfigDict(extra="forbid")
+    run: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    step: int = Field(ge=1)
+
+
 class RunConfig(BaseModel):
     """Everything but `preset` has a default, so {"preset": "tiny"} is a valid run."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -37,6 +44,12 @@ class RunConfig(BaseModel):
     data_mode: Literal["uniform", "bandit"] = "uniform"
     eval_every: int = Field(50, ge=0, description="0: no eval")
     sample_every: int = Field(100, ge=0, description="0: no samples")
+    checkpoint_every: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="default: the trainer picks it (checkpoints take ~2% of training time)")
+    # A branch: a new run that starts from another run's checkpoint (same preset and
+    # optimizer). Set by the run page's branch button, never by the new-run form.
+    parent: Parent | None = Field(None, json_schema_extra={"form": False})
 
     @model_validator(mode="after")
     def _fit_preset(self):
@@ -65,6 +78,8 @@ def form_fields() -> dict[str, dict]:
     required (a field whose default is None may be left empty), hint, and a Literal's choices."""
     out = {}
     for name, prop in RunConfig.model_json_schema()["properties"].items():
+        if prop.get("form") is False:
+            continue
         kind = next((p for p in prop.get("anyOf", [prop]) if p.get("type") != "null"), {})
         integer = kind.get("type") == "integer"
         lo, hi = kind.get("minimum"), kind.get("maximum")

@@ -1,18 +1,37 @@
-"""What the API and the viewers' websocket say about a run: the stored row plus the sizes that
-follow from its config (parameters, optimizer state bytes)."""
+"""What the API and the viewers' websocket say about a run: the stored row plus what follows
+from its config (parameters, optimizer state bytes, checkpoint sections) and whether it can be
+resumed now, so pages and the CLI need not work it out."""
 
 from typing import Literal
 
+from andrea import checkpoints
 from andrea.model import PRESETS, build_layout
-from andrea.optim import optimizer_memory
+from andrea.optim import checkpoint_sections, optimizer_memory
 
 # What a trainer may report, and what a run can be: made, reported, or its trainer gone.
 TrainerStatus = Literal["running", "paused", "finished", "stopped", "failed"]
 RunStatus = Literal["created", TrainerStatus, "interrupted"]
+# A run another tab may take over from its last checkpoint (POST /api/runs/{id}/resume). A
+# killed tab leaves `running` until the grace period marks it interrupted; a failed run is
+# branched instead (POST /api/runs with a parent), a finished one has nothing left to do.
+RESUMABLE = ("interrupted", "stopped", "paused", "running")
 
 
-def public_run(run: dict) -> dict:
+def checkpoint_info(config: dict, last_step: int | None) -> dict:
+    """What a trainer needs to write and read the run's checkpoints."""
+    layout = build_layout(PRESETS[config["preset"]])
+    return {"sections": checkpoint_sections(layout, config["optimizer"]),
+            "chunk_bytes": checkpoints.CHUNK_BYTES,
+            "every": config.get("checkpoint_every"), "last_step": last_step}
+
+
+def public_run(run: dict, connected: bool) -> dict:
+    """`connected`: the run has a trainer socket now (Fanout.has_trainer)."""
     cfg = run["config"]
     layout = build_layout(PRESETS[cfg["preset"]])
     memory = optimizer_memory(layout)[cfg["optimizer"]]
-    return {**run, "state_bytes": memory["state_bytes"], "n_params": layout["n_params"]}
+    out = {k: v for k, v in run.items() if k != "checkpoint_step"}
+    last = run.get("checkpoint_step")
+    return {**out, "state_bytes": memory["state_bytes"], "n_params": layout["n_params"],
+            "checkpoint": checkpoint_info(cfg, last),
+            "can_resume": (not connected and run["status"] in RESUMABLE and last is not None)}

@@ -94,6 +94,19 @@ class RunDataLinks(BaseModel):
     spec: BatchSpecInfo
 
 
+class CheckpointSection(BaseModel):
+    name: str                       # W, then M and V (adamw) or codes and small (adamw_8bit)
+    bytes: int
+
+
+class CheckpointInfo(BaseModel):
+    """optim.checkpoint_sections and how uploads are cut; the trainer never works these out."""
+    sections: list[CheckpointSection]
+    chunk_bytes: int                # one SHA-256 per chunk in X-Andrea-Chunk-SHA256
+    every: int | None               # config.checkpoint_every; null: the trainer picks
+    last_step: int | None           # the newest checkpoint; a resumed run starts after it
+
+
 class RunCreated(BaseModel):
     id: str
     token: str                      # the write token: shown once, stored only as a hash
@@ -101,6 +114,7 @@ class RunCreated(BaseModel):
     layout: Layout
     optimizer_state: dict[str, OptimizerState]
     data: RunDataLinks
+    checkpoint: CheckpointInfo      # a branch starts after checkpoint.last_step
 
 
 class Run(BaseModel):
@@ -115,12 +129,30 @@ class Run(BaseModel):
     last_loss: float | None
     state_bytes: int                # the run's optimizer state on the GPU
     n_params: int
+    checkpoint: CheckpointInfo
+    can_resume: bool                # no trainer connected, a resumable status, a checkpoint
 
 
 class Sample(BaseModel):
     step: int
     kind: Literal["sample"]
     text: str
+
+
+class RunResumed(BaseModel):
+    token: str                      # the new write token; the old one is revoked
+    step: int                       # the checkpoint's step: training goes on at step + 1
+    run: Run
+
+
+class CheckpointStored(BaseModel):
+    step: int
+    bytes: int
+    sha256: str
+
+
+class CheckpointListed(CheckpointStored):
+    created_at: float
 
 
 class RunDetail(Run):

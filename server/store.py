@@ -1,5 +1,6 @@
-"""SQLite store (WAL): runs and their step metrics. All I/O runs on one writer thread, never on
-the event loop; the PRIMARY KEY (run_id, step) makes a resent record a no-op."""
+"""SQLite store (WAL): runs, their step metrics and events, and revoked write tokens. All I/O
+runs on one writer thread, never on the event loop; the PRIMARY KEY (run_id, step) makes a
+resent record a no-op."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from andrea.auth import token_hash, token_matches
 from andrea.metrics import COLUMNS, REQUIRED
 
 SCHEMA = """
@@ -22,7 +24,8 @@ CREATE TABLE IF NOT EXISTS runs (
   token_sha256 TEXT NOT NULL,      -- the trainer's write token, hashed
   status TEXT NOT NULL,            -- run_info.RunStatus
   message TEXT,                    -- why it failed or stopped
-  adapter TEXT                     -- JSON: the GPU adapter the trainer reported
+  adapter TEXT,                    -- JSON: the GPU adapter the trainer reported
+  checkpoint_step INTEGER          -- the newest committed checkpoint (checkpoints.py)
 );
 CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT NOT NULL REFERENCES runs(id),
@@ -33,15 +36,23 @@ CREATE TABLE IF NOT EXISTS metrics (
 CREATE TABLE IF NOT EXISTS events (
   run_id TEXT NOT NULL REFERENCES runs(id),
   step INTEGER NOT NULL,
-  kind TEXT NOT NULL,              -- sample | phase
+  kind TEXT NOT NULL,              -- sample | phase | resumed
   data TEXT NOT NULL,              -- JSON
   PRIMARY KEY (run_id, step, kind)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS revoked_tokens (   -- a resume revokes the token it replaces
+  run_id TEXT NOT NULL REFERENCES runs(id),
+  token_sha256 TEXT NOT NULL,
+  PRIMARY KEY (run_id, token_sha256)
 ) WITHOUT ROWID;
 """
 
 # Each numeric field of metrics.Record has a column of its own, added to an older file when it
 # opens (NULL: the field was not sent, or for a required field, not finite); the rest is JSON.
 VALUE_COLUMNS = {name: t for name, t in COLUMNS.items() if name != "step"}
+_COPY_METRICS = (f"INSERT INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
+                 f" SELECT ?, {', '.join(COLUMNS)}, extra FROM metrics"
+                 " WHERE run_id = ? AND step <= ?")
 _INSERT_METRICS = (f"INSERT OR IGNORE INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
                    f" VALUES ({', '.join('?' * (len(COLUMNS) + 2))})")
 
@@ -58,6 +69,8 @@ class Store:
         for name, sql_type in VALUE_COLUMNS.items():
             if name not in have:
                 conn.execute(f"ALTER TABLE metrics ADD COLUMN {name} {sql_type}")
+        if "checkpoint_step" not in {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}:
+            conn.execute("ALTER TABLE runs ADD COLUMN checkpoint_step INTEGER")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -108,6 +121,18 @@ class Store:
                                    (run_id,)).fetchone()
         return dict(row) if row else None
 
+    def check_token(self, run_id: str, token: str) -> str | None:
+        """"ok", "revoked" (a resume replaced it), "wrong", or None for an unknown run."""
+        row = self.get_run_with_token(run_id)
+        if row is None:
+            return None
+        if token_matches(row["token_sha256"], token):
+            return "ok"
+        revoked = self._conn().execute(
+            "SELECT 1 FROM revoked_tokens WHERE run_id = ? AND token_sha256 = ?",
+            (run_id, token_hash(token))).fetchone()
+        return "revoked" if revoked else "wrong"
+
     def list_runs(self, limit: int = 200) -> list[dict]:
         rows = self._conn().execute(
             "SELECT r.*, (SELECT MAX(step) FROM metrics m WHERE m.run_id = r.id) AS last_step,"
@@ -121,6 +146,60 @@ class Store:
             "UPDATE runs SET status = ?, message = COALESCE(?, message),"
             " adapter = COALESCE(?, adapter), updated_at = ? WHERE id = ?",
             (status, message, json.dumps(adapter) if adapter else None, time.time(), run_id))
+
+    def set_checkpoint_step(self, run_id: str, step: int | None) -> None:
+        self._conn().execute("UPDATE runs SET checkpoint_step = ? WHERE id = ?", (step, run_id))
+
+    def checkpoint_steps(self) -> dict[str, int]:
+        rows = self._conn().execute(
+            "SELECT id, checkpoint_step FROM runs WHERE checkpoint_step IS NOT NULL").fetchall()
+        return {r["id"]: r["checkpoint_step"] for r in rows}
+
+    # ---- resume and branch --------------------------------------------------------------
+    def resume_run(self, run_id: str, step: int, token_sha256: str,
+                   resumable: tuple[str, ...]) -> str | None:
+        """One transaction: the old token revoked and the new one set, metrics and events after
+        `step` deleted, a `resumed` event, status `created`. Returns why not (a reason) when
+        the run's status is not in `resumable` (then nothing changed), else None."""
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")    # the write lock first: two resumes serialize
+            row = conn.execute("SELECT status, token_sha256 FROM runs WHERE id = ?",
+                               (run_id,)).fetchone()
+            if row is None:
+                return f"unknown run {run_id!r}"
+            if row["status"] not in resumable:
+                return f"the run is {row['status']}"
+            conn.execute("INSERT OR IGNORE INTO revoked_tokens VALUES (?, ?)",
+                         (run_id, row["token_sha256"]))
+            conn.execute("DELETE FROM metrics WHERE run_id = ? AND step > ?", (run_id, step))
+            conn.execute("DELETE FROM events WHERE run_id = ? AND step > ?", (run_id, step))
+            conn.execute("INSERT OR REPLACE INTO events VALUES (?, ?, 'resumed', '{}')",
+                         (run_id, step))
+            conn.execute("UPDATE runs SET token_sha256 = ?, status = 'created', message = NULL,"
+                         " checkpoint_step = ?, updated_at = ? WHERE id = ?",
+                         (token_sha256, step, time.time(), run_id))
+        return None
+
+    def create_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
+                      step: int) -> None:
+        """A new run that starts after the parent's step `step`: the parent's metrics and
+        events up to it copied (charts and the bandit's replay go on from there), a
+        `resumed` event naming the parent, its checkpoint step set. One transaction."""
+        now = time.time()
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
+                " checkpoint_step) VALUES (?, ?, ?, ?, ?, 'created', ?)",
+                (run_id, now, now, json.dumps(config), token_sha256, step))
+            conn.execute(_COPY_METRICS, (run_id, parent_id, step))
+            conn.execute("INSERT INTO events SELECT ?, step, kind, data FROM events"
+                         " WHERE run_id = ? AND step <= ? AND kind != 'resumed'",
+                         (run_id, parent_id, step))
+            conn.execute("INSERT INTO events VALUES (?, ?, 'resumed', ?)",
+                         (run_id, step, json.dumps({"parent": parent_id})))
 
     # ---- metrics ------------------------------------------------------------------------
     def add_metrics(self, run_id: str, records: list[dict]) -> int | None:

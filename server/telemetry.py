@@ -11,9 +11,13 @@ Trainer (`/ws/runs/{id}`), client -> server:
 server -> client: welcome {last_committed_step, records_per_message}, ack {step}, pong,
 error {message}. A trainer sends at most records_per_message records per metrics message.
 Viewers (`/ws/runs/{id}/watch`) get {"type": "records", "records": [...]} (backlog first),
-{"type": "run", "run": {...}} on status changes and {"type": "sample", ...}.
-Close codes: 1003 bad data, 1008 policy (origin, token, unknown run), 1009 too big,
-1013 a viewer too slow to keep up (it reconnects and gets the backlog).
+{"type": "run", "run": {...}} on status changes, {"type": "sample", ...}, and
+{"type": "resumed", "step": K} when a tab takes the run over from checkpoint K (the records
+after K are deleted: drop them). One trainer per run: a second hello while one is connected is
+refused, and so is the token a resume revoked (routes/checkpoints.py).
+Close codes: 1003 bad data, 1008 policy (origin, token, revoked token, the run already has a
+trainer, unknown run), 1009 too big, 1013 a viewer too slow to keep up (it reconnects and gets
+the backlog).
 """
 
 from __future__ import annotations
@@ -25,10 +29,9 @@ from typing import Annotated, Literal, Union
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from andrea.auth import token_matches
 from andrea.config import Settings
 from andrea.data.runs import RunRegistry
-from andrea.deps import FanoutDep, RunsDep, SettingsDep, StoreDep
+from andrea.deps import REVOKED, FanoutDep, RunsDep, SettingsDep, StoreDep
 from andrea.fanout import Fanout
 from andrea.metrics import Record, Step
 from andrea.run_info import TrainerStatus, public_run
@@ -143,15 +146,20 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
         hello = await asyncio.wait_for(_receive(ws), timeout=HELLO_TIMEOUT_S)
         if not isinstance(hello, Hello):
             raise ProtocolError(1008, "the first message must be hello with the run's token")
-        run = await store.run(store.get_run_with_token, run_id)
-        if run is None:
-            raise ProtocolError(1008, f"unknown run {run_id!r}")
-        if not token_matches(run["token_sha256"], hello.token):
-            raise ProtocolError(1008, "wrong token for this run")
+        async with fanout.run_lock(run_id):   # a resume cannot revoke between check and join
+            verdict = await store.run(store.check_token, run_id, hello.token)
+            if verdict is None:
+                raise ProtocolError(1008, f"unknown run {run_id!r}")
+            if verdict == "revoked":
+                raise ProtocolError(1008, REVOKED)
+            if verdict != "ok":
+                raise ProtocolError(1008, "wrong token for this run")
+            if fanout.has_trainer(run_id):
+                raise ProtocolError(1008, "another trainer holds this run")
+            fanout.trainer_joined(run_id)
+            connected = True
         await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
                             "last_committed_step": await store.run(store.last_step, run_id)})
-        fanout.trainer_joined(run_id)
-        connected = True
         while True:
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
@@ -165,8 +173,8 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     raise ProtocolError(1003, f"source_losses: {e}") from None
             elif isinstance(msg, Status):
                 await store.run(store.set_status, run_id, msg.status, msg.message, msg.adapter)
-                fanout.publish(run_id, {"type": "run",
-                                        "run": public_run(await store.run(store.get_run, run_id))})
+                fanout.publish(run_id, {"type": "run", "run": public_run(
+                    await store.run(store.get_run, run_id), True)})
             elif isinstance(msg, Sample):
                 await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
                 fanout.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
@@ -183,10 +191,31 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
     finally:
         if connected:
             fanout.trainer_left(run_id)
+            fanout.spawn(_publish_run(store, fanout, run_id))   # can_resume may be true now
             fanout.spawn(_mark_if_abandoned(store, fanout, settings.trainer_grace_s, run_id))
 
 
-async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
+async def _publish_run(store: Store, fanout: Fanout, run_id: str) -> None:
+    run = await store.run(store.get_run, run_id)
+    if run is not None:
+        fanout.publish(run_id, {"type": "run", "run": public_run(run, fanout.has_trainer(run_id))})
+
+
+def watch_resumed(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
+    """A resumed run is `created` until its new tab reports; if that tab never comes (closed
+    while loading the checkpoint), the run is marked interrupted again, so it can be resumed
+    once more instead of staying `created` for good."""
+    fanout.spawn(_mark_if_abandoned(
+        store, fanout, grace_s, run_id, ("created",),
+        "the tab that resumed this run went away before it trained"))
+
+
+ABANDONED = "the training tab went away before the run ended"
+
+
+async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_id: str,
+                             statuses: tuple[str, ...] = ("running", "paused"),
+                             message: str = ABANDONED) -> None:
     """A running run whose training tab stays away past the grace period (closed, reloaded,
     crashed) is marked interrupted, so the list does not show it running forever. A trainer
     that comes back and reports 'running' flips it back."""
@@ -194,11 +223,10 @@ async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_i
     if fanout.has_trainer(run_id):
         return
     run = await store.run(store.get_run, run_id)
-    if run and run["status"] in ("running", "paused"):
-        message = "the training tab went away before the run ended"
+    if run and run["status"] in statuses:
         await store.run(store.set_status, run_id, "interrupted", message)
-        fanout.publish(run_id, {"type": "run",
-                                "run": public_run(await store.run(store.get_run, run_id))})
+        fanout.publish(run_id, {"type": "run", "run": public_run(
+            await store.run(store.get_run, run_id), fanout.has_trainer(run_id))})
 
 
 @router.websocket("/ws/runs/{run_id}/watch")
@@ -214,7 +242,7 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
         return
     viewer = fanout.subscribe(run_id)  # before the backlog read, so nothing falls between them
     try:
-        await ws.send_json({"type": "run", "run": public_run(run)})
+        await ws.send_json({"type": "run", "run": public_run(run, fanout.has_trainer(run_id))})
         backlog = await store.run(store.metrics, run_id)
         for i in range(0, len(backlog), BACKLOG_CHUNK):
             await ws.send_json({"type": "records", "records": backlog[i:i + BACKLOG_CHUNK]})

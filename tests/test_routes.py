@@ -111,6 +111,23 @@ def test_run_form_takes_defaults_and_bounds_from_run_config(client):
             assert float(attrs["max"]) == bound["maximum"], name
 
 
+def test_checkpoint_api_is_described(client):
+    spec = client.get("/openapi.json").json()
+    components = spec["components"]["schemas"]
+    for path, method, status, fields in [
+            ("/api/runs/{run_id}/checkpoints/{step}", "put", "201", {"step", "bytes", "sha256"}),
+            ("/api/runs/{run_id}/resume", "post", "200", {"token", "step", "run"})]:
+        ref = _response_schema(spec, path, method, status)["$ref"]
+        assert set(components[ref.rsplit("/", 1)[1]]["properties"]) == fields, path
+    listed = _response_schema(spec, "/api/runs/{run_id}/checkpoints", "get")
+    assert listed["type"] == "array" and "$ref" in listed["items"]
+    assert "application/octet-stream" in \
+        spec["paths"]["/api/runs/{run_id}/checkpoints/{step}"]["get"]["responses"]["200"][
+            "content"]
+    run = components["Run"]["properties"]
+    assert {"checkpoint", "can_resume"} <= set(run)
+
+
 def test_shaders_served_as_text(client):
     r = client.get("/shaders/00_selftest.wgsl")
     assert r.status_code == 200

@@ -1,4 +1,5 @@
-"""Runs: create (config -> id, write token, layout, data info), list, read, export metrics."""
+"""Runs: create (config -> id, write token, layout, data info; or a branch of another run's
+checkpoint), list, read, export metrics and weights (the final upload or a checkpoint's)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,25 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.background import BackgroundTask
 
-from andrea.auth import new_token, token_hash, token_matches
+from andrea.auth import new_token, token_hash
 from andrea.data.spec import BatchSpec
-from andrea.deps import DataDep, RunDep, RunsDep, SettingsDep, StoreDep
+from andrea.deps import (
+    CheckpointsDep,
+    DataDep,
+    FanoutDep,
+    RunDep,
+    RunsDep,
+    SettingsDep,
+    StoreDep,
+    WritableRunDep,
+)
 from andrea.export import export_run, tokenizer_path, weights_path, write_weights, zip_folder
 from andrea.metrics import COLUMNS, Record
 from andrea.model import PRESETS, build_layout
 from andrea.optim import optimizer_memory
+from andrea.routes.checkpoints import link_parent
 from andrea.run_config import RunConfig
-from andrea.run_info import public_run
+from andrea.run_info import checkpoint_info, public_run
 from andrea.schemas import Run, RunCreated, RunDetail
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -36,8 +47,9 @@ def run_config_schema() -> dict:
 
 
 @router.post("/runs", status_code=201)
-async def create_run(config: RunConfig, store: StoreDep, data: DataDep,
-                     runs: RunsDep) -> RunCreated:
+async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: RunsDep,
+                     fanout: FanoutDep, ckpts: CheckpointsDep) -> RunCreated:
+    """A new run; with `parent`, a branch that starts after the parent's checkpoint."""
     run_id = secrets.token_hex(6)
     token = new_token()
     # The run is tied to this server's corpus: a restart on other text answers 409, not
@@ -46,24 +58,55 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep,
     cfg = {**config.model_dump(), "corpus_hash": await asyncio.to_thread(data.corpus_hash)}
     spec = BatchSpec.of_run(cfg)
     layout = {"preset": config.preset, **build_layout(PRESETS[config.preset])}
-    await store.run(store.create_run, run_id, cfg, token_hash(token))
+    if config.parent is None:
+        await store.run(store.create_run, run_id, cfg, token_hash(token))
+    else:
+        await _branch(run_id, cfg, token_hash(token), store, fanout, ckpts)
     runs.register(run_id, spec)
     return RunCreated(
         id=run_id, token=token, config=cfg, layout=layout,
         optimizer_state=optimizer_memory(layout),
         data={"batches": f"/api/runs/{run_id}/batches/{{step}}",
               "val_batches": f"/api/runs/{run_id}/val_batches/{{index}}",
-              "tokenizer": f"/api/tokenizer/{config.preset}", "spec": spec.to_dict()})
+              "tokenizer": f"/api/tokenizer/{config.preset}", "spec": spec.to_dict()},
+        checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]))
+
+
+async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpts) -> None:
+    """The parent's checkpoint K becomes the new run's checkpoint K (hard-linked), its metrics
+    and events up to K are copied, and the run starts at step K + 1, as a resume does."""
+    parent_id, step = cfg["parent"]["run"], cfg["parent"]["step"]
+    parent = await store.run(store.get_run, parent_id)
+    if parent is None:
+        raise HTTPException(404, f"unknown parent run {parent_id!r}")
+    pc = parent["config"]
+    if (pc["preset"], pc["optimizer"]) != (cfg["preset"], cfg["optimizer"]):
+        raise HTTPException(409, f"a branch keeps its parent's preset and optimizer (the "
+                                 f"checkpoint's sections): run {parent_id} is {pc['preset']} "
+                                 f"with {pc['optimizer']}, this config {cfg['preset']} with "
+                                 f"{cfg['optimizer']}")
+    if step >= cfg["steps"]:
+        raise HTTPException(409, f"the branch starts after step {step}: its steps "
+                                 f"({cfg['steps']}) must be more than that")
+    await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
+    try:
+        await store.run(store.create_branch, run_id, cfg, token_sha256, parent_id, step)
+    except BaseException:
+        await asyncio.to_thread(ckpts.remove_run, run_id)
+        raise
 
 
 @router.get("/runs")
-async def list_runs(store: StoreDep) -> list[Run]:
-    return [public_run(r) for r in await store.run(store.list_runs)]
+async def list_runs(store: StoreDep, fanout: FanoutDep) -> list[Run]:
+    return [public_run(r, fanout.has_trainer(r["id"]))
+            for r in await store.run(store.list_runs)]
 
 
 @router.get("/runs/{run_id}")
-async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep) -> RunDetail:
-    return {**public_run(run), "samples": await store.run(store.events, run["id"], "sample"),
+async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
+                  fanout: FanoutDep) -> RunDetail:
+    return {**public_run(run, fanout.has_trainer(run["id"])),
+            "samples": await store.run(store.events, run["id"], "sample"),
             "has_weights": weights_path(settings.data_dir, run["id"]).exists()}
 
 
@@ -87,14 +130,10 @@ async def get_metrics(run: RunDep, store: StoreDep,
 
 
 @router.put("/runs/{run_id}/weights", status_code=204)
-async def put_weights(request: Request, run: RunDep, store: StoreDep, settings: SettingsDep):
+async def put_weights(request: Request, run: WritableRunDep, settings: SettingsDep):
     """The training tab's final weights: W as little-endian f32 in table order, exactly
     total_numel floats, authorised by the run's write token (Authorization: Bearer ...)."""
     run_id = run["id"]
-    row = await store.run(store.get_run_with_token, run_id)
-    token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not token_matches(row["token_sha256"], token):
-        raise HTTPException(403, "wrong or missing write token")
     expected = 4 * build_layout(PRESETS[run["config"]["preset"]])["total_numel"]
     dest = weights_path(settings.data_dir, run_id)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -114,23 +153,29 @@ async def put_weights(request: Request, run: RunDep, store: StoreDep, settings: 
     tmp.replace(dest)   # atomic: a reader never sees half a file
 
 
+# ?step=K: the weights of checkpoint K instead of the final upload.
+CheckpointStep = Annotated[int | None, Query(ge=1, description="a checkpoint's step")]
+
+
 @router.get("/runs/{run_id}/model.safetensors")
-async def get_model(run: RunDep, settings: SettingsDep):
+async def get_model(run: RunDep, settings: SettingsDep, step: CheckpointStep = None):
     """The run's trained weights as a Hugging Face safetensors file (HF names, [out, in])."""
     run_id = run["id"]
     out = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=settings.data_dir))
     try:
-        await asyncio.to_thread(write_weights, run, settings.data_dir, out)
-    except FileNotFoundError as e:
+        await asyncio.to_thread(write_weights, run, settings.data_dir, out, step)
+    except (FileNotFoundError, ValueError) as e:   # nothing uploaded; a damaged checkpoint
         shutil.rmtree(out, ignore_errors=True)
-        raise HTTPException(404, str(e)) from e
+        raise HTTPException(404 if isinstance(e, FileNotFoundError) else 500, str(e)) from e
+    name = f"andrea-{run_id}" + (f"-step{step}" if step else "")
     return FileResponse(out / "model.safetensors", media_type="application/octet-stream",
-                        filename=f"andrea-{run_id}.safetensors",
+                        filename=f"{name}.safetensors",
                         background=BackgroundTask(shutil.rmtree, out, ignore_errors=True))
 
 
 @router.get("/runs/{run_id}/export.zip")
-async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep):
+async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep,
+                     step: CheckpointStep = None):
     """The whole Hugging Face checkpoint (`andrea export` writes the same files) as one zip;
     `andrea export --server` unpacks it. Without the run's tokenizer built yet, the zip holds
     the weights, configs and card only, as a local export does."""
@@ -139,15 +184,17 @@ async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep):
     tmp = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=data_dir))
     try:
         await asyncio.to_thread(export_run, run, data_dir, tokenizer_path(data_dir, run),
-                                tmp / "hf", metrics)
+                                tmp / "hf", metrics, step)
         await asyncio.to_thread(zip_folder, tmp / "hf", tmp / "export.zip")
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, FileNotFoundError):   # no weights uploaded yet
+        if isinstance(e, FileNotFoundError):   # no weights uploaded yet, no such checkpoint
             raise HTTPException(404, str(e)) from e
-        if isinstance(e, ValueError):          # weights of the wrong size, a foreign tokenizer
+        if isinstance(e, ValueError):          # weights of the wrong size, a foreign tokenizer,
+                                               # a damaged checkpoint
             raise HTTPException(500, str(e)) from e
         raise
+    name = f"andrea-{run_id}" + (f"-step{step}" if step else "")
     return FileResponse(tmp / "export.zip", media_type="application/zip",
-                        filename=f"andrea-{run_id}.zip",
+                        filename=f"{name}.zip",
                         background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))

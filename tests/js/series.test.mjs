@@ -70,3 +70,18 @@ test('phase marks and clip events', () => {
   assert.equal(c.count, 2);
   assert.deepEqual(c.norm, [null, 2, null, 4, null, null]);
 });
+
+test('truncateAfter drops the rows after a resume step; derived columns rebuild over them', () => {
+  const s = new RunSeries(['loss']);
+  const smooth = runningSmooth('loss', 0);
+  for (let k = 1; k <= 6; k++) s.add(rec(k));
+  assert.equal(smooth.update(s, s.takeChanged()).out.length, 6);
+  s.truncateAfter(4);
+  assert.deepEqual(s.steps, [1, 2, 3, 4]);
+  assert.deepEqual(s.cols.loss, [9, 8, 7, 6]);
+  assert.equal(s.last.step, 4);
+  s.add(rec(5, { loss: 0.25 }));                    // computed again after the resume
+  assert.deepEqual(smooth.update(s, s.takeChanged()).out, [9, 8, 7, 6, 0.25]);
+  s.truncateAfter(9);                               // nothing after 9: unchanged
+  assert.equal(s.length, 5);
+});

@@ -25,6 +25,7 @@ let alpha = null;
 let config = null;
 let charts = null;
 let frame = null;
+const resumes = [];   // steps the run was resumed from (chart marks)
 
 function setStatus(text, cls = '') {
   $('status').textContent = text;
@@ -83,6 +84,14 @@ function redraw() {
   if (charts && !frame) frame = requestAnimationFrame(draw);
 }
 
+/** The run was resumed from its checkpoint at `step`: marked on the charts; a live notice (not
+ *  the replayed event) also drops the records after it, which are computed again. */
+function resumedAt(step, live) {
+  if (!resumes.includes(step)) resumes.push(step);
+  if (live) series.truncateAfter(step);
+  addRecords([]);
+}
+
 function stat(name, value) {
   let el = $('stats').querySelector(`[data-stat="${name}"]`);
   if (!el) {
@@ -108,7 +117,7 @@ function addSample(step, text) {
 
 function makeCharts() {
   const parent = $('charts');
-  const marks = () => phases.state.marks;
+  const marks = () => [...phases.state.marks, ...resumes];
   charts = {
     loss: new Chart(parent, 'loss', [{ label: 'train' }, { label: 'smoothed', color: '#0b3d91' },
       { label: 'eval', color: '#e8710a', points: true }], { marks }),
@@ -128,6 +137,23 @@ function makeCharts() {
 
 function showRun(run) {
   config = run.config;
+  if (run.checkpoint?.last_step) stat('last checkpoint', `step ${run.checkpoint.last_step}`);
+  $('resume-run').hidden = !run.can_resume;
+  $('branch').hidden = !(run.status === 'failed' && run.checkpoint?.last_step);
+  if (!$('branch').hidden) {
+    $('branch-step').textContent = String(run.checkpoint.last_step);
+    if (!$('branch-lr').value) $('branch-lr').value = String(run.config.lr / 2);
+    $('branch-run').onclick = () => branchHere(run);
+  }
+  if (run.config.parent) {
+    const a = $('parent');
+    a.href = `/runs/${run.config.parent.run}`;
+    a.textContent = `branched from ${run.config.parent.run} at step ${run.config.parent.step}`;
+    a.hidden = false;
+  }
+  const why = run.message && ['interrupted', 'stopped', 'failed'].includes(run.status)
+    ? `: ${run.message}` : '';
+  $('why').textContent = why;
   stat('preset', config.preset);
   stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''));
   stat('optimizer state', `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`);
@@ -153,12 +179,24 @@ async function train(run, token) {
     fetch(`/api/tokenizer/${config.preset}`).then((r) => r.json()),
   ]);
   const fetchBody = (url) => fetchRetrying(url).then((r) => r.arrayBuffer());
-  setStatus('Compiling kernels and initialising weights…');
+  // A resumed (or branched) run continues from its last checkpoint: the state after step K.
+  const from = run.checkpoint?.last_step ?? null;
+  let resume = null;
+  if (from !== null) {
+    setStatus(`Loading the checkpoint of step ${from}…`);
+    const res = await fetchRetrying(`/api/runs/${runId}/checkpoints/${from}`,
+      { headers: { authorization: `Bearer ${token}` } });
+    resume = { step: from, data: await res.arrayBuffer() };
+  }
+  setStatus(from === null ? 'Compiling kernels and initialising weights…'
+    : `Compiling kernels; resuming from step ${from}…`);
+  const uploader = new CheckpointUploader(token);
   const trainer = await Trainer.create({
-    ctx, layout, config, maps, decode: makeDecoder(tok),
+    ctx, layout, config, maps, decode: makeDecoder(tok), checkpoint: run.checkpoint, resume,
     loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
     loadValBatch: (i) => fetchBody(`/api/runs/${runId}/val_batches/${i}`),
     on: {
+      checkpoint: (ckpt) => uploader.upload(ckpt),
       record: (r) => { socket.push(r); addRecords([r]); },
       sample: (step, text) => { socket.send({ type: 'sample', step, text }); addSample(step, text); },
       status: (status, message) => {
@@ -200,12 +238,12 @@ async function train(run, token) {
 
 /** fetch() that rides out a server restart: network errors and 5xx are retried with backoff
  *  (about a minute in all); 4xx is final and reported. */
-async function fetchRetrying(url, attempts = 12) {
+async function fetchRetrying(url, init = {}, attempts = 12) {
   let wait = 250;
   for (let i = 1; ; i++) {
     let res = null;
     try {
-      res = await fetch(url);
+      res = await fetch(url, init);
     } catch (e) {
       if (i >= attempts) throw new Error(`${url}: ${e.message}`);
     }
@@ -215,6 +253,69 @@ async function fetchRetrying(url, attempts = 12) {
     await new Promise((r) => setTimeout(r, wait));
     wait = Math.min(wait * 2, 8000);
   }
+}
+
+/** Uploads the trainer's checkpoints (the complete training state) to the server, one at a time.
+ *  A failed upload (a full disk, a restarting server) is shown and retried with the next
+ *  checkpoint; training goes on meanwhile. */
+class CheckpointUploader {
+  constructor(token) {
+    this.token = token;
+  }
+
+  async upload(ckpt) {
+    const t0 = performance.now();
+    try {
+      const res = await fetch(`/api/runs/${runId}/checkpoints/${ckpt.step}`, {
+        method: 'PUT', body: new Blob(ckpt.parts),
+        headers: { authorization: `Bearer ${this.token}`, 'content-type': 'application/octet-stream',
+          'x-andrea-chunk-sha256': ckpt.chunkSha256.join(',') } });
+      if (!res.ok) throw new Error(`${res.status} ${await res.text()}`);
+      const ms = performance.now() - t0;
+      stat('checkpoint', `step ${ckpt.step} (${(ckpt.bytes / 2 ** 20).toFixed(1)} MiB, ` +
+        `read ${ckpt.readMs.toFixed(0)} ms, upload ${ms.toFixed(0)} ms)`);
+      body.dataset.checkpoint = String(ckpt.step);
+      $('checkpoint-error').hidden = true;
+    } catch (e) {
+      $('checkpoint-error').textContent = `Checkpoint of step ${ckpt.step} not saved ` +
+        `(${e.message}); training goes on and the next checkpoint tries again.`;
+      $('checkpoint-error').hidden = false;
+    }
+  }
+}
+
+/** Takes the run over in this tab from its last checkpoint (a new write token; the tab that
+ *  trained it before, if it comes back, is refused). */
+async function resumeHere() {
+  $('resume-run').disabled = true;
+  const res = await fetch(`/api/runs/${runId}/resume`, { method: 'POST' });
+  if (!res.ok) {
+    const detail = (await res.json().catch(() => ({}))).detail ?? res.status;
+    showError(`Cannot resume: ${detail}`);
+    $('resume-run').disabled = false;
+    return;
+  }
+  const { token } = await res.json();
+  sessionStorage.setItem(`andrea.run.${runId}`, JSON.stringify({ token }));
+  location.reload();
+}
+
+/** A failed run continues as a NEW run from its last checkpoint, with another learning rate;
+ *  the new run records its parent (run and step). */
+async function branchHere(run) {
+  const lr = Number($('branch-lr').value);
+  const schema = await (await fetch('/api/run_config')).json();   // RunConfig's own fields
+  const cfg = Object.fromEntries(Object.entries(run.config)
+    .filter(([k]) => k in schema.properties && k !== 'parent'));
+  const res = await fetch('/api/runs', { method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...cfg, lr, parent: { run: runId, step: run.checkpoint.last_step } }) });
+  const out = await res.json().catch(() => ({}));
+  if (!res.ok) {
+    showError(`Cannot branch: ${JSON.stringify(out.detail ?? res.status)}`);
+    return;
+  }
+  sessionStorage.setItem(`andrea.run.${out.id}`, JSON.stringify({ token: out.token }));
+  location.href = `/runs/${out.id}`;
 }
 
 /** Upload the trained weights (W, table order) so the run can be exported to PyTorch. */
@@ -242,6 +343,7 @@ function view() {
     if (msg.type === 'records') addRecords(msg.records);
     else if (msg.type === 'run') { showRun(msg.run); setStatus(msg.run.status); }
     else if (msg.type === 'sample') addSample(msg.step, msg.text);
+    else if (msg.type === 'resumed') resumedAt(msg.step, msg.kind === undefined);
   }, (s) => { body.dataset.socket = s; });
 }
 
@@ -256,8 +358,13 @@ async function main() {
   showRun(run);
   if (run.has_weights) showModelLink();
   makeCharts();
+  $('resume-run').onclick = resumeHere;
   const saved = JSON.parse(sessionStorage.getItem(`andrea.run.${runId}`) || 'null');
   if (saved && run.status === 'created') {
+    if (run.checkpoint?.last_step) {   // a resumed run: the steps before its checkpoint
+      addRecords(await (await fetch(`/api/runs/${runId}/metrics`)).json());
+      resumedAt(run.checkpoint.last_step, false);
+    }
     try {
       await train(run, saved.token);
     } catch (e) {

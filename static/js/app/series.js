@@ -47,6 +47,17 @@ export class RunSeries {
     this.changedFrom = Math.min(this.changedFrom, i);
   }
 
+  /** Drops every row after step `step` (a run resumed from its checkpoint at that step: those
+   *  steps are computed again). */
+  truncateAfter(step) {
+    const i = lowerBound(this.steps, step + 1);
+    if (i === this.steps.length) return;
+    this.steps.length = i;
+    this.records.length = i;
+    for (const k of this.keys) this.cols[k].length = i;
+    this.changedFrom = Math.min(this.changedFrom, i);
+  }
+
   /** The first row added or changed since the last call (length when none). */
   takeChanged() {
     const from = this.changedFrom;

@@ -19,6 +19,7 @@ export class TrainerSocket {
     this.ws = null;
     this.closed = false;
     this.retry = 500;
+    this.busyRetries = 0;
     this.ackWaiters = [];
     this.pongWaiters = [];
     this.connect();
@@ -35,7 +36,10 @@ export class TrainerSocket {
     ws.onclose = (ev) => {
       this.ready = false;
       this.onState('disconnected', ev.reason);
-      if (this.closed || ev.code === 1008 || ev.code === 1003) {
+      // This tab's previous socket may still count as the run's trainer for a moment after a
+      // network drop: "another trainer" is retried a few times before it is final.
+      const busy = ev.code === 1008 && /another trainer/.test(ev.reason) && this.busyRetries++ < 8;
+      if (this.closed || ((ev.code === 1008 || ev.code === 1003) && !busy)) {
         if (!this.closed) this.onState('refused', `${ev.code} ${ev.reason}`);
         return;
       }
@@ -48,6 +52,7 @@ export class TrainerSocket {
     if (msg.type === 'welcome') {
       this.ready = true;
       this.retry = 500;
+      this.busyRetries = 0;
       this.perMessage = msg.records_per_message;
       this.markAcked(msg.last_committed_step);
       this.sentUpTo = this.lastAcked;   // resend everything after the committed step

@@ -1,0 +1,348 @@
+"""Checkpoints on disk: a run's complete training state after step K (the sections of
+optim.checkpoint_sections, concatenated), so a run outlives its tab.
+
+  <data_dir>/runs/<run_id>/checkpoints/<K:09d>.ckpt   the sections, raw
+  <data_dir>/runs/<run_id>/checkpoints/<K:09d>.json   the sidecar: step, optimizer, sections,
+                                                      bytes, sha256, chunk_sha256, created_at
+
+The sidecar is the commit marker. An upload streams into a temp file in the same folder,
+checked chunk by chunk against the uploader's digests; then fsync, rename, fsync the folder,
+and the sidecar is written the same way. A crash at any point leaves either the previous
+checkpoints alone or the new one whole: a .ckpt without a sidecar (or a temp file) is garbage,
+removed at the next commit and at start-up. Pruning deletes a sidecar before its .ckpt.
+
+Everything here is blocking file I/O: callers run it in a thread (routes/checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+CHUNK_BYTES = 64 << 20       # uploads carry one SHA-256 per chunk of this size (the last shorter)
+READ_BYTES = 1 << 20
+# A full or read-only disk: the server answers 507 and keeps what it had.
+DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
+TEMP_SUFFIX = ".part"
+
+
+class CheckpointError(Exception):
+    """An upload or a read refused, with the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def disk_error(e: OSError) -> CheckpointError | None:
+    """507 with the reason when the disk refused the write; None for other errors."""
+    if e.errno not in DISK_ERRNOS:
+        return None
+    name = errno.errorcode.get(e.errno, str(e.errno))
+    return CheckpointError(507, f"the server cannot store the checkpoint: "
+                                f"{e.strerror or e} ({name}); the previous checkpoints are kept")
+
+
+def run_folder(data_dir: Path, run_id: str) -> Path:
+    return data_dir / "runs" / run_id / "checkpoints"
+
+
+def ckpt_name(step: int) -> str:
+    return f"{step:09d}.ckpt"
+
+
+def sidecar_name(step: int) -> str:
+    return f"{step:09d}.json"
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, fsync, rename, fsync the folder."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def parse_digests(header: str | None, total: int, chunk_bytes: int) -> list[str]:
+    """The X-Andrea-Chunk-SHA256 header: one lowercase hex SHA-256 per chunk."""
+    n = max(1, -(-total // chunk_bytes))
+    if not header:
+        raise CheckpointError(400, f"missing X-Andrea-Chunk-SHA256: {n} comma-separated "
+                                   f"SHA-256 digests, one per {chunk_bytes}-byte chunk")
+    digests = [d.strip() for d in header.split(",")]
+    if len(digests) != n:
+        raise CheckpointError(400, f"X-Andrea-Chunk-SHA256 has {len(digests)} digests; a "
+                                   f"{total}-byte checkpoint has {n} chunks of {chunk_bytes} bytes")
+    for i, d in enumerate(digests):
+        if len(d) != 64 or d.strip("0123456789abcdef"):
+            raise CheckpointError(400, f"digest {i} is not a lowercase hex SHA-256: {d[:80]!r}")
+    return digests
+
+
+class Upload:
+    """One checkpoint being received: a temp file in the run's folder, the running whole-file
+    hash and the current chunk's hash, checked at each chunk boundary."""
+
+    def __init__(self, folder: Path, step: int, expected: int, digests: list[str],
+                 chunk_bytes: int):
+        self.folder, self.step, self.expected = folder, step, expected
+        self.digests, self.chunk_bytes = digests, chunk_bytes
+        self.size = 0
+        self.sha = hashlib.sha256()
+        self._chunk = hashlib.sha256()
+        self._in_chunk = 0
+        self._chunks_done = 0
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=ckpt_name(step) + ".", suffix=TEMP_SUFFIX)
+        self.path = Path(tmp)
+        self._file = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes) -> None:
+        """Append (the caller refused anything past `expected`); a chunk that ends here must
+        match its digest."""
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self.chunk_bytes - self._in_chunk)
+            part, view = view[:take], view[take:]
+            self._chunk.update(part)
+            self.sha.update(part)
+            self._in_chunk += take
+            if self._in_chunk == self.chunk_bytes:
+                self._end_chunk()
+        self._file.write(data)
+        self.size += len(data)
+
+    def _end_chunk(self) -> None:
+        index = self._chunks_done
+        got = self._chunk.hexdigest()
+        if got != self.digests[index]:
+            raise CheckpointError(400, f"chunk {index} (bytes {index * self.chunk_bytes}.."
+                                       f"{index * self.chunk_bytes + self._in_chunk}) has SHA-256 "
+                                       f"{got}, the uploader sent {self.digests[index]}: the "
+                                       "upload was corrupted; nothing was stored")
+        self._chunk = hashlib.sha256()
+        self._in_chunk = 0
+        self._chunks_done += 1
+
+    def finish(self) -> None:
+        """The whole body is here: the last (short) chunk checked, the data on disk."""
+        if self._in_chunk:
+            self._end_chunk()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def discard(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        self.path.unlink(missing_ok=True)
+
+
+class CheckpointStore:
+    """The checkpoints of every run in one data dir. Commits and pruning of a run are
+    serialized by the caller (Fanout.run_lock); `_active` names the temp files being written,
+    so cleaning garbage never removes an upload in progress."""
+
+    def __init__(self, data_dir: Path, kept: int):
+        self.data_dir, self.kept = data_dir, kept
+        self._active: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def folder(self, run_id: str) -> Path:
+        return run_folder(self.data_dir, run_id)
+
+    # ---- reading --------------------------------------------------------------------------
+    def list(self, run_id: str) -> list[dict]:
+        """The committed checkpoints (a sidecar and its .ckpt), oldest first."""
+        folder = self.folder(run_id)
+        try:
+            names = set(os.listdir(folder))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in sorted(names):
+            if not name.endswith(".json") or name[:-5] + ".ckpt" not in names:
+                continue
+            try:
+                meta = json.loads((folder / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue          # unreadable: not committed
+            out.append(meta)
+        return sorted(out, key=lambda m: m["step"])
+
+    def get(self, run_id: str, step: int) -> dict | None:
+        folder = self.folder(run_id)
+        if not (folder / ckpt_name(step)).exists():
+            return None
+        try:
+            return json.loads((folder / sidecar_name(step)).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def latest(self, run_id: str) -> dict | None:
+        metas = self.list(run_id)
+        return metas[-1] if metas else None
+
+    def open_verified(self, run_id: str, step: int):
+        """(meta, an open file at offset 0) after checking the whole file against the sidecar's
+        sha256: a damaged file is never served. The open file survives a prune meanwhile."""
+        meta = self.get(run_id, step)
+        if meta is None:
+            raise CheckpointError(404, f"run {run_id} has no checkpoint at step {step}")
+        f = open(self.folder(run_id) / ckpt_name(step), "rb")
+        try:
+            sha = hashlib.sha256()
+            size = 0
+            while block := f.read(READ_BYTES):
+                sha.update(block)
+                size += len(block)
+            if size != meta["bytes"] or sha.hexdigest() != meta["sha256"]:
+                raise CheckpointError(500, f"the checkpoint of step {step} is damaged on the "
+                                           f"server: {size} bytes with SHA-256 {sha.hexdigest()}, "
+                                           f"recorded {meta['bytes']} bytes with {meta['sha256']}")
+            f.seek(0)
+            return meta, f
+        except BaseException:
+            f.close()
+            raise
+
+    def read_section(self, run_id: str, step: int, index: int = 0) -> bytes:
+        """One section's bytes (export takes W, section 0), after verifying the file."""
+        meta, f = self.open_verified(run_id, step)
+        with f:
+            start = sum(s["bytes"] for s in meta["sections"][:index])
+            f.seek(start)
+            return f.read(meta["sections"][index]["bytes"])
+
+    # ---- writing --------------------------------------------------------------------------
+    def begin(self, run_id: str, step: int, expected: int, digests: list[str],
+              chunk_bytes: int) -> Upload:
+        upload = Upload(self.folder(run_id), step, expected, digests, chunk_bytes)
+        with self._lock:
+            self._active.add(upload.path)
+        return upload
+
+    def discard(self, upload: Upload) -> None:
+        upload.discard()
+        with self._lock:
+            self._active.discard(upload.path)
+
+    def commit(self, run_id: str, upload: Upload, optimizer: str,
+               sections: list[dict]) -> dict:
+        """The finished upload becomes checkpoint `upload.step`, then the run keeps only its
+        newest `kept`. Returns the sidecar. The same step uploaded again with the same bytes
+        is a no-op; with other bytes, the old one is uncommitted first."""
+        folder, step = upload.folder, upload.step
+        try:
+            upload.finish()
+            meta = {"step": step, "optimizer": optimizer, "sections": sections,
+                    "bytes": upload.size, "sha256": upload.sha.hexdigest(),
+                    "chunk_bytes": upload.chunk_bytes, "chunk_sha256": upload.digests,
+                    "created_at": time.time()}
+            old = self.get(run_id, step)
+            if old is not None and old["sha256"] == meta["sha256"]:
+                return old
+            self._clean(folder)
+            if old is not None:                    # uncommit before replacing the data
+                (folder / sidecar_name(step)).unlink()
+                _fsync_dir(folder)
+            os.replace(upload.path, folder / ckpt_name(step))
+            _fsync_dir(folder)
+            _write_atomic(folder / sidecar_name(step),
+                          json.dumps(meta, indent=1).encode())
+        finally:
+            self.discard(upload)
+        self.prune(run_id)
+        return meta
+
+    def prune(self, run_id: str) -> None:
+        folder = self.folder(run_id)
+        for meta in self.list(run_id)[:-self.kept]:
+            (folder / sidecar_name(meta["step"])).unlink(missing_ok=True)   # uncommit first
+            (folder / ckpt_name(meta["step"])).unlink(missing_ok=True)
+        _fsync_dir(folder)
+
+    def link(self, src_run: str, step: int, dest_run: str) -> dict:
+        """Checkpoint `step` of src_run becomes dest_run's (a branch): hard links where the
+        file system allows, a copy elsewhere. Sidecar last, as in a commit."""
+        meta = self.get(src_run, step)
+        if meta is None:
+            raise CheckpointError(404, f"run {src_run} has no checkpoint at step {step}")
+        src, dest = self.folder(src_run), self.folder(dest_run)
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / ckpt_name(step)
+        try:
+            os.link(src / ckpt_name(step), target)
+        except FileExistsError:
+            raise
+        except OSError:           # another file system, or links not allowed: copy
+            tmp = dest / (ckpt_name(step) + TEMP_SUFFIX)
+            shutil.copyfile(src / ckpt_name(step), tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        _fsync_dir(dest)
+        _write_atomic(dest / sidecar_name(step), json.dumps(meta, indent=1).encode())
+        return meta
+
+    def remove_run(self, run_id: str) -> None:
+        """A branch whose database row could not be written leaves no files behind."""
+        shutil.rmtree(self.folder(run_id), ignore_errors=True)
+
+    # ---- garbage --------------------------------------------------------------------------
+    def _clean(self, folder: Path) -> None:
+        """Temp files of no upload in progress, .ckpt files without a sidecar, and sidecars
+        without a .ckpt."""
+        try:
+            names = set(os.listdir(folder))
+        except FileNotFoundError:
+            return
+        with self._lock:
+            active = {p.name for p in self._active}
+        for name in names:
+            stem = name.rsplit(".", 1)[0]
+            garbage = ((name.endswith(TEMP_SUFFIX) and name not in active)
+                       or (name.endswith(".ckpt") and stem + ".json" not in names)
+                       or (name.endswith(".json") and stem + ".ckpt" not in names))
+            if garbage:
+                (folder / name).unlink(missing_ok=True)
+
+    def recover(self) -> dict[str, int]:
+        """At start-up: every run's garbage removed; returns each run's newest checkpoint step
+        (what the database records as checkpoint_step)."""
+        newest = {}
+        runs = self.data_dir / "runs"
+        if not runs.is_dir():
+            return newest
+        for run_dir in runs.iterdir():
+            folder = run_dir / "checkpoints"
+            if folder.is_dir():
+                self._clean(folder)
+                last = self.latest(run_dir.name)
+                if last is not None:
+                    newest[run_dir.name] = last["step"]
+        return newest

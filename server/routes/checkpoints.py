@@ -1,0 +1,207 @@
+"""Checkpoints and resume: the training tab uploads its complete state every so often; another
+tab (or `andrea train --resume`) takes a run over from the newest one with a new write token.
+
+  PUT  /api/runs/{id}/checkpoints/{step}   body = the sections (optim.checkpoint_sections),
+                                           X-Andrea-Chunk-SHA256 = one digest per chunk
+  GET  /api/runs/{id}/checkpoints          the committed ones, newest last (public)
+  GET  /api/runs/{id}/checkpoints/{step}   the sections, verified first (write token)
+  POST /api/runs/{id}/resume               a new token; metrics after the checkpoint dropped
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi.responses import StreamingResponse
+
+from andrea import checkpoints
+from andrea.auth import new_token, token_hash
+from andrea.checkpoints import (
+    READ_BYTES,
+    CheckpointError,
+    CheckpointStore,
+    Upload,
+    disk_error,
+    parse_digests,
+)
+from andrea.deps import (
+    CheckpointsDep,
+    FanoutDep,
+    RunDep,
+    RunsDep,
+    SettingsDep,
+    StoreDep,
+    WritableRunDep,
+    bearer,
+    check_write_token,
+)
+from andrea.fanout import Fanout
+from andrea.model import PRESETS, build_layout
+from andrea.optim import checkpoint_sections
+from andrea.run_info import RESUMABLE, public_run
+from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
+from andrea.telemetry import watch_resumed
+
+router = APIRouter(prefix="/api", tags=["checkpoints"])
+
+FLUSH_BYTES = 4 << 20      # body bytes gathered before one write+hash in a worker thread
+Step = Annotated[int, Path(ge=0)]
+
+WHY_NOT_RESUMABLE = {
+    "finished": "the run is finished: there is nothing left to train",
+    "created": "the run has not started since it was made or resumed: open its page to train it",
+    "failed": "the run failed: branch it instead, a new run from one of its checkpoints "
+              "(POST /api/runs with \"parent\": {\"run\": ..., \"step\": ...})",
+}
+
+
+def _http(e: Exception) -> HTTPException | None:
+    """The HTTP answer for a refused checkpoint or a full disk; None: a real server error."""
+    if isinstance(e, CheckpointError):
+        return HTTPException(e.status, str(e))
+    refused = disk_error(e) if isinstance(e, OSError) else None
+    return HTTPException(refused.status, str(refused)) if refused else None
+
+
+def _sections_text(cfg: dict, sections: list[dict]) -> str:
+    parts = " + ".join(f"{s['name']} {s['bytes']}" for s in sections)
+    return f"{cfg['preset']} with {cfg['optimizer']}: {parts}"
+
+
+def _check_length(got: int, expected: int, cfg: dict, sections: list[dict],
+                  more: bool = False) -> None:
+    if got == expected:
+        return
+    what = "larger than the sections" if got > expected else "truncated"
+    raise HTTPException(413 if got > expected else 400,
+                        f"a checkpoint of this run is exactly {expected} bytes "
+                        f"({_sections_text(cfg, sections)}); the body is {got} bytes"
+                        f"{' or more' if more else ''}: {what}, or made for another layout "
+                        "or optimizer. Nothing was stored")
+
+
+@router.put("/runs/{run_id}/checkpoints/{step}", status_code=201)
+async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, store: StoreDep,
+                         fanout: FanoutDep, ckpts: CheckpointsDep) -> CheckpointStored:
+    """The complete training state after `step` steps. On any error the previous checkpoints
+    stay as they were."""
+    run_id, cfg = run["id"], run["config"]
+    if not 1 <= step <= cfg["steps"]:
+        raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
+    sections = checkpoint_sections(build_layout(PRESETS[cfg["preset"]]), cfg["optimizer"])
+    expected = sum(s["bytes"] for s in sections)
+    declared = request.headers.get("content-length")
+    if declared is not None:        # refused before reading a byte of a wrong-sized body
+        if not declared.isdigit():
+            raise HTTPException(400, f"bad Content-Length {declared[:40]!r}")
+        _check_length(int(declared), expected, cfg, sections)
+    try:
+        chunk = checkpoints.CHUNK_BYTES       # (read at call time: tests make it small)
+        digests = parse_digests(request.headers.get("x-andrea-chunk-sha256"), expected, chunk)
+        upload = await asyncio.to_thread(ckpts.begin, run_id, step, expected, digests, chunk)
+    except (CheckpointError, OSError) as e:
+        raise _http(e) or e
+    try:
+        await _receive(request, upload, expected, cfg, sections)
+        async with fanout.run_lock(run_id):
+            # A resume may have revoked this token while the body streamed in.
+            await check_write_token(store, run_id, bearer(request))
+            meta = await asyncio.to_thread(ckpts.commit, run_id, upload, cfg["optimizer"],
+                                           sections)
+            newest = await asyncio.to_thread(ckpts.latest, run_id)
+            await store.run(store.set_checkpoint_step, run_id, newest and newest["step"])
+    except (CheckpointError, OSError) as e:
+        raise _http(e) or e
+    finally:
+        await asyncio.to_thread(ckpts.discard, upload)     # a no-op once committed
+    return {"step": meta["step"], "bytes": meta["bytes"], "sha256": meta["sha256"]}
+
+
+async def _receive(request: Request, upload: Upload, expected: int, cfg: dict,
+                   sections: list[dict]) -> None:
+    """The body into the upload, hashed and written in worker threads a few MiB at a time;
+    a body past `expected` is refused as soon as it gets there."""
+    size = 0
+    pending = bytearray()
+    async for piece in request.stream():
+        size += len(piece)
+        if size > expected:
+            _check_length(size, expected, cfg, sections, more=True)
+        pending += piece
+        if len(pending) >= FLUSH_BYTES:
+            buf, pending = pending, bytearray()
+            await asyncio.to_thread(upload.write, buf)
+    if pending:
+        await asyncio.to_thread(upload.write, pending)
+    _check_length(size, expected, cfg, sections)
+
+
+@router.get("/runs/{run_id}/checkpoints")
+async def list_checkpoints(run: RunDep, ckpts: CheckpointsDep) -> list[CheckpointListed]:
+    metas = await asyncio.to_thread(ckpts.list, run["id"])
+    return [{k: m[k] for k in ("step", "bytes", "sha256", "created_at")} for m in metas]
+
+
+@router.get("/runs/{run_id}/checkpoints/{step}", response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+async def get_checkpoint(step: Step, run: WritableRunDep, ckpts: CheckpointsDep):
+    """The sections, after checking the whole file against its recorded SHA-256."""
+    try:
+        meta, f = await asyncio.to_thread(ckpts.open_verified, run["id"], step)
+    except CheckpointError as e:
+        raise _http(e) from None
+    return StreamingResponse(_stream(f), media_type="application/octet-stream", headers={
+        "content-length": str(meta["bytes"]), "x-andrea-sha256": meta["sha256"],
+        "cache-control": "no-store"})
+
+
+async def _stream(f) -> AsyncIterator[bytes]:
+    try:
+        while block := await asyncio.to_thread(f.read, READ_BYTES):
+            yield block
+    finally:
+        f.close()
+
+
+@router.post("/runs/{run_id}/resume")
+async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: CheckpointsDep,
+                     runs: RunsDep, settings: SettingsDep) -> RunResumed:
+    """Take a run over from its newest checkpoint: a new write token (the old one is refused
+    from now on), the metrics and events after the checkpoint deleted, status `created`."""
+    run_id = run["id"]
+    token = new_token()
+    async with fanout.run_lock(run_id):     # no hello, commit or other resume in between
+        if fanout.has_trainer(run_id):
+            raise HTTPException(409, "a trainer is connected to this run (another tab is "
+                                     "training it): stop it there, or wait until it is gone")
+        run = await store.run(store.get_run, run_id)
+        if run["status"] not in RESUMABLE:
+            raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
+        latest = await asyncio.to_thread(ckpts.latest, run_id)
+        if latest is None:
+            raise HTTPException(404, f"run {run_id} has no checkpoint to resume from")
+        step = latest["step"]
+        why = await store.run(store.resume_run, run_id, step, token_hash(token), RESUMABLE)
+        if why:
+            raise HTTPException(409, f"cannot resume: {why}")
+    runs.forget(run_id)       # its bandit replays the records that are left
+    watch_resumed(store, fanout, settings.trainer_grace_s, run_id)
+    info = public_run(await store.run(store.get_run, run_id), fanout.has_trainer(run_id))
+    fanout.publish(run_id, {"type": "resumed", "step": step})
+    fanout.publish(run_id, {"type": "run", "run": info})
+    return {"token": token, "step": step, "run": info}
+
+
+async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, step: int,
+                      run_id: str) -> None:
+    """A branch's files: the parent's checkpoint `step` becomes the new run's (hard links),
+    under the parent's lock so a prune cannot take it meanwhile."""
+    async with fanout.run_lock(parent_id):
+        try:
+            await asyncio.to_thread(ckpts.link, parent_id, step, run_id)
+        except (CheckpointError, OSError) as e:
+            await asyncio.to_thread(ckpts.remove_run, run_id)
+            raise _http(e) or e
