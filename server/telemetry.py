@@ -129,9 +129,10 @@ async def _close(ws: WebSocket, code: int, message: str) -> None:
 
 
 def _feed_bandit(runs: RunRegistry, run_id: str, records: list[Record]) -> None:
+    # Every record counts, also one without usable losses: the bandit's next phase waits for
+    # every step of the phases it depends on (data/bandit.py).
     for r in records:
-        if r.source_losses:
-            runs.report_losses(run_id, r.step, r.source_losses)
+        runs.report_losses(run_id, r.step, r.source_losses or {})
 
 
 @router.websocket("/ws/runs/{run_id}")

@@ -132,6 +132,12 @@ export class Model {
     this.device.queue.submit([enc.finish()]);
   }
 
+  /** The model's part of a checkpoint: W, f32 [total_numel] (server/optim.py
+   *  checkpoint_sections names it; bytes = what W holds). */
+  stateSections() {
+    return [{ name: 'W', buffer: this.W, bytes: this.layout.total_numel * 4 }];
+  }
+
   async getParams() { return new Float32Array(await readBuffer(this.device, this.W)); }
   async getGrads() { return new Float32Array(await readBuffer(this.device, this.G)); }
 

@@ -364,6 +364,20 @@ export class Optimizer {
     return this.updates.length;
   }
 
+  /** The optimizer's part of a checkpoint, in the order server/optim.py checkpoint_sections
+   *  lists it: fp32 variants M, V (f32 [n] each); 8-bit variants codes (u8 [2, 256] per 8-bit
+   *  block: the codes buffer as the kernel keeps it) and small (f32: absmax pairs, then f32 m and
+   *  v of the small tensors). bytes = what the buffer holds from its start (its allocation is
+   *  rounded up). The f16 mirror is not state: it is recomputed from W (initMirror). */
+  stateSections() {
+    if (this.is8) {
+      return [{ name: 'codes', buffer: this.codes, bytes: this.state8.codesBytes },
+        { name: 'small', buffer: this.small, bytes: this.state8.smallFloats * 4 }];
+    }
+    return [{ name: 'M', buffer: this.M, bytes: this.n * 4 },
+      { name: 'V', buffer: this.V, bytes: this.n * 4 }];
+  }
+
   /** Host f32 weights -> the f16 mirror (once, when W is uploaded; steps keep it in sync). */
   initMirror(weights) {
     if (!this.mirror) throw new Error('this optimizer variant has no f16 mirror');

@@ -4,9 +4,18 @@
 // to RING steps and never makes the GPU wait for a readback.
 //
 // DOM-free: the app hands in the device context, the server's layout and config, batch loaders,
-// and callbacks for records, samples and status.
+// and callbacks for records, samples, status and checkpoints.
+//
+// Checkpoints (checkpoint.js; the contract's "Engine API"): with `checkpoint: {sections,
+// chunk_bytes, every}` the trainer reads the state (W + optimizer state, the server's sections)
+// back every `every` steps, after a pause and on stop, and hands it to on.checkpoint; the copies
+// are encoded right after a step's submit, so they hold exactly the state after that step and
+// training never waits for them. With `resume: {step, data}` it starts from such a body at step
+// `resume.step` and continues bit-identically to the uninterrupted run.
 
 import { Prefetcher, parseBatch } from './batches.js';
+import { asBytes, matchSections, median, nextCheckpointInterval, sectionBytes, snapshotSections,
+  writeSections } from './checkpoint.js';
 import { Model, limitProblems } from './model.js';
 import { encodeOps } from './ops.js';
 import { Optimizer } from './optimizer.js';
@@ -18,6 +27,8 @@ const RING = 4;          // readback slots: how many steps the CPU may run ahead
 // then the per-token losses.
 const SLOT_HEAD = 48;
 const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
+const FIRST_AUTO_CHECKPOINT = 20;   // every === null: steps (after the start) to the first one
+const STEP_MS_WINDOW = 16;          // every === null: step time = median of this many records
 
 /** Learning rate at 0-based `step`: linear warmup, then cosine decay to lr * min_lr_ratio. */
 export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floor }) {
@@ -32,7 +43,11 @@ export class Trainer {
    * ctx: the engine context (context.js); layout: the run's parameter table; config: the run config
    * (server/routes/runs.py RunConfig); maps: 8-bit quantization maps; loadBatch(step) and
    * loadValBatch(index): async -> ArrayBuffer; decode(ids) -> string (optional);
-   * on: {record(rec), sample(step, text), status(status, message)}.
+   * on: {record(rec), sample(step, text), status(status, message), checkpoint(ckpt) -> Promise?};
+   * checkpoint: null | {sections: [{name, bytes}] (the server's), chunk_bytes, every: int | null};
+   * resume: null | {step (steps done, 0-based next step), data: ArrayBuffer (the sections
+   * concatenated)}. A resume whose data or sections do not fit this engine is refused (throws)
+   * before anything is written.
    */
   static async create(opts) {
     const t = new Trainer(opts);
@@ -46,14 +61,22 @@ export class Trainer {
   }
 
   constructor({ ctx, layout, config, maps = null, loadBatch, loadValBatch = null, decode = null,
-    on = {} }) {
+    on = {}, checkpoint = null, resume = null }) {
     Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode });
-    this.on = { record: () => {}, sample: () => {}, status: () => {}, ...on };
+    this.on = { record: () => {}, sample: () => {}, status: () => {}, checkpoint: () => {}, ...on };
     this.device = ctx.device;
     this.state = 'created';
     this.step = 0;                 // next 0-based step to run; records are 1-based
-    this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0 };
+    this.done = 0;                 // steps submitted: the state a checkpoint encoded now holds
+    this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0, checkpoints: 0, checkpointErrors: 0 };
     this.resumeGate = null;
+    this.checkpointConfig = checkpoint;
+    this.resumeFrom = resume;
+    // Checkpoint bookkeeping: the one in flight (snapshot + on.checkpoint; never rejects), the
+    // step of the last one taken and of the last one handed over successfully, the step the next
+    // periodic one is due at, recent step times (every === null) and live staging buffers.
+    this.ckpt = { inFlight: null, taken: null, saved: null, next: Infinity, stepMs: [],
+      staging: new Set(), lastError: null };
   }
 
   get variant() {
@@ -65,17 +88,58 @@ export class Trainer {
     // Refuse before allocating anything: a plan that cannot fit must not cost gigabytes first.
     const problems = limitProblems(layout, c.batch_size, c.seq_len, ctx.limits);
     if (problems.length) throw new Error(`this GPU cannot run it: ${problems.join('; ')}`);
+    const resume = this.resumeFrom;
+    const cc = this.checkpointConfig;
+    const served = cc?.sections;
+    if (cc && (!served || !(cc.every === null || cc.every === undefined ||
+      (Number.isInteger(cc.every) && cc.every > 0)))) {
+      throw new Error('checkpoint wants {sections (the server\'s), chunk_bytes, every: a positive ' +
+        `integer or null}; got sections ${served ? 'given' : 'missing'}, every ${cc.every}`);
+    }
+    if (resume) {
+      // Refuse a body of the wrong size before allocating (the sizes are the server's).
+      if (!served) throw new Error('resume needs checkpoint.sections (the server sends them with the run)');
+      const need = sectionBytes(served);
+      const got = resume.data?.byteLength;
+      if (got !== need) {
+        throw new Error(`cannot resume: the checkpoint is ${got} bytes, the sections ` +
+          `(${served.map((s) => s.name).join(', ')}) need ${need}`);
+      }
+      if (!Number.isInteger(resume.step) || resume.step < 0 || resume.step > c.steps) {
+        throw new Error(`cannot resume at step ${resume.step}: the run has ${c.steps} steps`);
+      }
+    }
     this.model = new Model(ctx, layout);
-    await this.model.init(c.seed);
+    // A resume overwrites W below; G starts zeroed either way (new buffers are zero in WebGPU).
+    if (!resume) await this.model.init(c.seed);
     this.opt = await Optimizer.create(ctx, layout, {
       variant: this.variant, W: this.model.W, G: this.model.G, maps: this.maps,
       hyper: { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay,
         max_norm: c.max_norm, clip: c.clip },
     });
+    if (served) {
+      this.sections = matchSections(served, [...this.model.stateSections(), ...this.opt.stateSections()]);
+    }
+    let weights = null;   // f32 [total_numel] W as resumed, for the mirror
+    if (resume) {
+      const bytes = asBytes(resume.data);
+      writeSections(this.device, this.sections, bytes);
+      const w = this.sections.find((s) => s.name === 'W');
+      const at = bytes.byteOffset + w.offset;
+      weights = at % 4 ? new Float32Array(bytes.slice(w.offset, w.offset + w.bytes).buffer)
+        : new Float32Array(bytes.buffer, at, w.bytes / 4);
+      this.step = this.done = resume.step;
+      this.ckpt.taken = this.ckpt.saved = resume.step;   // the server holds this state already
+    }
     if (this.opt.mirror) {
-      // Once, at start: the f16 mirror of the initial weights; AdamW keeps it in sync after.
-      this.opt.initMirror(await this.model.getParams());
+      // Once, at start: the f16 mirror of the initial (or resumed) weights, rounded as the kernel
+      // rounds (test_optimizer.py holds packHalf2 to pack2x16float); AdamW keeps it in sync after.
+      this.opt.initMirror(weights ?? await this.model.getParams());
       this.model.weightsF16 = this.opt.mirror;
+    }
+    if (this.checkpointConfig) {
+      const { every } = this.checkpointConfig;
+      this.ckpt.next = every ? this.nextMultiple(this.done) : this.done + FIRST_AUTO_CHECKPOINT;
     }
     this.B = c.batch_size;
     this.T = c.seq_len;
@@ -96,6 +160,81 @@ export class Trainer {
     this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: 4,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
+  }
+
+  nextMultiple(step) {
+    const { every } = this.checkpointConfig;
+    return (Math.floor(step / every) + 1) * every;
+  }
+
+  /**
+   * The state after the last submitted step, read back: copies into MAP_READ staging are
+   * submitted now (later steps cannot change them), then mapped and copied out in
+   * checkpoint.chunk_bytes parts. -> Promise<{step, parts: ArrayBuffer[], chunkSha256: string[],
+   * bytes, readMs, hashMs}>. Does not call on.checkpoint (the trainer's cadence does).
+   */
+  checkpoint() {
+    if (!this.sections) {
+      throw new Error('no checkpoint sections: create the trainer with checkpoint: {sections, chunk_bytes}');
+    }
+    return snapshotSections(this.device, this.sections, this.checkpointConfig.chunk_bytes ?? 64 * 2 ** 20,
+      this.ckpt.staging, this.done);
+  }
+
+  /** Takes a checkpoint now and hands it to on.checkpoint; the returned promise (also
+   *  this.ckpt.inFlight until it settles) resolves once on.checkpoint's promise has, and never
+   *  rejects (failures are counted in stats.checkpointErrors and kept in ckpt.lastError). */
+  startCheckpoint() {
+    const k = this.ckpt;
+    const step = this.done;
+    k.taken = step;
+    // This step's record: a checkpoint of a step whose loss was non-finite is not handed over.
+    const record = this.ring[(step - 1 + RING) % RING].pending;
+    const snap = this.checkpoint();
+    k.inFlight = (async () => {
+      try {
+        const ck = await snap;
+        await record;
+        if (this.badStep !== undefined && this.badStep <= step) return;
+        this.stats.checkpoints++;
+        if (this.checkpointConfig.every) {
+          k.next = this.nextMultiple(step);
+        } else {
+          k.next = step + nextCheckpointInterval(ck.readMs + ck.hashMs, median(k.stepMs));
+        }
+        await this.on.checkpoint(ck);
+        k.saved = Math.max(k.saved ?? 0, step);
+      } catch (e) {
+        this.stats.checkpointErrors++;
+        k.lastError = e;
+      } finally {
+        k.inFlight = null;
+      }
+    })();
+    return k.inFlight;
+  }
+
+  /** Periodic: a checkpoint when one is due and none is in flight (a due one waits for that and
+   *  is taken at the first step after it, or at the end of the run). */
+  maybeCheckpoint() {
+    const k = this.ckpt;
+    if (!this.checkpointConfig || k.inFlight || this.done < k.next || k.taken === this.done) return;
+    this.startCheckpoint();
+  }
+
+  /** Once none is in flight, the periodic checkpoint if one is due (the end of a run). */
+  async checkpointIfDue() {
+    if (!this.checkpointConfig) return;
+    while (this.ckpt.inFlight) await this.ckpt.inFlight;
+    if (this.done >= this.ckpt.next && this.ckpt.taken !== this.done) await this.startCheckpoint();
+  }
+
+  /** Pause and stop: once none is in flight, a checkpoint of the current state unless the server
+   *  has it already. Resolves when it has been handed over. */
+  async checkpointNow() {
+    if (!this.checkpointConfig) return;
+    while (this.ckpt.inFlight) await this.ckpt.inFlight;
+    if (this.ckpt.saved !== this.done && this.done > 0) await this.startCheckpoint();
   }
 
   /** Stops submitting; the status turns 'paused' once the steps in flight have landed. */
@@ -134,6 +273,7 @@ export class Trainer {
           if (this.state === 'pausing') {
             this.state = 'paused';
             this.on.status('paused');
+            this.checkpointNow();   // not awaited: resume() may come before the upload is done
           }
           await this.resumeGate;
         }
@@ -161,6 +301,7 @@ export class Trainer {
         enc.copyBufferToBuffer(this.plan.acts.losses, 0, slot.buf, SLOT_HEAD, N * 4);
         this.device.queue.submit([enc.finish()]);
         this.stats.submitted++;
+        this.done = step + 1;
         const evalLoss = this.wantEval(step) ? (await this.encodeEval(step)).loss : null;
         slot.done = false;
         slot.pending = Promise.all([slot.buf.mapAsync(GPUMapMode.READ), evalLoss]).then(([, ev]) => {
@@ -169,13 +310,26 @@ export class Trainer {
           lastDone = now;
           slot.done = true;
           slot.pending = null;
+          this.ckpt.stepMs.push(rec.step_ms);
+          if (this.ckpt.stepMs.length > STEP_MS_WINDOW) this.ckpt.stepMs.shift();
           this.on.record(rec);
-          if (rec.loss === null) this.stop(`the loss became non-finite at step ${rec.step}`);
+          if (rec.loss === null) {
+            this.badStep = Math.min(this.badStep ?? Infinity, rec.step);
+            this.stop(`the loss became non-finite at step ${rec.step}`);
+          }
         });
         prevSlot = slot;
+        this.maybeCheckpoint();   // after this step's submit, before the next: exactly its state
         if (c.sample_every && (step + 1) % c.sample_every === 0) await this.sample(step + 1, batch);
       }
       await Promise.all(this.ring.map((s) => s.pending));
+      const failed = this.stopReason?.startsWith('the loss became non-finite');
+      // Stop: the state is saved (on.checkpoint's promise awaited) before the status says so.
+      if (this.state === 'stopping' && !failed) await this.checkpointNow();
+      // The end: a periodic checkpoint that came due while another was in flight is taken now.
+      else if (!failed) await this.checkpointIfDue();
+      // Any end: no checkpoint is left in flight (its staging buffers are freed).
+      while (this.ckpt.inFlight) await this.ckpt.inFlight;
     } catch (e) {
       this.state = 'failed';
       this.on.status('failed', e.message || String(e));
@@ -255,11 +409,14 @@ export class Trainer {
   }
 
   /** Frees every GPU object of the run: model (weights, grads, activations, ops), optimizer,
-   *  readback ring, eval buffer and timestamp queries. Call once run() has resolved. */
+   *  readback ring, eval buffer, timestamp queries and checkpoint staging. Call once run() has
+   *  resolved. */
   destroy() {
     this.model?.destroy();
     this.opt?.destroy();
     for (const s of this.ring ?? []) s.buf.destroy();
+    for (const b of this.ckpt.staging) b.destroy();   // a checkpoint still being read back
+    this.ckpt.staging.clear();
     this.evalBuf?.destroy();
     this.queryBuf?.destroy();
     this.queries?.destroy();
