@@ -143,7 +143,9 @@ def _main(argv: list[str]) -> int:
         return 2
     layout = {"preset": argv[0], **build_layout(PRESETS[argv[0]])}
     layout["optimizer_state"] = optimizer_memory(layout)
-    json.dump({"layout": layout, "maps": quantization_maps()}, sys.stdout)
+    sections = {opt: checkpoint_sections(layout, opt) for opt in ("adamw", "adamw_8bit")}
+    json.dump({"layout": layout, "maps": quantization_maps(), "checkpoint_sections": sections},
+              sys.stdout)
     return 0
 
 

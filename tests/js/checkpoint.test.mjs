@@ -63,10 +63,11 @@ test('chunks of chunk_bytes (the last shorter) filled from the sections in order
 });
 
 test('every === null: next interval = ceil(50 * checkpoint ms / step ms)', () => {
-  assert.equal(nextCheckpointInterval(1000, 300), 167);
-  assert.equal(nextCheckpointInterval(30, 10), 150);
-  assert.equal(nextCheckpointInterval(0.1, 300), 1);
-  assert.equal(nextCheckpointInterval(0, 300), 1);
+  assert.equal(nextCheckpointInterval(1000, 300), 200);  // a minute of 300 ms steps
+  assert.equal(nextCheckpointInterval(6000, 300), 1000);  // 2% of training time
+  assert.equal(nextCheckpointInterval(30, 10), 6000);
+  assert.equal(nextCheckpointInterval(0.1, 300), 200);
+  assert.equal(nextCheckpointInterval(0, 70_000), 1);     // steps over a minute: every step
   assert.equal(nextCheckpointInterval(10, NaN), 20);    // no step time yet: the first interval
   assert.equal(median([5, 1, 3]), 3);
   assert.equal(median([4, 1, 3, 2]), 2.5);

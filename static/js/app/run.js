@@ -280,6 +280,7 @@ class CheckpointUploader {
       $('checkpoint-error').textContent = `Checkpoint of step ${ckpt.step} not saved ` +
         `(${e.message}); training goes on and the next checkpoint tries again.`;
       $('checkpoint-error').hidden = false;
+      throw e;   // the trainer counts it as not saved (a stop checkpoint is then tried again)
     }
   }
 }

@@ -73,9 +73,13 @@ export function chunkPlan(sections, chunkBytes) {
 
 /** every === null: steps until the next checkpoint so that checkpoints cost ~2% of training time
  *  (ckptMs: the last checkpoint's read back + digests; stepMs: a training step, both in ms). */
+const MIN_INTERVAL_MS = 60_000;
+
 export function nextCheckpointInterval(ckptMs, stepMs) {
   if (!(stepMs > 0) || !Number.isFinite(ckptMs)) return 20;
-  return Math.max(1, Math.ceil((50 * ckptMs) / stepMs));
+  // At most 2% of training time, and at most one checkpoint a minute: where a checkpoint is
+  // nearly free (a small model), a crash loses a minute at most, not one upload per step.
+  return Math.max(1, Math.ceil((50 * ckptMs) / stepMs), Math.ceil(MIN_INTERVAL_MS / stepMs));
 }
 
 export function median(values) {

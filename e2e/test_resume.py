@@ -1,0 +1,164 @@
+"""Runs outlive their tab: a run whose browser dies after step 25 resumes from its step-20
+checkpoint in a new browser (and through `andrea train --resume`) and ends bit for bit where an
+uninterrupted run with the same config ends: every step's loss, grad norm and clip scale, and the
+exported model.safetensors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
+
+STEPS, KILL_AFTER, EVERY = 60, 25, 10
+FIELDS = ("loss", "grad_norm", "clip_scale", "lr")
+
+
+def config(optimizer: str, seed: int, data_mode: str = "uniform", f16: bool = False) -> dict:
+    return {"preset": "tiny", "optimizer": optimizer, "steps": STEPS, "batch_size": 2,
+            "seed": seed, "checkpoint_every": EVERY, "eval_every": 20, "sample_every": 0,
+            "data_mode": data_mode, "f16_mirror": f16}
+
+
+def create(live_server: str, cfg: dict) -> dict:
+    r = httpx.post(f"{live_server}/api/runs", json=cfg)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def train_in_page(browser, live_server: str, run_id: str, token: str, until=None):
+    """Opens the run page with the token (as the start page leaves it) and waits until the run
+    is done, or until `until(run)` holds; returns the page's context (still open)."""
+    context = browser.new_context()
+    page = context.new_page()
+    saved = json.dumps(json.dumps({"token": token}))
+    page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
+    page.goto(f"{live_server}/runs/{run_id}")
+    if until is None:
+        page.wait_for_function("document.body.dataset.done", timeout=600_000)
+        assert page.evaluate("document.body.dataset.done") == "finished", \
+            page.inner_text("#error")
+    else:
+        deadline = time.monotonic() + 600
+        while not until(httpx.get(f"{live_server}/api/runs/{run_id}").json()):
+            assert time.monotonic() < deadline, "the run never got there"
+            time.sleep(0.25)
+    return context
+
+
+def metrics(live_server: str, run_id: str) -> list[dict]:
+    return httpx.get(f"{live_server}/api/runs/{run_id}/metrics").json()
+
+
+def assert_same_run(live_server: str, got: str, want: str) -> None:
+    a, b = metrics(live_server, got), metrics(live_server, want)
+    assert [m["step"] for m in a] == list(range(1, STEPS + 1))   # every step once
+    for x, y in zip(a, b):
+        assert {k: x.get(k) for k in (*FIELDS, "eval_loss")} == \
+               {k: y.get(k) for k in (*FIELDS, "eval_loss")}, x["step"]
+    ma = httpx.get(f"{live_server}/api/runs/{got}/model.safetensors").content
+    mb = httpx.get(f"{live_server}/api/runs/{want}/model.safetensors").content
+    assert ma == mb
+
+
+@pytest.fixture(scope="module")
+def chromium(playwright):
+    def launch():
+        return playwright.chromium.launch(executable_path=CHROMIUM,
+                                          args=["--headless=new", *QUIET_FLAGS, *WEBGPU_FLAGS])
+    return launch
+
+
+def interrupted_run(chromium, live_server: str, cfg: dict) -> str:
+    """A run trained past step KILL_AFTER whose browser is then closed without beforeunload."""
+    run = create(live_server, cfg)
+    browser = chromium()
+    train_in_page(browser, live_server, run["id"], run["token"],
+                  until=lambda r: (r.get("last_step") or 0) >= KILL_AFTER
+                  and (r["checkpoint"]["last_step"] or 0) >= 2 * EVERY)
+    browser.close()          # the whole browser goes: no beforeunload, no final upload
+    info = httpx.get(f"{live_server}/api/runs/{run['id']}").json()
+    assert info["checkpoint"]["last_step"] >= 2 * EVERY
+    return run["id"]
+
+
+def wait_resumable(live_server: str, run_id: str) -> dict:
+    for _ in range(100):   # the server notices the closed trainer socket
+        info = httpx.get(f"{live_server}/api/runs/{run_id}").json()
+        if info["can_resume"]:
+            return info
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} never became resumable: {info}")
+
+
+@pytest.mark.parametrize("optimizer, data_mode, f16", [
+    ("adamw", "uniform", False), ("adamw_8bit", "uniform", False),
+    ("adamw", "bandit", True)])   # the source bandit's phases, and the f16 weight mirror
+def test_resume_in_a_new_browser_is_bit_exact(chromium, live_server, optimizer, data_mode, f16):
+    cfg = config(optimizer, seed=11, data_mode=data_mode, f16=f16)
+    ref = create(live_server, cfg)
+    browser = chromium()
+    train_in_page(browser, live_server, ref["id"], ref["token"]).close()
+
+    run_id = interrupted_run(chromium, live_server, cfg)
+    wait_resumable(live_server, run_id)
+    # A new browser opens the run page and presses "Resume from checkpoint".
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{live_server}/runs/{run_id}")
+    page.wait_for_selector("#resume-run:not([hidden])")
+    page.click("#resume-run")
+    page.wait_for_function("document.body.dataset.done", timeout=600_000)
+    assert page.evaluate("document.body.dataset.done") == "finished", page.inner_text("#error")
+    browser.close()
+    assert_same_run(live_server, run_id, ref["id"])
+    assert httpx.get(f"{live_server}/api/runs/{run_id}").json()["status"] == "finished"
+    if data_mode == "bandit":   # the phases decided, not only the losses, are the same
+        phases = [httpx.get(f"{live_server}/api/runs/{r}/data").json()["phases"]
+                  for r in (run_id, ref["id"])]
+        assert len(phases[0]) >= 3 and phases[0] == phases[1]
+
+
+def test_resume_from_the_command_line_is_bit_exact(chromium, live_server):
+    cfg = config("adamw", seed=12)
+    ref = create(live_server, cfg)
+    browser = chromium()
+    train_in_page(browser, live_server, ref["id"], ref["token"]).close()
+    browser.close()
+
+    run_id = interrupted_run(chromium, live_server, cfg)
+    wait_resumable(live_server, run_id)
+    r = subprocess.run([sys.executable, "-m", "andrea", "train", "--resume", run_id,
+                        "--server", live_server, "--json"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert result["ok"] and result["run_id"] == run_id and result["steps"] == STEPS
+    assert_same_run(live_server, run_id, ref["id"])
+
+
+def test_the_old_tab_is_refused_after_a_resume(chromium, live_server):
+    cfg = config("adamw", seed=13)
+    run = create(live_server, cfg)
+    browser = chromium()
+    train_in_page(browser, live_server, run["id"], run["token"],
+                  until=lambda r: (r["checkpoint"]["last_step"] or 0) >= EVERY)
+    browser.close()
+    wait_resumable(live_server, run["id"])
+    assert httpx.post(f"{live_server}/api/runs/{run['id']}/resume").status_code == 200
+    # The old tab's token comes back (a reload of the old page): refused, with the reason shown.
+    browser = chromium()
+    context = browser.new_context()
+    page = context.new_page()
+    saved = json.dumps(json.dumps({"token": run["token"]}))
+    page.add_init_script(f"sessionStorage.setItem('andrea.run.{run['id']}', {saved});")
+    page.goto(f"{live_server}/runs/{run['id']}")
+    page.wait_for_function("document.getElementById('error').hidden === false",
+                           timeout=300_000)
+    assert "resumed elsewhere" in page.inner_text("#error")
+    browser.close()
