@@ -47,6 +47,8 @@ async function main() {
     tr.insertCell().append(a);
     tr.insertCell().textContent = run.config.optimizer + (run.config.f16_mirror ? ' + f16' : '');
     tr.insertCell().textContent = String(metrics.length);
+    const ck = run.checkpoint?.last_step;
+    tr.insertCell().textContent = ck ? `step ${ck}${run.can_resume ? ' · resumable' : ''}` : '-';
     tr.insertCell().textContent = losses.length ? losses[losses.length - 1].toFixed(4) : '-';
     tr.insertCell().textContent = losses.length ? Math.min(...losses).toFixed(4) : '-';
     tr.insertCell().textContent = `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`;

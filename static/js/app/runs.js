@@ -26,7 +26,9 @@ async function main() {
     box.value = r.id;
     cell(tr, box);
     cell(tr, link(`/runs/${r.id}`, r.id));
-    cell(tr, r.status);
+    cell(tr, r.status).title = r.message ?? '';       // why it failed, stopped or was interrupted
+    const ck = r.checkpoint?.last_step;
+    cell(tr, ck ? `step ${ck}${r.can_resume ? ' · resumable' : ''}` : '-');
     cell(tr, r.config.preset);
     cell(tr, r.config.optimizer + (r.config.f16_mirror ? ' + f16' : ''));
     cell(tr, r.config.clip ? String(r.config.max_norm) : 'off');
@@ -40,7 +42,7 @@ async function main() {
     cell(tr, ex);
   }
   if (!runs.length) {
-    cell(tbody.insertRow(), 'No runs yet: start one from New run.').colSpan = 11;
+    cell(tbody.insertRow(), 'No runs yet: start one from New run.').colSpan = 12;
   }
   tbody.addEventListener('change', () => {
     button.disabled = tbody.querySelectorAll('input:checked').length < 2;
