@@ -162,3 +162,26 @@ def test_the_old_tab_is_refused_after_a_resume(chromium, live_server):
                            timeout=300_000)
     assert "resumed elsewhere" in page.inner_text("#error")
     browser.close()
+
+
+def test_branch_continues_a_run_as_a_new_run_with_another_lr(chromium, live_server):
+    cfg = {**config("adamw", seed=14), "steps": 30}
+    parent = create(live_server, cfg)
+    browser = chromium()
+    train_in_page(browser, live_server, parent["id"], parent["token"],
+                  until=lambda r: (r["checkpoint"]["last_step"] or 0) >= EVERY)
+    browser.close()
+    r = subprocess.run([sys.executable, "-m", "andrea", "train", "--branch",
+                        f"{parent['id']}@{EVERY}", "--lr", "0.001", "--server", live_server,
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    child = json.loads(r.stdout)["run_id"]
+    info = httpx.get(f"{live_server}/api/runs/{child}").json()
+    assert child != parent["id"] and info["status"] == "finished"
+    assert info["config"]["parent"] == {"run": parent["id"], "step": EVERY}
+    assert info["config"]["lr"] == 0.001
+    got, before = metrics(live_server, child), metrics(live_server, parent["id"])
+    assert [m["step"] for m in got] == list(range(1, 31))
+    assert got[:EVERY] == before[:EVERY]            # the parent's steps up to the checkpoint
+    # then its own learning rate (the parent's schedule peaks at its default 3e-3)
+    assert got[EVERY]["lr"] <= 0.001 < before[EVERY - 1]["lr"]

@@ -137,7 +137,13 @@ function makeCharts() {
 
 function showRun(run) {
   config = run.config;
-  if (run.checkpoint?.last_step) stat('last checkpoint', `step ${run.checkpoint.last_step}`);
+  if (run.checkpoint?.last_step) {
+    stat('last checkpoint', `step ${run.checkpoint.last_step}`);
+    const a = $('checkpoint-model');
+    a.href = `/api/runs/${runId}/model.safetensors?step=${run.checkpoint.last_step}`;
+    a.textContent = `model.safetensors (step ${run.checkpoint.last_step})`;
+    a.hidden = false;
+  }
   $('resume-run').hidden = !run.can_resume;
   $('branch').hidden = !(run.status === 'failed' && run.checkpoint?.last_step);
   if (!$('branch').hidden) {
