@@ -11,13 +11,9 @@
 // The sections are the server's (server/optim.py checkpoint_sections) when the JSON has them
 // (`checkpoint_sections: {adamw: [...], adamw_8bit: [...]}`), else the engine's own buffers.
 
-import { createRequire } from 'node:module';
 import fs from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { dawnContext, repo } from './dawn.mjs';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const { createContext } = await import(`${repo}/static/js/engine/context.js`);
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 const ck = await import(`${repo}/static/js/engine/checkpoint.js`);
@@ -37,12 +33,7 @@ const reps = Number(opt('--reps', 3));
 const iters = Number(opt('--iters', 10));
 const everies = opt('--every', '10,50,100,500,1000').split(',').map(Number);
 
-const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
-Object.assign(globalThis, globals);
-const gpu = create(['enable-dawn-features=allow_unsafe_apis']);
-const ctx = await createContext({ gpu,
-  load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
-  onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
+const ctx = await dawnContext();
 const { device } = ctx;
 
 const model = new Model(ctx, layout);

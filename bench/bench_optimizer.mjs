@@ -9,13 +9,9 @@
 // 8-bit kernel shapes. Grads are refreshed from a copy before every step (outside the timing),
 // so each step sees real gradients; timings are medians over --iters steps after warm-up.
 
-import { createRequire } from 'node:module';
 import fs from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { dawnContext, repo } from './dawn.mjs';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const { createContext } = await import(`${repo}/static/js/engine/context.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 
 function parseArgs(argv) {
@@ -37,13 +33,7 @@ function parseArgs(argv) {
 
 const args = parseArgs(process.argv.slice(2));
 const { layout, maps } = JSON.parse(fs.readFileSync(args.file, 'utf8'));
-const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
-Object.assign(globalThis, globals);
-// Dawn quantizes timestamps (to ~65 us here) unless told not to; the GPU times are the point.
-const gpu = create(['enable-dawn-features=allow_unsafe_apis', 'disable-dawn-features=timestamp_quantization']);
-const ctx = await createContext({ gpu,
-  load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
-  onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
+const ctx = await dawnContext({ exactTimestamps: true });
 const { device } = ctx;
 const hasTs = ctx.features.includes('timestamp-query');
 const N = layout.total_numel;

@@ -6,13 +6,9 @@
 //   node bench/bench_step.mjs /tmp/l12m.json --batch 32 [--seq 256] [--iters 20] [--variant adamw]
 // Env: DAWN_NODE (Dawn's dawn.node; see bench/README.md).
 
-import { createRequire } from 'node:module';
 import fs from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { dawnContext, repo } from './dawn.mjs';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const { createContext } = await import(`${repo}/static/js/engine/context.js`);
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 const { profileOps, summarize } = await import(`${repo}/static/js/engine/profiler.js`);
@@ -28,13 +24,7 @@ const T = Number(opt('--seq', layout.config.seq_len));
 const iters = Number(opt('--iters', 20));
 const variant = opt('--variant', 'adamw');
 
-const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
-Object.assign(globalThis, globals);
-const gpu = create(['enable-dawn-features=allow_unsafe_apis',
-  'disable-dawn-features=timestamp_quantization']);
-const ctx = await createContext({ gpu,
-  load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
-  onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
+const ctx = await dawnContext({ exactTimestamps: true });
 const { device } = ctx;
 
 const model = new Model(ctx, layout);
