@@ -8,18 +8,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
 from andrea.checkpoints import CheckpointStore
-from andrea.config import Settings
+from andrea.config import Settings, host_of
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
 from andrea.routes import checkpoints, data, health, pages, presets, runs
-from andrea.store import Store
+from andrea.store import Store, StoreUnavailable
 
 
 @asynccontextmanager
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   lifespan=_lifespan)
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
     # Text (pages, modules, shaders, JSON) is gzipped; binary batches and weights are not worth
     # the CPU.
     app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=(
@@ -61,8 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.data = DataHub(settings.data_dir, settings.corpora)
     app.state.store = store = Store(settings.db_path)
     app.state.runs = RunRegistry(store)
-    app.state.fanout = Fanout()
+    app.state.fanout = Fanout(settings.viewer_queue_bytes)
     app.state.checkpoints = CheckpointStore(settings.data_dir, settings.checkpoints_kept)
+    # Outermost: a request for a host name this server does not answer to (a DNS-rebinding
+    # page) is refused before any route sees it.
+    app.add_middleware(HostCheck, hosts=settings.hosts)
     for router in (health.router, pages.router, presets.router, data.router, runs.router,
                    checkpoints.router, telemetry.router):
         app.include_router(router)
@@ -84,3 +89,32 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
               for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _store_unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
+    """A full disk or a read-only data dir: 503 with the reason (it names the file)."""
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "10"})
+
+
+class HostCheck:
+    """Answers only requests (and websockets) whose Host header names an allowed host
+    (Settings.hosts: loopback, the configured host, ANDREA_ALLOWED_HOSTS): DNS rebinding
+    cannot reach the API or the sockets from another site's page."""
+
+    def __init__(self, app: ASGIApp, hosts: tuple[str, ...]):
+        self.app, self.hosts = app, frozenset(hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Starlette's in-process TestClient (client "testclient", Host "testserver") is no
+        # socket, so no page can be behind it.
+        client = (scope.get("client") or ("",))[0]
+        if scope["type"] in ("http", "websocket") and client != "testclient":
+            raw = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name, _ = host_of(raw)
+            if name not in self.hosts:
+                response = PlainTextResponse(
+                    f"host {raw!r} is not served here; allowed: {', '.join(sorted(self.hosts))}"
+                    " (ANDREA_ALLOWED_HOSTS adds names)", status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

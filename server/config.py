@@ -6,10 +6,32 @@ dir is the platform's user data folder, the same for `serve`, `train` and `expor
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
 
 import platformdirs
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def host_of(value: str) -> tuple[str, int | None]:
+    """The Host header's (name, port): "[::1]:8000" -> ("::1", 8000); name lowercased."""
+    name, port = value, None
+    if value.startswith("["):
+        end = value.find("]")
+        name, rest = value[1:end] if end > 0 else "", value[end + 1:] if end > 0 else ""
+        port = rest[1:] if rest.startswith(":") else None
+    elif value.count(":") == 1:
+        name, port = value.split(":")
+    name = name.strip().lower().rstrip(".")
+    try:
+        return name, int(port) if port else None
+    except ValueError:
+        return "", None
+
+
+# Host names that always reach this server from this machine (the Host header's name part).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def default_data_dir() -> Path:
@@ -29,6 +51,22 @@ class Settings(BaseSettings):
     checkpoints_kept: int = Field(2, ge=1)
     # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
     corpora: tuple[tuple[str, Path], ...] = ()
+    # Host names the server answers to besides the loopback names and `host` (ANDREA_ALLOWED_HOSTS,
+    # comma-separated): a page whose Host is anything else (DNS rebinding) gets 400, and a
+    # websocket whose Origin is not one of them is refused.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    # A viewer socket that has this many bytes of live messages waiting is dropped (close 1013;
+    # it reconnects and resumes after its last step); a send that takes longer than the
+    # deadline frees the connection.
+    viewer_queue_bytes: int = Field(1 << 20, ge=64 << 10)
+    viewer_send_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split(cls, v):
+        if isinstance(v, str):
+            v = v.split(",")
+        return tuple(h.strip().lower() for h in v if h.strip())
 
     @field_validator("data_dir")
     @classmethod
@@ -44,7 +82,32 @@ class Settings(BaseSettings):
         return f"http://{self.host}:{self.port}"
 
     @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every host name the Host header may carry (no port): loopback, `host`, the extras.
+        Binding to every interface (0.0.0.0, ::) adds no name: list them in allowed_hosts."""
+        names = {*LOOPBACK_HOSTS, *self.allowed_hosts}
+        if self.host not in ("0.0.0.0", "::", ""):
+            names.add(self.host.lower())
+        return tuple(sorted(names))
+
+    @property
+    def host_patterns(self) -> list[str]:
+        """For TrustedHostMiddleware: IPv6 literals also in their bracketed Host form."""
+        return sorted({*self.hosts, *(f"[{h}]" for h in self.hosts if ":" in h)})
+
+    def origin_allowed(self, origin: str, port: int | None) -> bool:
+        """A websocket's Origin: http(s) from an allowed host on this server's port (the
+        Host header's, which the middleware has checked already)."""
+        try:
+            parts = urlsplit(origin)
+            ok_port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        except ValueError:
+            return False
+        return (parts.scheme in ("http", "https") and (parts.hostname or "") in self.hosts
+                and ok_port == port)
+
+    @property
     def allowed_origins(self) -> tuple[str, ...]:
-        # Websocket origin check: the page must come from this very server.
-        hosts = {self.host, "127.0.0.1", "localhost"}
-        return tuple(f"http://{h}:{self.port}" for h in sorted(hosts))
+        """The origins of this server's own pages on its configured port (informational)."""
+        return tuple(f"http://{h}:{self.port}" if ":" not in h else f"http://[{h}]:{self.port}"
+                     for h in self.hosts)

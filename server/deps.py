@@ -68,14 +68,17 @@ RunDep = Annotated[dict, Depends(get_existing_run)]
 REVOKED = "this run was resumed elsewhere; this tab's token was revoked"
 
 
-def bearer(request: Request) -> str:
-    return request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+def bearer(request: HTTPConnection) -> str:
+    """The token of an `Authorization: Bearer <token>` header; "" for anything else (a bare
+    token, another scheme), which no run's token matches."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 async def check_write_token(store: Store, run_id: str, token: str) -> None:
     """403 unless `token` is the run's current write token (saying so when a resume revoked
     it). Checked again under the run lock where a resume could have come in between."""
-    verdict = await store.run(store.check_token, run_id, token)
+    verdict = await store.run(store.check_token, run_id, token) if token else "wrong"
     if verdict == "revoked":
         raise HTTPException(403, REVOKED)
     if verdict != "ok":

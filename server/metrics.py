@@ -19,7 +19,8 @@ Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
 class Record(BaseModel):
     """One training step. Fields without a default are in every stored row (None: not finite
     on the GPU, reported, never hidden); the others only where the trainer sent them."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Strict: a step is a JSON integer (not true, "5" or 5.0), a number is a JSON number.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     step: Step
     loss: Finite | None

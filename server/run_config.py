@@ -16,14 +16,15 @@ MAX_WARMUP = 20                     # the default warmup: min(MAX_WARMUP, steps 
 
 class Parent(BaseModel):
     """Where a branched run starts: run `run`'s checkpoint after step `step`."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     run: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     step: int = Field(ge=1)
 
 
 class RunConfig(BaseModel):
-    """Everything but `preset` has a default, so {"preset": "tiny"} is a valid run."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Everything but `preset` has a default, so {"preset": "tiny"} is a valid run. Strict: a
+    number is a JSON number and a switch a JSON boolean ("100" or true for steps: 422)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     preset: Literal[tuple(PRESETS)]                                  # type: ignore[valid-type]
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
     f16_mirror: bool = False          # forward/backward matmuls read an f16 copy of the weights

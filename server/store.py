@@ -1,6 +1,9 @@
 """SQLite store (WAL): runs, their step metrics and events, and revoked write tokens. All I/O
 runs on one writer thread, never on the event loop; the PRIMARY KEY (run_id, step) makes a
-resent record a no-op."""
+resent record a no-op (add_metrics returns the rows it really inserted: what viewers are sent).
+Readers of a whole run page through it (metrics_page, records_page_json, events_page): nothing
+holds a big run in memory at once. A full disk, a read-only data dir or a database that cannot
+be opened raise StoreUnavailable with the reason and the path (API: 503; trainer: close 1013)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,30 @@ from pathlib import Path
 
 from andrea.auth import token_hash, token_matches
 from andrea.metrics import COLUMNS, REQUIRED
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be written (full disk, read-only data dir) or opened: the reason,
+    with the file's path."""
+
+
+# SQLite's primary result codes that mean "the disk or the file system refused", not a bug.
+_DISK_CODES = {"SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN",
+               "SQLITE_PERM", "SQLITE_NOTADB", "SQLITE_CORRUPT"}
+
+
+def unavailable(e: BaseException, path: Path) -> StoreUnavailable | None:
+    """The StoreUnavailable that a disk-side sqlite3 or OS error means; None for other errors."""
+    if isinstance(e, sqlite3.Error):
+        name = getattr(e, "sqlite_errorname", "") or ""
+        if "_".join(name.split("_")[:2]) not in _DISK_CODES:
+            return None
+        return StoreUnavailable(f"the server cannot write its database {path}: {e} ({name})")
+    if isinstance(e, OSError):
+        return StoreUnavailable(f"the server cannot use its database {path}: "
+                                f"{e.strerror or e}")
+    return None
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -59,10 +86,17 @@ _INSERT_METRICS = (f"INSERT OR IGNORE INTO metrics (run_id, {', '.join(COLUMNS)}
 
 class Store:
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._open()
+        except (sqlite3.Error, OSError) as e:
+            self._close_conn()
+            raise unavailable(e, path) or e from e
+
+    def _open(self) -> None:
         conn = self._conn()
         conn.executescript(SCHEMA)
         have = {r["name"] for r in conn.execute("PRAGMA table_info(metrics)")}
@@ -83,10 +117,17 @@ class Store:
         return conn
 
     async def run(self, fn, *args):
-        """Run a store method on the SQLite thread, off the event loop."""
+        """Run a store method on the SQLite thread, off the event loop. StoreUnavailable when
+        the disk refuses (full, read-only)."""
         if self._pool is None:      # opened on first use, again after close()
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except (sqlite3.Error, OSError) as e:
+            refused = unavailable(e, self.path)
+            if refused is None:
+                raise
+            raise refused from e
 
     def close(self) -> None:
         """Finish pending writes and close the writer thread's connection (app shutdown)."""
@@ -141,11 +182,22 @@ class Store:
         return [_run_dict(r) for r in rows]
 
     def set_status(self, run_id: str, status: str, message: str | None = None,
-                   adapter: dict | None = None) -> None:
-        self._conn().execute(
-            "UPDATE runs SET status = ?, message = COALESCE(?, message),"
-            " adapter = COALESCE(?, adapter), updated_at = ? WHERE id = ?",
-            (status, message, json.dumps(adapter) if adapter else None, time.time(), run_id))
+                   adapter: dict | None = None, keep: tuple[str, ...] = ()) -> str | None:
+        """Sets the status unless the run's status is in `keep` (and differs): then nothing
+        changes. Returns the status the run has afterwards (None: unknown run)."""
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                return None
+            if row["status"] in keep and row["status"] != status:
+                return row["status"]
+            conn.execute(
+                "UPDATE runs SET status = ?, message = COALESCE(?, message),"
+                " adapter = COALESCE(?, adapter), updated_at = ? WHERE id = ?",
+                (status, message, json.dumps(adapter) if adapter else None, time.time(), run_id))
+        return status
 
     def set_checkpoint_step(self, run_id: str, step: int | None) -> None:
         self._conn().execute("UPDATE runs SET checkpoint_step = ? WHERE id = ?", (step, run_id))
@@ -202,29 +254,37 @@ class Store:
                          (run_id, step, json.dumps({"parent": parent_id})))
 
     # ---- metrics ------------------------------------------------------------------------
-    def add_metrics(self, run_id: str, records: list[dict]) -> int | None:
-        """Insert records (metrics.Record.row(); existing steps are kept as they are); returns
-        the highest step."""
-        rows = []
-        for r in records:
-            extra = {k: v for k, v in r.items() if k not in COLUMNS}
-            rows.append((run_id, *(r.get(c) for c in COLUMNS),
-                         json.dumps(extra) if extra else None))
+    def add_metrics(self, run_id: str, records: list[dict]) -> tuple[list[dict], int | None]:
+        """Insert records (metrics.Record.row(); existing steps are kept as they are, first
+        write wins). Returns (the records really inserted, as stored and in step order; the
+        highest committed step): viewers are sent exactly those."""
         conn = self._conn()
+        inserted = []
         with conn:  # one transaction: a batch commits whole or not at all
             conn.execute("BEGIN")
-            conn.executemany(_INSERT_METRICS, rows)
+            for r in sorted(records, key=lambda r: r["step"]):
+                extra = {k: v for k, v in r.items() if k not in COLUMNS}
+                cur = conn.execute(_INSERT_METRICS, (run_id, *(r.get(c) for c in COLUMNS),
+                                                     json.dumps(extra) if extra else None))
+                if cur.rowcount == 1:
+                    inserted.append(r)
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
-        return self.last_step(run_id)
+        return inserted, self.last_step(run_id)
 
     def last_step(self, run_id: str) -> int | None:
         return self._conn().execute("SELECT MAX(step) FROM metrics WHERE run_id = ?",
                                     (run_id,)).fetchone()[0]
 
     def metrics(self, run_id: str, after: int | None = None) -> list[dict]:
+        """Every record after `after`: only for what needs them all at once (the export);
+        anything serving requests pages with metrics_page."""
+        return self.metrics_page(run_id, after, None)
+
+    def metrics_page(self, run_id: str, after: int | None, limit: int | None) -> list[dict]:
+        """Up to `limit` records with step > after, in step order."""
         rows = self._conn().execute(
-            "SELECT * FROM metrics WHERE run_id = ? AND step > ? ORDER BY step",
-            (run_id, -1 if after is None else after)).fetchall()
+            "SELECT * FROM metrics WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?",
+            (run_id, -1 if after is None else after, -1 if limit is None else limit))
         out = []
         for row in rows:
             d = {c: row[c] for c in COLUMNS if row[c] is not None or c in REQUIRED}
@@ -233,15 +293,42 @@ class Store:
             out.append(d)
         return out
 
+    def records_page_json(self, run_id: str, after: int | None,
+                          limit: int) -> tuple[str | None, int | None, int]:
+        """A viewer's backlog page, encoded here on the store thread: (the message
+        {"type": "records", "records": [...]} as JSON text or None, its last step, count)."""
+        page = self.metrics_page(run_id, after, limit)
+        if not page:
+            return None, after, 0
+        return (json.dumps({"type": "records", "records": page}, allow_nan=False),
+                page[-1]["step"], len(page))
+
+    def first_resume_after(self, run_id: str, step: int) -> int | None:
+        """The lowest step < `step` that the run was resumed from (None: none): a viewer
+        that had records up to `step` may hold stale ones after it."""
+        return self._conn().execute(
+            "SELECT MIN(step) FROM events WHERE run_id = ? AND kind = 'resumed' AND step < ?",
+            (run_id, step)).fetchone()[0]
+
     # ---- events (text samples, bandit phases) -------------------------------------------
     def add_event(self, run_id: str, step: int, kind: str, data: dict) -> None:
         self._conn().execute("INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?)",
                              (run_id, step, kind, json.dumps(data)))
 
-    def events(self, run_id: str, kind: str | None = None) -> list[dict]:
+    def events(self, run_id: str, kind: str | None = None, last: int | None = None
+               ) -> list[dict]:
+        """The run's events in step order; `last`: only the newest `last` of them."""
         rows = self._conn().execute(
-            "SELECT step, kind, data FROM events WHERE run_id = ? AND (? IS NULL OR kind = ?)"
-            " ORDER BY step", (run_id, kind, kind)).fetchall()
+            "SELECT * FROM (SELECT step, kind, data FROM events WHERE run_id = ?"
+            " AND (? IS NULL OR kind = ?) ORDER BY step DESC, kind DESC LIMIT ?)"
+            " ORDER BY step, kind", (run_id, kind, kind, -1 if last is None else last)).fetchall()
+        return [{"step": r["step"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
+
+    def events_page(self, run_id: str, after: tuple[int, str], limit: int) -> list[dict]:
+        """Up to `limit` events after (step, kind), in (step, kind) order."""
+        rows = self._conn().execute(
+            "SELECT step, kind, data FROM events WHERE run_id = ? AND (step, kind) > (?, ?)"
+            " ORDER BY step, kind LIMIT ?", (run_id, *after, limit)).fetchall()
         return [{"step": r["step"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
 

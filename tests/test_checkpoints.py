@@ -253,7 +253,7 @@ def test_an_oversized_upload_is_refused_before_it_is_read(live):
     size = sum(s["bytes"] for s in run["checkpoint"]["sections"]) + (1 << 30)
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall((f"PUT /api/runs/{run['id']}/checkpoints/1 HTTP/1.1\r\nHost: x\r\n"
+        s.sendall((f"PUT /api/runs/{run['id']}/checkpoints/1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                    f"Authorization: Bearer {run['token']}\r\nContent-Length: {size}\r\n"
                    f"X-Andrea-Chunk-SHA256: {'0' * 64}\r\n\r\n").encode() + b"\0" * 4096)
         reply = s.recv(4096).decode()
@@ -530,7 +530,7 @@ def test_a_server_killed_mid_upload_keeps_the_previous_checkpoint(tmp_path):
         ckdir = folder(data, run)
         host, port = url.removeprefix("http://").split(":")
         s = socket.create_connection((host, int(port)), timeout=10)
-        s.sendall((f"PUT /api/runs/{run['id']}/checkpoints/2 HTTP/1.1\r\nHost: x\r\n"
+        s.sendall((f"PUT /api/runs/{run['id']}/checkpoints/2 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                    f"Authorization: Bearer {run['token']}\r\nContent-Length: {len(good)}\r\n"
                    f"X-Andrea-Chunk-SHA256: {digests(good)}\r\n\r\n").encode())
         s.sendall(good[:40 << 20])                      # half of it, then the server dies

@@ -10,7 +10,9 @@ same path as a real run.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -19,7 +21,9 @@ from typing import Protocol
 from andrea.data.bandit import SourceBandit
 from andrea.data.spec import BatchSpec
 
-MAX_AD_HOC = 64                     # bounded: each holds a bandit's reports
+MAX_AD_HOC = 64                     # bounded: each holds a spec
+MAX_AD_HOC_BANDITS = 8              # and of those, bandits (phases and reports: up to ~2 MB)
+REPLAY_PAGE = 2000                  # committed records read at a time when a bandit is rebuilt
 # How long a batch request waits for the telemetry its bandit phase depends on; past that it
 # answers 503 and the page retries (the reports are a few hundred milliseconds behind at most).
 REPORT_WAIT_S = 10.0
@@ -30,7 +34,8 @@ class RunStore(Protocol):
 
     def get_run(self, run_id: str) -> dict | None: ...
 
-    def metrics(self, run_id: str) -> list[dict]: ...
+    def metrics_page(self, run_id: str, after: int | None, limit: int | None
+                     ) -> list[dict]: ...
 
 
 class RunRegistry:
@@ -40,6 +45,16 @@ class RunRegistry:
         self._ad_hoc: OrderedDict[str, None] = OrderedDict()
         self._bandits: dict[str, SourceBandit] = {}
         self._lock = threading.Lock()
+        self._ad_hoc_key = secrets.token_bytes(32)     # this process's; see ad_hoc_token
+
+    def ad_hoc_token(self, run_id: str) -> str:
+        """The write token of an ad hoc run (its losses report): handed out with its batches
+        (X-Andrea-Token), derived from a per-process secret, so it is never guessed from the
+        run id that anyone can compute from the spec."""
+        return hmac.new(self._ad_hoc_key, run_id.encode(), hashlib.sha256).hexdigest()
+
+    def ad_hoc_token_ok(self, run_id: str, token: str) -> bool:
+        return hmac.compare_digest(self.ad_hoc_token(run_id), token)
 
     def register(self, run_id: str, spec: BatchSpec) -> None:
         with self._lock:
@@ -67,6 +82,9 @@ class RunRegistry:
                 old, _ = self._ad_hoc.popitem(last=False)
                 self._specs.pop(old, None)
                 self._bandits.pop(old, None)
+            bandits = [r for r in self._ad_hoc if r in self._bandits]
+            for old in bandits[:max(0, len(bandits) - MAX_AD_HOC_BANDITS)]:
+                self._bandits.pop(old, None)    # made again (from no reports) if asked for
         return run_id
 
     def bandit(self, run_id: str, source_names: list[str]) -> SourceBandit | None:
@@ -79,9 +97,12 @@ class RunRegistry:
                 real = self._store is not None and not run_id.startswith("adhoc-")
                 bandit = SourceBandit(spec.seed, source_names,
                                       wait_s=REPORT_WAIT_S if real else None)
-                if real:
-                    for rec in self._store.metrics(run_id):
-                        _report(bandit, rec["step"], rec.get("source_losses") or {})
+                if real:    # page by page: a long run is never in memory at once
+                    after = None
+                    while page := self._store.metrics_page(run_id, after, REPLAY_PAGE):
+                        for rec in page:
+                            _report(bandit, rec["step"], rec.get("source_losses") or {})
+                        after = page[-1]["step"]
                 self._bandits[run_id] = bandit
             return self._bandits[run_id]
 

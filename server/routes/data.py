@@ -4,14 +4,21 @@ Batches for a run:    GET /api/runs/{run_id}/batches/{step}, .../val_batches/{in
 Ad hoc (no run yet):  GET /api/batches/{step}?preset=tiny&seed=0&batch_size=8&mode=uniform
                       GET /api/val_batches/{index}?preset=...   (same query)
 Ad hoc specs are registered as `adhoc-<hash>` runs (header X-Andrea-Run), so both go through
-the same code. The body format is in server/data/wire.py.
+the same code; their responses carry the ad hoc run's write token (X-Andrea-Token) for
+POST /api/runs/{id}/source_losses, which, as every write, needs `Authorization: Bearer`. The
+body format is in server/data/wire.py.
+
+Every request's work is bounded: tokenizers exist for the presets' vocab sizes only, ad hoc
+batches are at most what a run of the preset could ask (batch size, context, steps), and an
+ad hoc bandit run is at most AD_HOC_BANDIT_STEPS long (its phases are decided from step 0).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,8 +30,9 @@ from andrea.data.hub import DataHub, PreparedCorpus
 from andrea.data.runs import RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
-from andrea.deps import DataDep, RunsDep
+from andrea.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token
 from andrea.model import PRESETS
+from andrea.run_config import RunConfig
 from andrea.schemas import CorpusInfo, LossesTaken, RunData, TokenizerInfo
 
 router = APIRouter(prefix="/api", tags=["data"])
@@ -44,14 +52,23 @@ def _prepare(hub: DataHub, vocab_size: int) -> PreparedCorpus:
         raise HTTPException(400, str(e)) from e
 
 
+# The vocab sizes a tokenizer is built for: the presets' (each costs seconds and megabytes once;
+# any other size would be a new one per request).
+VOCAB_SIZES = tuple(sorted({cfg.vocab_size for cfg in PRESETS.values()}))
+_FIELDS = RunConfig.model_fields
+MAX_BATCH_SIZE = next(m.le for m in _FIELDS["batch_size"].metadata if hasattr(m, "le"))
+MAX_RUN_STEPS = next(m.le for m in _FIELDS["steps"].metadata if hasattr(m, "le"))
+AD_HOC_BANDIT_STEPS = 100_000
+
+
 def _vocab_of(key: str) -> int:
-    """A preset name ("tiny") or a vocabulary size ("512")."""
+    """A preset name ("tiny") or a preset's vocabulary size ("512")."""
     if key in PRESETS:
         return PRESETS[key].vocab_size
-    if key.isdigit() and tk.MIN_VOCAB <= int(key) <= 65536:
+    if key.isdigit() and int(key) in VOCAB_SIZES:
         return int(key)
     raise HTTPException(404, f"unknown tokenizer {key!r}: give a preset ({', '.join(PRESETS)}) "
-                             f"or a vocab size in [{tk.MIN_VOCAB}, 65536]")
+                             f"or a preset's vocab size ({', '.join(map(str, VOCAB_SIZES))})")
 
 
 @router.get("/corpus")
@@ -59,7 +76,10 @@ def corpus(hub: DataDep, preset: Annotated[str | None, Query()] = "tiny",
            vocab_size: Annotated[int | None, Query(ge=tk.MIN_VOCAB, le=65536)] = None
            ) -> CorpusInfo:
     """Sources in corpus order (the batch header's source indices), with token and split sizes
-    for the given preset's (or vocab size's) tokenizer."""
+    for the given preset's (or a preset's vocab size's) tokenizer."""
+    if vocab_size is not None and vocab_size not in VOCAB_SIZES:
+        raise HTTPException(400, f"vocab_size must be a preset's: "
+                                 f"{', '.join(map(str, VOCAB_SIZES))}")
     return _prepare(hub, vocab_size or _vocab_of(preset or "tiny")).describe()
 
 
@@ -93,9 +113,10 @@ def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int, spl
         raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from e
     except ValueError as e:         # StepOutOfRange, seq_len longer than every source, ...
         raise HTTPException(400, str(e)) from e
-    return Response(wire.encode(batch), media_type=wire.MEDIA_TYPE,
-                    headers={"X-Andrea-Run": run_id,
-                             "X-Andrea-Sources": ",".join(corpus.source_names)})
+    headers = {"X-Andrea-Run": run_id, "X-Andrea-Sources": ",".join(corpus.source_names)}
+    if run_id.startswith("adhoc-"):
+        headers["X-Andrea-Token"] = runs.ad_hoc_token(run_id)
+    return Response(wire.encode(batch), media_type=wire.MEDIA_TYPE, headers=headers)
 
 
 @router.get("/runs/{run_id}/batches/{step}", response_class=Response, responses=BATCH)
@@ -126,21 +147,35 @@ def run_data(hub: DataDep, runs: RunsDep, run_id: str) -> RunData:
 class SourceLosses(BaseModel):
     """Per-source mean training loss at one step, as a telemetry record carries it (for runs
     without a trainer socket, such as ad hoc ones)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     step: int = Field(ge=0, lt=MAX_STEPS)
     losses: dict[str, float] = Field(max_length=256,
                                      description="{source index: mean training loss}")
 
 
 @router.post("/runs/{run_id}/source_losses")
-def report_source_losses(hub: DataDep, runs: RunsDep, run_id: str,
-                         body: SourceLosses) -> LossesTaken:
-    spec = runs.get(run_id)
+async def report_source_losses(request: Request, hub: DataDep, runs: RunsDep, store: StoreDep,
+                               run_id: str, body: SourceLosses) -> LossesTaken:
+    """Authorised by the run's write token (Authorization: Bearer; an ad hoc run's is the
+    X-Andrea-Token of its batches)."""
+    spec = await asyncio.to_thread(runs.get, run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
-    runs.bandit(run_id, _prepare(hub, spec.vocab_size).source_names)    # made if it is not yet
+    if run_id.startswith("adhoc-"):
+        if not runs.ad_hoc_token_ok(run_id, bearer(request)):
+            raise HTTPException(403, "wrong or missing write token (an ad hoc run's is the "
+                                     "X-Andrea-Token header of its batches)")
+    else:
+        await check_write_token(store, run_id, bearer(request))
+    if body.step > spec.total_steps:
+        raise HTTPException(400, f"step {body.step} is beyond the run's {spec.total_steps} "
+                                 "steps")
+
+    def report() -> bool:
+        runs.bandit(run_id, _prepare(hub, spec.vocab_size).source_names)  # made if not yet
+        return runs.report_losses(run_id, body.step, body.losses)
     try:
-        used = runs.report_losses(run_id, body.step, body.losses)
+        used = await asyncio.to_thread(report)
     except ValueError as e:
         raise HTTPException(400, str(e)) from e
     return LossesTaken(run_id=run_id, step=body.step, used_by_bandit=used)
@@ -161,11 +196,22 @@ def _ad_hoc_spec(hub: DataHub, preset: str, seed: int, batch_size: int, seq_len:
     except CorpusError as e:
         raise HTTPException(500, f"corpus unavailable: {e}") from e
     try:
-        return BatchSpec(seed=seed, batch_size=batch_size, seq_len=seq_len or cfg.seq_len,
+        spec = BatchSpec(seed=seed, batch_size=batch_size, seq_len=seq_len or cfg.seq_len,
                          vocab_size=cfg.vocab_size, total_steps=steps, mode=mode, weights=w,
                          corpus_hash=corpus_hash)
     except ValueError as e:
         raise HTTPException(400, str(e)) from e
+    # No more than a run of this preset could ask for (RunConfig's bounds).
+    limits = [(spec.batch_size, MAX_BATCH_SIZE, "batch_size"),
+              (spec.seq_len, cfg.seq_len, f"seq_len (preset {preset}'s context)"),
+              (spec.total_steps, MAX_RUN_STEPS, "steps")]
+    if mode == "bandit":
+        limits.append((spec.total_steps, AD_HOC_BANDIT_STEPS, "steps of an ad hoc bandit run"))
+    for value, limit, what in limits:
+        if value > limit:
+            raise HTTPException(400, f"{what} must be at most {limit} for an ad hoc batch, "
+                                     f"got {value}")
+    return spec
 
 
 class AdHocQuery(BaseModel):
@@ -176,7 +222,8 @@ class AdHocQuery(BaseModel):
     seq_len: int | None = Field(None, ge=1, le=65536, description="default: the preset's T")
     mode: Literal["uniform", "fixed", "bandit"] = "uniform"
     weights: str | None = Field(None, description="mode=fixed: comma-separated, one per source")
-    steps: int = Field(100_000, ge=1, le=MAX_STEPS, description="the run's length")
+    steps: int = Field(100_000, ge=1, le=MAX_STEPS, description="the run's length (at most "
+                       "a run's, 1e6; 1e5 in bandit mode)")
 
 
 def _ad_hoc_run(hub: DataHub, runs: RunRegistry, q: AdHocQuery) -> str:

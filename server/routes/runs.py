@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 import secrets
 import shutil
 import tempfile
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from andrea.auth import new_token, token_hash
@@ -38,6 +39,9 @@ from andrea.run_info import checkpoint_info, public_run
 from andrea.schemas import Run, RunCreated, RunDetail
 
 router = APIRouter(prefix="/api", tags=["runs"])
+
+METRICS_PAGE = 2000         # records read (and sent) at a time: a big run is never held whole
+SAMPLES_SHOWN = 100         # the newest samples in GET /api/runs/{id} (up to 20k chars each)
 
 
 @router.get("/run_config")
@@ -106,7 +110,7 @@ async def list_runs(store: StoreDep, fanout: FanoutDep) -> list[Run]:
 async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
                   fanout: FanoutDep) -> RunDetail:
     return {**public_run(run, fanout.has_trainer(run["id"])),
-            "samples": await store.run(store.events, run["id"], "sample"),
+            "samples": await store.run(store.events, run["id"], "sample", SAMPLES_SHOWN),
             "has_weights": weights_path(settings.data_dir, run["id"]).exists()}
 
 
@@ -117,16 +121,40 @@ async def get_metrics(run: RunDep, store: StoreDep,
     """Every committed step record, oldest first: JSON (fields a step did not report are
     left out) or CSV (one column per numeric field of the record)."""
     run_id = run["id"]
-    rows = await store.run(store.metrics, run_id)
     if format == "json":
-        return JSONResponse(rows, headers={
-            "content-disposition": f'inline; filename="andrea-{run_id}.json"'})
+        return StreamingResponse(_json_pages(store, run_id), media_type="application/json",
+                                 headers={"content-disposition":
+                                          f'inline; filename="andrea-{run_id}.json"'})
+    return StreamingResponse(_csv_pages(store, run_id), media_type="text/csv", headers={
+        "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
+
+
+async def _pages(store, run_id: str):
+    after = None
+    while page := await store.run(store.metrics_page, run_id, after, METRICS_PAGE):
+        yield page
+        after = page[-1]["step"]
+
+
+async def _json_pages(store, run_id: str):
+    sep = "["
+    async for page in _pages(store, run_id):
+        yield sep + json.dumps(page, ensure_ascii=False, allow_nan=False,
+                               separators=(",", ":"))[1:-1]
+        sep = ","
+    yield "[]" if sep == "[" else "]"
+
+
+async def _csv_pages(store, run_id: str):
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
-    return Response(buf.getvalue(), media_type="text/csv", headers={
-        "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
+    async for page in _pages(store, run_id):
+        writer.writerows(page)
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    yield buf.getvalue()
 
 
 @router.put("/runs/{run_id}/weights", status_code=204)

@@ -3,7 +3,9 @@
 // TrainerSocket keeps every record until the server acks its step, flushes every 250 ms, and
 // after a reconnect resends what the server has not committed: no step is lost or duplicated.
 // How many records go in one message is the server's to say (welcome.records_per_message).
-// Viewer sockets receive committed records (backlog first) and reconnect on their own.
+// Viewer sockets receive committed records (backlog first) and reconnect on their own, asking
+// only for the records after the last one they have. A full disk on the server closes the
+// trainer socket with 1013 and a message: the records stay unacked here and are resent.
 
 const FLUSH_MS = 250;
 const wsUrl = (path) => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${path}`;
@@ -113,18 +115,33 @@ export class TrainerSocket {
   }
 }
 
-/** Read-only viewer: onMessage gets every server message; reconnects after drops. */
+/**
+ * Read-only viewer: onMessage gets every server message; reconnects after drops. It remembers
+ * the last step it received, so a reconnect (?after=N) resends only what came after (the
+ * server is told nothing else: a live "resumed" notice moves that step back).
+ */
 export function watch(runId, onMessage, onState = () => {}) {
   let retry = 500;
   let stopped = false;
+  let last = null;          // every record up to this step has been received
   const open = () => {
-    const ws = new WebSocket(wsUrl(`/ws/runs/${runId}/watch`));
+    const after = last === null ? '' : `?after=${last}`;
+    const ws = new WebSocket(wsUrl(`/ws/runs/${runId}/watch${after}`));
     ws.onopen = () => { retry = 500; onState('connected'); };
-    ws.onmessage = (ev) => onMessage(JSON.parse(ev.data));
+    ws.onmessage = (ev) => {
+      const msg = JSON.parse(ev.data);
+      if (msg.type === 'records' && msg.records.length) {
+        last = Math.max(last ?? -1, msg.records[msg.records.length - 1].step);
+      } else if (msg.type === 'resumed' && msg.kind === undefined && last !== null) {
+        last = Math.min(last, msg.step);
+      }
+      onMessage(msg);
+    };
     ws.onclose = (ev) => {
       onState('disconnected', ev.reason);
-      if (stopped || ev.code === 1008) return;
-      setTimeout(open, retry);
+      if (stopped || ev.code === 1008 || ev.code === 1003) return;
+      // 1013: this tab fell behind and was dropped; it catches up from `last` at once.
+      setTimeout(open, ev.code === 1013 ? 100 : retry);
       retry = Math.min(retry * 2, 8000);
     };
   };
