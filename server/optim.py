@@ -14,7 +14,15 @@ Variants and their state:
   adamw_f16   as adamw; plus the f16 mirror of W (not optimizer state)       + 2 B/param mirror
   adamw_8bit  per tensor with numel >= 4096 (bnb's min_8bit_size): codes 1 B per element per state,
               in whole 256-element blocks, plus one f32 absmax per block per state; smaller tensors
-              (norm gains) keep f32 m and v                                   ~2.03 B/param
+              (norm gains) keep f32 m and v, and so does the token embedding (also the tied
+              output head) under the default policy "embed_f32"              ~2-4 B/param
+
+Which tensors keep 32-bit state is decided HERE only (block_plan's f32_tensors, sent to the browser
+in every layout's optimizer_state.adamw_8bit); the engine follows the list, it never decides.
+Policies (F32_POLICIES): "embed_f32" keeps the embedding's state in f32, as bitsandbytes users do
+with StableEmbedding / GlobalOptimManager.override_config(emb, "optim_bits", 32); "all" quantizes
+every tensor of min_8bit_size elements or more (plain AdamW8bit). bench/bench_fidelity.mjs measures
+both against fp32 (bench/results/fidelity_h200.txt).
 """
 
 from __future__ import annotations
@@ -26,6 +34,12 @@ import sys
 BLOCKSIZE = 256        # elements per quantization block (bitsandbytes' blockwise default)
 MIN_8BIT_SIZE = 4096   # tensors with fewer elements keep f32 state (bitsandbytes' min_8bit_size)
 VARIANTS = ("adamw", "adamw_f16", "adamw_8bit")
+EMBEDDING = "model.embed_tokens.weight"   # also the output head (tied), server/model.py
+F32_POLICIES = {
+    "embed_f32": (EMBEDDING,),   # 8-bit elsewhere; the embedding (and tied head) in f32
+    "all": (),                   # every tensor of min_8bit_size elements or more in 8-bit
+}
+DEFAULT_8BIT_POLICY = "embed_f32"
 
 
 def _f32(x: float) -> float:
@@ -82,24 +96,37 @@ def quantization_maps() -> dict:
             "blocksize": BLOCKSIZE, "min_8bit_size": MIN_8BIT_SIZE}
 
 
-def block_plan(layout: dict) -> dict:
+def f32_tensors(layout: dict, policy: str = DEFAULT_8BIT_POLICY) -> list[str]:
+    """THE choice of the tensors whose Adam state stays f32 under the 8-bit optimizer, in layout
+    order: those under min_8bit_size (norm gains) and those the policy names."""
+    if policy not in F32_POLICIES:
+        raise ValueError(f"unknown 8-bit policy {policy!r}; known: {', '.join(F32_POLICIES)}")
+    keep = F32_POLICIES[policy]
+    return [p["name"] for p in layout["params"] if p["numel"] < MIN_8BIT_SIZE or p["name"] in keep]
+
+
+def block_plan(layout: dict, policy: str = DEFAULT_8BIT_POLICY) -> dict:
     """How the 8-bit optimizer splits the layout: 8-bit blocks never straddle tensors (block b of a
-    tensor covers [offset + 256 b, offset + min(256 (b + 1), numel))), small tensors keep f32 state.
-    The engine (static/js/engine/optimizer_tables.js) builds the same plan; sizes must agree."""
+    tensor covers [offset + 256 b, offset + min(256 (b + 1), numel))); the tensors of f32_tensors
+    keep f32 state. The engine (static/js/engine/optimizer_tables.js) builds its plan from the
+    f32_tensors list given here; sizes must agree."""
+    keep = set(f32_tensors(layout, policy))
     q_blocks = 0
     f32_numel = 0
     for p in layout["params"]:
-        if p["numel"] >= MIN_8BIT_SIZE:
-            q_blocks += -(-p["numel"] // BLOCKSIZE)
-        else:
+        if p["name"] in keep:
             f32_numel += -(-p["numel"] // 4) * 4
-    return {"q_blocks": q_blocks, "f32_numel": f32_numel}
+        else:
+            q_blocks += -(-p["numel"] // BLOCKSIZE)
+    return {"policy": policy, "q_blocks": q_blocks, "f32_numel": f32_numel,
+            "f32_tensors": [p["name"] for p in layout["params"] if p["name"] in keep]}
 
 
-def optimizer_memory(layout: dict) -> dict:
-    """GPU bytes each variant allocates for optimizer state (what optimizer.js allocates)."""
+def optimizer_memory(layout: dict, policy: str = DEFAULT_8BIT_POLICY) -> dict:
+    """GPU bytes each variant allocates for optimizer state (what optimizer.js allocates), and for
+    adamw_8bit the plan itself (f32_tensors: what the engine keeps in f32)."""
     n = layout["total_numel"]
-    plan = block_plan(layout)
+    plan = block_plan(layout, policy)
     fp32 = 2 * 4 * n
     # codes: 256 B per block per state; absmax: one f32 per block per state, padded to 4 floats;
     # f32 m and v for the small tensors.
@@ -116,7 +143,8 @@ def optimizer_memory(layout: dict) -> dict:
     return out
 
 
-def checkpoint_sections(layout: dict, optimizer: str) -> list[dict]:
+def checkpoint_sections(layout: dict, optimizer: str,
+                        policy: str = DEFAULT_8BIT_POLICY) -> list[dict]:
     """THE list of a checkpoint's sections, in file order: raw little-endian bytes, no header,
     no padding. W, then the optimizer state exactly as the GPU holds it (the f16 mirror is
     recomputed from W, so it is not stored). The engine checks its buffers against this list;
@@ -126,7 +154,7 @@ def checkpoint_sections(layout: dict, optimizer: str) -> list[dict]:
         return [{"name": "W", "bytes": 4 * n}, {"name": "M", "bytes": 4 * n},
                 {"name": "V", "bytes": 4 * n}]
     if optimizer == "adamw_8bit":
-        plan = block_plan(layout)
+        plan = block_plan(layout, policy)
         # codes: m and v, one byte per element of each 256-element block; small: the absmax
         # pairs (padded to 4 floats), then f32 m and v of the small tensors.
         small = 4 * (-(-2 * plan["q_blocks"] // 4) * 4 + 2 * plan["f32_numel"])
@@ -138,12 +166,16 @@ def checkpoint_sections(layout: dict, optimizer: str) -> list[dict]:
 
 def _main(argv: list[str]) -> int:
     from andrea.model import PRESETS, build_layout
-    if len(argv) != 1 or argv[0] not in PRESETS:
-        print(f"usage: python -m andrea.optim {{{'|'.join(PRESETS)}}}", file=sys.stderr)
+    policy = DEFAULT_8BIT_POLICY
+    if len(argv) == 3 and argv[1] == "--8bit-policy":
+        argv, policy = argv[:1], argv[2]
+    if len(argv) != 1 or argv[0] not in PRESETS or policy not in F32_POLICIES:
+        print(f"usage: python -m andrea.optim {{{'|'.join(PRESETS)}}} "
+              f"[--8bit-policy {{{'|'.join(F32_POLICIES)}}}]", file=sys.stderr)
         return 2
     layout = {"preset": argv[0], **build_layout(PRESETS[argv[0]])}
-    layout["optimizer_state"] = optimizer_memory(layout)
-    sections = {opt: checkpoint_sections(layout, opt) for opt in ("adamw", "adamw_8bit")}
+    layout["optimizer_state"] = optimizer_memory(layout, policy)
+    sections = {opt: checkpoint_sections(layout, opt, policy) for opt in ("adamw", "adamw_8bit")}
     json.dump({"layout": layout, "maps": quantization_maps(), "checkpoint_sections": sections},
               sys.stdout)
     return 0

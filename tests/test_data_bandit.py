@@ -86,7 +86,7 @@ def test_bandit_over_http(data_client):
     marks = data["phases"]
     assert [(m["index"], m["start"], m["length"]) for m in marks] == phases[:later[0] + 1]
     assert marks[-1]["weights"][1] > marks[-1]["weights"][0]
-    for key in ("x", "2", "python-docs"):
+    for key in ("x", "9", "python-docs"):
         bad = data_client.post(f"/api/runs/{run}/source_losses", headers=auth,
                                json={"step": 1, "losses": {key: 1}})
         assert bad.status_code == 400 and "unknown sources" in bad.text, key

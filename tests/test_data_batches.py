@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from andrea.data import wire
+from andrea.data.sources import default_sources
 from andrea.data.spec import BatchSpec
-from andrea.data.tokens import TokenFile
-from andrea.data.windows import sample_batch, train_windows, val_windows
+from andrea.data.tokenizer import EOT, decode
+from andrea.data.tokens import VAL_FRACTION, TokenFile, split_point
+from andrea.data.windows import data_budget, sample_batch, train_windows, val_windows
 from tests.data_fixtures import TINY_V
 
 AD_HOC = "/api/batches/{}?preset=tiny&seed=7&batch_size=4"
@@ -37,11 +39,12 @@ def test_header_and_rows_match_the_token_files(data_client, tiny):
     r = data_client.get("/api/batches/5?preset=tiny&seed=1&batch_size=6")
     body = r.content
     head = np.frombuffer(body, "<u4", 10)
-    assert body[:4] == b"ANDB" and list(head[1:9]) == [1, 6, 64, 5, 0, 4, 2, 0xFFFFFFFF]
+    K = len(tiny.files)
+    assert body[:4] == b"ANDB" and list(head[1:9]) == [1, 6, 64, 5, 0, 4, K, 0xFFFFFFFF]
     assert head[9] == 48 and len(body) == 48 + 6 * 65 * 4
     b = wire.decode(body)
     assert b.tokens.shape == (6, 65) and b.tokens.dtype == np.dtype("<u4")
-    assert r.headers["x-andrea-sources"] == "python-docs,python-stdlib"
+    assert r.headers["x-andrea-sources"] == ",".join(tiny.source_names)
     # Each row is a window of the source its header byte names, inside the train part.
     for row, src in zip(b.tokens, b.sources):
         f = tiny.files[src]
@@ -88,7 +91,7 @@ def test_same_bytes_in_two_server_processes(data_dir, data_client):
 def test_validation_never_overlaps_training(tiny):
     spec = _spec(batch_size=16)
     for step in range(200):
-        src, start = train_windows(tiny.files, spec, step, np.ones(2))
+        src, start = train_windows(tiny.files, spec, step, np.ones(len(tiny.files)))
         n_train = np.array([tiny.files[i].n_train for i in src])
         assert np.all(start >= 0) and np.all(start + 65 <= n_train)
     for index in range(200):
@@ -96,7 +99,40 @@ def test_validation_never_overlaps_training(tiny):
         n_train = np.array([tiny.files[i].n_train for i in src])
         n = np.array([tiny.files[i].n_tokens for i in src])
         assert np.all(start >= n_train) and np.all(start + 65 <= n)
-        assert set(src.tolist()) == {0, 1}                  # every eval batch covers every source
+        assert set(src.tolist()) == set(range(len(tiny.files)))   # every eval batch: every source
+
+
+def test_validation_is_whole_documents(tiny):
+    """The split falls on a document boundary: the held-out part is the last documents of the
+    source's stream, whole, and no training window can hold a token of any of them."""
+    meta = json.loads((Path(tiny.files[0].tokens.filename).parent / "meta.json").read_text())
+    for f, source, entry in zip(tiny.files, tiny.sources, meta["sources"]):
+        ids = np.asarray(f.tokens)
+        assert entry["split"] == "documents" and ids[f.n_train - 1] == 0   # after an end-of-text
+        k = entry["n_val_documents"]
+        assert k >= 1 and int(np.count_nonzero(ids[f.n_train:] == 0)) == k
+        assert decode(tiny.tokenizer, ids[f.n_train:]) == "".join(
+            d + EOT for d in source.documents[-k:])
+        assert abs(f.n_val / f.n_tokens - VAL_FRACTION) < 0.03, f.name
+
+
+def test_data_budget():
+    b = data_budget([1000, 100_000, 50], batch_size=4, seq_len=64, steps=100)
+    assert b["tokens_per_step"] == 256 and b["total_tokens"] == 25_600
+    assert b["passes"] == [12.8, 0.128, 0.0]          # the 50-token source is too short for a row
+    assert b["warn"] and abs(b["passes_overall"] - 25_600 / 101_050) < 1e-12
+    assert not data_budget([10**6, 10**6], 8, 1024, 100)["warn"]
+
+
+def test_split_point_rules():
+    assert split_point([100]) == (90, "tokens")                  # one document: cut in it
+    assert split_point([50, 100]) == (50, "documents")           # the only boundary
+    assert split_point([10, 89, 91, 100]) == (91, "documents")   # nearest to 90: a tie, the later
+    assert split_point([10, 80, 95, 100]) == (95, "documents")
+    assert split_point([99, 100]) == (99, "documents")           # never 0 or n
+    ends = list(range(7, 7001, 7))
+    n_train, how = split_point(ends)
+    assert how == "documents" and n_train in ends[:-1] and abs(n_train - 6300) <= 3
 
 
 def test_validation_batches(data_client):
@@ -108,12 +144,14 @@ def test_validation_batches(data_client):
 
 
 def test_fixed_weights_and_uniform_mix(tiny):
-    _, only_docs = sample_batch(tiny.files, _spec(mode="fixed", weights=(1.0, 0.0)), 0)
-    assert set(only_docs.tolist()) == {0}
-    counts = np.zeros(2)
+    K = len(tiny.files)
+    only_docs = (1.0,) + (0.0,) * (K - 1)
+    _, rows = sample_batch(tiny.files, _spec(mode="fixed", weights=only_docs), 0)
+    assert set(rows.tolist()) == {0}
+    counts = np.zeros(K)
     for step in range(100):
-        counts += np.bincount(sample_batch(tiny.files, _spec(batch_size=8), step)[1], minlength=2)
-    assert abs(counts[0] / counts.sum() - 0.5) < 0.1
+        counts += np.bincount(sample_batch(tiny.files, _spec(batch_size=8), step)[1], minlength=K)
+    assert np.all(np.abs(counts / counts.sum() - 1 / K) < 0.1)
 
 
 def test_run_registry_endpoint(data_client, tiny):
@@ -124,7 +162,7 @@ def test_run_registry_endpoint(data_client, tiny):
     assert np.array_equal(wire.decode(r.content).tokens, sample_batch(tiny.files, _spec(), 9)[0])
     assert data_client.get("/api/runs/r1/val_batches/0").status_code == 200
     data = data_client.get("/api/runs/r1/data").json()
-    assert data["sources"] == ["python-docs", "python-stdlib"] and data["phases"] == []
+    assert data["sources"] == tiny.source_names and data["phases"] == []
     runs.register("old", _spec(corpus_hash="0123456789abcdef"))
     r = data_client.get("/api/runs/old/batches/0")
     assert r.status_code == 409 and "corpus" in r.json()["detail"]
@@ -149,7 +187,8 @@ def test_corpus_description(data_client, tiny):
     ("/api/batches/10?preset=tiny&steps=10", 400, "beyond the run's end"),
     ("/api/batches/0?preset=nope", 400, "unknown preset"),
     ("/api/batches/0?preset=tiny&mode=fixed", 400, "needs weights"),
-    ("/api/batches/0?preset=tiny&mode=fixed&weights=1", 400, "1 weights given for 2 sources"),
+    ("/api/batches/0?preset=tiny&mode=fixed&weights=1", 400,
+     f"1 weights given for {len(default_sources())} sources"),
     ("/api/batches/0?preset=tiny&mode=fixed&weights=1,-1", 400, "non-negative"),
     ("/api/batches/0?preset=tiny&mode=fixed&weights=a,b", 400, "comma-separated numbers"),
     ("/api/batches/0?preset=tiny&weights=1,1", 400, "only used with mode 'fixed'"),

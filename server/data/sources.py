@@ -1,33 +1,55 @@
 """Corpus sources: named streams of text, each a list of documents.
 
-The embedded default needs nothing but Python: the interpreter's documentation topics
-(`pydoc_data.topics`, prose) and a capped, deterministic sample of the standard library's
-source (code). User text comes from `andrea serve --corpus NAME=PATH` (a file, or a folder of
-.txt/.md files). Every problem with user text is a CorpusError whose message names the path.
+The embedded default needs nothing but Python, and takes all of what every installation ships
+that is real prose or code (nothing sampled, nothing capped):
 
-Documents are ordered by a hash of their name, so the held-out tail of each source's token
-stream (the validation split, see tokens.py) is a fair sample of documents, not the last few
-alphabetically.
+    python-docs    prose: `pydoc_data.topics` (the language reference topics), IDLE's help page
+                   (text of idlelib/help.html) and the .txt/.rst/.md files of the standard
+                   library outside its tests (IDLE's NEWS and README, LICENSE, email's notes...)
+    python-stdlib  code: every standard-library .py file outside tests (pydoc_data/topics.py is
+                   the docs above, so it is left out)
+    python-tests   code: every .py file of the standard library's test suites (Lib/test and the
+                   packages' own test folders)
+    python-bundled code: the .py files of the pip and setuptools wheels that CPython ships in
+                   ensurepip/_bundled (read from the zip; absent where a distribution strips
+                   them, which gives another corpus hash)
+
+site-packages is not the stdlib. A text found twice is kept once, in the first source that has
+it (see _dedup). Files that are not UTF-8 (a few test files are, on purpose)
+or hold NUL bytes are skipped. User text comes from `andrea serve --corpus NAME=PATH` (a file,
+or a folder of .txt/.md/.jsonl/.parquet files). Every problem with user text is a CorpusError
+whose message names the path.
+
+Documents are ordered by a hash of their name, so the held-out documents of each source (the
+validation split, see tokens.py) are a fair sample, not the last few alphabetically.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sysconfig
+import zipfile
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
-STDLIB_CHAR_CAP = 2_500_000        # keeps the default corpus a few MB: builds in seconds on 2 cores
-STDLIB_FILE_CAP = 100_000          # skip the few huge generated modules
-# Tests, GUIs and vendored trees are noise or duplicates; site-packages is not the stdlib.
-STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3",
-                    "turtledemo", "__pycache__", "ensurepip"}
-USER_SUFFIXES = (".txt", ".md")
+# Folders that are not the standard library's own text.
+STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+# A folder with one of these names holds a test suite: its .py files go to python-tests.
+TEST_DIRS = {"test", "tests", "idle_test"}
+PROSE_SUFFIXES = (".txt", ".rst", ".md")
+DOCS_MODULE_FILE = os.path.join("pydoc_data", "topics.py")   # the python-docs text, as code
+HTML_DOCS = (os.path.join("idlelib", "help.html"),)
+USER_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 USER_CHAR_CAP = 200_000_000        # tokens are built in memory; beyond this, say so up front
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 MAX_SOURCES = 255                  # the batch header stores a row's source as one byte
+# The tokenizer is trained on a deterministic sample of the corpus (tokenizer_sample): BPE
+# merges converge long before 32 MB, and training on all of it would cost ~10x the time.
+TOKENIZER_SAMPLE_CHARS = 3_000_000
 
 
 class CorpusError(ValueError):
@@ -51,42 +73,160 @@ def _by_name_hash(named: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(text for _, text in named)
 
 
-def python_docs_source() -> Source:
-    from pydoc_data.topics import topics
-    return Source("python-docs", "docs", "pydoc_data.topics",
-                  _by_name_hash([(k, v) for k, v in topics.items() if v.strip()]))
+def _stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
 
 
 def _stdlib_files(root: Path) -> list[str]:
+    """Every file under the stdlib folder, relative, in sorted order (os.walk order varies)."""
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d not in STDLIB_SKIP_DIRS and not d.startswith("config-")]
         rel = os.path.relpath(folder, root)
-        found += [os.path.normpath(os.path.join(rel, f)) for f in files if f.endswith(".py")]
-    return found
+        found += [os.path.normpath(os.path.join(rel, f)) for f in files]
+    return sorted(found)
 
 
-def python_stdlib_source(cap_chars: int = STDLIB_CHAR_CAP) -> Source:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    # A pseudo-random but reproducible sample: walk files in order of their path's hash.
-    paths = sorted(_stdlib_files(root), key=lambda r: hashlib.sha1(r.encode()).hexdigest())
-    named, total = [], 0
-    for rel in paths:
-        raw = (root / rel).read_bytes()
-        if len(raw) > STDLIB_FILE_CAP or total + len(raw) > cap_chars:
+def _is_test(rel: str) -> bool:
+    return any(part in TEST_DIRS for part in Path(rel).parts[:-1])
+
+
+def _utf8(raw: bytes) -> str | None:
+    if b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+class _HtmlText(HTMLParser):
+    """The text of an HTML page (scripts and styles dropped), blank lines squeezed."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+    def text(self) -> str:
+        return re.sub(r"\n\s*\n(\s*\n)+", "\n\n", "".join(self.parts)).strip() + "\n"
+
+
+def html_text(html: str) -> str:
+    p = _HtmlText()
+    p.feed(html)
+    p.close()
+    return p.text()
+
+
+def python_docs_source() -> Source:
+    from pydoc_data.topics import topics
+    named = [(f"topic:{k}", v) for k, v in topics.items() if v.strip()]
+    root = _stdlib_root()
+    for rel in _stdlib_files(root):
+        if rel.endswith(PROSE_SUFFIXES) and not _is_test(rel):
+            text = _utf8((root / rel).read_bytes())
+        elif rel in HTML_DOCS:
+            text = _utf8((root / rel).read_bytes())
+            text = html_text(text) if text is not None else None
+        else:
             continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        if text.strip():
+        if text and text.strip():
             named.append((rel, text))
-            total += len(text)
-    return Source("python-stdlib", "code", str(root), _by_name_hash(named))
+    return Source("python-docs", "docs", f"pydoc_data.topics + prose files under {root}",
+                  _by_name_hash(named))
+
+
+def _python_code(tests: bool) -> Source:
+    root = _stdlib_root()
+    named = []
+    for rel in _stdlib_files(root):
+        if not rel.endswith(".py") or rel == DOCS_MODULE_FILE or _is_test(rel) != tests:
+            continue
+        text = _utf8((root / rel).read_bytes())
+        if text and text.strip():
+            named.append((rel, text))
+    return Source("python-tests" if tests else "python-stdlib", "code",
+                  f"{root} ({'test suites' if tests else 'library'} .py files)",
+                  _by_name_hash(named))
+
+
+def python_stdlib_source() -> Source:
+    return _python_code(tests=False)
+
+
+def python_tests_source() -> Source:
+    return _python_code(tests=True)
+
+
+def python_bundled_source() -> Source | None:
+    folder = _stdlib_root() / "ensurepip" / "_bundled"
+    named = []
+    for wheel in sorted(folder.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            for member in sorted(z.namelist()):
+                if member.endswith(".py"):
+                    text = _utf8(z.read(member))
+                    if text and text.strip():
+                        named.append((f"{wheel.name}/{member}", text))
+    if not named:
+        return None
+    return Source("python-bundled", "code", f"{folder} (the pip and setuptools wheels' .py files)",
+                  _by_name_hash(named))
+
+
+def _dedup(sources: list[Source]) -> list[Source]:
+    """Each text once in the whole corpus (the first in corpus order is kept): a file shipped
+    twice (a test copy of a module, the same __init__.py in two wheels) would otherwise be
+    trained on in one place and scored as held out in another."""
+    seen: set[str] = set()
+    out = []
+    for s in sources:
+        kept = []
+        for d in s.documents:
+            if d not in seen:
+                seen.add(d)
+                kept.append(d)
+        out.append(Source(s.name, s.kind, s.origin, tuple(kept)))
+    return out
 
 
 def default_sources() -> list[Source]:
-    return [python_docs_source(), python_stdlib_source()]
+    bundled = python_bundled_source()
+    return _dedup([python_docs_source(), python_stdlib_source(), python_tests_source(),
+                   *([bundled] if bundled else [])])
+
+
+def tokenizer_sample(sources: list[Source],
+                     chars: int = TOKENIZER_SAMPLE_CHARS) -> list[str]:
+    """What the tokenizer is trained on: a deterministic sample of every source's documents,
+    each source contributing in proportion to its size but at least min(its size, chars / (2K))
+    characters, so a small source (prose) still gets its own merges. Documents are taken in
+    stream order (name-hash order: a fair sample); a source that fits is taken whole."""
+    total = sum(s.n_chars for s in sources)
+    if total <= chars:
+        return [d for s in sources for d in s.documents]
+    floor = chars // (2 * len(sources))
+    out = []
+    for s in sources:
+        budget = max(floor, chars * s.n_chars // total)
+        taken = 0
+        for d in s.documents:
+            if taken >= budget:
+                break
+            out.append(d)
+            taken += len(d)
+    return out
 
 
 def _read_text(path: Path) -> str:
@@ -99,8 +239,58 @@ def _read_text(path: Path) -> str:
         raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
+    """One document per line: the line's `text` field (a blank line is skipped)."""
+    out = []
+    for i, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise CorpusError(f"{path}: line {i} is not JSON ({e})") from None
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise CorpusError(f"{path}: line {i} has no string field 'text'")
+        out.append((f"{i}", text))
+    return out
+
+
+def _parquet_documents(path: Path) -> list[tuple[str, str]]:
+    """One document per row: the `text` column (null rows are skipped). Needs pyarrow, which
+    is optional: `pip install 'andrea[parquet]'`."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise CorpusError(f"{path}: reading .parquet files needs pyarrow, which is not "
+                          "installed: pip install 'andrea[parquet]' (or pip install pyarrow)"
+                          ) from None
+    try:
+        table = pq.read_table(path, columns=["text"])
+    except Exception as e:       # pyarrow raises its own types for a bad file or a missing column
+        raise CorpusError(f"{path}: cannot read a 'text' column ({type(e).__name__}: {e})"
+                          ) from None
+    column = table.column("text")
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise CorpusError(f"{path}: column 'text' holds {column.type}, not strings")
+    return [(f"{i}", t) for i, t in enumerate(column.to_pylist()) if t is not None]
+
+
+def _documents(path: Path) -> list[tuple[str, str]]:
+    """(name within the file, text) of each document a user file holds."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _jsonl_documents(path)
+    if suffix == ".parquet":
+        return _parquet_documents(path)
+    return [("", _read_text(path))]
+
+
 def user_source(name: str, path: Path) -> Source:
-    """A file, or a folder whose .txt/.md files (recursively) become the documents."""
+    """A file, or a folder whose .txt/.md/.jsonl/.parquet files (recursively) give the
+    documents: a .txt/.md file is one document, a .jsonl file one per line (its `text` field),
+    a .parquet file one per row (its `text` column; needs the optional pyarrow)."""
     if not NAME_RE.match(name):
         raise CorpusError(f"corpus name {name!r}: use 1-40 letters, digits, '.', '_' or '-'")
     path = Path(path).expanduser()
@@ -117,13 +307,14 @@ def user_source(name: str, path: Path) -> Source:
         raise CorpusError(f"{path}: neither a file nor a folder")
     named, total = [], 0
     for f in files:
-        text = _read_text(f)
-        total += len(text)
-        if total > USER_CHAR_CAP:
-            raise CorpusError(f"{path}: more than {USER_CHAR_CAP:,} characters; "
-                              "give a smaller sample")
-        if text.strip():               # an empty file inside a folder is skipped, not fatal
-            named.append((str(f.relative_to(path)) if f != path else f.name, text))
+        rel = str(f.relative_to(path)) if f != path else f.name
+        for part, text in _documents(f):
+            total += len(text)
+            if total > USER_CHAR_CAP:
+                raise CorpusError(f"{path}: more than {USER_CHAR_CAP:,} characters; "
+                                  "give a smaller sample")
+            if text.strip():           # an empty file or record is skipped, not fatal
+                named.append((f"{rel}:{part}" if part else rel, text))
     if not named:
         raise CorpusError(f"{path}: empty (no text in {len(files)} file(s))")
     return Source(name, "user", str(path.resolve()), _by_name_hash(named))

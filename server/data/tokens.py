@@ -5,8 +5,12 @@ source's documents tokenized one by one, each followed by `<|endoftext|>`. Built
 while the corpus and tokenizer are unchanged (both are in the folder's key and in meta.json);
 a different corpus hashes to a different folder.
 
-Split: the last VAL_FRACTION of each file, [n_train, n), is held out for validation; training
-windows lie wholly inside [0, n_train), so the two can never overlap.
+Split, by document: the documents at the end of each file (they are in name-hash order, a fair
+sample) whose tokens come closest to VAL_FRACTION of the file, [n_train, n), are held out for
+validation; n_train is a document boundary (just after an end-of-text), and training windows lie
+wholly inside [0, n_train), so no token of a validation document is ever trained on. A source of
+a single document (one .txt file) has no boundary to cut at: it is cut at VAL_FRACTION of its
+tokens instead, and its meta entry says "split": "tokens".
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from andrea.data.sources import Source
 from andrea.data.tokenizer import EOT
 
 VAL_FRACTION = 0.1
+SPLIT_RULE = "documents"            # in meta.json: caches split another way are rebuilt
 TOKEN_DTYPE = np.dtype("<u2")       # V <= 65536 (ModelConfig checks it)
 ENCODE_CHUNK_CHARS = 4_000_000      # bounds memory when tokenizing a large user source
 PIECE_CHARS = 1_000_000             # a huge single document is tokenized in line-aligned pieces
@@ -58,10 +63,23 @@ def _pieces(doc: str):
     yield doc
 
 
-def _write_source(tok: Tokenizer, source: Source, path: Path) -> int:
+def split_point(ends: list[int], val_fraction: float = VAL_FRACTION) -> tuple[int, str]:
+    """(n_train, how) for a file whose documents end (after their end-of-text) at `ends`:
+    the document boundary nearest to (1 - val_fraction) of the tokens, the later one on a tie,
+    never 0 or n; with one document, the token position itself ("tokens")."""
+    n = ends[-1]
+    target = n - int(n * val_fraction)
+    if len(ends) < 2:
+        return target, "tokens"
+    return min(ends[:-1], key=lambda b: (abs(b - target), -b)), "documents"
+
+
+def _write_source(tok: Tokenizer, source: Source, path: Path) -> list[int]:
+    """Writes the token file; returns the token count after each document's end-of-text."""
     eot = tok.token_to_id(EOT)
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     n = 0
+    ends = []
     with open(path, "wb") as f:
         batch, chars = [], 0
 
@@ -83,7 +101,8 @@ def _write_source(tok: Tokenizer, source: Source, path: Path) -> int:
             flush()  # a document ends here: write its tokens, then the separator
             f.write(np.asarray([eot], dtype=TOKEN_DTYPE).tobytes())
             n += 1
-    return n
+            ends.append(n)
+    return ends
 
 
 def _file_name(i: int, name: str) -> str:
@@ -96,11 +115,13 @@ def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict)
     try:
         entries = []
         for i, s in enumerate(sources):
-            n = _write_source(tok, s, tmp / _file_name(i, s.name))
-            n_val = int(n * VAL_FRACTION)
-            entries.append({"name": s.name, "file": _file_name(i, s.name), "n_tokens": n,
-                            "n_train": n - n_val, "n_chars": s.n_chars,
-                            "n_documents": len(s.documents)})
+            ends = _write_source(tok, s, tmp / _file_name(i, s.name))
+            n_train, how = split_point(ends)
+            entries.append({"name": s.name, "file": _file_name(i, s.name), "n_tokens": ends[-1],
+                            "n_train": n_train, "n_chars": s.n_chars,
+                            "n_documents": len(s.documents), "split": how,
+                            "n_val_documents": len(ends) - ends.index(n_train) - 1
+                            if how == "documents" else 0})
         (tmp / "meta.json").write_text(json.dumps({**meta_base, "sources": entries}, indent=1))
         try:
             os.rename(tmp, folder)      # atomic; fails if another process finished first
@@ -130,7 +151,7 @@ def load_or_build(data_dir: Path, corpus_hash: str, vocab_size: int, tok: Tokeni
     tok_sha = hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()[:16]
     folder = tokens_dir(data_dir, corpus_hash, vocab_size)
     base = {"corpus_hash": corpus_hash, "tokenizer_sha256": tok_sha, "vocab_size": vocab_size,
-            "val_fraction": VAL_FRACTION, "dtype": TOKEN_DTYPE.str}
+            "val_fraction": VAL_FRACTION, "split": SPLIT_RULE, "dtype": TOKEN_DTYPE.str}
     meta = _valid(folder, base)
     if meta is None:
         shutil.rmtree(folder, ignore_errors=True)   # stale or half-written: rebuild

@@ -87,3 +87,23 @@ def sample_batch(files: Sequence[TokenFile], spec: BatchSpec, step: int, split: 
     for r, (i, s) in enumerate(zip(src.tolist(), start.tolist())):
         out[r] = files[i].tokens[s:s + rows]
     return out, src.astype(np.uint8)
+
+
+PASSES_WARNING = 4.0                # the form warns when a run reads a source more often than this
+
+
+def data_budget(train_tokens: Sequence[int], batch_size: int, seq_len: int, steps: int,
+                weights: Sequence[float] | None = None) -> dict:
+    """How much text a run sees: tokens per step (B * T predicted tokens), in all, and the
+    expected passes over each source's training part when rows go to sources by `weights`
+    (uniform: equal; a source shorter than a row gets none, as in train_windows). The new-run
+    form (static/js/app/new_run.js dataBudget) does the same arithmetic on /api/corpus."""
+    n = np.asarray(train_tokens, dtype=np.float64)
+    w = np.ones(len(n)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w * (n >= seq_len + 1)
+    share = w / w.sum()
+    total = batch_size * seq_len * steps
+    passes = np.divide(total * share, n, out=np.zeros(len(n)), where=n > 0)
+    return {"tokens_per_step": batch_size * seq_len, "total_tokens": total,
+            "passes": passes.tolist(), "passes_overall": total / n.sum(),
+            "warn": bool((passes > PASSES_WARNING).any())}

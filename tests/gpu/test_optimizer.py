@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from andrea.model import PRESETS, build_layout
-from andrea.optim import optimizer_memory, quantization_maps
+from andrea.optim import EMBEDDING, f32_tensors, optimizer_memory, quantization_maps
 from tests.lab import b64, call
 
 LR, B1, B2, EPS, WD, MAX_NORM = 1e-3, 0.9, 0.999, 1e-8, 0.1, 1.0
@@ -23,7 +23,11 @@ SCALES = [1.0, 0.3, 3.0, 0.1, 1.0, 2.0, 0.05, 1.0, 0.5, 1.0]   # grad norm ~1.1 
 
 @pytest.fixture(scope="module")
 def layout():
-    return {"preset": "tiny", **build_layout(PRESETS["tiny"])}
+    """As GET /api/presets/tiny/layout sends it: with optimizer_state, whose adamw_8bit.f32_tensors
+    (server/optim.py) is what the engine keeps in f32: the norm gains and, by default, the
+    embedding (tied output head)."""
+    table = {"preset": "tiny", **build_layout(PRESETS["tiny"])}
+    return {**table, "optimizer_state": optimizer_memory(table)}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +83,13 @@ def reference(layout, w0, grads, optimizer="adamw", clip=True):
         opt = torch.optim.AdamW(groups, lr=LR, betas=(B1, B2), eps=EPS, foreach=False)
     else:
         import bitsandbytes as bnb
+        # The server's f32 tensors keep 32-bit state in bnb too (what StableEmbedding does).
+        keep = set(layout["optimizer_state"]["adamw_8bit"]["f32_tensors"])
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        manager.initialize()
+        for q, p in zip(ps, layout["params"]):
+            if p["name"] in keep:
+                manager.override_config(q, "optim_bits", 32)
         opt = bnb.optim.AdamW8bit(groups, lr=LR, betas=(B1, B2), eps=EPS)
     norms, clips = [], []
     for g in grads:
@@ -214,9 +225,10 @@ def emulate_8bit(layout, w0, grads, clip_scales):
         return c, am
 
     out = w0.copy()
+    keep = set(f32_tensors(layout))
     for p in layout["params"]:
         sl = slice(p["offset"], p["offset"] + p["numel"])
-        n, w, small = p["numel"], w0[sl].copy(), p["numel"] < 4096
+        n, w, small = p["numel"], w0[sl].copy(), p["name"] in keep
         m, v = np.zeros(n, f32), np.zeros(n, f32)
         cm, cv = np.zeros(n, np.int64), np.zeros(n, np.int64)
         am, av = np.zeros(-(-n // 256), f32), np.zeros(-(-n // 256), f32)
@@ -263,8 +275,10 @@ def test_adamw_8bit_matches_bitsandbytes(lab_session, layout, problem):
     # against gross errors here. The median, the 0.01-lr fraction, the codes and the emulation do.
     assert dw.max() <= 2.0, summary
     near_m = near_v = total = 0
+    keep = set(layout["optimizer_state"]["adamw_8bit"]["f32_tensors"])
+    assert EMBEDDING in keep                      # the default policy: embedding state in f32
     for q, p in zip(ps, layout["params"]):
-        if p["numel"] < 4096:
+        if p["name"] in keep:
             assert q not in opt.state or opt.state[q]["state1"].dtype == torch.float32
             continue
         cm, cv, am, av = split_blocks(out, layout, p)
@@ -284,7 +298,8 @@ def test_adamw_8bit_matches_bitsandbytes(lab_session, layout, problem):
     assert np.mean(de <= 1e-4) >= 0.9995
     mem = optimizer_memory(layout)
     assert out["state_bytes"] == mem["adamw_8bit"]["state_bytes"]
-    assert out["state_bytes"] <= 0.3 * mem["adamw"]["state_bytes"]
+    emb = next(p["numel"] for p in layout["params"] if p["name"] == EMBEDDING)
+    assert out["state_bytes"] <= 0.3 * mem["adamw"]["state_bytes"] + 8 * emb   # + its f32 m, v
     np.testing.assert_allclose(out["clip_scales"], clips, rtol=2e-6)
     assert not out["grads"].any()
 

@@ -5,6 +5,9 @@ import { test } from 'node:test';
 import { buildBlockPlan, f16Bits, packHalf2, stateLayout8 } from '../../static/js/engine/optimizer_tables.js';
 
 const RULES = { blocksize: 256, min_8bit_size: 4096 };   // what GET /api/optimizer/maps sends
+// What the server's layout says keeps f32 state (optimizer_state.adamw_8bit.f32_tensors): here the
+// tensors under min_8bit_size, as server/optim.py f32_tensors lists them.
+const F32 = ['b', 'g1', 'g2'];
 
 // A layout in the server's shape: a big matrix, a small one, then two norm gains.
 const layout = {
@@ -19,8 +22,8 @@ const layout = {
 
 const rows = (plan) => Array.from({ length: plan.nBlocks }, (_, b) => Array.from(plan.entries.subarray(4 * b, 4 * b + 4)));
 
-test('block plan: blocks never straddle tensors; big tensors 8-bit, small ones f32', () => {
-  const plan = buildBlockPlan(layout, RULES);
+test('block plan: blocks never straddle tensors; listed tensors f32, the others 8-bit', () => {
+  const plan = buildBlockPlan(layout, RULES, F32);
   const r = rows(plan);
   assert.equal(plan.qBlocks, 17);
   assert.equal(plan.f32Numel, 4092 + 12 + 64);
@@ -37,15 +40,22 @@ test('block plan: blocks never straddle tensors; big tensors 8-bit, small ones f
   }
 });
 
-test('block plan follows the server\'s blocksize and min_8bit_size', () => {
-  const plan = buildBlockPlan(layout, { blocksize: 128, min_8bit_size: 4000 });
-  assert.equal(plan.qBlocks, 33 + 32);   // a: ceil(4196 / 128); b: 4092 >= 4000 now
+test('block plan follows the server\'s blocksize and f32 list, never numel', () => {
+  const plan = buildBlockPlan(layout, { blocksize: 128, min_8bit_size: 4000 }, ['g1', 'g2']);
+  assert.equal(plan.qBlocks, 33 + 32);   // a: ceil(4196 / 128); b: not listed, so 8-bit
   assert.equal(plan.f32Numel, 12 + 64);
-  assert.throws(() => buildBlockPlan(layout, {}), /from the server/);
+  const embed = buildBlockPlan(layout, RULES, ['a', 'b', 'g1', 'g2']);   // a big tensor kept f32
+  assert.equal(embed.qBlocks, 0);
+  assert.equal(embed.f32Numel, 4196 + 4092 + 12 + 64);
+  assert.deepEqual(rows(embed)[0], [0, 256, 0, 1]);
+  assert.deepEqual(rows(embed)[17], [4224, 256, 4196, 1]);
+  assert.throws(() => buildBlockPlan(layout, {}, F32), /from the server/);
+  assert.throws(() => buildBlockPlan(layout, RULES), /come from the server/);   // no list: no guess
+  assert.throws(() => buildBlockPlan(layout, RULES, ['nope']), /unknown tensors nope/);
 });
 
 test('state layout: the byte counts of server/optim.py optimizer_memory', () => {
-  const plan = buildBlockPlan(layout, RULES);
+  const plan = buildBlockPlan(layout, RULES, F32);
   const s = stateLayout8(plan);
   const absmax = Math.ceil((2 * 17) / 4) * 4;
   assert.equal(s.codesBytes, 2 * 256 * 17);
@@ -57,7 +67,7 @@ test('state layout: the byte counts of server/optim.py optimizer_memory', () => 
 });
 
 test('block plan refuses tensors that are not whole vec4s', () => {
-  assert.throws(() => buildBlockPlan({ params: [{ name: 'x', offset: 0, numel: 4098 }] }, RULES),
+  assert.throws(() => buildBlockPlan({ params: [{ name: 'x', offset: 0, numel: 4098 }] }, RULES, []),
     /multiple of 4/);
 });
 

@@ -7,6 +7,8 @@ const $ = (id) => document.getElementById(id);
 const form = $('new-run');
 const MiB = (b) => `${(b / 2 ** 20).toFixed(1)} MiB`;
 const layouts = new Map();
+const corpora = new Map();
+const PASSES_WARNING = 4;   // server/data/windows.py PASSES_WARNING
 let limits = null;
 
 async function json(url, init) {
@@ -46,6 +48,57 @@ async function layoutOf(preset) {
   return layouts.get(preset);
 }
 
+async function corpusOf(preset) {
+  if (!corpora.has(preset)) corpora.set(preset, json(`/api/corpus?preset=${preset}`));
+  return corpora.get(preset);
+}
+
+/** What a run reads (server/data/windows.py data_budget, on /api/corpus's train tokens): B * T
+ *  tokens a step, and the expected passes over each source's training part when rows are spread
+ *  evenly over the sources (the bandit keeps every source at 20% / K or more of the rows). */
+function dataBudget(trainTokens, B, T, steps) {
+  const w = trainTokens.map((n) => (n >= T + 1 ? 1 : 0));
+  const sum = w.reduce((a, x) => a + x, 0) || 1;
+  const total = B * T * steps;
+  const passes = trainTokens.map((n, i) => (n > 0 ? (total * w[i]) / sum / n : 0));
+  return { tokensPerStep: B * T, total, passes, warn: passes.some((p) => p > PASSES_WARNING) };
+}
+
+const count = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(2)} M` : n >= 1e3 ? `${(n / 1e3).toFixed(1)} k` : String(n));
+
+/** How much data the run sees: tokens per step, in all, and passes over each source. */
+async function updateData() {
+  const c = config();
+  const [layout, corpus] = await Promise.all([layoutOf(c.preset), corpusOf(c.preset)]);
+  const T = c.seq_len ?? layout.config.seq_len;
+  const B = c.batch_size ?? 0;
+  const steps = c.steps ?? 0;
+  const b = dataBudget(corpus.sources.map((s) => s.train_tokens), B, T, steps);
+  const box = $('data-budget');
+  box.innerHTML = '';
+  const table = document.createElement('table');
+  const row = (k, v) => { const tr = table.insertRow(); tr.insertCell().textContent = k; tr.insertCell().textContent = v; };
+  row('tokens per step', `${count(b.tokensPerStep)} (batch ${B} x ${T})`);
+  row('tokens in the run', count(b.total));
+  corpus.sources.forEach((s, i) => row(`passes over ${s.name}`,
+    `${b.passes[i].toFixed(2)} (${count(s.train_tokens)} training tokens)`));
+  box.append(table);
+  box.dataset.passes = JSON.stringify(b.passes.map((p) => Number(p.toFixed(3))));
+  const mode = c.data_mode === 'uniform' ? '' : ' (counted as if spread evenly over the sources)';
+  const note = document.createElement('small');
+  note.textContent = `Held-out documents of every source are never trained on${mode}.`;
+  box.append(note);
+  if (b.warn) {
+    const over = corpus.sources.filter((_, i) => b.passes[i] > PASSES_WARNING).map((s) => s.name);
+    const p = document.createElement('p');
+    p.className = 'error';
+    p.textContent = `This run reads ${over.join(', ')} more than ${PASSES_WARNING} times: past a few ` +
+      'passes the model memorises that text, and its eval loss may stop falling or rise. ' +
+      'Fewer steps, a smaller batch, or more text (andrea serve --corpus) avoid it.';
+    box.append(p);
+  }
+}
+
 /** Memory the choice needs, and whether this adapter can hold it. */
 async function updateMemory() {
   const c = config();
@@ -61,7 +114,8 @@ async function updateMemory() {
   const rows = [
     ['parameters', `${(layout.n_params / 1e6).toFixed(2)} M`],
     ['weights + grads (f32)', MiB(2 * weights)],
-    [`optimizer state (${variant === 'adamw' ? 'fp32 m, v' : '8-bit m, v'})`,
+    [`optimizer state (${variant === 'adamw' ? 'fp32 m, v'
+      : `8-bit m, v; f32 for ${opt.f32_tensors.filter((n) => !n.endsWith('norm.weight')).join(', ') || 'norm gains only'}`})`,
       `${MiB(opt.state_bytes)} (${opt.bytes_per_param} B/param)`],
     ...(mirror ? [['f16 weight mirror', MiB(mirror)]] : []),
     [`activations (batch ${B} x ${T})`, MiB(acts)],
@@ -124,8 +178,13 @@ async function main() {
     limits = null;
   }
   form.addEventListener('input', () => updateMemory().catch(console.error));
+  form.addEventListener('input', () => updateData().catch((e) => {
+    $('data-budget').textContent = `Corpus unavailable: ${e.message}`;
+  }));
   form.addEventListener('submit', start);
-  await updateMemory();
+  await Promise.all([updateMemory(), updateData().catch((e) => {
+    $('data-budget').textContent = `Corpus unavailable: ${e.message}`;
+  })]);
   document.body.dataset.ready = '1';
 }
 

@@ -54,7 +54,16 @@ function showLast() {
   stat('clip scale', last.clip_scale?.toFixed(3) ?? '-');
   stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
   if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`);
+  // Data seen: B * T tokens a step; passes over the training text (/api/corpus train tokens).
+  if (config && trainTokens) {
+    const seen = last.step * config.batch_size * config.seq_len;
+    const total = trainTokens.reduce((a, s) => a + s.n, 0);
+    const least = trainTokens.reduce((a, s) => (s.n < a.n ? s : a));   // if rows spread evenly
+    stat('data', `${(seen / 1e6).toFixed(2)} M tokens seen; passes: ${(seen / total).toFixed(2)} ` +
+      `over the corpus, ${(seen / trainTokens.length / least.n).toFixed(1)} over ${least.name}`);
+  }
 }
+let trainTokens = null;   // the run's corpus: [{name, n: training tokens}] (GET /api/corpus)
 
 /** One frame: bring the derived columns up to date, then one setData per chart. */
 function draw() {
@@ -161,6 +170,9 @@ function showRun(run) {
     ? `: ${run.message}` : '';
   $('why').textContent = why;
   stat('preset', config.preset);
+  if (!trainTokens) fetch(`/api/corpus?preset=${config.preset}`).then((r) => (r.ok ? r.json() : null)).then((c) => {
+    if (c) trainTokens = c.sources.map((s) => ({ name: s.name, n: s.train_tokens }));
+  }).catch(() => {});
   stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''));
   stat('optimizer state', `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`);
   stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off');

@@ -41,7 +41,9 @@ export class Optimizer {
    *   variant       'adamw' | 'adamw_f16' | 'adamw_8bit' | 'adamw_8bit_f16'
    *   W, G          f32 mega-buffers of layout.total_numel elements (G is zeroed by each step)
    *   maps          {signed, unsigned, blocksize, min_8bit_size} (GET /api/optimizer/maps,
-   *                 server/optim.py quantization_maps()), for the 8-bit variants
+   *                 server/optim.py quantization_maps()), for the 8-bit variants; these also need
+   *                 layout.optimizer_state.adamw_8bit (f32_tensors: the tensors that keep f32
+   *                 state, q_blocks, f32_numel), as GET /api/presets/{name}/layout sends it
    *   mirror        optional u32 buffer for the f16 mirror (else one is created)
    *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper)
    *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
@@ -163,11 +165,14 @@ export class Optimizer {
         throw new Error(`8-bit optimizer: the kernel runs blocks of ${BLOCK_ELEMS} elements; the ` +
           `server's blocksize is ${this.maps.blocksize}`);
       }
-      this.plan = buildBlockPlan(this.layout, this.maps);
+      // Which tensors keep f32 state: the server's list (server/optim.py f32_tensors), sent in
+      // the layout's optimizer_state; the engine never decides it.
       const served = this.layout.optimizer_state?.adamw_8bit;
-      if (served && served.q_blocks !== this.plan.qBlocks) {
-        throw new Error(`8-bit optimizer: ${this.plan.qBlocks} 8-bit blocks here, ` +
-          `${served.q_blocks} in the server's plan (server/optim.py block_plan)`);
+      this.plan = buildBlockPlan(this.layout, this.maps, served?.f32_tensors);
+      if (served.q_blocks !== this.plan.qBlocks || served.f32_numel !== this.plan.f32Numel) {
+        throw new Error(`8-bit optimizer: ${this.plan.qBlocks} 8-bit blocks and ` +
+          `${this.plan.f32Numel} f32 elements here, ${served.q_blocks} and ${served.f32_numel} ` +
+          'in the server\'s plan (server/optim.py block_plan)');
       }
       this.quant = buildQuantTables(this.maps);
       this.state8 = stateLayout8(this.plan);

@@ -11,18 +11,27 @@ const fromBits = (u) => { U32[0] = u >>> 0; return F32[0]; };
 const roundUp = (n, a) => Math.ceil(n / a) * a;
 
 /**
- * The 8-bit block plan (same rules as server/optim.py block_plan, with its blocksize and
- * min_8bit_size, sent in GET /api/optimizer/maps): every tensor is cut into blocks of at most
- * `blocksize` elements from its own offset (blocks never straddle tensors); tensors with
- * numel >= min_8bit_size get 8-bit state (slot = 8-bit block ordinal q), smaller ones f32 state
- * (slot = offset in the f32 planes). entries: Uint32Array [4 * nBlocks] of (start, length, slot,
- * flags), flags bit 0 = f32 state. The kernel reads 4 elements per thread: offsets and numels must
- * be multiples of 4 (true whenever n_embd % 4 == 0).
+ * The 8-bit block plan (same rules as server/optim.py block_plan): every tensor is cut into blocks
+ * of at most `blocksize` elements (GET /api/optimizer/maps) from its own offset (blocks never
+ * straddle tensors). Which tensors keep f32 state is the server's decision, never made here:
+ * `f32Tensors` lists their names (layout.optimizer_state.adamw_8bit.f32_tensors, server/optim.py
+ * f32_tensors); every other tensor gets 8-bit state (slot = 8-bit block ordinal q), a listed one
+ * f32 state (slot = offset in the f32 planes). entries: Uint32Array [4 * nBlocks] of (start,
+ * length, slot, flags), flags bit 0 = f32 state. The kernel reads 4 elements per thread: offsets
+ * and numels must be multiples of 4 (true whenever n_embd % 4 == 0).
  */
-export function buildBlockPlan(layout, { blocksize, min_8bit_size: min8 }) {
-  if (!(blocksize > 0 && min8 > 0)) {
-    throw new Error('8-bit optimizer: blocksize and min_8bit_size come from the server (maps)');
+export function buildBlockPlan(layout, { blocksize }, f32Tensors) {
+  if (!(blocksize > 0)) {
+    throw new Error('8-bit optimizer: the blocksize comes from the server (maps)');
   }
+  if (!Array.isArray(f32Tensors)) {
+    throw new Error('8-bit optimizer: the tensors that keep f32 state come from the server ' +
+      '(layout.optimizer_state.adamw_8bit.f32_tensors, server/optim.py)');
+  }
+  const keep = new Set(f32Tensors);
+  const names = new Set(layout.params.map((p) => p.name));
+  const unknown = f32Tensors.filter((name) => !names.has(name));
+  if (unknown.length) throw new Error(`8-bit optimizer: f32_tensors names unknown tensors ${unknown.join(', ')}`);
   const rows = [];
   let q = 0;
   let f32 = 0;
@@ -31,7 +40,7 @@ export function buildBlockPlan(layout, { blocksize, min_8bit_size: min8 }) {
       throw new Error(`8-bit optimizer: tensor ${p.name} (offset ${p.offset}, numel ${p.numel}) is ` +
         'not a multiple of 4 elements; use a model with n_embd % 4 == 0');
     }
-    const is8 = p.numel >= min8;
+    const is8 = !keep.has(p.name);
     for (let s = 0; s < p.numel; s += blocksize) {
       const len = Math.min(blocksize, p.numel - s);
       rows.push([p.offset + s, len, is8 ? q++ : f32 + s, is8 ? 0 : 1]);
