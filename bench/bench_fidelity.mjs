@@ -13,12 +13,10 @@
 // file carries its f32_tensors, which the engine follows.
 // Env: DAWN_NODE (Dawn's dawn.node; see bench/gpu/README.md).
 
-import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { dawnContext, repo } from './dawn.mjs';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const argv = process.argv.slice(2);
 const opt = (name, dflt) => {
   const i = argv.indexOf(name);
@@ -128,20 +126,11 @@ const valBody = (i) => body(valWindows.subarray(i * B * 2, (i + 1) * B * 2), i, 
   }
 }
 
-const { createContext } = await import(`${repo}/static/js/engine/context.js`);
 const { Trainer } = await import(`${repo}/static/js/engine/trainer.js`);
-const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
-Object.assign(globalThis, globals);
-const gpu = create(['enable-dawn-features=allow_unsafe_apis']);
-const ctx = await createContext({ gpu,
-  load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
-  onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
+const ctx = await dawnContext();
 
-// RunConfig's defaults (server/run_config.py) for this preset and batch.
-const config = { preset: meta.preset, optimizer, f16_mirror: false, steps, batch_size: B, seq_len: T,
-  lr: 0.003, min_lr_ratio: 0.1, warmup_steps: Math.min(20, Math.floor(steps / 10)), beta1: 0.9,
-  beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: true, max_norm: 1.0, seed, data_mode: 'uniform',
-  eval_every: 50, sample_every: 0, checkpoint_every: null };
+// The server's RunConfig defaults for this preset and batch (prepare_fidelity.py wrote them).
+const config = { ...meta.run_config, optimizer, seed, steps };
 const records = [];
 const trainer = await Trainer.create({ ctx, layout, config, maps: optimizer === 'adamw_8bit' ? maps : null,
   loadBatch: async (s) => trainBody(s), loadValBatch: async (i) => valBody(i),

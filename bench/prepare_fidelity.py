@@ -82,7 +82,11 @@ def main(argv: list[str]) -> int:
             "layout": {**layout, "optimizer_state": optimizer_memory(layout, policy)},
             "maps": quantization_maps()}))
     train = [s["n_train"] for s in sources]
+    from andrea.run_config import RunConfig  # the run a user would start: the server's defaults
+    run_config = RunConfig(preset=a.preset, steps=a.steps, batch_size=B, seq_len=T,
+                           sample_every=0).model_dump()
     meta = {"preset": a.preset, "corpus_hash": corpus.corpus_hash, "batch_size": B, "seq_len": T,
+            "run_config": run_config,
             "vocab_size": V, "steps": a.steps, "seeds": a.seeds, "sources": sources,
             "val_batches": VAL_BATCHES, "policies": list(F32_POLICIES),
             "tokens_per_step": B * T, "train_tokens": sum(train),
