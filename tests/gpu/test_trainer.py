@@ -77,3 +77,27 @@ def test_pause_resume_stop(lab_session):
     assert out["state"] == "stopped" and out["total"] < 200
     assert out["steps"] == list(range(1, out["total"] + 1))
     assert out["statuses"] == ["running", "paused", "running", "stopped"]
+
+
+def test_loop_profile_accounts_for_every_step(lab_session):
+    """stats.loop (where the loop's time goes; bench/bench_trainer.mjs prints it) counts every
+    step once, with finite non-negative times; with timestamp-query, every step's GPU time."""
+    out = call(lab_session, SETUP + """
+        const state = await trainer.run();
+        trainer.destroy();
+        JSON.stringify(trainer.stats);   // the page and the headless CLI serialize it
+        const loop = trainer.stats.loop;
+        return {state, loop, n: records.length, submitted: trainer.stats.submitted,
+                timestamps: lab.ctx.device.features.has('timestamp-query'),
+                opt: records.map((r) => r.opt_ms ?? null)};
+    """, {"steps": 6})
+    loop = out["loop"]
+    assert out["state"] == "finished" and out["n"] == out["submitted"] == 6
+    assert loop["steps"] == 6
+    assert all(math.isfinite(v) and v >= 0 for v in loop.values()), loop
+    assert loop["encodeMs"] > 0 and loop["mapMs"] > 0
+    if out["timestamps"]:
+        assert loop["gpuSteps"] == 6 and loop["gpuBusyMs"] > 0
+        assert all(x is not None and x > 0 for x in out["opt"])
+    else:
+        assert loop["gpuSteps"] == 0 and loop["gpuBusyMs"] == 0

@@ -300,9 +300,11 @@ export class Model {
     if (targets) this.device.queue.writeBuffer(plan.acts.targets, 0, u32(targets));
   }
 
-  /** Encode forward + loss + backward into `encoder` (the trainer adds the optimizer). */
-  encodeStep(encoder, plan) {
-    encodeOps(encoder, [...plan.forward, ...plan.loss, ...plan.backward]);
+  /** Encode forward + loss + backward into `encoder` (the trainer adds the optimizer); `first`:
+   *  the first compute pass's descriptor (timestampWrites), or null. */
+  encodeStep(encoder, plan, first = null) {
+    plan.step ??= [...plan.forward, ...plan.loss, ...plan.backward];
+    encodeOps(encoder, plan.step, first);
   }
 
   /** Mean loss and all gradients for one batch (grads start from zero). */

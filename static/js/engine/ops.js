@@ -65,12 +65,17 @@ export function encodeCopy(encoder, op) {
 }
 
 /** Encode ops into `encoder`, keeping consecutive dispatches in one compute pass
- *  (profiler.js times them one pass each instead). */
-export function encodeOps(encoder, ops) {
+ *  (profiler.js times them one pass each instead). `first`: the descriptor of the first compute
+ *  pass (the trainer's step-begin timestamp), or null. */
+export function encodeOps(encoder, ops, first = null) {
   let pass = null;
+  let desc = first;
   for (const op of ops) {
     if (op.kind === 'dispatch') {
-      pass ??= encoder.beginComputePass();
+      if (!pass) {
+        pass = desc ? encoder.beginComputePass(desc) : encoder.beginComputePass();
+        desc = null;
+      }
       encodeDispatch(pass, op);
     } else {
       if (pass) { pass.end(); pass = null; }

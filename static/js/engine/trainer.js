@@ -23,9 +23,10 @@ import { generate } from './sampler.js';
 
 const RING = 4;          // readback slots: how many steps the CPU may run ahead of the GPU
 // Readback slot head, bytes: [0, 4) mean loss, [16, 32) optimizer stats (norm, clip, norm^2, bad),
-// [32, 48) the optimizer pass's begin and end timestamps (u64 ns, with timestamp-query);
-// then the per-token losses.
-const SLOT_HEAD = 48;
+// [32, 56) the step's begin, the optimizer pass's begin and its end timestamps (u64 ns, with
+// timestamp-query); then the per-token losses.
+const SLOT_HEAD = 64;
+const STAMPS = 3;           // timestamps per step (per ring slot)
 const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
 const FIRST_AUTO_CHECKPOINT = 20;   // every === null: steps (after the start) to the first one
 const STEP_MS_WINDOW = 16;          // every === null: step time = median of this many records
@@ -36,6 +37,26 @@ export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floo
   const span = Math.max(1, steps - warmup);
   const t = Math.min(1, (step - warmup) / span);
   return lr * (floor + (1 - floor) * 0.5 * (1 + Math.cos(Math.PI * t)));
+}
+
+/** Where the loop's time goes (stats.loop), summed over steps: CPU ms waiting for the batch
+ *  (prefetch), for a ring slot (the GPU running ahead), writing the batch and the optimizer's
+ *  step uniforms, encoding, submitting, reading a slot back (per-source sums, on.record), and
+ *  from mapAsync to its resolution; submitting evals, checkpoint copies and samples (which
+ *  drain the ring first); with timestamp-query, the GPU's ms inside training steps (first pass
+ *  begin to optimizer end) and between consecutive ones (idle, or running an eval, a sample or
+ *  checkpoint copies). bench/bench_trainer.mjs prints it. */
+export function newLoopProfile() {
+  return { steps: 0, batchWaitMs: 0, ringWaitMs: 0, uploadMs: 0, encodeMs: 0, submitMs: 0,
+    readMs: 0, mapMs: 0, evalMs: 0, checkpointMs: 0, sampleMs: 0, gpuSteps: 0, gpuBusyMs: 0,
+    gpuIdleMs: 0 };
+}
+
+/** Adds the ms since `t` to prof[key]; -> now. */
+function lap(prof, key, t) {
+  const now = performance.now();
+  prof[key] += now - t;
+  return now;
 }
 
 export class Trainer {
@@ -68,7 +89,8 @@ export class Trainer {
     this.state = 'created';
     this.step = 0;                 // next 0-based step to run; records are 1-based
     this.done = 0;                 // steps submitted: the state a checkpoint encoded now holds
-    this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0, checkpoints: 0, checkpointErrors: 0 };
+    this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0, checkpoints: 0, checkpointErrors: 0,
+      loop: newLoopProfile() };
     this.resumeGate = null;
     this.checkpointConfig = checkpoint;
     this.resumeFrom = resume;
@@ -149,11 +171,12 @@ export class Trainer {
       buf: this.device.createBuffer({ label: `readback${i}`, size: SLOT_HEAD + N * 4,
         usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST }),
       pending: null,
+      mappedAt: 0,
     }));
     // The optimizer phase's GPU time per step, where the adapter can tell (timestamp-query;
-    // browsers quantize it, Chrome to 100 us): two timestamps per ring slot.
+    // browsers quantize it, Chrome to 100 us), and the step's: three timestamps per ring slot.
     if (this.device.features.has('timestamp-query')) {
-      this.queries = this.device.createQuerySet({ type: 'timestamp', count: 2 * RING });
+      this.queries = this.device.createQuerySet({ type: 'timestamp', count: STAMPS * RING });
       this.queryBuf = this.device.createBuffer({ label: 'optimizer timestamps',
         size: QUERY_STRIDE * RING, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
     }
@@ -279,33 +302,46 @@ export class Trainer {
         }
         if (this.state === 'stopping') break;
         const step = this.step;
+        const prof = this.stats.loop;
+        let t = performance.now();
         const batch = await this.prefetch.get(step);
+        t = lap(prof, 'batchWaitMs', t);
         const slotIndex = step % RING;
         const slot = this.ring[slotIndex];
         if (slot.pending) { this.stats.ringWaits++; await slot.pending; }
         if (prevSlot && prevSlot.done) this.stats.gpuStarved++;   // the queue had run dry
+        t = lap(prof, 'ringWaitMs', t);
         const lr = lrAt(step, c);
         this.model.writeBatch(this.plan, batch.inputs, batch.targets);
         this.opt.setStep(step + 1, lr);
+        t = lap(prof, 'uploadMs', t);
         const enc = this.device.createCommandEncoder();
-        this.model.encodeStep(enc, this.plan);
+        const q0 = STAMPS * slotIndex;
+        this.model.encodeStep(enc, this.plan, this.queries ? { timestampWrites: {
+          querySet: this.queries, beginningOfPassWriteIndex: q0 } } : null);
         this.opt.encode(enc, this.queries ? { timestampWrites: { querySet: this.queries,
-          beginningOfPassWriteIndex: 2 * slotIndex, endOfPassWriteIndex: 2 * slotIndex + 1 } } : {});
+          beginningOfPassWriteIndex: q0 + 1, endOfPassWriteIndex: q0 + 2 } } : {});
         const N = this.B * this.T;
         enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, slot.buf, 0, 4);
         enc.copyBufferToBuffer(this.opt.stats, 0, slot.buf, 16, 16);
         if (this.queries) {
-          enc.resolveQuerySet(this.queries, 2 * slotIndex, 2, this.queryBuf, QUERY_STRIDE * slotIndex);
-          enc.copyBufferToBuffer(this.queryBuf, QUERY_STRIDE * slotIndex, slot.buf, 32, 16);
+          enc.resolveQuerySet(this.queries, q0, STAMPS, this.queryBuf, QUERY_STRIDE * slotIndex);
+          enc.copyBufferToBuffer(this.queryBuf, QUERY_STRIDE * slotIndex, slot.buf, 32, 8 * STAMPS);
         }
         enc.copyBufferToBuffer(this.plan.acts.losses, 0, slot.buf, SLOT_HEAD, N * 4);
-        this.device.queue.submit([enc.finish()]);
+        const cmd = enc.finish();
+        t = lap(prof, 'encodeMs', t);
+        this.device.queue.submit([cmd]);
+        t = lap(prof, 'submitMs', t);
         this.stats.submitted++;
         this.done = step + 1;
         const evalLoss = this.wantEval(step) ? (await this.encodeEval(step)).loss : null;
+        t = lap(prof, 'evalMs', t);
         slot.done = false;
+        slot.mappedAt = performance.now();
         slot.pending = Promise.all([slot.buf.mapAsync(GPUMapMode.READ), evalLoss]).then(([, ev]) => {
           const now = performance.now();
+          prof.mapMs += now - slot.mappedAt;
           const rec = this.readSlot(slot, step, lr, batch, now - lastDone, ev);
           lastDone = now;
           slot.done = true;
@@ -313,6 +349,8 @@ export class Trainer {
           this.ckpt.stepMs.push(rec.step_ms);
           if (this.ckpt.stepMs.length > STEP_MS_WINDOW) this.ckpt.stepMs.shift();
           this.on.record(rec);
+          prof.steps++;
+          lap(prof, 'readMs', now);
           if (rec.loss === null) {
             this.badStep = Math.min(this.badStep ?? Infinity, rec.step);
             this.stop(`the loss became non-finite at step ${rec.step}`);
@@ -320,7 +358,11 @@ export class Trainer {
         });
         prevSlot = slot;
         this.maybeCheckpoint();   // after this step's submit, before the next: exactly its state
-        if (c.sample_every && (step + 1) % c.sample_every === 0) await this.sample(step + 1, batch);
+        t = lap(prof, 'checkpointMs', t);
+        if (c.sample_every && (step + 1) % c.sample_every === 0) {
+          await this.sample(step + 1, batch);
+          lap(prof, 'sampleMs', t);
+        }
       }
       await Promise.all(this.ring.map((s) => s.pending));
       const failed = this.stopReason?.startsWith('the loss became non-finite');
@@ -347,8 +389,7 @@ export class Trainer {
     const data = new Float32Array(range, 0, SLOT_HEAD / 4 + N);
     const loss = data[0];
     const [norm, clip] = [data[4], data[5]];
-    const [t0, t1] = new BigUint64Array(range, 32, 2);
-    const optMs = this.queries && t1 > t0 ? Number(t1 - t0) / 1e6 : null;
+    const optMs = this.queries ? this.gpuTimes(range) : null;
     const tok = SLOT_HEAD / 4;   // first per-token loss
     // Per-source mean training loss from the per-token losses, for the source bandit.
     const sums = {};
@@ -371,6 +412,23 @@ export class Trainer {
     if (batch.phase !== null) rec.phase = batch.phase;
     if (evalLoss !== null && evalLoss !== undefined && Number.isFinite(evalLoss)) rec.eval_loss = evalLoss;
     return rec;
+  }
+
+  /** The optimizer pass's GPU ms from a mapped slot (null when its timestamps are unusable);
+   *  the step's GPU time and the idle gap before it go to stats.loop. */
+  gpuTimes(range) {
+    const [tb, t0, t1] = new BigUint64Array(range, 32, STAMPS);
+    const prof = this.stats.loop;
+    if (tb > 0n && t1 > tb) {
+      // The last step's end stays out of stats (a BigInt would not serialize to JSON).
+      if (this.lastGpuEnd !== undefined && tb > this.lastGpuEnd) {
+        prof.gpuIdleMs += Number(tb - this.lastGpuEnd) / 1e6;
+      }
+      prof.gpuBusyMs += Number(t1 - tb) / 1e6;
+      prof.gpuSteps++;
+      this.lastGpuEnd = t1;
+    }
+    return t1 > t0 ? Number(t1 - t0) / 1e6 : null;
   }
 
   wantEval(step) {
