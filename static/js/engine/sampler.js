@@ -1,4 +1,4 @@
-// Text generation from the model as it learns: forward over a [1, T] window, read only the
+// Text generation from the model as it learns: forward over a [1, W] window, read only the
 // last position's logits, sample with temperature. Occasional and small, so it reads back
 // synchronously (the trainer runs it between steps).
 
@@ -16,15 +16,22 @@ export function rng(seed) {
   };
 }
 
-/** `n` new token ids after `prompt` (ids), keeping the last T tokens as context. */
-export async function generate(model, prompt, n, { temperature = 0.8, seed = 0 } = {}) {
+const WINDOW_STEP = 64;   // window lengths come in steps of this: few plans, little padding
+
+/** `n` new token ids after `prompt` (ids), keeping the last `window` tokens as context. The
+ *  window defaults to the shortest multiple of 64 that holds prompt and continuation (at most
+ *  the model's T): causal attention makes a position's logits independent of what follows it,
+ *  so a short window gives the same ids as the full T at a fraction of the cost (a 56-token
+ *  sample of 120m: a [1, 64] forward instead of [1, 1024]). */
+export async function generate(model, prompt, n, { temperature = 0.8, seed = 0, window = null } = {}) {
   const { seq_len: T, vocab_size: V } = model.config;
-  const plan = await model.plan(1, T);
+  const W = window ?? Math.min(T, Math.ceil((prompt.length + n) / WINDOW_STEP) * WINDOW_STEP);
+  const plan = await model.plan(1, W);
   const random = rng(seed);
   const ids = [...prompt];
-  const buf = new Uint32Array(T);
+  const buf = new Uint32Array(W);
   for (let i = 0; i < n; i++) {
-    const ctx = ids.slice(-T);
+    const ctx = ids.slice(-W);
     buf.fill(0);
     buf.set(ctx);
     model.writeBatch(plan, buf);
