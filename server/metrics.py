@@ -2,7 +2,8 @@
 
 The websocket validates it (telemetry.py), SQLite keeps a column per number and JSON for the
 rest (store.py), the CSV export lists the numbers (routes/runs.py). A new metric is a new field
-here and nowhere else.
+here and nowhere else. One column is the server's, not the trainer's: `time`, the wall-clock
+time (Unix seconds) at which the server committed the row.
 """
 
 from __future__ import annotations
@@ -48,7 +49,19 @@ def _sql_type(prop: dict) -> str | None:
     return {frozenset({"integer"}): "INTEGER", frozenset({"number"}): "REAL"}.get(frozenset(types))
 
 
+class StoredRecord(Record):
+    """A committed record as the API serves it: the trainer's fields and `time`."""
+    time: float | None = None       # Unix seconds: when the server committed the row
+
+
 _PROPS = Record.model_json_schema()["properties"]
-# Numeric fields in declaration order: SQLite columns and the CSV export's columns.
-COLUMNS: dict[str, str] = {name: t for name, p in _PROPS.items() if (t := _sql_type(p))}
+_NUMBERS = {name: t for name, p in _PROPS.items() if (t := _sql_type(p))}
+# Numeric fields in declaration order, with the server's commit `time` after the step time:
+# SQLite columns and the CSV export's columns.
+COLUMNS: dict[str, str] = {}
+for _name, _type in _NUMBERS.items():
+    COLUMNS[_name] = _type
+    if _name == "step_ms":
+        COLUMNS["time"] = "REAL"
+SERVER_COLUMNS = ("time",)          # set by the store on commit, never sent by a trainer
 REQUIRED: tuple[str, ...] = tuple(n for n, f in Record.model_fields.items() if f.is_required())

@@ -8,9 +8,14 @@ from andrea import checkpoints
 from andrea.model import PRESETS, build_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
 
-# What a trainer may report, and what a run can be: made, reported, or its trainer gone.
+# What a trainer may report, and what a run can be: made, reported, its trainer gone, or made
+# and never started (no trainer came within ABANDON_AFTER_S: a browser without WebGPU, a
+# closed tab). A trainer that does come later and reports `running` still takes it.
 TrainerStatus = Literal["running", "paused", "finished", "stopped", "failed"]
-RunStatus = Literal["created", TrainerStatus, "interrupted"]
+RunStatus = Literal["created", TrainerStatus, "interrupted", "abandoned"]
+ABANDON_AFTER_S = 10 * 60
+ABANDONED_MESSAGE = ("no training tab started this run within 10 minutes of its creation "
+                     "(a browser without WebGPU, or a tab closed before it trained)")
 # A run another tab may take over from its last checkpoint (POST /api/runs/{id}/resume). A
 # killed tab leaves `running` until the grace period marks it interrupted; a failed run is
 # branched instead (POST /api/runs with a parent), a finished one has nothing left to do.

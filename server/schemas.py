@@ -4,9 +4,9 @@ keeps its own rows (store.py); these are the public view. Models of values compu
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from andrea.run_config import StoredRunConfig
 from andrea.run_info import RunStatus
@@ -119,6 +119,9 @@ class RunCreated(BaseModel):
 
 class Run(BaseModel):
     id: str
+    name: str                       # "tiny adamw #12" unless renamed (PATCH /api/runs/{id})
+    tags: list[str]
+    notes: str | None
     created_at: float
     updated_at: float
     config: StoredRunConfig
@@ -127,10 +130,23 @@ class Run(BaseModel):
     adapter: dict | None            # the GPU adapter the trainer reported
     last_step: int | None
     last_loss: float | None
+    first_time: float | None        # when the first and the last step records were committed
+    last_time: float | None
+    last_eval_loss: float | None
+    best_eval_loss: float | None
     state_bytes: int                # the run's optimizer state on the GPU
     n_params: int
     checkpoint: CheckpointInfo
     can_resume: bool                # no trainer connected, a resumable status, a checkpoint
+
+
+class RunUpdate(BaseModel):
+    """PATCH /api/runs/{id}: what people may change about a run (fields left out stay)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Annotated[str, Field(min_length=1, max_length=120)] | None = None
+    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=40)]],
+                    Field(max_length=20)] | None = None
+    notes: Annotated[str, Field(max_length=10_000)] | None = None
 
 
 class Sample(BaseModel):

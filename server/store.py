@@ -52,7 +52,10 @@ CREATE TABLE IF NOT EXISTS runs (
   status TEXT NOT NULL,            -- run_info.RunStatus
   message TEXT,                    -- why it failed or stopped
   adapter TEXT,                    -- JSON: the GPU adapter the trainer reported
-  checkpoint_step INTEGER          -- the newest committed checkpoint (checkpoints.py)
+  checkpoint_step INTEGER,         -- the newest committed checkpoint (checkpoints.py)
+  name TEXT,                       -- what people call it ("tiny adamw #12"); renamable
+  tags TEXT,                       -- JSON list of strings
+  notes TEXT
 );
 CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT NOT NULL REFERENCES runs(id),
@@ -77,6 +80,21 @@ CREATE TABLE IF NOT EXISTS revoked_tokens (   -- a resume revokes the token it r
 # Each numeric field of metrics.Record has a column of its own, added to an older file when it
 # opens (NULL: the field was not sent, or for a required field, not finite); the rest is JSON.
 VALUE_COLUMNS = {name: t for name, t in COLUMNS.items() if name != "step"}
+# Columns of `runs` added after its first version (an older file gains them when it opens).
+RUN_COLUMNS = {"checkpoint_step": "INTEGER", "name": "TEXT", "tags": "TEXT", "notes": "TEXT"}
+# What a run's row carries besides its own columns: its last step and loss, when its first and
+# last records were committed (elapsed time), and its eval losses.
+_RUN_SELECT = (
+    "SELECT r.*, (SELECT MAX(step) FROM metrics m WHERE m.run_id = r.id) AS last_step,"
+    " (SELECT loss FROM metrics m WHERE m.run_id = r.id ORDER BY step DESC LIMIT 1)"
+    " AS last_loss,"
+    " (SELECT time FROM metrics m WHERE m.run_id = r.id ORDER BY step LIMIT 1) AS first_time,"
+    " (SELECT time FROM metrics m WHERE m.run_id = r.id ORDER BY step DESC LIMIT 1)"
+    " AS last_time,"
+    " (SELECT eval_loss FROM metrics m WHERE m.run_id = r.id AND eval_loss IS NOT NULL"
+    " ORDER BY step DESC LIMIT 1) AS last_eval_loss,"
+    " (SELECT MIN(eval_loss) FROM metrics m WHERE m.run_id = r.id) AS best_eval_loss"
+    " FROM runs r")
 _COPY_METRICS = (f"INSERT INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
                  f" SELECT ?, {', '.join(COLUMNS)}, extra FROM metrics"
                  " WHERE run_id = ? AND step <= ?")
@@ -103,8 +121,10 @@ class Store:
         for name, sql_type in VALUE_COLUMNS.items():
             if name not in have:
                 conn.execute(f"ALTER TABLE metrics ADD COLUMN {name} {sql_type}")
-        if "checkpoint_step" not in {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}:
-            conn.execute("ALTER TABLE runs ADD COLUMN checkpoint_step INTEGER")
+        have_runs = {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}
+        for name, sql_type in RUN_COLUMNS.items():
+            if name not in have_runs:
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -143,19 +163,59 @@ class Store:
             self._local.conn = None
 
     # ---- runs ---------------------------------------------------------------------------
-    def create_run(self, run_id: str, config: dict, token_sha256: str) -> None:
+    def _default_name(self, config: dict) -> str:
+        """"tiny adamw #12": the preset, the optimizer and the run's number on this server."""
+        n = self._conn().execute("SELECT COALESCE(MAX(rowid), 0) + 1 FROM runs").fetchone()[0]
+        return f"{config['preset']} {config['optimizer']} #{n}"
+
+    def create_run(self, run_id: str, config: dict, token_sha256: str,
+                   name: str | None = None) -> None:
         now = time.time()
-        self._conn().execute(
-            "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status)"
-            " VALUES (?, ?, ?, ?, ?, 'created')",
-            (run_id, now, now, json.dumps(config), token_sha256))
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
+                " name, tags) VALUES (?, ?, ?, ?, ?, 'created', ?, '[]')",
+                (run_id, now, now, json.dumps(config), token_sha256,
+                 name or self._default_name(config)))
 
     def get_run(self, run_id: str) -> dict | None:
-        row = self._conn().execute(
-            "SELECT r.*, (SELECT MAX(step) FROM metrics m WHERE m.run_id = r.id) AS last_step,"
-            " (SELECT loss FROM metrics m WHERE m.run_id = r.id ORDER BY step DESC LIMIT 1)"
-            " AS last_loss FROM runs r WHERE id = ?", (run_id,)).fetchone()
+        row = self._conn().execute(_RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
         return _run_dict(row) if row else None
+
+    def update_run(self, run_id: str, fields: dict) -> bool:
+        """Sets the given name, tags (a list) and notes; False for an unknown run."""
+        values = {k: json.dumps(v) if k == "tags" else v for k, v in fields.items()
+                  if k in ("name", "tags", "notes")}
+        if not values:
+            return self._conn().execute("SELECT 1 FROM runs WHERE id = ?",
+                                        (run_id,)).fetchone() is not None
+        sets = ", ".join(f"{k} = ?" for k in values)
+        cur = self._conn().execute(f"UPDATE runs SET {sets}, updated_at = ? WHERE id = ?",
+                                   (*values.values(), time.time(), run_id))
+        return cur.rowcount == 1
+
+    def delete_run(self, run_id: str) -> bool:
+        """The run's row, metrics, events and revoked tokens, in one transaction; False for an
+        unknown run. (Its files are the caller's: checkpoints and weights.)"""
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            for table in ("metrics", "events", "revoked_tokens"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            return conn.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount == 1
+
+    def abandon_stale(self, before: float, connected: tuple[str, ...], message: str) -> int:
+        """Runs still `created` since before `before` that never recorded a step, have no
+        checkpoint and no trainer now become `abandoned`. Returns how many."""
+        marks = ",".join("?" * len(connected))
+        cur = self._conn().execute(
+            "UPDATE runs SET status = 'abandoned', message = ? WHERE status = 'created'"
+            " AND updated_at < ? AND checkpoint_step IS NULL"
+            " AND NOT EXISTS (SELECT 1 FROM metrics m WHERE m.run_id = runs.id)"
+            f" AND id NOT IN ({marks})", (message, before, *connected))
+        return cur.rowcount
 
     def get_run_with_token(self, run_id: str) -> dict | None:
         row = self._conn().execute("SELECT id, token_sha256, status FROM runs WHERE id = ?",
@@ -175,10 +235,8 @@ class Store:
         return "revoked" if revoked else "wrong"
 
     def list_runs(self, limit: int = 200) -> list[dict]:
-        rows = self._conn().execute(
-            "SELECT r.*, (SELECT MAX(step) FROM metrics m WHERE m.run_id = r.id) AS last_step,"
-            " (SELECT loss FROM metrics m WHERE m.run_id = r.id ORDER BY step DESC LIMIT 1)"
-            " AS last_loss FROM runs r ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        rows = self._conn().execute(_RUN_SELECT + " ORDER BY created_at DESC LIMIT ?",
+                                    (limit,)).fetchall()
         return [_run_dict(r) for r in rows]
 
     def set_status(self, run_id: str, status: str, message: str | None = None,
@@ -234,7 +292,7 @@ class Store:
         return None
 
     def create_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
-                      step: int) -> None:
+                      step: int, name: str | None = None) -> None:
         """A new run that starts after the parent's step `step`: the parent's metrics and
         events up to it copied (charts and the bandit's replay go on from there), a
         `resumed` event naming the parent, its checkpoint step set. One transaction."""
@@ -244,8 +302,9 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(
                 "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
-                " checkpoint_step) VALUES (?, ?, ?, ?, ?, 'created', ?)",
-                (run_id, now, now, json.dumps(config), token_sha256, step))
+                " checkpoint_step, name, tags) VALUES (?, ?, ?, ?, ?, 'created', ?, ?, '[]')",
+                (run_id, now, now, json.dumps(config), token_sha256, step,
+                 name or self._default_name(config)))
             conn.execute(_COPY_METRICS, (run_id, parent_id, step))
             conn.execute("INSERT INTO events SELECT ?, step, kind, data FROM events"
                          " WHERE run_id = ? AND step <= ? AND kind != 'resumed'",
@@ -256,13 +315,16 @@ class Store:
     # ---- metrics ------------------------------------------------------------------------
     def add_metrics(self, run_id: str, records: list[dict]) -> tuple[list[dict], int | None]:
         """Insert records (metrics.Record.row(); existing steps are kept as they are, first
-        write wins). Returns (the records really inserted, as stored and in step order; the
-        highest committed step): viewers are sent exactly those."""
+        write wins), each stamped with the commit's wall-clock `time`. Returns (the records
+        really inserted, as stored and in step order; the highest committed step): viewers
+        are sent exactly those."""
         conn = self._conn()
         inserted = []
+        now = round(time.time(), 3)
         with conn:  # one transaction: a batch commits whole or not at all
             conn.execute("BEGIN")
             for r in sorted(records, key=lambda r: r["step"]):
+                r = {**r, "time": now}
                 extra = {k: v for k, v in r.items() if k not in COLUMNS}
                 cur = conn.execute(_INSERT_METRICS, (run_id, *(r.get(c) for c in COLUMNS),
                                                      json.dumps(extra) if extra else None))
@@ -337,4 +399,6 @@ def _run_dict(row: sqlite3.Row) -> dict:
     d.pop("token_sha256", None)
     d["config"] = json.loads(d["config"])
     d["adapter"] = json.loads(d["adapter"]) if d["adapter"] else None
+    d["tags"] = json.loads(d["tags"]) if d.get("tags") else []
+    d["name"] = d.get("name") or f"{d['config']['preset']} {d['config']['optimizer']}"
     return d

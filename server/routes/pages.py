@@ -3,15 +3,15 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from andrea.deps import TemplatesDep
+from andrea.deps import StoreDep, TemplatesDep
 from andrea.run_config import form_fields
 
 router = APIRouter(default_response_class=HTMLResponse, include_in_schema=False)
 
 
 def _render(templates: TemplatesDep, request: Request, template: str,
-            **context) -> HTMLResponse:
-    return templates.TemplateResponse(request, template, context)
+            status_code: int = 200, **context) -> HTMLResponse:
+    return templates.TemplateResponse(request, template, context, status_code=status_code)
 
 
 @router.get("/")
@@ -21,9 +21,14 @@ def index(request: Request, templates: TemplatesDep):
 
 
 @router.get("/runs/{run_id}")
-def run_page(request: Request, templates: TemplatesDep, run_id: str):
-    # The page loads the run through the API and says so itself when the run does not exist.
-    return _render(templates, request, "run.html", title=f"Run {run_id}", run_id=run_id)
+async def run_page(request: Request, templates: TemplatesDep, store: StoreDep, run_id: str):
+    # The page loads the run through the API; an unknown run is a 404 page that says so.
+    run = await store.run(store.get_run, run_id)
+    if run is None:
+        return _render(templates, request, "not_found.html", status_code=404,
+                       title="No such run", what=f"There is no run {run_id} on this server.")
+    return _render(templates, request, "run.html", title=run["name"], run_id=run_id,
+                   run_name=run["name"])
 
 
 # Pages that need nothing but their template: path -> (template, title).

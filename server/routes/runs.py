@@ -1,5 +1,11 @@
 """Runs: create (config -> id, write token, layout, data info; or a branch of another run's
-checkpoint), list, read, export metrics and weights (the final upload or a checkpoint's)."""
+checkpoint), list, read, rename/tag/annotate, delete, export metrics and weights (the final
+upload or a checkpoint's).
+
+PATCH (name, tags, notes) and DELETE need no write token: the server binds to loopback (and
+checks Host and Origin), and the token lives only in the training tab, which must not be the
+only place a run can be renamed or removed. DELETE refuses (409) a run whose trainer is
+connected: stop it first."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import json
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -30,13 +37,13 @@ from andrea.deps import (
     WritableRunDep,
 )
 from andrea.export import export_run, tokenizer_path, weights_path, write_weights, zip_folder
-from andrea.metrics import COLUMNS, Record
+from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import PRESETS, build_layout
 from andrea.optim import optimizer_memory
 from andrea.routes.checkpoints import link_parent
 from andrea.run_config import RunConfig
-from andrea.run_info import checkpoint_info, public_run
-from andrea.schemas import Run, RunCreated, RunDetail
+from andrea.run_info import ABANDON_AFTER_S, ABANDONED_MESSAGE, checkpoint_info, public_run
+from andrea.schemas import Run, RunCreated, RunDetail, RunUpdate
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -63,7 +70,7 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: Ru
     spec = BatchSpec.of_run(cfg)
     layout = {"preset": config.preset, **build_layout(PRESETS[config.preset])}
     if config.parent is None:
-        await store.run(store.create_run, run_id, cfg, token_hash(token))
+        await store.run(store.create_run, run_id, cfg, token_hash(token), None)
     else:
         await _branch(run_id, cfg, token_hash(token), store, fanout, ckpts)
     runs.register(run_id, spec)
@@ -93,15 +100,24 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
         raise HTTPException(409, f"the branch starts after step {step}: its steps "
                                  f"({cfg['steps']}) must be more than that")
     await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
+    name = f"{parent['name']} · branch at {step}"[:120]
     try:
-        await store.run(store.create_branch, run_id, cfg, token_sha256, parent_id, step)
+        await store.run(store.create_branch, run_id, cfg, token_sha256, parent_id, step, name)
     except BaseException:
         await asyncio.to_thread(ckpts.remove_run, run_id)
         raise
 
 
+async def _expire(store, fanout) -> None:
+    """Runs `created` long ago that no trainer ever started become `abandoned` (lazily, when
+    runs are listed or read)."""
+    await store.run(store.abandon_stale, time.time() - ABANDON_AFTER_S,
+                    tuple(fanout.trainers), ABANDONED_MESSAGE)
+
+
 @router.get("/runs")
 async def list_runs(store: StoreDep, fanout: FanoutDep) -> list[Run]:
+    await _expire(store, fanout)
     return [public_run(r, fanout.has_trainer(r["id"]))
             for r in await store.run(store.list_runs)]
 
@@ -109,17 +125,59 @@ async def list_runs(store: StoreDep, fanout: FanoutDep) -> list[Run]:
 @router.get("/runs/{run_id}")
 async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
                   fanout: FanoutDep) -> RunDetail:
+    if run["status"] == "created":
+        await _expire(store, fanout)
+        run = await store.run(store.get_run, run["id"]) or run
     return {**public_run(run, fanout.has_trainer(run["id"])),
             "samples": await store.run(store.events, run["id"], "sample", SAMPLES_SHOWN),
             "has_weights": weights_path(settings.data_dir, run["id"]).exists()}
 
 
-@router.get("/runs/{run_id}/metrics", response_model=list[Record],
+@router.patch("/runs/{run_id}")
+async def update_run(update: RunUpdate, run: RunDep, store: StoreDep,
+                     fanout: FanoutDep) -> Run:
+    """Rename a run, set its tags or notes (no token needed: see the module's docstring)."""
+    fields = update.model_dump(exclude_unset=True, exclude_none=True)
+    if "name" in fields:
+        fields["name"] = fields["name"].strip()
+        if not fields["name"]:
+            raise HTTPException(422, "a run's name cannot be empty")
+    if "tags" in fields:
+        tags = [t.strip() for t in fields["tags"] if t.strip()]
+        fields["tags"] = list(dict.fromkeys(tags))        # unique, in order
+    run_id = run["id"]
+    if not await store.run(store.update_run, run_id, fields):
+        raise HTTPException(404, f"unknown run {run_id!r}")
+    info = public_run(await store.run(store.get_run, run_id), fanout.has_trainer(run_id))
+    fanout.publish(run_id, {"type": "run", "run": info})
+    return info
+
+
+@router.delete("/runs/{run_id}", status_code=204)
+async def delete_run(run: RunDep, store: StoreDep, fanout: FanoutDep, runs: RunsDep,
+                     settings: SettingsDep) -> Response:
+    """The run, its metrics, events, checkpoints and weights. 409 while a trainer is
+    connected (the tab training it would go on writing): stop it there first."""
+    run_id = run["id"]
+    async with fanout.run_lock(run_id):     # no hello, resume or checkpoint commit meanwhile
+        if fanout.has_trainer(run_id):
+            raise HTTPException(409, "a tab is training this run: stop it there first, or "
+                                     "wait until its trainer is gone")
+        if not await store.run(store.delete_run, run_id):
+            raise HTTPException(404, f"unknown run {run_id!r}")
+        await asyncio.to_thread(shutil.rmtree, settings.data_dir / "runs" / run_id, True)
+    runs.forget(run_id)
+    fanout.publish(run_id, {"type": "deleted", "run_id": run_id})
+    return Response(status_code=204)
+
+
+@router.get("/runs/{run_id}/metrics", response_model=list[StoredRecord],
             responses={200: {"content": {"text/csv": {}}}})
 async def get_metrics(run: RunDep, store: StoreDep,
                       format: Annotated[Literal["json", "csv"], Query()] = "json") -> Response:
     """Every committed step record, oldest first: JSON (fields a step did not report are
-    left out) or CSV (one column per numeric field of the record)."""
+    left out) or CSV (one column per numeric field of the record). `time` is when the server
+    committed the row (Unix seconds)."""
     run_id = run["id"]
     if format == "json":
         return StreamingResponse(_json_pages(store, run_id), media_type="application/json",
@@ -158,7 +216,8 @@ async def _csv_pages(store, run_id: str):
 
 
 @router.put("/runs/{run_id}/weights", status_code=204)
-async def put_weights(request: Request, run: WritableRunDep, settings: SettingsDep):
+async def put_weights(request: Request, run: WritableRunDep, settings: SettingsDep,
+                      store: StoreDep, fanout: FanoutDep):
     """The training tab's final weights: W as little-endian f32 in table order, exactly
     total_numel floats, authorised by the run's write token (Authorization: Bearer ...)."""
     run_id = run["id"]
@@ -179,6 +238,11 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
                             f"weights must be exactly {expected} bytes (got {size}"
                             f"{' or more' if size > expected else ''})")
     tmp.replace(dest)   # atomic: a reader never sees half a file
+    # Viewers show the model link now, without a reload.
+    fresh = await store.run(store.get_run, run_id)
+    if fresh is not None:
+        fanout.publish(run_id, {"type": "run", "run": {
+            **public_run(fresh, fanout.has_trainer(run_id)), "has_weights": True}})
 
 
 # ?step=K: the weights of checkpoint K instead of the final upload.

@@ -85,3 +85,50 @@ test('truncateAfter drops the rows after a resume step; derived columns rebuild 
   s.truncateAfter(9);                               // nothing after 9: unchanged
   assert.equal(s.length, 5);
 });
+
+test('per-source columns, elapsed time and progress extend row by row', async () => {
+  const { sourceColumns, elapsedColumn, progress } = await import('../../static/js/app/series.js');
+  const s = new RunSeries(['loss']);
+  s.add(rec(1, { time: 100, source_losses: { 0: 5 } }));
+  s.add(rec(2, { time: 101, source_losses: { 0: 4, 1: 6 } }));
+  s.add(rec(3, { time: 103, step_ms: 1000 }));
+  const src = sourceColumns().update(s, 0);
+  assert.deepEqual(src.cols, { 0: [5, 4, null], 1: [null, 6, null] });
+  assert.deepEqual(elapsedColumn().update(s, 0).out, [0, 1, 3]);
+  const p = progress(s, 10);
+  assert.equal(p.step, 3);
+  assert.equal(p.perStep, 1.5);
+  assert.equal(p.eta, 7 * 1.5);
+  assert.equal(p.elapsed, 3);
+});
+
+test('values and ticks keep small numbers readable', async () => {
+  const { fmtValue, tickLabels, fmtDuration, fmtBytes } = await import('../../static/js/app/format.js');
+  assert.equal(fmtValue(3e-4), '3e-4');
+  assert.equal(fmtValue(0.0003123), '3.123e-4');
+  assert.equal(fmtValue(5.4321), '5.432');
+  assert.equal(fmtValue(0), '0');
+  assert.deepEqual(tickLabels([0.0001, 0.0002, 0.0003]), ['1e-4', '2e-4', '3e-4']);
+  assert.deepEqual(tickLabels([0.00025, 0.0003]), ['2.5e-4', '3e-4']);
+  assert.deepEqual(tickLabels([4, 4.5, 5]), ['4.0', '4.5', '5.0']);
+  assert.deepEqual(tickLabels([0, 0.001, 0.002]), ['0', '0.001', '0.002']);
+  assert.equal(fmtDuration(200), '3 min 20 s');
+  assert.equal(fmtBytes(92716.2 * 2 ** 20), '90.5 GiB');
+});
+
+test('sample text never shows a broken character where a token ends mid-sequence', async () => {
+  const { utf8Decoder } = await import('../../static/js/app/text.js');
+  const b64 = (bytes) => Buffer.from(bytes).toString('base64');
+  const e = [...Buffer.from('é')];            // 2 bytes: 0xc3 0xa9
+  const euro = [...Buffer.from('€')];         // 3 bytes
+  const table = [b64([...Buffer.from('ab')]), b64([e[0]]), b64([e[1], 0x63]), b64(euro.slice(0, 2)),
+    b64([euro[2]]), b64([euro[1], euro[2], 0x64])];
+  const decode = utf8Decoder({ token_bytes_b64: table });
+  assert.equal(decode([0, 1, 2]), 'abéc');             // split inside one call
+  assert.equal(decode([0, 1]), 'ab');                  // the tail waits...
+  assert.equal(decode([2]), 'éc');                     // ...for the next piece
+  assert.equal(decode([5, 0]), 'dab');                 // orphan continuation bytes dropped
+  assert.equal(decode([3]), '');
+  assert.equal(decode([0]), 'ab');                     // a stale tail is not glued to new text
+  assert.ok(!decode([0, 3, 4, 1]).includes('\ufffd'));
+});

@@ -1,7 +1,12 @@
-// Compare page: the chosen runs' loss and grad-norm curves overlaid, with a summary table.
-import { Chart, smooth } from './charts.js';
+// Compare page: the chosen runs overlaid (loss, eval loss, grad norm, learning rate, step and
+// optimizer time), each run in its own colour and dash; the difference of each run's loss to a
+// baseline run (fp32 AdamW by default, chosen in a select); a summary table and the settings
+// in which the runs differ.
+import { COLORS, Chart, DASHES, fmtBytes, fmtValue, smooth } from './charts.js';
 
-const ids = (new URLSearchParams(location.search).get('ids') || '').split(',').filter(Boolean);
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const ids = (params.get('ids') || '').split(',').filter(Boolean);
 const tbody = document.querySelector('#summary tbody');
 
 function median(xs) {
@@ -19,7 +24,99 @@ function tailMean(losses) {
   return l.length ? l.reduce((a, b) => a + b, 0) / l.length : null;
 }
 
+/** fp32 AdamW (without the f16 mirror) when one is there, else the first run. */
+function defaultBaseline(found) {
+  const fp32 = found.find((r) => r.run.config.optimizer === 'adamw' && !r.run.config.f16_mirror)
+    ?? found.find((r) => r.run.config.optimizer === 'adamw');
+  return (fp32 ?? found[0]).id;
+}
+
+const label = (r) => `${r.run.name} (${r.run.config.optimizer}${r.run.config.f16_mirror ? ' + f16' : ''})`;
+
+function summary(runs, found, base) {
+  const ref = base ? tailMean(finiteLosses(base.metrics)) : null;
+  tbody.replaceChildren();
+  for (const { id, run, metrics } of runs) {
+    const tr = tbody.insertRow();
+    tr.dataset.runId = id;
+    if (!run) { tr.insertCell().textContent = `${id}: no such run`; continue; }
+    if (base && id === base.id) tr.className = 'baseline';
+    const losses = finiteLosses(metrics);
+    const a = document.createElement('a');
+    a.href = `/runs/${id}`;
+    a.textContent = run.name;
+    const i = found.findIndex((r) => r.id === id);
+    const swatch = document.createElement('span');
+    swatch.textContent = '━ ';
+    swatch.style.color = COLORS[i % COLORS.length];
+    tr.insertCell().append(swatch, a);
+    tr.insertCell().textContent = run.config.optimizer + (run.config.f16_mirror ? ' + f16' : '');
+    tr.insertCell().textContent = String(metrics.length);
+    const ck = run.checkpoint?.last_step;
+    tr.insertCell().textContent = ck ? `step ${ck}${run.can_resume ? ' · resumable' : ''}` : '-';
+    tr.insertCell().textContent = losses.length ? losses[losses.length - 1].toFixed(4) : '-';
+    tr.insertCell().textContent = losses.length ? Math.min(...losses).toFixed(4) : '-';
+    const evals = metrics.map((m) => m.eval_loss).filter((x) => x !== undefined && x !== null);
+    tr.insertCell().textContent = evals.length ? evals[evals.length - 1].toFixed(4) : '-';
+    tr.insertCell().textContent = fmtBytes(run.state_bytes);
+    const ms = median(metrics.map((m) => m.step_ms));
+    tr.insertCell().textContent = ms === null ? '-' : `${ms.toFixed(1)} ms`;
+    const opt = median(metrics.map((m) => m.opt_ms));   // GPU time, where timestamp-query exists
+    tr.insertCell().textContent = opt === null ? '-' : `${opt.toFixed(2)} ms`;
+    let gap = '-';
+    if (base && id === base.id) gap = 'reference (baseline)';
+    else if (ref) {
+      const tail = tailMean(losses);
+      if (tail !== null) {
+        const pct = (tail / ref - 1) * 100;
+        gap = `${pct >= 0 ? '+' : ''}${pct.toFixed(2)} %`;
+      }
+    }
+    tr.insertCell().textContent = gap;
+  }
+}
+
+/** The settings in which the runs differ (all of them with the box ticked). */
+function configDiff(found) {
+  const all = $('config-all').checked;
+  const keys = [...new Set(found.flatMap((r) => Object.keys(r.run.config)))].sort();
+  const show = (v) => (v === undefined ? '–' : v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v));
+  const head = document.querySelector('#config-diff thead');
+  const body = document.querySelector('#config-diff tbody');
+  head.replaceChildren();
+  const hr = head.insertRow();
+  hr.append(Object.assign(document.createElement('th'), { textContent: 'setting' }),
+    ...found.map((r) => Object.assign(document.createElement('th'), { textContent: r.run.name })));
+  body.replaceChildren();
+  let differing = 0;
+  for (const k of keys) {
+    const vals = found.map((r) => show(r.run.config[k]));
+    const differs = new Set(vals).size > 1;
+    differing += differs;
+    if (!differs && !all) continue;
+    const tr = body.insertRow();
+    tr.dataset.key = k;
+    tr.insertCell().textContent = k;
+    for (const v of vals) {
+      const td = tr.insertCell();
+      td.textContent = v;
+      if (differs) td.className = 'differs';
+    }
+  }
+  if (!body.rows.length) {
+    body.insertRow().insertCell().textContent = 'The runs have the same settings.';
+  }
+  $('config-card').dataset.differing = String(differing);
+}
+
 async function main() {
+  if (!ids.length) {
+    $('pick').hidden = false;
+    $('compare-body').hidden = true;
+    $('charts').hidden = true;
+    document.body.dataset.ready = '1';
+    return;
+  }
   const runs = await Promise.all(ids.map(async (id) => {
     const [run, metrics] = await Promise.all([
       fetch(`/api/runs/${id}`).then((r) => (r.ok ? r.json() : null)),
@@ -28,52 +125,71 @@ async function main() {
     return { id, run, metrics };
   }));
   const found = runs.filter((r) => r.run);
-  const ref = found.length ? tailMean(finiteLosses(found[0].metrics)) : null;   // gap reference
-  const gap = (losses, isRef) => {
-    if (isRef) return 'reference';
-    const tail = tailMean(losses);
-    if (tail === null || !ref) return '-';
-    const pct = (tail / ref - 1) * 100;
-    return `${pct >= 0 ? '+' : ''}${pct.toFixed(2)} %`;
-  };
-  for (const { id, run, metrics } of runs) {
-    const tr = tbody.insertRow();
-    tr.dataset.runId = id;
-    if (!run) { tr.insertCell().textContent = `${id}: no such run`; continue; }
-    const losses = finiteLosses(metrics);
-    const a = document.createElement('a');
-    a.href = `/runs/${id}`;
-    a.textContent = id;
-    tr.insertCell().append(a);
-    tr.insertCell().textContent = run.config.optimizer + (run.config.f16_mirror ? ' + f16' : '');
-    tr.insertCell().textContent = String(metrics.length);
-    const ck = run.checkpoint?.last_step;
-    tr.insertCell().textContent = ck ? `step ${ck}${run.can_resume ? ' · resumable' : ''}` : '-';
-    tr.insertCell().textContent = losses.length ? losses[losses.length - 1].toFixed(4) : '-';
-    tr.insertCell().textContent = losses.length ? Math.min(...losses).toFixed(4) : '-';
-    tr.insertCell().textContent = `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`;
-    const ms = median(metrics.map((m) => m.step_ms));
-    tr.insertCell().textContent = ms === null ? '-' : `${ms.toFixed(1)} ms`;
-    const opt = median(metrics.map((m) => m.opt_ms));   // GPU time, where timestamp-query exists
-    tr.insertCell().textContent = opt === null ? '-' : `${opt.toFixed(2)} ms`;
-    tr.insertCell().textContent = gap(losses, run === found[0].run);
-  }
+  const select = $('baseline');
+  for (const r of found) select.append(new Option(label(r), r.id));
+  const wanted = params.get('baseline');
+  select.value = found.some((r) => r.id === wanted) ? wanted : (found.length ? defaultBaseline(found) : '');
+
   // One x axis over the union of steps; each run a series with gaps where it has no step.
   const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => m.step)))].sort((a, b) => a - b);
   const at = (r, key) => {
     const by = new Map(r.metrics.map((m) => [m.step, m[key]]));
     return steps.map((s) => by.get(s) ?? null);
   };
-  const label = (r) => `${r.id} ${r.run.config.optimizer}`;
-  const parent = document.getElementById('charts');
-  const loss = new Chart(parent, 'loss', found.map((r) => ({ label: label(r) })));
-  const norm = new Chart(parent, 'grad norm', found.map((r) => ({ label: label(r) })));
-  const draw = () => {
-    const alpha = Number(document.getElementById('smoothing').value);
-    loss.update([steps, ...found.map((r) => smooth(at(r, 'loss'), alpha))]);
-    norm.update([steps, ...found.map((r) => smooth(at(r, 'grad_norm'), alpha))]);
+  const style = (r, i) => ({ label: label(r), color: COLORS[i % COLORS.length],
+    dash: DASHES[i % DASHES.length] });
+  const parent = $('charts');
+  const spec = found.map(style);
+  const o = { group: 'compare', placeholder: 'No steps recorded.' };
+  const charts = {
+    loss: new Chart(parent, 'loss', spec, { ...o, y: 'training loss (nats/token)', positive: true }),
+    diff: new Chart(parent, 'difference to baseline', spec,
+      { ...o, y: 'loss − baseline loss', zeroLine: true }),
+    eval: new Chart(parent, 'eval loss', spec.map((s) => ({ ...s, points: false })),
+      { ...o, y: 'eval loss (nats/token)', positive: true }),
+    norm: new Chart(parent, 'grad norm', spec, { ...o, y: 'global L2 norm', positive: true }),
+    lr: new Chart(parent, 'learning rate', spec, { ...o, y: 'learning rate', positive: true }),
+    step: new Chart(parent, 'step time', spec, { ...o, y: 'ms per step', positive: true }),
+    opt: new Chart(parent, 'optimizer time (GPU)', spec, { ...o, y: 'ms per step', positive: true }),
   };
-  document.getElementById('smoothing').addEventListener('input', draw);
+  window.andreaCharts = charts;
+  const cols = Object.fromEntries(['loss', 'eval_loss', 'grad_norm', 'lr', 'step_ms', 'opt_ms']
+    .map((k) => [k, found.map((r) => at(r, k))]));
+  const draw = () => {
+    const alpha = Number($('smoothing').value);
+    $('smoothing-value').textContent = alpha.toFixed(2);
+    const baseIdx = found.findIndex((r) => r.id === select.value);
+    const base = found[baseIdx];
+    summary(runs, found, base);
+    const sm = (k) => cols[k].map((c) => smooth(c, alpha));
+    const loss = sm('loss');
+    charts.loss.setData([steps, ...loss]);
+    const b = loss[baseIdx] ?? [];
+    charts.diff.setData([steps, ...loss.map((c, i) => (i === baseIdx ? steps.map(() => null)
+      : c.map((v, j) => (v === null || b[j] === null || b[j] === undefined ? null : v - b[j]))))]);
+    charts.diff.box.dataset.baseline = select.value;
+    charts.eval.setData([steps, ...cols.eval_loss]);
+    charts.norm.setData([steps, ...sm('grad_norm')]);
+    charts.lr.setData([steps, ...cols.lr]);
+    charts.step.setData([steps, ...sm('step_ms')]);
+    charts.opt.setData([steps, ...sm('opt_ms')]);
+  };
+  $('smoothing').addEventListener('input', draw);
+  $('logscale').addEventListener('change', () => {
+    for (const ch of Object.values(charts)) ch.setLog($('logscale').checked);
+    draw();
+  });
+  select.addEventListener('change', () => {
+    const url = new URL(location.href);
+    url.searchParams.set('baseline', select.value);
+    history.replaceState(null, '', url);
+    draw();
+  });
+  $('config-all').addEventListener('change', () => configDiff(found));
+  if (found.length) {
+    $('config-card').hidden = false;
+    configDiff(found);
+  }
   draw();
   parent.dataset.series = String(found.length);
   document.body.dataset.ready = '1';

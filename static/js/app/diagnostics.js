@@ -4,13 +4,25 @@ import { createContext } from '../engine/context.js';
 import { GPUUnavailableError } from '../engine/gpu.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { runSelfTest } from '../engine/selftest.js';
+import { fmtBytes, fmtValue } from './format.js';
 
 const $ = (id) => document.getElementById(id);
+
+/** A value for reading: times in ms to 2 decimals, byte limits in KiB/MiB/GiB (with the exact
+ *  number), other numbers as they are (large ones grouped). */
+function show(k, v) {
+  if (v !== null && typeof v === 'object') return JSON.stringify(v);
+  if (typeof v !== 'number') return String(v);
+  if (/(^ms$|Ms$|_ms$)/.test(k)) return `${v.toFixed(2)} ms`;
+  if (/Size$|Bytes|bytes/.test(k) && v >= 1024) return `${fmtBytes(v)} (${v.toLocaleString('en')})`;
+  if (Number.isInteger(v)) return v.toLocaleString('en');
+  return fmtValue(v);
+}
 
 function fillTable(table, obj) {
   table.replaceChildren(...Object.entries(obj).map(([k, v]) => {
     const tr = document.createElement('tr');
-    for (const text of [k, typeof v === 'object' ? JSON.stringify(v) : String(v)]) {
+    for (const text of [k, show(k, v)]) {
       const td = document.createElement('td');
       td.textContent = text;
       tr.append(td);
@@ -30,13 +42,15 @@ export function explainUnavailable(reason, detail) {
     lines.push('Use a recent Chrome or Chromium (113 or newer) or Edge.');
     lines.push('On Linux, Chrome still ships WebGPU behind flags: start it with ' +
       '--enable-unsafe-webgpu --enable-features=Vulkan (or enable chrome://flags/#enable-unsafe-webgpu).');
-    lines.push('Headless Chromium without a GPU also needs --enable-unsafe-swiftshader ' +
-      '--use-webgpu-adapter=swiftshader to get the software (CPU) adapter.');
+    lines.push('Without a GPU, Chromium can use its software (CPU) adapter, SwiftShader: start it ' +
+      'with all three of --enable-unsafe-webgpu --enable-unsafe-swiftshader ' +
+      '--use-webgpu-adapter=swiftshader (correct, but slow).');
   } else if (reason === 'no-adapter') {
     lines.push('WebGPU exists but no GPU adapter was offered: the GPU or its driver may be ' +
       'blocklisted, or no Vulkan/Metal/D3D12 driver is installed.');
     lines.push('Without a GPU, Chromium can use its software adapter (SwiftShader) when started ' +
-      'with --enable-unsafe-swiftshader; it is slow but correct.');
+      'with all three of --enable-unsafe-webgpu --enable-unsafe-swiftshader ' +
+      '--use-webgpu-adapter=swiftshader; it is slow but correct.');
   } else {
     lines.push('The GPU device could not be created or failed its self-test.');
   }

@@ -5,7 +5,8 @@ import { activationBytes, limitProblems } from '../engine/model.js';
 
 const $ = (id) => document.getElementById(id);
 const form = $('new-run');
-const MiB = (b) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+// Sizes in the unit that reads best ("512.0 MiB", "90.5 GiB").
+const MiB = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(1)} GiB` : `${(b / 2 ** 20).toFixed(1)} MiB`);
 const layouts = new Map();
 const corpora = new Map();
 const PASSES_WARNING = 4;   // server/data/windows.py PASSES_WARNING
@@ -171,7 +172,7 @@ async function start(event) {
 async function main() {
   const presets = await json('/api/presets');
   $('preset').replaceChildren(...presets.map((p) => new Option(
-    `${p.name} (${(p.n_params / 1e6).toFixed(1)} M params, T ${p.config.seq_len})`, p.name)));
+    `${p.name} (${(p.n_params / 1e6).toFixed(1)} M parameters, context ${p.config.seq_len} tokens)`, p.name)));
   try {
     ({ limits } = await acquireDevice(navigator.gpu));
   } catch {

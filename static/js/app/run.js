@@ -2,12 +2,14 @@
 // and streams records to the server; any other tab watches the committed records live.
 import { SHADER_BASE } from './assets.js';
 import { createContext } from '../engine/context.js';
-import { makeDecoder } from '../engine/decode.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { Trainer } from '../engine/trainer.js';
-import { Chart } from './charts.js';
-import { Derived, RunSeries, clipEvents, phaseMarks, runningSmooth } from './series.js';
+import { COLORS, Chart, DASHES, fmtBytes, fmtCount, fmtDuration, fmtValue } from './charts.js';
+import {
+  Derived, RunSeries, clipEvents, elapsedColumn, phaseMarks, progress, runningSmooth, sourceColumns,
+} from './series.js';
 import { TrainerSocket, watch } from './telemetry.js';
+import { utf8Decoder } from './text.js';
 
 const $ = (id) => document.getElementById(id);
 const runId = $('run').dataset.runId;
@@ -15,16 +17,30 @@ const body = document.body;
 
 // Columnar metrics by step (series.js): records may arrive twice (backlog + live) or out of
 // order; derived columns extend over new rows only; the charts redraw once per animation frame.
-const series = new RunSeries(['loss', 'eval_loss', 'grad_norm', 'clip_scale', 'lr', 'tokens_per_s']);
+const series = new RunSeries(['loss', 'eval_loss', 'grad_norm', 'clip_scale', 'lr', 'tokens_per_s',
+  'step_ms', 'opt_ms']);
 const clips = clipEvents();
 const phases = phaseMarks();
+const sources = sourceColumns();
+const elapsed = elapsedColumn();
 const maxNormLine = new Derived(() => [], (line) => line.push(config?.clip ? config.max_norm : null));
+// Best eval loss so far (O(1) per row).
+const bestEval = new Derived(() => ({ best: null, last: null }), (s, ser, i) => {
+  const v = ser.cols.eval_loss[i];
+  if (v === null || !Number.isFinite(v)) return;
+  s.last = v;
+  if (s.best === null || v < s.best) s.best = v;
+});
 let smoothLoss = null;
 let smoothSpeed = null;
+let smoothSources = null;
 let alpha = null;
 let config = null;
 let charts = null;
+let sourceCharts = null;
 let frame = null;
+let dataInfo = null;       // GET /api/runs/{id}/data: sources and the bandit's phases so far
+let runStatus = null;
 const resumes = [];   // steps the run was resumed from (chart marks)
 
 function setStatus(text, cls = '') {
@@ -38,29 +54,53 @@ function showError(text) {
 }
 
 function addRecords(records) {
-  for (const r of records) series.add(r);
+  // The server stamps each committed row with its time; this tab's own records get its clock.
+  for (const r of records) series.add(r.time === undefined ? { ...r, time: Date.now() / 1000 } : r);
   $('charts').dataset.steps = String(series.length);
   showLast();
   if (charts && !frame) frame = requestAnimationFrame(draw);
 }
 
-/** The latest record's numbers (O(1) per record; the clip count is kept by clipEvents). */
+/** The latest record's numbers and the run's progress (O(1) per record; the clip count is
+ *  kept by clipEvents, the best eval loss by bestEval). */
 function showLast() {
   const last = series.last;
   if (!last) return;
-  stat('step', `${last.step} / ${config?.steps ?? '?'}`);
-  stat('loss', last.loss === null ? 'non-finite' : last.loss.toFixed(4));
-  stat('grad norm', last.grad_norm?.toFixed(3) ?? '-');
-  stat('clip scale', last.clip_scale?.toFixed(3) ?? '-');
+  const total = config?.steps ?? 0;
+  const p = progress(series, total);
+  const done = ['finished', 'stopped', 'failed', 'interrupted'].includes(runStatus);
+  $('progress-box').hidden = false;
+  $('progress').value = p.fraction;
+  const pct = p.fraction < 0.1 ? Math.floor(p.fraction * 1000) / 10 : Math.floor(p.fraction * 100);
+  const parts = [`${pct} %`,
+    `step ${last.step} of ${total}`];
+  if (p.elapsed !== null) parts.push(`elapsed ${fmtDuration(p.elapsed)}`);
+  if (p.eta !== null && p.perStep > 0 && last.step < total && !done) parts.push(`about ${fmtDuration(p.eta)} left`);
+  $('progress-text').textContent = parts.join(' · ');
+  body.dataset.progress = p.fraction.toFixed(3);
+  stat('step', `${last.step} / ${total || '?'}`);
+  stat('loss', last.loss === null ? 'not finite' : fmtValue(last.loss), 'training loss');
+  const ev = bestEval.update(series, series.changedFrom);
+  if (ev.last !== null) stat('eval loss', `${fmtValue(ev.last)} (best ${fmtValue(ev.best)})`);
+  if (config) {
+    const seen = last.step * config.batch_size * config.seq_len;
+    stat('tokens seen', fmtCount(seen));
+  }
+  if (last.tokens_per_s) stat('tokens/s', fmtCount(last.tokens_per_s), 'speed');
   stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
-  if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`);
+  stat('grad norm', fmtValue(last.grad_norm), 'gradient norm');
+  stat('clip scale', last.clip_scale === null || last.clip_scale === undefined ? '-'
+    : last.clip_scale >= 1 ? 'not clipped' : `scaled by ${fmtValue(last.clip_scale, 3)}`,
+  'last step');
+  stat('lr', fmtValue(last.lr), 'learning rate');
+  if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`, 'optimizer time (GPU)');
   // Data seen: B * T tokens a step; passes over the training text (/api/corpus train tokens).
   if (config && trainTokens) {
     const seen = last.step * config.batch_size * config.seq_len;
-    const total = trainTokens.reduce((a, s) => a + s.n, 0);
+    const totalTokens = trainTokens.reduce((a, s) => a + s.n, 0);
     const least = trainTokens.reduce((a, s) => (s.n < a.n ? s : a));   // if rows spread evenly
-    stat('data', `${(seen / 1e6).toFixed(2)} M tokens seen; passes: ${(seen / total).toFixed(2)} ` +
-      `over the corpus, ${(seen / trainTokens.length / least.n).toFixed(1)} over ${least.name}`);
+    stat('data', `${(seen / totalTokens).toFixed(2)} passes over the corpus, ` +
+      `${(seen / trainTokens.length / least.n).toFixed(1)} over ${least.name}`, 'data read', true);
   }
 }
 let trainTokens = null;   // the run's corpus: [{name, n: training tokens}] (GET /api/corpus)
@@ -74,17 +114,56 @@ function draw() {
     alpha = a;
     smoothLoss = runningSmooth('loss', alpha);
     smoothSpeed = runningSmooth('tokens_per_s', alpha);
+    smoothSources = [];
+    $('smoothing-value').textContent = alpha.toFixed(2);
   }
-  const xs = series.steps;
   const c = series.cols;
   const clipped = clips.update(series, from);
+  const t = elapsed.update(series, from).out;
+  const xs = $('xaxis').value === 'time' ? t : series.steps;
   phases.update(series, from);
   charts.loss.setData([xs, c.loss, smoothLoss.update(series, from).out, c.eval_loss]);
   charts.norm.setData([xs, c.grad_norm, maxNormLine.update(series, from), clipped.norm]);
   charts.clip.setData([xs, c.clip_scale]);
   charts.lr.setData([xs, c.lr]);
   charts.speed.setData([xs, smoothSpeed.update(series, from).out]);
-  stat('clipped steps', String(clipped.count));
+  charts.time.setData([xs, c.step_ms, c.opt_ms]);
+  if (sourceCharts) drawSources(xs, from);
+  stat('clipped steps', `${clipped.count} of ${series.length}`);
+}
+
+/** The bandit's view: each source's (smoothed) training loss, and its sampling weight per
+ *  phase (GET /api/runs/{id}/data) drawn as steps. */
+function drawSources(xs, from) {
+  const cols = sources.update(series, from).cols;
+  const names = dataInfo.sources;
+  sourceCharts.loss.setData([xs, ...names.map((_, i) => {
+    if (!smoothSources[i]) smoothSources[i] = smoothColumn(() => cols[i] ?? []);
+    return smoothSources[i].update(series, from).out;
+  })]);
+  const wx = [];
+  const wy = names.map(() => []);
+  const onTime = $('xaxis').value === 'time';
+  for (const ph of dataInfo.phases) {
+    for (const step of [ph.start + 1, ph.start + ph.length]) {
+      wx.push(onTime ? xs[rowOf(step)] ?? null : step);
+      ph.weights.forEach((w, i) => wy[i].push(w));
+    }
+  }
+  const keep = wx.map((x) => x !== null);
+  sourceCharts.weight.setData([wx.filter((_, i) => keep[i]), ...wy.map((col) => col.filter((_, i) => keep[i]))]);
+}
+
+/** Running EMA of a column outside the series (a source's losses), one row at a time. */
+function smoothColumn(getCol) {
+  return new Derived(() => ({ out: [], m: 0, n: 0 }), (s, _ser, i) => {
+    const y = getCol()[i] ?? null;
+    if (!alpha) { s.out.push(y); return; }
+    if (y === null || !Number.isFinite(y)) { s.out.push(null); return; }
+    s.m = alpha * s.m + (1 - alpha) * y;
+    s.n += 1;
+    s.out.push(s.m / (1 - alpha ** s.n));
+  });
 }
 
 /** Redraw everything on the next frame (smoothing or scale changed). */
@@ -101,15 +180,18 @@ function resumedAt(step, live) {
   addRecords([]);
 }
 
-function stat(name, value) {
-  let el = $('stats').querySelector(`[data-stat="${name}"]`);
+/** One figure in the stats line (`label`: its words, default the name; `detail`: under the
+ *  "Details" toggle instead, for internal counters). */
+function stat(name, value, label = name, detail = false) {
+  const box = detail === true ? $('details-stats') : detail === 'setup' ? $('setup') : $('stats');
+  let el = document.querySelector(`[data-stat="${name}"]`);
   if (!el) {
     el = document.createElement('span');
     el.dataset.stat = name;
-    $('stats').append(el);
+    box.append(el);
   }
   el.innerHTML = '';
-  el.append(`${name}: `);
+  el.append(`${label}: `);
   const b = document.createElement('b');
   b.textContent = value;
   el.append(b);
@@ -124,30 +206,87 @@ function addSample(step, text) {
   box.prepend(div);
 }
 
-function makeCharts() {
+/** Chart marks: bandit phase changes (from the records, and every phase the server decided)
+ *  and resumes. */
+function marks() {
+  const out = [...phases.state.marks, ...resumes];
+  if (dataInfo) for (const ph of dataInfo.phases) if (ph.index > 0) out.push(ph.start + 1);
+  if ($('xaxis').value !== 'time') return out;
+  const t = elapsed.state.out;   // the marks' steps on the wall-clock axis
+  return out.map((step) => t[rowOf(step)]).filter((x) => x !== undefined);
+}
+
+/** The row of `step` in the series (-1: none), by binary search. */
+function rowOf(step) {
+  const xs = series.steps;
+  let lo = 0;
+  let hi = xs.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (xs[mid] < step) lo = mid + 1; else hi = mid;
+  }
+  return xs[lo] === step ? lo : -1;
+}
+
+function allCharts() {
+  return [...Object.values(charts ?? {}), ...Object.values(sourceCharts ?? {})];
+}
+
+function makeCharts(placeholder) {
   const parent = $('charts');
-  const marks = () => [...phases.state.marks, ...resumes];
+  const o = { marks, placeholder };
   charts = {
     loss: new Chart(parent, 'loss', [{ label: 'train' }, { label: 'smoothed', color: '#0b3d91' },
-      { label: 'eval', color: '#e8710a', points: true }], { marks }),
-    norm: new Chart(parent, 'grad norm', [{ label: 'grad norm' },
+      { label: 'eval', color: '#e8710a', points: true }], { ...o, y: 'loss (nats/token)', positive: true }),
+    norm: new Chart(parent, 'gradient norm', [{ label: 'grad norm' },
       { label: 'max_norm', color: '#b3261e', dash: [6, 4] },
-      { label: 'clipped', color: '#b3261e', points: true }], { marks }),
-    clip: new Chart(parent, 'clip scale', [{ label: 'clip scale', color: '#0a7d38' }], { marks }),
-    lr: new Chart(parent, 'learning rate', [{ label: 'lr', color: '#8e44ad' }]),
-    speed: new Chart(parent, 'tokens/s', [{ label: 'tokens/s', color: '#00838f' }]),
+      { label: 'clipped', color: '#b3261e', points: true }], { ...o, y: 'global L2 norm', positive: true }),
+    clip: new Chart(parent, 'clip scale', [{ label: 'clip scale', color: '#0a7d38' }],
+      { ...o, y: 'scale (1: not clipped)' }),
+    lr: new Chart(parent, 'learning rate', [{ label: 'lr', color: '#8e44ad' }],
+      { ...o, y: 'learning rate', positive: true }),
+    speed: new Chart(parent, 'speed', [{ label: 'tokens/s', color: '#00838f' }],
+      { ...o, y: 'tokens / s', positive: true }),
+    time: new Chart(parent, 'step time', [{ label: 'step', color: '#5d4037' },
+      { label: 'optimizer (GPU)', color: '#c2185b' }], { ...o, y: 'ms', positive: true }),
   };
+  window.andreaCharts = charts;   // tests read the plots' tick labels
   $('smoothing').addEventListener('input', redraw);
   $('logscale').addEventListener('change', () => {
-    charts.loss.setLog($('logscale').checked);
+    for (const ch of allCharts()) ch.setLog($('logscale').checked);
     redraw();
   });
+  $('xaxis').addEventListener('change', () => {
+    for (const ch of allCharts()) ch.setX($('xaxis').value);
+    redraw();
+  });
+}
+
+/** The bandit's per-source charts, once the run's sources and phases are known. */
+async function loadSources() {
+  const res = await fetch(`/api/runs/${runId}/data`);
+  if (!res.ok) return;
+  const fresh = await res.json();
+  const first = !dataInfo;
+  dataInfo = fresh;
+  if (first) {
+    const parent = $('source-charts');
+    parent.hidden = false;
+    const spec = dataInfo.sources.map((name, i) => ({ label: name, color: COLORS[i % COLORS.length],
+      dash: DASHES[Math.floor(i / COLORS.length) % DASHES.length] }));
+    const o = { marks, placeholder: 'Waiting for the first step…', x: $('xaxis').value };
+    sourceCharts = {
+      loss: new Chart(parent, 'loss per source', spec, { ...o, y: 'loss (nats/token)', positive: true }),
+      weight: new Chart(parent, 'sampling weight per source', spec, { ...o, y: 'share of the batch' }),
+    };
+  }
+  redraw();
 }
 
 function showRun(run) {
   config = run.config;
   if (run.checkpoint?.last_step) {
-    stat('last checkpoint', `step ${run.checkpoint.last_step}`);
+    stat('last checkpoint', `step ${run.checkpoint.last_step}`, 'last checkpoint', 'setup');
     const a = $('checkpoint-model');
     a.href = `/api/runs/${runId}/model.safetensors?step=${run.checkpoint.last_step}`;
     a.textContent = `model.safetensors (step ${run.checkpoint.last_step})`;
@@ -169,15 +308,36 @@ function showRun(run) {
   const why = run.message && ['interrupted', 'stopped', 'failed'].includes(run.status)
     ? `: ${run.message}` : '';
   $('why').textContent = why;
-  stat('preset', config.preset);
+  runStatus = run.status;
+  if (run.name) {
+    $('run-name').textContent = run.name;
+    document.title = `${run.name} · Andrea`;
+    if (!$('edit-name').matches(':focus')) $('edit-name').value = run.name;
+  }
+  if (run.tags) {
+    $('tags').replaceChildren(...run.tags.map((t) => Object.assign(document.createElement('span'),
+      { className: 'tag', textContent: t })));
+    if (!$('edit-tags').matches(':focus')) $('edit-tags').value = run.tags.join(', ');
+  }
+  if (run.notes !== undefined && !$('edit-notes').matches(':focus')) $('edit-notes').value = run.notes ?? '';
+  if (run.has_weights) showModelLink();
+  stat('preset', config.preset, 'preset', 'setup');
   if (!trainTokens) fetch(`/api/corpus?preset=${config.preset}`).then((r) => (r.ok ? r.json() : null)).then((c) => {
     if (c) trainTokens = c.sources.map((s) => ({ name: s.name, n: s.train_tokens }));
   }).catch(() => {});
-  stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''));
-  stat('optimizer state', `${(run.state_bytes / 2 ** 20).toFixed(2)} MiB`);
-  stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off');
-  if (run.adapter) stat('adapter', `${run.adapter.vendor} ${run.adapter.architecture}`.trim());
+  stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''), 'optimizer', 'setup');
+  stat('optimizer state', fmtBytes(run.state_bytes), 'optimizer state', 'setup');
+  stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off', 'clipping', 'setup');
+  stat('batch', `${config.batch_size} × ${config.seq_len} tokens`, 'batch', 'setup');
+  if (run.adapter) {
+    stat('adapter', `${run.adapter.vendor} ${run.adapter.architecture}`.trim() +
+      (run.adapter.software ? ' (software)' : ''), 'adapter', 'setup');
+  }
   body.dataset.status = run.status;
+  if (['finished', 'stopped', 'failed', 'interrupted', 'abandoned'].includes(run.status)) {
+    for (const ch of allCharts()) if (!series.length) ch.setPlaceholder('No steps were recorded.');
+  }
+  showLast();
 }
 
 async function train(run, token) {
@@ -190,7 +350,7 @@ async function train(run, token) {
   const { info, software } = ctx;
   const adapter = { vendor: info.vendor, architecture: info.architecture,
     description: info.description, software };
-  stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`);
+  stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`, 'adapter', 'setup');
   const [layout, maps, tok] = await Promise.all([
     fetch(`/api/presets/${config.preset}/layout`).then((r) => r.json()),
     fetch('/api/optimizer/maps').then((r) => r.json()),
@@ -208,17 +368,25 @@ async function train(run, token) {
   }
   setStatus(from === null ? 'Compiling kernels and initialising weights…'
     : `Compiling kernels; resuming from step ${from}…`);
+  for (const ch of allCharts()) ch.setPlaceholder('Compiling kernels: the first step appears here soon…');
   const uploader = new CheckpointUploader(token);
   const trainer = await Trainer.create({
-    ctx, layout, config, maps, decode: makeDecoder(tok), checkpoint: run.checkpoint, resume,
+    ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume,
     loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
     loadValBatch: (i) => fetchBody(`/api/runs/${runId}/val_batches/${i}`),
     on: {
       checkpoint: (ckpt) => uploader.upload(ckpt),
-      record: (r) => { socket.push(r); addRecords([r]); },
+      record: (r) => {
+        socket.push(r);
+        addRecords([r]);
+        if (r.phase !== undefined && dataInfo && !dataInfo.phases.some((p) => p.index === r.phase)) {
+          loadSources().catch(() => {});
+        }
+      },
       sample: (step, text) => { socket.send({ type: 'sample', step, text }); addSample(step, text); },
       status: (status, message) => {
         body.dataset.status = status;
+        runStatus = status;
         socket.send({ type: 'status', status, ...(message ? { message } : {}),
           ...(status === 'running' ? { adapter } : {}) });
         setStatus(`${status}${message ? `: ${message}` : ''}`, status === 'failed' ? 'bad' : 'ok');
@@ -248,7 +416,9 @@ async function train(run, token) {
   await socket.sync();
   window.removeEventListener('beforeunload', stay);   // weights saved, every record committed
   body.dataset.committed = String(lastStep);
-  stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`);
+  $('mode').textContent = '(trained in this tab)';
+  stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`,
+    'readback ring waits', true);
   socket.close();
   sessionStorage.removeItem(`andrea.run.${runId}`);  // a reload must not train it again
   body.dataset.done = final;
@@ -359,8 +529,17 @@ function showModelLink() {
 function view() {
   $('mode').textContent = '(watching)';
   watch(runId, (msg) => {
-    if (msg.type === 'records') addRecords(msg.records);
-    else if (msg.type === 'run') { showRun(msg.run); setStatus(msg.run.status); }
+    if (msg.type === 'records') {
+      addRecords(msg.records);
+      const ph = msg.records[msg.records.length - 1]?.phase;
+      if (ph !== undefined && dataInfo && !dataInfo.phases.some((p) => p.index === ph)) {
+        loadSources().catch(() => {});
+      }
+    } else if (msg.type === 'run') { showRun(msg.run); setStatus(msg.run.status); }
+    else if (msg.type === 'deleted') {
+      setStatus('This run was deleted.', 'bad');
+      body.dataset.status = 'deleted';
+    }
     else if (msg.type === 'sample') addSample(msg.step, msg.text);
     else if (msg.type === 'resumed') resumedAt(msg.step, msg.kind === undefined);
   }, (s) => { body.dataset.socket = s; });
@@ -374,12 +553,16 @@ async function main() {
     return;
   }
   const run = await res.json();
-  showRun(run);
-  if (run.has_weights) showModelLink();
-  makeCharts();
-  $('resume-run').onclick = resumeHere;
   const saved = JSON.parse(sessionStorage.getItem(`andrea.run.${runId}`) || 'null');
-  if (saved && run.status === 'created') {
+  // A run made in this tab that expired to `abandoned` before it started may still train here.
+  const mine = saved && (run.status === 'created'
+    || (run.status === 'abandoned' && run.last_step === null && !run.checkpoint?.last_step));
+  makeCharts(mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
+  showRun(run);
+  $('edit').addEventListener('submit', saveEdit);
+  if (run.config.data_mode === 'bandit') loadSources().catch(() => {});
+  $('resume-run').onclick = resumeHere;
+  if (mine) {
     if (run.checkpoint?.last_step) {   // a resumed run: the steps before its checkpoint
       addRecords(await (await fetch(`/api/runs/${runId}/metrics`)).json());
       resumedAt(run.checkpoint.last_step, false);
@@ -392,9 +575,27 @@ async function main() {
       throw e;
     }
   } else {
-    setStatus(run.status);
+    setStatus(run.status === 'abandoned' ? `abandoned: ${run.message ?? 'it never started'}` : run.status);
     view();
   }
 }
+
+/** Name, tags and notes (PATCH /api/runs/{id}: no token needed, see server/routes/runs.py). */
+async function saveEdit(event) {
+  event.preventDefault();
+  const tags = $('edit-tags').value.split(',').map((t) => t.trim()).filter(Boolean);
+  const res = await fetch(`/api/runs/${runId}`, { method: 'PATCH',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ name: $('edit-name').value, tags, notes: $('edit-notes').value }) });
+  const out = await res.json().catch(() => ({}));
+  if (!res.ok) {
+    $('edit-status').textContent = `Not saved: ${typeof out.detail === 'string' ? out.detail
+      : (out.detail ?? []).map((d) => d.msg).join('; ')}`;
+    return;
+  }
+  $('edit-status').textContent = 'Saved.';
+  showRun({ ...out, has_weights: undefined });
+}
+
 
 main();

@@ -1,11 +1,22 @@
-// Runs list: status, optimizer, steps, last loss; pick runs to compare.
+// Runs list: name, tags, status, progress, losses, time; sort and filter; rename and delete;
+// pick runs to compare. It polls the API every few seconds, so it follows runs as they change.
+import { fmtDuration } from './format.js';
+
+const POLL_MS = 3000;
 const tbody = document.querySelector('#runs tbody');
 const button = document.getElementById('compare');
+const filter = document.getElementById('filter');
+const statusFilter = document.getElementById('status-filter');
+const selected = new Set();
+let runs = [];
+let lastText = null;
+let sort = { key: 'created_at', dir: -1 };
 
-function cell(tr, content) {
+function cell(tr, content, cls) {
   const td = tr.insertCell();
   if (content instanceof Node) td.append(content);
   else td.textContent = content;
+  if (cls) td.className = cls;
   return td;
 }
 
@@ -16,42 +27,148 @@ function link(href, text) {
   return a;
 }
 
-async function main() {
-  const runs = await (await fetch('/api/runs')).json();
-  for (const r of runs) {
+const fmtLoss = (v) => (v === null || v === undefined ? '–' : v.toFixed(4));
+const elapsedOf = (r) => (r.first_time && r.last_time ? r.last_time - r.first_time : null);
+const progressOf = (r) => (r.last_step ?? 0) / r.config.steps;
+
+/** The sort key of a run (nulls last whichever the direction). */
+function keyOf(r, key) {
+  if (key === 'progress') return progressOf(r);
+  if (key === 'elapsed') return elapsedOf(r);
+  if (key === 'preset') return `${r.config.preset} ${r.config.optimizer}`;
+  if (key === 'name') return r.name.toLowerCase();
+  return r[key] ?? null;
+}
+
+function matches(r) {
+  if (statusFilter.value && r.status !== statusFilter.value) return false;
+  const q = filter.value.trim().toLowerCase();
+  if (!q) return true;
+  const hay = [r.name, r.id, r.status, r.config.preset, r.config.optimizer, ...(r.tags || []),
+    r.notes || ''].join(' ').toLowerCase();
+  return q.split(/\s+/).every((w) => hay.includes(w));
+}
+
+function render() {
+  const shown = runs.filter(matches).sort((a, b) => {
+    const x = keyOf(a, sort.key);
+    const y = keyOf(b, sort.key);
+    if (x === y) return 0;
+    if (x === null) return 1;
+    if (y === null) return -1;
+    return (x < y ? -1 : 1) * sort.dir;
+  });
+  tbody.replaceChildren();
+  for (const r of shown) {
     const tr = tbody.insertRow();
     tr.dataset.runId = r.id;
     const box = document.createElement('input');
     box.type = 'checkbox';
     box.value = r.id;
+    box.checked = selected.has(r.id);
+    box.setAttribute('aria-label', `select ${r.name}`);
     cell(tr, box);
-    cell(tr, link(`/runs/${r.id}`, r.id));
-    cell(tr, r.status).title = r.message ?? '';       // why it failed, stopped or was interrupted
+    const name = document.createElement('span');
+    name.append(link(`/runs/${r.id}`, r.name));
+    const sub = document.createElement('small');
+    sub.className = 'muted';
+    sub.textContent = ` ${r.id}`;
+    name.append(sub);
+    for (const t of r.tags || []) {
+      name.append(' ', Object.assign(document.createElement('span'), { className: 'tag', textContent: t }));
+    }
+    cell(tr, name, 'name');
     const ck = r.checkpoint?.last_step;
-    cell(tr, ck ? `step ${ck}${r.can_resume ? ' · resumable' : ''}` : '-');
-    cell(tr, r.config.preset);
-    cell(tr, r.config.optimizer + (r.config.f16_mirror ? ' + f16' : ''));
-    cell(tr, r.config.clip ? String(r.config.max_norm) : 'off');
-    cell(tr, `${r.last_step ?? 0} / ${r.config.steps}`);
-    cell(tr, r.last_loss === null || r.last_loss === undefined ? '-' : r.last_loss.toFixed(4));
-    cell(tr, `${(r.state_bytes / 2 ** 20).toFixed(2)} MiB`);
+    const st = cell(tr, r.status + (r.can_resume ? ` · resumable from step ${ck}` : ''), 'status');
+    st.title = r.message ?? '';       // why it failed, stopped, was interrupted or abandoned
+    cell(tr, `${r.last_step ?? 0} / ${r.config.steps} (${Math.floor(progressOf(r) * 100)} %)`);
+    cell(tr, `${r.config.preset} · ${r.config.optimizer}${r.config.f16_mirror ? ' + f16' : ''}`);
+    cell(tr, fmtLoss(r.last_loss));
+    cell(tr, fmtLoss(r.best_eval_loss));
+    cell(tr, elapsedOf(r) === null ? '–' : fmtDuration(elapsedOf(r)));
     cell(tr, new Date(r.created_at * 1000).toLocaleString());
     const ex = document.createElement('span');
     ex.append(link(`/api/runs/${r.id}/metrics?format=csv`, 'csv'), ' ',
       link(`/api/runs/${r.id}/metrics`, 'json'));
     cell(tr, ex);
+    const actions = document.createElement('span');
+    const rename = Object.assign(document.createElement('button'), { className: 'secondary rename', textContent: 'Rename' });
+    rename.onclick = () => renameRun(r);
+    const del = Object.assign(document.createElement('button'), { className: 'danger delete', textContent: 'Delete' });
+    del.onclick = () => deleteRun(r);
+    actions.append(rename, ' ', del);
+    cell(tr, actions, 'actions');
   }
-  if (!runs.length) {
-    cell(tbody.insertRow(), 'No runs yet: start one from New run.').colSpan = 12;
+  if (!shown.length) {
+    cell(tbody.insertRow(), runs.length ? 'No run matches the filter.'
+      : 'No runs yet: start one from New run.').colSpan = 11;
   }
-  tbody.addEventListener('change', () => {
-    button.disabled = tbody.querySelectorAll('input:checked').length < 2;
+  document.getElementById('count').textContent = `${shown.length} of ${runs.length} runs`;
+  button.disabled = selected.size < 2;
+  for (const b of document.querySelectorAll('button.sort')) {
+    b.textContent = b.textContent.replace(/ [▲▼]$/, '') + (b.dataset.key === sort.key ? (sort.dir > 0 ? ' ▲' : ' ▼') : '');
+  }
+}
+
+async function renameRun(r) {
+  const name = prompt(`New name for ${r.name}`, r.name);
+  if (name === null || !name.trim()) return;
+  const res = await fetch(`/api/runs/${r.id}`, { method: 'PATCH',
+    headers: { 'content-type': 'application/json' }, body: JSON.stringify({ name }) });
+  if (!res.ok) alert(`Not renamed: ${(await res.json().catch(() => ({}))).detail ?? res.status}`);
+  lastText = null;
+  await refresh();
+}
+
+async function deleteRun(r) {
+  if (!confirm(`Delete ${r.name} (${r.id})? Its metrics, samples, checkpoints and weights are ` +
+    'removed for good.')) return;
+  const res = await fetch(`/api/runs/${r.id}`, { method: 'DELETE' });
+  if (!res.ok && res.status !== 404) {
+    alert(`Not deleted: ${(await res.json().catch(() => ({}))).detail ?? res.status}`);
+  }
+  selected.delete(r.id);
+  lastText = null;
+  await refresh();
+}
+
+async function refresh() {
+  const res = await fetch('/api/runs');
+  if (!res.ok) return;
+  const text = await res.text();
+  if (text === lastText) return;       // nothing changed: the rows (and a pending click) stay
+  lastText = text;
+  runs = JSON.parse(text);
+  const ids = new Set(runs.map((r) => r.id));
+  for (const id of [...selected]) if (!ids.has(id)) selected.delete(id);
+  const statuses = [...new Set(runs.map((r) => r.status))].sort();
+  const have = [...statusFilter.options].map((o) => o.value);
+  for (const s of statuses) if (!have.includes(s)) statusFilter.append(new Option(s, s));
+  render();
+}
+
+async function main() {
+  tbody.addEventListener('change', (e) => {
+    if (e.target.type !== 'checkbox') return;
+    if (e.target.checked) selected.add(e.target.value); else selected.delete(e.target.value);
+    button.disabled = selected.size < 2;
   });
   button.addEventListener('click', () => {
+    // In the order shown; the compare page picks fp32 AdamW as its baseline by default.
     const ids = [...tbody.querySelectorAll('input:checked')].map((b) => b.value);
     location.href = `/compare?ids=${ids.join(',')}`;
   });
+  for (const b of document.querySelectorAll('button.sort')) {
+    b.addEventListener('click', () => {
+      sort = { key: b.dataset.key, dir: sort.key === b.dataset.key ? -sort.dir : 1 };
+      render();
+    });
+  }
+  filter.addEventListener('input', render);
+  statusFilter.addEventListener('change', render);
+  await refresh();
   document.body.dataset.ready = '1';
+  setInterval(() => { if (!document.hidden) refresh().catch(() => {}); }, POLL_MS);
 }
 
 main();

@@ -122,3 +122,51 @@ export function clipEvents() {
     if (clipped) s.count += 1;
   });
 }
+
+/** Per-source columns of the records' `source_losses` ({source index: loss}, the bandit's):
+ *  cols[index] has one value (or null) per row; a source first seen late is back-filled. */
+export function sourceColumns() {
+  return new Derived(() => ({ cols: {}, rows: 0 }), (s, series, i) => {
+    const losses = series.records[i].source_losses || {};
+    for (const key of Object.keys(losses)) {
+      if (!(key in s.cols)) s.cols[key] = new Array(s.rows).fill(null);
+    }
+    for (const [key, col] of Object.entries(s.cols)) col.push(losses[key] ?? null);
+    s.rows += 1;
+  });
+}
+
+/** Elapsed wall-clock seconds per row, from the rows' commit `time` (the first row's is 0). */
+export function elapsedColumn() {
+  return new Derived(() => ({ out: [], t0: null }), (s, series, i) => {
+    const t = series.records[i].time;
+    if (s.t0 === null && t !== undefined && t !== null) s.t0 = t;
+    const prev = s.out.length ? s.out[s.out.length - 1] : 0;
+    // A row without a time (never the case once committed) keeps the x axis increasing.
+    s.out.push(t === undefined || t === null || s.t0 === null ? prev : Math.max(prev, t - s.t0));
+  });
+}
+
+/** Progress from the newest rows: seconds per step over the last `window` rows' commit times
+ *  (or their step_ms), elapsed seconds, and the seconds left for `total` steps. */
+export function progress(series, total, window = 20) {
+  const n = series.length;
+  if (!n) return null;
+  const last = series.records[n - 1];
+  const first = series.records[0];
+  const k = Math.max(0, n - 1 - window);
+  const ref = series.records[k];
+  let perStep = null;
+  if (n > 1 && last.time != null && ref.time != null && last.step > ref.step) {
+    perStep = (last.time - ref.time) / (last.step - ref.step);
+  }
+  // Records are committed in batches (every 250 ms), so over a few rows the commit times can
+  // be closer than the steps took: the step's own time is a floor.
+  if (last.step_ms) perStep = Math.max(perStep ?? 0, last.step_ms / 1000);
+  if (perStep !== null && perStep <= 0) perStep = null;
+  const elapsed = last.time != null && first.time != null
+    ? last.time - first.time + (first.step_ms ?? 0) / 1000 : null;
+  const left = Math.max(0, total - last.step);
+  return { step: last.step, fraction: total ? Math.min(1, last.step / total) : 0, perStep,
+    elapsed, eta: perStep === null ? null : left * perStep };
+}

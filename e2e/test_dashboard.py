@@ -1,0 +1,247 @@
+"""The dashboard as people use it: readable charts, the compare page, runs that can be renamed
+and deleted, every page at phone width, a 404 page. Runs are made through the API and their
+records posted over the trainer socket (no training in a browser: fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+STEPS = 40
+SHOTS = Path(os.environ.get("ANDREA_SHOTS", "/tmp/shots"))
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1440, "height": 900}
+
+
+def _send(live_server: str, run: dict, batches: list[list[dict]], status: str | None) -> None:
+    with connect(live_server.replace("http://", "ws://") + f"/ws/runs/{run['id']}") as ws:
+        ws.send(json.dumps({"type": "hello", "token": run["token"]}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        for records in batches:
+            ws.send(json.dumps({"type": "metrics", "records": records}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "ack"
+        if status:
+            ws.send(json.dumps({"type": "status", "status": status,
+                                "adapter": {"vendor": "google", "architecture": "swiftshader",
+                                            "software": True}}))
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+
+
+def recorded(live_server: str, optimizer: str = "adamw", lr: float = 3e-4,
+             scale: float = 1.0, steps: int = STEPS, status: str | None = "finished",
+             upto: int | None = None) -> dict:
+    """A run with `upto` (default: all) steps recorded as a training tab would send them:
+    warmup to `lr`, a falling loss, eval every 10 steps, step and optimizer times."""
+    run = httpx.post(f"{live_server}/api/runs", json={
+        "preset": "tiny", "optimizer": optimizer, "steps": steps, "lr": lr,
+        "warmup_steps": 5, "eval_every": 10}).json()
+    records = []
+    for s in range(1, (upto or steps) + 1):
+        r = {"step": s, "loss": scale * (6.0 - 2.5 * (1 - 0.96 ** s)) + 0.03 * ((s * 7) % 5),
+             "grad_norm": 2.0 * 0.97 ** s + 0.3, "clip_scale": 1.0 if s > 3 else 0.6,
+             "lr": lr * min(1.0, s / 5), "step_ms": 420.0 + (s % 3), "opt_ms": 3.1,
+             "tokens_per_s": 610.0 + s}
+        if s % 10 == 0:
+            r["eval_loss"] = scale * (6.1 - 2.4 * (1 - 0.96 ** s))
+        records.append(r)
+    _send(live_server, run, [records[i:i + 10] for i in range(0, len(records), 10)], status)
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(live_server) -> dict[str, dict]:
+    return {"adamw": recorded(live_server, "adamw"),
+            "adamw_8bit": recorded(live_server, "adamw_8bit", scale=1.003),
+            "live": recorded(live_server, "adamw", status="running", upto=17)}
+
+
+def _ready(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_function("document.body?.dataset.ready === '1' || "
+                           "Number(document.getElementById('charts')?.dataset.steps || 0) > 0",
+                           timeout=60_000)
+
+
+def test_lr_chart_ticks_and_hover_show_small_values(page, live_server, runs, page_errors):
+    run_id = runs["adamw"]["id"]
+    page.set_viewport_size(DESKTOP)
+    page.goto(f"{live_server}/runs/{run_id}")
+    page.wait_for_function(f"document.getElementById('charts').dataset.steps === '{STEPS}'")
+    page.wait_for_function("document.querySelector('[data-chart=\"learning rate\"]')"
+                           f".dataset.points === '{STEPS}'")
+    ticks = page.evaluate("window.andreaCharts.lr.plot.axes[1]._values")
+    assert ticks and all(t not in ("0", "") for t in ticks if t), ticks
+    assert any("e-4" in t for t in ticks), ticks
+    assert len(set(ticks)) == len(ticks), ticks           # no two ticks read the same
+    over = page.locator("[data-chart='learning rate'] .u-over")
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] / 2)
+    legend = page.locator("[data-chart='learning rate'] .u-legend .u-series").nth(1)
+    value = legend.locator(".u-value").inner_text()
+    assert value == "3e-4", value
+    # The charts share their cursor: the loss chart's legend follows the same step.
+    step = page.locator("[data-chart='learning rate'] .u-legend .u-series").nth(0) \
+        .locator(".u-value").inner_text()
+    loss_step = page.locator("[data-chart='loss'] .u-legend .u-series").nth(0) \
+        .locator(".u-value").inner_text()
+    assert step == loss_step and step.isdigit(), (step, loss_step)
+    text = page.inner_text("#run")
+    assert "100 %" in text and "elapsed" in text and "tokens seen" in text
+    assert "eval loss" in text and "best" in text and "(software)" in text
+    assert "ring waits" not in page.inner_text("#stats")
+    assert page_errors == []
+
+
+def test_progress_of_a_running_run(page, live_server, runs):
+    page.goto(f"{live_server}/runs/{runs['live']['id']}")
+    page.wait_for_function("document.getElementById('charts').dataset.steps === '17'")
+    text = page.inner_text("#progress-box")
+    assert "42 %" in text and "step 17 of 40" in text and "left" in text, text
+
+
+def test_compare_chooses_a_baseline_and_plots_the_difference(page, live_server, runs,
+                                                              page_errors):
+    a, b = runs["adamw"]["id"], runs["adamw_8bit"]["id"]
+    page.goto(f"{live_server}/compare?ids={b},{a}")      # 8-bit first: fp32 is still the base
+    page.wait_for_function("document.body?.dataset.ready === '1'")
+    assert page.input_value("#baseline") == a
+    assert page.get_attribute("#charts", "data-series") == "2"
+    diff = "[data-chart='difference to baseline']"
+    assert page.get_attribute(diff, "data-points") == str(STEPS)
+    assert page.get_attribute(diff, "data-baseline") == a
+    for title in ("loss", "eval loss", "grad norm", "learning rate", "step time",
+                  "optimizer time (GPU)"):
+        assert page.get_attribute(f"[data-chart='{title}']", "data-points") == str(STEPS), title
+    row = page.locator(f"#summary tr[data-run-id='{a}']")
+    assert "reference" in row.inner_text()
+    assert "+" in page.inner_text(f"#summary tr[data-run-id='{b}']")
+    assert "optimizer" in page.inner_text("#config-diff")          # the settings that differ
+    page.select_option("#baseline", b)
+    assert page.get_attribute(diff, "data-baseline") == b
+    assert "reference" in page.inner_text(f"#summary tr[data-run-id='{b}']")
+    assert "-" in page.inner_text(f"#summary tr[data-run-id='{a}']")
+    assert f"baseline={b}" in page.url
+    assert page_errors == []
+
+
+def test_compare_without_ids_says_how_to_pick_runs(page, live_server):
+    page.goto(f"{live_server}/compare")
+    page.wait_for_function("document.body?.dataset.ready === '1'")
+    assert page.locator("#pick").is_visible()
+    assert "tick two or more" in page.inner_text("#pick")
+    assert not page.locator("#charts").is_visible()
+
+
+def test_rename_and_delete_a_run_from_the_list(page, live_server):
+    run = recorded(live_server, "adamw", upto=3, status="stopped")
+    rid = run["id"]
+    assert httpx.get(f"{live_server}/api/runs/{rid}").json()["name"].startswith("tiny adamw #")
+    page.goto(f"{live_server}/runs")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    row = f"tr[data-run-id='{rid}']"
+    page.once("dialog", lambda d: d.accept("my baseline"))
+    page.click(f"{row} button.rename")
+    page.wait_for_function(f"document.querySelector(\"{row}\")?.innerText.includes('my baseline')")
+    assert httpx.get(f"{live_server}/api/runs/{rid}").json()["name"] == "my baseline"
+    page.fill("#filter", "my baseline")
+    assert page.locator("#runs tbody tr").count() == 1
+    page.fill("#filter", "")
+    # Deleting asks first; "cancel" keeps the run.
+    page.once("dialog", lambda d: d.dismiss())
+    page.click(f"{row} button.delete")
+    assert httpx.get(f"{live_server}/api/runs/{rid}").status_code == 200
+    page.once("dialog", lambda d: d.accept())
+    page.click(f"{row} button.delete")
+    page.wait_for_function(f"!document.querySelector(\"{row}\")")
+    assert httpx.get(f"{live_server}/api/runs/{rid}").status_code == 404
+    assert rid not in [r["id"] for r in httpx.get(f"{live_server}/api/runs").json()]
+
+
+def test_runs_list_updates_itself(page, live_server):
+    page.goto(f"{live_server}/runs")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny"}).json()
+    page.wait_for_selector(f"tr[data-run-id='{run['id']}']", timeout=15_000)
+    httpx.delete(f"{live_server}/api/runs/{run['id']}")
+
+
+def test_unknown_run_page_is_404(page, live_server):
+    response = page.goto(f"{live_server}/runs/nope")
+    assert response.status == 404
+    assert "There is no run nope" in page.inner_text("main")
+    assert page.locator("#resume-run").count() == 0
+
+
+def _pages(live_server: str, runs: dict[str, dict]) -> dict[str, str]:
+    a, b = runs["adamw"]["id"], runs["adamw_8bit"]["id"]
+    return {"start": "/", "runs": "/runs", "run": f"/runs/{a}",
+            "run-live": f"/runs/{runs['live']['id']}", "compare": f"/compare?ids={a},{b}",
+            "compare-empty": "/compare", "kernels": "/kernels", "diagnostics": "/diagnostics",
+            "missing": "/runs/nope"}
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390", "1440"])
+def test_no_page_scrolls_sideways_and_screenshots(browser, live_server, runs, viewport):
+    """At 390 px every page fits the viewport (wide tables scroll inside their card); a
+    screenshot of each page at both widths goes to /tmp/shots (ANDREA_SHOTS)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    ctx = browser.new_context(viewport=viewport)
+    page = ctx.new_page()
+    wide = {}
+    for name, path in _pages(live_server, runs).items():
+        page.goto(live_server + path)
+        if name == "diagnostics":
+            page.wait_for_function("document.body.dataset.webgpu !== undefined", timeout=60_000)
+        elif name.startswith("run"):
+            page.wait_for_function("document.body.dataset.ready === '1' || "
+                                   "Number(document.getElementById('charts')?.dataset.steps"
+                                   " || 0) > 0", timeout=60_000)
+        else:
+            page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(300)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > viewport["width"]:
+            wide[name] = width
+        page.screenshot(path=str(SHOTS / f"{name}-{viewport['width']}.png"), full_page=True)
+    ctx.close()
+    assert not wide, f"pages wider than {viewport['width']} px: {wide}"
+
+
+def test_bandit_run_shows_per_source_loss_and_weights(page, live_server):
+    """A run with the source bandit: each source's loss and its sampling weight per phase, and
+    the phase marks from the first phase on."""
+    run = httpx.post(f"{live_server}/api/runs", json={
+        "preset": "tiny", "steps": 200, "batch_size": 4, "data_mode": "bandit"}).json()
+    rid, step, batches = run["id"], 0, []
+    with connect(live_server.replace("http://", "ws://") + f"/ws/runs/{rid}") as ws:
+        ws.send(json.dumps({"type": "hello", "token": run["token"]}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        while step < 45:
+            httpx.get(f"{live_server}/api/runs/{rid}/batches/{step}", timeout=60)   # the phase
+            info = httpx.get(f"{live_server}/api/runs/{rid}/data", timeout=60).json()
+            phase = info["phases"][-1]
+            end = phase["start"] + phase["length"]
+            batches.append([{"step": s + 1, "loss": 5.0 - 0.01 * s, "grad_norm": 1.0,
+                             "clip_scale": 1.0, "lr": 1e-3, "phase": phase["index"],
+                             "source_losses": {str(i): 5.0 + 0.3 * i - 0.02 * s
+                                               for i in range(len(info["sources"]))}}
+                            for s in range(step, end)])
+            ws.send(json.dumps({"type": "metrics", "records": batches[-1]}))
+            reply = json.loads(ws.recv(timeout=10))
+            assert reply["type"] == "ack", reply
+            step = end
+    page.set_viewport_size(DESKTOP)
+    page.goto(f"{live_server}/runs/{rid}")
+    page.wait_for_function(f"document.getElementById('charts').dataset.steps === '{step}'")
+    page.wait_for_function("Number(document.querySelector('[data-chart=\"sampling weight per "
+                           "source\"]')?.dataset.points || 0) > 0")
+    assert page.get_attribute("[data-chart='loss per source']", "data-points") == str(step)
+    marks = page.evaluate("window.andreaCharts.loss.marks()")
+    assert marks and min(marks) <= batches[0][-1]["step"] + 1, marks
+    page.screenshot(path=str(SHOTS / "run-bandit-1440.png"), full_page=True)

@@ -1,0 +1,17 @@
+// 404 page: the newest runs, in case the link was to one of them.
+async function main() {
+  const res = await fetch('/api/runs');
+  const runs = res.ok ? await res.json() : [];
+  const ul = document.querySelector('#recent ul');
+  for (const r of runs.slice(0, 5)) {
+    const li = document.createElement('li');
+    const a = document.createElement('a');
+    a.href = `/runs/${r.id}`;
+    a.textContent = r.name;
+    li.append(a, ` (${r.status}, ${new Date(r.created_at * 1000).toLocaleString()})`);
+    ul.append(li);
+  }
+  document.getElementById('recent').hidden = !runs.length;
+  document.body.dataset.ready = '1';
+}
+main();
