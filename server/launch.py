@@ -19,10 +19,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _limit_files(limit: int):
+    """For a child process: no file may grow past `limit` bytes, and a write past it fails with
+    EFBIG (SIGXFSZ ignored) as on a full disk. The tests' way to fill a disk without one."""
+    def apply():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
 def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
-                 warm_data: bool = False) -> tuple[subprocess.Popen, str]:
+                 warm_data: bool = False,
+                 file_limit: int | None = None) -> tuple[subprocess.Popen, str]:
     """Starts the server (its output appended to data_dir/server.log) and waits until /healthz
-    answers; raises RuntimeError if it exits or stays silent."""
+    answers; raises RuntimeError if it exits or stays silent. file_limit: the largest file it
+    may write (a full disk, for tests)."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port),
@@ -31,7 +44,8 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
         # Its own session: a Ctrl-C meant for the caller (andrea train) must not stop the
         # server that the caller still needs to stop the run cleanly.
         proc = subprocess.Popen(cmd + ([] if warm_data else ["--no-warm-data"]),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_limit_files(file_limit) if file_limit else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,14 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import httpx
 import numpy as np
@@ -26,7 +22,7 @@ from websockets.sync.client import connect
 from andrea import checkpoints
 from andrea.cli import main
 from andrea.deps import REVOKED
-from andrea.launch import free_port, start_server, stop_server
+from andrea.launch import start_server, stop_server
 from andrea.model import PRESETS, build_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
 from andrea.run_config import form_fields
@@ -558,28 +554,6 @@ def test_a_server_killed_mid_upload_keeps_the_previous_checkpoint(tmp_path):
         stop_server(proc)
 
 
-def _serve_with_file_limit(data, limit: int) -> tuple[subprocess.Popen, str]:
-    """`andrea serve` whose files cannot grow past `limit` bytes: a write past it fails with
-    EFBIG, as on a full disk (SIGXFSZ ignored, so it is an error and not a kill)."""
-    def limit_files():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    port = free_port()
-    with open(data / "server-limited.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "andrea", "serve", "--port", str(port),
-                                 "--data-dir", str(data), "--no-warm-data"],
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_files)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-        try:
-            urllib.request.urlopen(url + "/healthz", timeout=1).close()
-            return proc, url
-        except OSError:
-            time.sleep(0.1)
-
-
 def test_a_full_disk_answers_507_and_keeps_the_previous_checkpoint(tmp_path):
     data = tmp_path / "data"
     proc, url = start_server(data)
@@ -590,7 +564,7 @@ def test_a_full_disk_answers_507_and_keeps_the_previous_checkpoint(tmp_path):
                          headers=headers(run["token"], good)).status_code == 201
     finally:
         stop_server(proc)
-    proc, url = _serve_with_file_limit(data, 1 << 20)              # no file past 1 MiB
+    proc, url = start_server(data, file_limit=1 << 20)              # no file past 1 MiB
     try:
         other = state(run, 1)
         r = httpx.put(f"{url}/api/runs/{run['id']}/checkpoints/2", content=other,
