@@ -7,7 +7,7 @@
 // Env: DAWN_NODE (Dawn's dawn.node; see bench/README.md).
 
 import fs from 'node:fs';
-import { dawnContext, repo } from './dawn.mjs';
+import { backToBackMs, dawnContext, repo } from './dawn.mjs';
 
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
@@ -42,19 +42,7 @@ const tokens = Uint32Array.from({ length: B * T }, (_, i) => (i * 7919 + 13) % V
 const targets = Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V);
 model.writeBatch(plan, tokens, targets);
 
-const step = (s) => {
-  optim.setStep(s, 1e-4);
-  const enc = device.createCommandEncoder();
-  model.encodeStep(enc, plan);
-  optim.encode(enc);
-  device.queue.submit([enc.finish()]);
-};
-for (let s = 1; s <= 3; s++) step(s);
-await device.queue.onSubmittedWorkDone();
-const t0 = performance.now();
-for (let s = 4; s < 4 + iters; s++) step(s);
-await device.queue.onSubmittedWorkDone();
-const ms = (performance.now() - t0) / iters;
+const ms = await backToBackMs({ model, optim, plan }, iters);
 
 const profile = await profileOps(device, [...plan.forward, ...plan.loss, ...plan.backward]);
 const rows = profile ? summarize(profile) : [];

@@ -15,7 +15,7 @@
 
 import fs from 'node:fs';
 import path from 'node:path';
-import { dawnContext, repo } from './dawn.mjs';
+import { backToBackMs, dawnContext, repo } from './dawn.mjs';
 
 const argv = process.argv.slice(2);
 const opt = (name, dflt) => {
@@ -94,19 +94,7 @@ async function backToBack(tr, n) {
   const { model, opt: optim, plan } = tr;
   const b = parseBatch(body(0));
   model.writeBatch(plan, b.inputs, b.targets);
-  const step = (s) => {
-    optim.setStep(s, 1e-4);
-    const enc = device.createCommandEncoder();
-    model.encodeStep(enc, plan);
-    optim.encode(enc);
-    device.queue.submit([enc.finish()]);
-  };
-  for (let s = 1; s <= 3; s++) step(s);
-  await device.queue.onSubmittedWorkDone();
-  const t0 = performance.now();
-  for (let s = 4; s < 4 + n; s++) step(s);
-  await device.queue.onSubmittedWorkDone();
-  return (performance.now() - t0) / n;
+  return backToBackMs({ model, optim, plan }, n);
 }
 
 /**

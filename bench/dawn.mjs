@@ -23,3 +23,22 @@ export async function dawnContext({ exactTimestamps = false } = {}) {
     load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
     onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
 }
+
+/** Mean ms of a training step (forward, backward, optimizer: one encoder, one submit) over `n`
+ *  steps submitted back to back after 3 warm-up steps, on the batch already in `plan`. */
+export async function backToBackMs({ model, optim, plan }, n) {
+  const { device } = model;
+  const step = (s) => {
+    optim.setStep(s, 1e-4);
+    const enc = device.createCommandEncoder();
+    model.encodeStep(enc, plan);
+    optim.encode(enc);
+    device.queue.submit([enc.finish()]);
+  };
+  for (let s = 1; s <= 3; s++) step(s);
+  await device.queue.onSubmittedWorkDone();
+  const t0 = performance.now();
+  for (let s = 4; s < 4 + n; s++) step(s);
+  await device.queue.onSubmittedWorkDone();
+  return (performance.now() - t0) / n;
+}
