@@ -67,13 +67,14 @@ def test_installed_wheel_serves_from_any_folder(wheel_venv, tmp_path):
                 if proc.poll() is not None:
                     pytest.fail(proc.stdout.read())
                 time.sleep(0.2)
-        html = _get(url + "/runs/abc")
+        html = _get(url + "/")
         shaders = re.search(r'data-shaders="([^"]+)"', html).group(1)
         assert "@compute" in _get(url + shaders + "03_linear.wgsl")
         uplot = re.search(r'"uplot": "([^"]+)"', html).group(1)
         assert "uPlot" in _get(url + uplot)
-        module = re.search(r'src="([^"]+/js/app/run\.js)"', html).group(1)
-        assert "Trainer" in _get(url + module)
+        static = re.search(r'src="([^"]+/)js/app/new_run\.js"', html).group(1)
+        assert "Trainer" in _get(url + static + "js/app/run.js")
+        assert "createContext" in _get(url + static + "js/engine/context.js")
     finally:
         proc.terminate()
         proc.wait(timeout=15)
