@@ -170,15 +170,20 @@ class Store:
 
     def create_run(self, run_id: str, config: dict, token_sha256: str,
                    name: str | None = None) -> None:
-        now = time.time()
         conn = self._conn()
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
-                " name, tags) VALUES (?, ?, ?, ?, ?, 'created', ?, '[]')",
-                (run_id, now, now, json.dumps(config), token_sha256,
-                 name or self._default_name(config)))
+            self._insert_run(conn, run_id, config, token_sha256, name)
+
+    def _insert_run(self, conn: sqlite3.Connection, run_id: str, config: dict,
+                    token_sha256: str, name: str | None, checkpoint_step: int | None = None):
+        """A new `created` row (inside the caller's transaction)."""
+        now = time.time()
+        conn.execute(
+            "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
+            " checkpoint_step, name, tags) VALUES (?, ?, ?, ?, ?, 'created', ?, ?, '[]')",
+            (run_id, now, now, json.dumps(config), token_sha256, checkpoint_step,
+             name or self._default_name(config)))
 
     def get_run(self, run_id: str) -> dict | None:
         row = self._conn().execute(_RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
@@ -296,15 +301,10 @@ class Store:
         """A new run that starts after the parent's step `step`: the parent's metrics and
         events up to it copied (charts and the bandit's replay go on from there), a
         `resumed` event naming the parent, its checkpoint step set. One transaction."""
-        now = time.time()
         conn = self._conn()
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
-                " checkpoint_step, name, tags) VALUES (?, ?, ?, ?, ?, 'created', ?, ?, '[]')",
-                (run_id, now, now, json.dumps(config), token_sha256, step,
-                 name or self._default_name(config)))
+            self._insert_run(conn, run_id, config, token_sha256, name, checkpoint_step=step)
             conn.execute(_COPY_METRICS, (run_id, parent_id, step))
             conn.execute("INSERT INTO events SELECT ?, step, kind, data FROM events"
                          " WHERE run_id = ? AND step <= ? AND kind != 'resumed'",
