@@ -246,10 +246,12 @@ def _branch_config(url: str, branch: str, changes: dict) -> dict:
         if not step.isdigit():
             raise TrainError(f"--branch {branch}: STEP must be a number", EXIT_USAGE)
         step = int(step)
-    else:
-        step = parent["checkpoint"]["last_step"]
-        if step is None:
+    else:   # the newest checkpoint whose records are all committed
+        listed = _http("GET", f"{url}/api/runs/{parent_id}/checkpoints")
+        usable = [c["step"] for c in listed if c["step"] <= (parent.get("last_step") or 0)]
+        if not usable:
             raise TrainError(f"run {parent_id} has no checkpoint to branch from", EXIT_USAGE)
+        step = max(usable)
     config = {k: v for k, v in parent["config"].items()
               if k in _run_config().model_fields and k != "parent"}
     return {**config, **changes, "parent": {"run": parent_id, "step": step}}

@@ -359,6 +359,8 @@ def test_one_trainer_per_run_and_no_resume_under_it(live):
         ws.send(json.dumps({"type": "hello", "token": run["token"]}))
         assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
         ws.send(json.dumps({"type": "status", "status": "running"}))
+        ws.send(json.dumps({"type": "metrics", "records": [record(1)]}))   # record 1 first
+        assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "step": 1}
         r = httpx.put(f"{url}/api/runs/{run['id']}/checkpoints/1", content=state(run),
                       headers=headers(run["token"], state(run)))
         assert r.status_code == 201, r.text
@@ -386,6 +388,8 @@ def test_two_resumes_at_once_one_wins(live):
         ws.send(json.dumps({"type": "hello", "token": run["token"]}))
         ws.recv(timeout=10)
         ws.send(json.dumps({"type": "status", "status": "paused"}))
+        ws.send(json.dumps({"type": "metrics", "records": [record(s) for s in (1, 2, 3)]}))
+        assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "step": 3}
         body = state(run)
         assert httpx.put(f"{url}/api/runs/{run['id']}/checkpoints/3", content=body,
                          headers=headers(run["token"], body)).status_code == 201
@@ -580,3 +584,20 @@ def test_a_full_disk_answers_507_and_keeps_the_previous_checkpoint(tmp_path):
         assert sorted(os.listdir(folder(data, run))) == ["000000001.ckpt", "000000001.json"]
     finally:
         stop_server(proc)
+
+
+def test_resume_and_branch_only_from_checkpoints_whose_records_are_committed(client):
+    """A tab that dies right after uploading checkpoint K may not have sent record K: the run
+    resumes from the newest checkpoint at or before its last committed step, never with a hole."""
+    run = new_run(client)
+    train_some(client, run, 9, "stopped")            # records 1..9 committed
+    body = state(run)
+    assert put(client, run, 5, body).status_code == 201
+    assert put(client, run, 10, body).status_code == 201   # record 10 never arrived
+    r = client.post(f"/api/runs/{run['id']}/resume")
+    assert r.status_code == 200 and r.json()["step"] == 5, r.text
+    assert [m["step"] for m in client.get(f"/api/runs/{run['id']}/metrics").json()] == \
+        list(range(1, 6))
+    branch = client.post("/api/runs", json={"preset": "tiny", "steps": 200, "lr": 1e-3,
+                                            "parent": {"run": run["id"], "step": 10}})
+    assert branch.status_code == 409 and "committed up to step 5" in branch.json()["detail"]

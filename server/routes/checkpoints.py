@@ -180,10 +180,7 @@ async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: Che
         run = await store.run(store.get_run, run_id)
         if run["status"] not in RESUMABLE:
             raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
-        latest = await asyncio.to_thread(ckpts.latest, run_id)
-        if latest is None:
-            raise HTTPException(404, f"run {run_id} has no checkpoint to resume from")
-        step = latest["step"]
+        step = await usable_checkpoint(store, ckpts, run_id)
         why = await store.run(store.resume_run, run_id, step, token_hash(token), RESUMABLE)
         if why:
             raise HTTPException(409, f"cannot resume: {why}")
@@ -193,6 +190,20 @@ async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: Che
     fanout.publish(run_id, {"type": "resumed", "step": step})
     fanout.publish(run_id, {"type": "run", "run": info})
     return {"token": token, "step": step, "run": info}
+
+
+async def usable_checkpoint(store, ckpts: CheckpointStore, run_id: str) -> int:
+    """The newest checkpoint whose steps all have committed records: a tab that dies right after
+    uploading checkpoint K may not have sent record K yet, and a run must never go on with a
+    hole in its steps."""
+    last = await store.run(store.last_step, run_id) or 0
+    metas = await asyncio.to_thread(ckpts.list, run_id)
+    usable = [m["step"] for m in metas if m["step"] <= last]
+    if not usable:
+        have = ", ".join(str(m["step"]) for m in metas) or "none"
+        raise HTTPException(404, f"run {run_id} has no checkpoint to resume from whose records "
+                                 f"are committed (records up to step {last}; checkpoints: {have})")
+    return max(usable)
 
 
 async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, step: int,

@@ -99,6 +99,10 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     if step >= cfg["steps"]:
         raise HTTPException(409, f"the branch starts after step {step}: its steps "
                                  f"({cfg['steps']}) must be more than that")
+    committed = await store.run(store.last_step, parent_id) or 0
+    if step > committed:   # the branch copies the parent's records up to its step
+        raise HTTPException(409, f"run {parent_id}'s records are committed up to step "
+                                 f"{committed}: branch from a checkpoint at or before it")
     await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
     name = f"{parent['name']} · branch at {step}"[:120]
     try:

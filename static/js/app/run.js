@@ -369,7 +369,7 @@ async function train(run, token) {
   setStatus(from === null ? 'Compiling kernels and initialising weights…'
     : `Compiling kernels; resuming from step ${from}…`);
   for (const ch of allCharts()) ch.setPlaceholder('Compiling kernels: the first step appears here soon…');
-  const uploader = new CheckpointUploader(token);
+  const uploader = new CheckpointUploader(token, socket);
   const trainer = await Trainer.create({
     ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume,
     loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
@@ -447,13 +447,17 @@ async function fetchRetrying(url, init = {}, attempts = 12) {
  *  A failed upload (a full disk, a restarting server) is shown and retried with the next
  *  checkpoint; training goes on meanwhile. */
 class CheckpointUploader {
-  constructor(token) {
+  constructor(token, socket) {
     this.token = token;
+    this.socket = socket;
   }
 
   async upload(ckpt) {
     const t0 = performance.now();
     try {
+      // Record K first: a checkpoint of step K is only useful with steps 1..K committed (the
+      // server resumes only from such a checkpoint).
+      await this.socket.committed(ckpt.step);
       const res = await fetch(`/api/runs/${runId}/checkpoints/${ckpt.step}`, {
         method: 'PUT', body: new Blob(ckpt.parts),
         headers: { authorization: `Bearer ${this.token}`, 'content-type': 'application/octet-stream',
