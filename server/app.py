@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
+from andrea.broker import BrokerUnavailable, RedisBroker
 from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings, host_of
 from andrea.data.hub import DataHub
@@ -26,6 +27,7 @@ from andrea.store import Store, StoreUnavailable
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
     await _recover_checkpoints(app.state.store, app.state.checkpoints)
+    await app.state.fanout.start()      # with a broker: hears the other processes first
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed
@@ -40,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
+    app.add_exception_handler(BrokerUnavailable, _store_unavailable)
     # Text (pages, modules, shaders, JSON) is gzipped; binary batches and weights are not worth
     # the CPU.
     app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=(
@@ -63,7 +66,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.data = DataHub(settings.data_dir, settings.corpora)
     app.state.store = store = Store(settings.db_path)
     app.state.runs = RunRegistry(store)
-    app.state.fanout = Fanout(settings.viewer_queue_bytes)
+    broker = RedisBroker(settings.broker_url) if settings.broker_url else None
+    app.state.fanout = fanout = Fanout(settings.viewer_queue_bytes, broker)
+    fanout.on_reset = app.state.runs.forget     # resumed or deleted on another process
     app.state.checkpoints = CheckpointStore(settings.data_dir, settings.checkpoints_kept)
     # Outermost: a request for a host name this server does not answer to (a DNS-rebinding
     # page) is refused before any route sees it.
@@ -91,8 +96,10 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-async def _store_unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
-    """A full disk or a read-only data dir: 503 with the reason (it names the file)."""
+async def _store_unavailable(request: Request,
+                             exc: StoreUnavailable | BrokerUnavailable) -> JSONResponse:
+    """A full disk, a read-only data dir, a database or broker out of reach: 503 with the
+    reason (it names the file or the URL)."""
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "10"})
 
 

@@ -4,7 +4,8 @@
   andrea train              train a run in headless Chromium, from the command line
   andrea export RUN_ID      write a run's model as a Hugging Face checkpoint
 
-Settings come from ANDREA_HOST, ANDREA_PORT and ANDREA_DATA_DIR; flags override them.
+Settings come from ANDREA_HOST, ANDREA_PORT and ANDREA_DATA_DIR (and, past one process,
+ANDREA_DATABASE_URL and ANDREA_BROKER_URL); flags override them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         corpora = tuple(parse_corpus_arg(a) for a in args.corpus)
         settings = Settings(**_given(args, "host", "port", "data_dir"), corpora=corpora)
+        if args.workers > 1 and not settings.broker_url:
+            print("andrea serve: error: --workers needs ANDREA_BROKER_URL (redis://...): "
+                  "viewers on one process must hear the records committed on another",
+                  file=sys.stderr)
+            return 2
         app = create_app(settings)
         sources = app.state.data.sources()   # reads every source now: bad text fails here
     except CorpusError as e:
@@ -61,8 +67,31 @@ def _serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     print(f"Andrea {__version__}: open http://{settings.host}:{port}/ in Chrome "
           f"(data in {settings.data_dir})", flush=True)
+    if args.workers > 1:
+        return _serve_workers(settings, sock, args.workers)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
     server.run(sockets=[sock])
+    return 0
+
+
+def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int:
+    """N uvicorn worker processes on the one bound socket (the kernel spreads connections over
+    them); each builds the app from the same settings, handed down through ANDREA_*."""
+    import json
+    import os
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    for name, value in settings.model_dump(mode="json", exclude_none=True).items():
+        if name == "allowed_hosts":
+            value = ",".join(value)         # the form ANDREA_ALLOWED_HOSTS takes
+        elif not isinstance(value, str):
+            value = json.dumps(value)       # numbers, and corpora as a JSON list
+        os.environ[f"ANDREA_{name.upper()}"] = value
+    config = uvicorn.Config("andrea.app:create_app", factory=True, workers=workers,
+                            log_level="info")
+    Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
     return 0
 
 
@@ -88,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-warm-data", dest="warm_data", action="store_false",
                        help="do not build tokenizers and token files in the background at start "
                             "(the first batch request builds them instead)")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="server processes on the one port (needs ANDREA_BROKER_URL; use "
+                            "ANDREA_DATABASE_URL=postgresql://... past one machine)")
     serve.set_defaults(func=_serve)
 
     from andrea.headless import add_train_arguments, train

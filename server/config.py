@@ -1,6 +1,6 @@
 """One Settings object for the whole server, read from the environment the ecosystem way:
-ANDREA_HOST, ANDREA_PORT, ANDREA_DATA_DIR, ANDREA_CHECKPOINTS_KEPT, ... (command-line flags
-override them). The default data
+ANDREA_HOST, ANDREA_PORT, ANDREA_DATA_DIR, ANDREA_CHECKPOINTS_KEPT, ANDREA_DATABASE_URL,
+ANDREA_BROKER_URL, ... (command-line flags override them). The default data
 dir is the platform's user data folder, the same for `serve`, `train` and `export`."""
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     # deadline frees the connection.
     viewer_queue_bytes: int = Field(1 << 20, ge=64 << 10)
     viewer_send_timeout_s: float = Field(10.0, gt=0)
+    # Past one process: runs, metrics and events in PostgreSQL (postgresql://user@host/db)
+    # instead of the data dir's SQLite file, and live records to the viewers of every server
+    # process through Redis (redis://host:6379/0). Several processes share one data dir
+    # (checkpoints, weights, the corpus' token files): on one machine, or a shared folder.
+    database_url: str | None = None
+    broker_url: str | None = None
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -4,6 +4,7 @@ the benchmarks and the tests, so there is one way to start a server and wait for
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -31,11 +32,11 @@ def _limit_files(limit: int):
 
 
 def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
-                 warm_data: bool = False,
-                 file_limit: int | None = None) -> tuple[subprocess.Popen, str]:
+                 warm_data: bool = False, file_limit: int | None = None,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Starts the server (its output appended to data_dir/server.log) and waits until /healthz
     answers; raises RuntimeError if it exits or stays silent. file_limit: the largest file it
-    may write (a full disk, for tests)."""
+    may write (a full disk, for tests); env: ANDREA_* settings besides the environment's."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port),
@@ -45,6 +46,7 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
         # server that the caller still needs to stop the run cleanly.
         proc = subprocess.Popen(cmd + ([] if warm_data else ["--no-warm-data"]),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})},
                                 preexec_fn=_limit_files(file_limit) if file_limit else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

@@ -43,6 +43,7 @@ from typing import Annotated, Literal, Union
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from andrea.broker import BrokerUnavailable
 from andrea.config import Settings, host_of
 from andrea.data.runs import RunRegistry
 from andrea.deps import REVOKED, FanoutDep, RunsDep, SettingsDep, StoreDep
@@ -235,9 +236,8 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 raise ProtocolError(1008, REVOKED)
             if verdict != "ok":
                 raise ProtocolError(1008, "wrong token for this run")
-            if fanout.has_trainer(run_id):
+            if not await fanout.claim_trainer(run_id):
                 raise ProtocolError(1008, "another trainer holds this run")
-            fanout.trainer_joined(run_id)
             connected = True
         run = await store.run(store.get_run, run_id)
         steps = run["config"]["steps"]
@@ -280,13 +280,16 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
         log.error("run %s: %s", run_id, e)
         await _close(ws, 1013, f"{e}; the records not acknowledged are kept: free space or "
                                "fix the data dir, the page reconnects")
+    except BrokerUnavailable as e:  # the other processes cannot be asked: come back later
+        log.error("run %s: %s", run_id, e)
+        await _close(ws, 1013, str(e))
     except asyncio.TimeoutError:
         await _close(ws, 1008, f"no hello within {HELLO_TIMEOUT_S} s")
     except WebSocketDisconnect:
         pass
     finally:
         if connected:
-            fanout.trainer_left(run_id)
+            await fanout.release_trainer(run_id)
             fanout.spawn(_publish_run(store, fanout, run_id))   # can_resume may be true now
             fanout.spawn(_mark_if_abandoned(store, fanout, settings.trainer_grace_s, run_id))
 
@@ -316,8 +319,11 @@ async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_i
     crashed) is marked interrupted, so the list does not show it running forever. A trainer
     that comes back and reports 'running' flips it back."""
     await asyncio.sleep(grace_s)
-    if fanout.has_trainer(run_id):
-        return
+    try:
+        if await fanout.trainer_anywhere(run_id):
+            return
+    except BrokerUnavailable:
+        return      # cannot tell: leave it; the next trainer or watchdog decides
     run = await store.run(store.get_run, run_id)
     if run and run["status"] in statuses:
         await store.run(store.set_status, run_id, "interrupted", message)
@@ -342,12 +348,13 @@ class _ViewerSession:
         self.event_cursor: tuple[int, str] = (self.cursor, "\uffff")
         self.restart: int | None = None                # a "from" asked for while live
         self.viewer: Viewer | None = None
-        self.poke = asyncio.Event()
+        self.wake = asyncio.Event()     # the live queue's and the reader's: one wait, no tasks
 
     async def send(self, text: str) -> None:
         try:
-            await asyncio.wait_for(self.ws.send_text(text), self.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout):   # (wait_for would make a task per send)
+                await self.ws.send_text(text)
+        except TimeoutError:
             _abort(self.ws)       # a peer that stopped reading: freed now
             raise _Gone() from None
         except (WebSocketDisconnect, RuntimeError, OSError):
@@ -360,7 +367,7 @@ class _ViewerSession:
             msg = _parse(ViewerMessage, _text_of(await self.ws.receive(), VIEWER_MESSAGE_BYTES))
             if isinstance(msg, From):
                 self.restart = msg.step
-                self.poke.set()
+                self.wake.set()
             else:
                 await self.send(json.dumps({"type": "pong"}))
 
@@ -379,7 +386,8 @@ class _ViewerSession:
                     break
                 # Nothing can fall between: whatever is committed after this point is
                 # published to the queue, and one more read picks up what came before.
-                self.viewer = self.fanout.subscribe(self.run_id, self.fanout.new_viewer())
+                self.viewer = self.fanout.subscribe(self.run_id,
+                                                    self.fanout.new_viewer(self.wake))
                 subscribed = True
         while True:
             events = await self.store.run(self.store.events_page, self.run_id,
@@ -410,6 +418,8 @@ class _ViewerSession:
     async def live(self) -> None:
         viewer = self.viewer
         while True:
+            if viewer.resync and self.restart is None:
+                self.restart = self.cursor      # the broker was away: the store has it all
             if self.restart is not None:
                 step, self.restart = self.restart, None
                 await self.start_from(step)
@@ -420,16 +430,12 @@ class _ViewerSession:
                              f"?after={self.cursor} to resume after step {self.cursor}",
                              self.timeout)
                 raise _Gone()
-            item = viewer.pop()
+            item = viewer.pop(self.cursor)
             if item is None:
-                self.poke.clear()
-                wake = asyncio.ensure_future(viewer.wake.wait())
-                poke = asyncio.ensure_future(self.poke.wait())
-                try:
-                    await asyncio.wait({wake, poke}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    wake.cancel()
-                    poke.cancel()
+                self.wake.clear()
+                if self.restart is None and not viewer.resync and not viewer.dropped \
+                        and not viewer.items:
+                    await self.wake.wait()
                 continue
             await self.deliver(item)
 
@@ -437,6 +443,11 @@ class _ViewerSession:
         if item.type == "records":
             if item.last is not None and item.last <= self.cursor:
                 return          # read from the store already
+            if item.first is not None and item.first > self.cursor + 1 >= 1:
+                # A hole before it: a message was lost on its way from another process
+                # (the broker reconnected). The store has every committed record.
+                self.restart = self.cursor
+                return
             await self.send(item.text)
             self.cursor = max(self.cursor, item.last or self.cursor)
             return

@@ -174,7 +174,7 @@ async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: Che
     run_id = run["id"]
     token = new_token()
     async with fanout.run_lock(run_id):     # no hello, commit or other resume in between
-        if fanout.has_trainer(run_id):
+        if await fanout.trainer_anywhere(run_id):
             raise HTTPException(409, "a trainer is connected to this run (another tab is "
                                      "training it): stop it there, or wait until it is gone")
         run = await store.run(store.get_run, run_id)

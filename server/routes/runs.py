@@ -116,7 +116,7 @@ async def _expire(store, fanout) -> None:
     """Runs `created` long ago that no trainer ever started become `abandoned` (lazily, when
     runs are listed or read)."""
     await store.run(store.abandon_stale, time.time() - ABANDON_AFTER_S,
-                    tuple(fanout.trainers), ABANDONED_MESSAGE)
+                    fanout.connected_runs(), ABANDONED_MESSAGE)
 
 
 @router.get("/runs")
@@ -164,7 +164,7 @@ async def delete_run(run: RunDep, store: StoreDep, fanout: FanoutDep, runs: Runs
     connected (the tab training it would go on writing): stop it there first."""
     run_id = run["id"]
     async with fanout.run_lock(run_id):     # no hello, resume or checkpoint commit meanwhile
-        if fanout.has_trainer(run_id):
+        if await fanout.trainer_anywhere(run_id):
             raise HTTPException(409, "a tab is training this run: stop it there first, or "
                                      "wait until its trainer is gone")
         if not await store.run(store.delete_run, run_id):

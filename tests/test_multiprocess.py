@@ -1,0 +1,176 @@
+"""Two server processes behind one store and one broker (Redis) serve one set of runs: a
+trainer client streams to process A, a viewer watches on process B; A is killed mid-stream
+(SIGKILL: nothing flushed, nothing said) and the trainer reconnects to B and resends what was
+not acknowledged. The viewer must see every step once and the store hold each step once.
+Run on PostgreSQL (past one machine) and on a shared SQLite file (several processes on one
+machine). Each server is a real `andrea serve` process; the Redis and PostgreSQL servers are
+throwaway ones that the test starts itself."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from andrea.launch import start_server, stop_server
+from tests.redis_server import INSTALL, redis_binary, redis_server
+from tests.test_hardening import new_run, record, ws_url
+
+STEPS, PER = 400, 8                    # 8 records per message, a message every 20 ms
+KILL_AFTER = 150                       # A dies once this step is acknowledged
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    if redis_binary() is None:
+        pytest.skip(f"redis-server is not installed ({INSTALL}; bash scripts/test does it)")
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def store_env(request, redis_url) -> dict[str, str]:
+    env = {"ANDREA_BROKER_URL": redis_url}
+    if request.param == "postgresql":
+        env["ANDREA_DATABASE_URL"] = request.getfixturevalue("pg_url")
+    return env
+
+
+class Trainer(threading.Thread):
+    """The page's protocol: hello with the last acknowledged step, resend from the server's
+    last committed step, keep records until acknowledged; on a dropped connection, the next
+    server (a reconnect through a load balancer lands on another process)."""
+
+    def __init__(self, urls: list[str], run: dict):
+        super().__init__(daemon=True)
+        self.urls, self.run_info = urls, run
+        self.acked: int | None = None
+        self.error: BaseException | None = None
+        self.hellos: list[tuple[str, str]] = []      # (url, what the server answered)
+
+    def run(self):
+        try:
+            self._train()
+        except BaseException as e:       # reported by the test
+            self.error = e
+
+    def _train(self):
+        deadline, server = time.monotonic() + 120, 0
+        while (self.acked or 0) < STEPS:
+            assert time.monotonic() < deadline, f"trainer stuck at {self.acked}: {self.hellos}"
+            url = self.urls[server]
+            try:
+                with connect(ws_url(url, f"/ws/runs/{self.run_info['id']}"),
+                             open_timeout=5) as ws:
+                    ws.send(json.dumps({"type": "hello", "token": self.run_info["token"],
+                                        "last_acked_step": self.acked}))
+                    welcome = json.loads(ws.recv(timeout=10))
+                    self.hellos.append((url, welcome["type"]))
+                    if welcome["type"] != "welcome":
+                        raise ConnectionError(welcome.get("message"))
+                    self.acked = welcome["last_committed_step"]
+                    step = (self.acked or 0) + 1
+                    while step <= STEPS:
+                        batch = [record(s) for s in range(step, min(step + PER, STEPS + 1))]
+                        ws.send(json.dumps({"type": "metrics", "records": batch}))
+                        ack = json.loads(ws.recv(timeout=10))
+                        assert ack["type"] == "ack", ack
+                        self.acked = ack["step"]
+                        step = batch[-1]["step"] + 1
+                        time.sleep(0.02)
+            except (OSError, ConnectionClosed, TimeoutError, ConnectionError):
+                # A killed process: the next one. "another trainer holds this run": the dead
+                # process's claim expires within seconds; try again.
+                server = min(server + 1, len(self.urls) - 1)
+                time.sleep(0.3)
+
+
+class Viewer(threading.Thread):
+    def __init__(self, url: str, run_id: str):
+        super().__init__(daemon=True)
+        self.url, self.run_id = url, run_id
+        self.counts: dict[int, int] = {}
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            with connect(ws_url(self.url, f"/ws/runs/{self.run_id}/watch"),
+                         open_timeout=5) as ws:
+                while len(self.counts) < STEPS:
+                    msg = json.loads(ws.recv(timeout=30))
+                    for r in msg.get("records", []) if msg["type"] == "records" else []:
+                        self.counts[r["step"]] = self.counts.get(r["step"], 0) + 1
+        except BaseException as e:
+            self.error = e
+
+
+def test_two_processes_one_set_of_runs_and_a_killed_process(tmp_path, store_env):
+    data = tmp_path / "data"
+    a, url_a = start_server(data, env=store_env)
+    b, url_b = start_server(data, env=store_env)
+    try:
+        run = new_run(url_a, steps=STEPS)
+        # B knows the run A created (one store), and hears A's records (one broker).
+        assert httpx.get(f"{url_b}/api/runs/{run['id']}").status_code == 200
+        viewer = Viewer(url_b, run["id"])
+        viewer.start()
+        time.sleep(0.5)                       # subscribed before the first record
+        trainer = Trainer([url_a, url_b], run)
+        trainer.start()
+        deadline = time.monotonic() + 60
+        while (trainer.acked or 0) < KILL_AFTER:
+            assert trainer.is_alive() and time.monotonic() < deadline, trainer.error
+            time.sleep(0.01)
+        a.kill()                              # mid-stream, no goodbye
+        a.wait()
+        trainer.join(timeout=120)
+        viewer.join(timeout=30)
+        assert trainer.error is None, trainer.error
+        assert trainer.acked == STEPS
+        assert [h for h in trainer.hellos if h[1] == "welcome"][-1][0] == url_b, trainer.hellos
+        assert viewer.error is None, viewer.error
+        missing = sorted(set(range(1, STEPS + 1)) - set(viewer.counts))
+        twice = sorted(s for s, n in viewer.counts.items() if n > 1)
+        assert not missing and not twice, (missing[:10], twice[:10])
+        rows = httpx.get(f"{url_b}/api/runs/{run['id']}/metrics", timeout=30).json()
+        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        # The trainer's socket on B counts as connected on B, for every process.
+        info = httpx.get(f"{url_b}/api/runs/{run['id']}").json()
+        assert info["id"] == run["id"]
+    finally:
+        stop_server(b)
+        if a.poll() is None:
+            stop_server(a)
+
+
+def test_one_trainer_per_run_across_processes(tmp_path, store_env):
+    """A second trainer on the other process is refused while the first is connected, and a
+    resume on the other process is refused too (the presence is in the broker)."""
+    data = tmp_path / "data"
+    a, url_a = start_server(data, env=store_env)
+    b, url_b = start_server(data, env=store_env)
+    try:
+        run = new_run(url_a, steps=50)
+        with connect(ws_url(url_a, f"/ws/runs/{run['id']}"), open_timeout=5) as first:
+            first.send(json.dumps({"type": "hello", "token": run["token"]}))
+            assert json.loads(first.recv(timeout=10))["type"] == "welcome"
+            with connect(ws_url(url_b, f"/ws/runs/{run['id']}"), open_timeout=5) as second:
+                second.send(json.dumps({"type": "hello", "token": run["token"]}))
+                msg = json.loads(second.recv(timeout=10))
+                assert msg["type"] == "error" and "another trainer" in msg["message"], msg
+            r = httpx.delete(f"{url_b}/api/runs/{run['id']}")
+            assert r.status_code == 409, r.text
+            r = httpx.post(f"{url_b}/api/runs/{run['id']}/resume")
+            assert r.status_code == 409 and "trainer is connected" in r.text, r.text
+        # Gone from A: B may take it at once (A released its claim).
+        with connect(ws_url(url_b, f"/ws/runs/{run['id']}"), open_timeout=5) as again:
+            again.send(json.dumps({"type": "hello", "token": run["token"]}))
+            assert json.loads(again.recv(timeout=10))["type"] == "welcome"
+    finally:
+        stop_server(a)
+        stop_server(b)
