@@ -17,6 +17,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from andrea.data.bandit import PhaseSchedule
+from andrea.data.spec import BatchSpec
 from andrea.launch import start_server, stop_server
 from tests.redis_server import INSTALL, redis_binary, redis_server
 from tests.test_hardening import new_run, record, ws_url
@@ -171,6 +173,32 @@ def test_one_trainer_per_run_across_processes(tmp_path, store_env):
         with connect(ws_url(url_b, f"/ws/runs/{run['id']}"), open_timeout=5) as again:
             again.send(json.dumps({"type": "hello", "token": run["token"]}))
             assert json.loads(again.recv(timeout=10))["type"] == "welcome"
+    finally:
+        stop_server(a)
+        stop_server(b)
+
+
+def test_bandit_on_one_process_hears_the_trainer_on_another(tmp_path, store_env):
+    """A bandit run's batches come from B while its telemetry goes to A: B's bandit reads the
+    reports it waits for from the store instead of timing out (503)."""
+    data = tmp_path / "data"
+    a, url_a = start_server(data, env=store_env)
+    b, url_b = start_server(data, env=store_env)
+    try:
+        run = new_run(url_a, steps=200, data_mode="bandit")
+        batch = f"{url_b}/api/runs/{run['id']}/batches"
+        assert httpx.get(f"{batch}/1", timeout=120).status_code == 200   # B's bandit exists
+        schedule = PhaseSchedule(BatchSpec.of_run(run["config"]).seed)
+        later = schedule.phase(3)[0]           # decided from the reports of phases 0 and 1
+        with connect(ws_url(url_a, f"/ws/runs/{run['id']}"), open_timeout=5) as ws:
+            ws.send(json.dumps({"type": "hello", "token": run["token"]}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+            ws.send(json.dumps({"type": "metrics", "records": [
+                {**record(s), "source_losses": {"0": 5.0 - s / 100, "1": 4.0}}
+                for s in range(1, later)]}))
+            assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "step": later - 1}
+            r = httpx.get(f"{batch}/{later}", timeout=60)
+            assert r.status_code == 200, r.text
     finally:
         stop_server(a)
         stop_server(b)

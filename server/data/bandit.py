@@ -34,7 +34,7 @@ import bisect
 import math
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -128,6 +128,9 @@ class SourceBandit:
         self._reported_to = 0                        # steps 1..this have all been reported
         self._reported_after: set[int] = set()       # reported steps past that
         self._cond = threading.Condition()
+        # Called with the last step reported without a gap before a decision waits: the
+        # registry reads the reports from the store (those another server process received).
+        self.refill: Callable[[int], None] | None = None
 
     def report(self, step: int, source: int, loss: float) -> None:
         """Source `source`'s (corpus index) mean training loss at `step`. Idempotent."""
@@ -182,6 +185,8 @@ class SourceBandit:
                 start, length = self.schedule.phase(j)
                 # Phase j depends on every step before phase j - 1 starts (records are 1-based).
                 need = self.schedule.phase(j - 1)[0] - 1 if j >= 2 else 0
+                if self.wait_s is not None and self._reported_to < need and self.refill:
+                    self.refill(self._reported_to)
                 if self.wait_s is not None and not self._cond.wait_for(
                         lambda: self._reported_to >= need, timeout=self.wait_s):
                     raise NotReady(f"phase {j} waits for the training losses of steps 1..{need}; "

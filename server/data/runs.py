@@ -97,14 +97,21 @@ class RunRegistry:
                 real = self._store is not None and not run_id.startswith("adhoc-")
                 bandit = SourceBandit(spec.seed, source_names,
                                       wait_s=REPORT_WAIT_S if real else None)
-                if real:    # page by page: a long run is never in memory at once
-                    after = None
-                    while page := self._store.metrics_page(run_id, after, REPLAY_PAGE):
-                        for rec in page:
-                            _report(bandit, rec["step"], rec.get("source_losses") or {})
-                        after = page[-1]["step"]
+                if real:
+                    self._replay(run_id, bandit, None)
+                    # Reports it waits for may have gone to another server process (its
+                    # trainer is there): read from the store before waiting.
+                    bandit.refill = lambda after: self._replay(run_id, bandit, after)
                 self._bandits[run_id] = bandit
             return self._bandits[run_id]
+
+    def _replay(self, run_id: str, bandit: SourceBandit, after: int | None) -> None:
+        """The committed records after `after` reported to the bandit (reports are idempotent),
+        page by page: a long run is never in memory at once."""
+        while page := self._store.metrics_page(run_id, after, REPLAY_PAGE):
+            for rec in page:
+                _report(bandit, rec["step"], rec.get("source_losses") or {})
+            after = page[-1]["step"]
 
     def report_losses(self, run_id: str, step: int, losses: Mapping[str, float]) -> bool:
         """THE way per-source training losses reach a bandit: {source index: mean loss} at
