@@ -69,7 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     broker = RedisBroker(settings.broker_url) if settings.broker_url else None
     app.state.fanout = fanout = Fanout(settings.viewer_queue_bytes, broker)
     fanout.on_reset = app.state.runs.forget     # resumed or deleted on another process
-    app.state.checkpoints = CheckpointStore(settings.data_dir, settings.checkpoints_kept)
+    app.state.checkpoints = CheckpointStore(settings.data_dir, settings.checkpoints_kept,
+                                            shared=settings.broker_url is not None)
     # Outermost: a request for a host name this server does not answer to (a DNS-rebinding
     # page) is refused before any route sees it.
     app.add_middleware(HostCheck, hosts=settings.hosts)

@@ -31,6 +31,7 @@ READ_BYTES = 1 << 20
 # A full or read-only disk: the server answers 507 and keeps what it had.
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
 TEMP_SUFFIX = ".part"
+SHARED_TEMP_IDLE_S = 900     # an upload idle this long on another process is a dead one's
 
 
 class CheckpointError(Exception):
@@ -162,13 +163,22 @@ class Upload:
         self.path.unlink(missing_ok=True)
 
 
+def _recent(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < SHARED_TEMP_IDLE_S
+    except FileNotFoundError:
+        return False
+
+
 class CheckpointStore:
     """The checkpoints of every run in one data dir. Commits and pruning of a run are
     serialized by the caller (Fanout.run_lock); `_active` names the temp files being written,
-    so cleaning garbage never removes an upload in progress."""
+    so cleaning garbage never removes an upload in progress. `shared`: other server processes
+    write to the same data dir (their uploads are not in `_active`), so a temp file is garbage
+    only once nothing has written to it for SHARED_TEMP_IDLE_S."""
 
-    def __init__(self, data_dir: Path, kept: int):
-        self.data_dir, self.kept = data_dir, kept
+    def __init__(self, data_dir: Path, kept: int, shared: bool = False):
+        self.data_dir, self.kept, self.shared = data_dir, kept, shared
         self._active: set[Path] = set()
         self._lock = threading.Lock()
 
@@ -325,7 +335,8 @@ class CheckpointStore:
             active = {p.name for p in self._active}
         for name in names:
             stem = name.rsplit(".", 1)[0]
-            garbage = ((name.endswith(TEMP_SUFFIX) and name not in active)
+            garbage = ((name.endswith(TEMP_SUFFIX) and name not in active
+                        and not (self.shared and _recent(folder / name)))
                        or (name.endswith(".ckpt") and stem + ".json" not in names)
                        or (name.endswith(".json") and stem + ".ckpt" not in names))
             if garbage:
