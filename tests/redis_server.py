@@ -20,12 +20,12 @@ def redis_binary() -> str | None:
 
 
 @contextlib.contextmanager
-def redis_server():
-    """Yields redis://127.0.0.1:PORT/0 while the server runs."""
+def redis_server(port: int | None = None):
+    """Yields redis://127.0.0.1:PORT/0 while the server runs (a free port by default)."""
     binary = redis_binary()
     if binary is None:
         raise FileNotFoundError(f"redis-server is not installed ({INSTALL})")
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no", "--daemonize", "no"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

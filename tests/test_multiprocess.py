@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 
 from andrea.data.bandit import PhaseSchedule
 from andrea.data.spec import BatchSpec
-from andrea.launch import start_server, stop_server
+from andrea.launch import free_port, start_server, stop_server
 from tests.redis_server import INSTALL, redis_binary, redis_server
 from tests.test_hardening import new_run, record, ws_url
 
@@ -202,3 +202,42 @@ def test_bandit_on_one_process_hears_the_trainer_on_another(tmp_path, store_env)
     finally:
         stop_server(a)
         stop_server(b)
+
+
+def test_a_broker_restart_loses_no_record_for_viewers(tmp_path):
+    """Redis goes away mid-stream and comes back empty: the viewer on the other process
+    still gets every step once (what was published meanwhile is re-read from the store)."""
+    if redis_binary() is None:
+        pytest.skip(f"redis-server is not installed ({INSTALL}; bash scripts/test does it)")
+    port = free_port()
+    broker = redis_server(port)
+    env = {"ANDREA_BROKER_URL": broker.__enter__()}
+    data = tmp_path / "data"
+    a, url_a = start_server(data, env=env)
+    b, url_b = start_server(data, env=env)
+    try:
+        run = new_run(url_a, steps=STEPS)
+        viewer = Viewer(url_b, run["id"])
+        viewer.start()
+        time.sleep(0.5)
+        trainer = Trainer([url_a], run)
+        trainer.start()
+        deadline = time.monotonic() + 60
+        while (trainer.acked or 0) < KILL_AFTER:
+            assert trainer.is_alive() and time.monotonic() < deadline, trainer.error
+            time.sleep(0.01)
+        broker.__exit__(None, None, None)          # Redis gone, and with it every key
+        time.sleep(1.5)
+        broker = redis_server(port)
+        broker.__enter__()
+        trainer.join(timeout=120)
+        viewer.join(timeout=30)
+        assert trainer.error is None and trainer.acked == STEPS, trainer.error
+        assert viewer.error is None, viewer.error
+        missing = sorted(set(range(1, STEPS + 1)) - set(viewer.counts))
+        twice = sorted(s for s, n in viewer.counts.items() if n > 1)
+        assert not missing and not twice, (missing[:10], twice[:10])
+    finally:
+        stop_server(a)
+        stop_server(b)
+        broker.__exit__(None, None, None)
