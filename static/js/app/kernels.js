@@ -2,7 +2,7 @@
 import { SHADER_BASE } from './assets.js';
 import { createContext } from '../engine/context.js';
 import { createModel } from '../engine/model.js';
-import { Optimizer } from '../engine/optimizer.js';
+import { ENTRY, Optimizer } from '../engine/optimizer.js';
 import { profileOps, summarize } from '../engine/profiler.js';
 import { fetchLoader } from '../engine/shaders.js';
 
@@ -50,17 +50,8 @@ async function profile(event) {
     const ops = [...plan.forward, ...plan.loss, ...plan.backward];
     await profileOps(ctx.device, ops);                     // warm-up
     const rows = summarize(await profileOps(ctx.device, ops));
-    if ($('optimizer').checked) {
-      const opt = await Optimizer.create(ctx, layout, { variant: 'adamw', W: model.W, G: model.G });
-      try {
-        opt.setStep(1, 1e-3);
-        const ms = await timePass(ctx.device, (enc, timestampWrites) => opt.encode(enc, { timestampWrites }));
-        rows.push({ label: 'optimizer (norm + clip + AdamW)', file: '12_optimizer.wgsl',
-          entry: 'adamw_update', calls: 1, ms });
-      } finally {
-        opt.destroy();
-      }
-    }
+    const variant = $('optimizer').value;
+    if (variant) rows.push(...await profileOptimizer(model, variant));
     const total = rows.reduce((a, r) => a + r.ms, 0);
     $('kernels').querySelector('tbody').replaceChildren(...rows.sort((a, b) => b.ms - a.ms).map((r) => {
       const tr = document.createElement('tr');
@@ -84,6 +75,37 @@ async function profile(event) {
     $('status').className = 'status bad';
   } finally {
     $('run').disabled = false;
+  }
+}
+
+/** The optimizer phase of `variant` as two rows: the grad norm (reduce_norm_sq and
+ *  finalize_grad_stats) and the update, each timed in its own pass (median of 5). */
+async function profileOptimizer(model, variant) {
+  const maps = variant.startsWith('adamw_8bit') ? await (await fetch('/api/optimizer/maps')).json() : null;
+  const opt = await Optimizer.create(ctx, model.layout, { variant, W: model.W, G: model.G, maps });
+  try {
+    opt.setStep(1, 1e-3);
+    const median = async (encodeIn) => {
+      const ms = [];
+      for (let i = 0; i < 5; i++) {
+        ms.push(await timePass(ctx.device, (enc, timestampWrites) => {
+          const pass = enc.beginComputePass({ timestampWrites });
+          encodeIn(pass);
+          pass.end();
+        }));
+      }
+      return ms.sort((a, b) => a - b)[2];
+    };
+    const norm = await median((pass) => opt.encodeNorm(pass));
+    const update = await median((pass) => opt.encodeUpdate(pass));
+    return [
+      { label: `optimizer grad norm (${variant})`, file: '12_optimizer.wgsl', entry: 'reduce_norm_sq',
+        calls: 1, ms: norm },
+      { label: `optimizer update (${variant})`, file: '12_optimizer.wgsl', entry: ENTRY[variant],
+        calls: opt.updateDispatches, ms: update },
+    ];
+  } finally {
+    opt.destroy();
   }
 }
 

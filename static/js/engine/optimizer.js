@@ -17,7 +17,7 @@ import { buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './opt
 
 const FILE = '12_optimizer.wgsl';
 export const VARIANTS = ['adamw', 'adamw_f16', 'adamw_8bit', 'adamw_8bit_f16'];
-const ENTRY = {
+export const ENTRY = {   // the update's entry point per variant
   adamw: 'adamw_update', adamw_f16: 'adamw_update_f16',
   adamw_8bit: 'adamw_8bit_update', adamw_8bit_f16: 'adamw_8bit_update_f16',
 };
