@@ -253,10 +253,11 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 await ws.send_json({"type": "ack", "step": last})
                 if inserted:    # exactly what was committed; a resend changes nothing
                     fanout.publish(run_id, {"type": "records", "records": inserted})
-                try:    # off the loop: a bandit being made replays the store under its lock
-                    await asyncio.to_thread(_feed_bandit, runs, run_id, msg.records)
-                except ValueError as e:
-                    raise ProtocolError(1003, f"source_losses: {e}") from None
+                if runs.has_bandit(run_id):   # (most runs have none: no thread trip)
+                    try:    # off the loop: a bandit being made replays the store under its lock
+                        await asyncio.to_thread(_feed_bandit, runs, run_id, msg.records)
+                    except ValueError as e:
+                        raise ProtocolError(1003, f"source_losses: {e}") from None
             elif isinstance(msg, Status):
                 now = await store.run(store.set_status, run_id, msg.status, msg.message,
                                       msg.adapter, FINAL)

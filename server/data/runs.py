@@ -105,6 +105,12 @@ class RunRegistry:
                 self._bandits[run_id] = bandit
             return self._bandits[run_id]
 
+    def has_bandit(self, run_id: str) -> bool:
+        """Whether reports for the run have a bandit to go to now. Telemetry skips the thread
+        trip when not: a bandit made later replays the committed records, and one that waits
+        reads them from the store (refill)."""
+        return run_id in self._bandits
+
     def _replay(self, run_id: str, bandit: SourceBandit, after: int | None) -> None:
         """The committed records after `after` reported to the bandit (reports are idempotent),
         page by page: a long run is never in memory at once."""
