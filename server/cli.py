@@ -158,8 +158,9 @@ def _export(args: argparse.Namespace) -> int:
         if args.server:
             out = export.fetch_export(args.server, args.run_id, args.out, args.step)
         else:
-            out = export.export_local(args.data_dir or Settings().data_dir, args.run_id,
-                                      args.out, args.step)
+            settings = Settings()
+            out = export.export_local(args.data_dir or settings.data_dir, args.run_id,
+                                      args.out, args.step, settings.database_url)
     except export.UsageError as e:
         print(f"andrea export: {e}", file=sys.stderr)
         return 2

@@ -192,15 +192,17 @@ class UsageError(ValueError):
     """The run or its database is not there: the command was asked the wrong thing."""
 
 
-def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None) -> Path:
+def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None,
+                 database_url: str | None = None) -> Path:
     """`andrea export RUN_ID --out OUT [--step K]`: the run, its metrics and tokenizer from a
-    data dir; with `step`, the weights of that checkpoint."""
+    data dir (and the database at `database_url`, ANDREA_DATABASE_URL, when it is not the data
+    dir's SQLite file); with `step`, the weights of that checkpoint."""
     from andrea.store import Store
 
     data_dir = Path(data_dir).resolve()
-    if not (data_dir / "andrea.sqlite").exists():
+    if not database_url and not (data_dir / "andrea.sqlite").exists():
         raise UsageError(f"no database in {data_dir}")
-    store = Store(data_dir / "andrea.sqlite")
+    store = Store.open(database_url, data_dir / "andrea.sqlite")
     try:
         run = store.get_run(run_id)
         if run is None:
