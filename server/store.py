@@ -181,6 +181,10 @@ def engine_url(url: str) -> URL:
                      f"not {u.render_as_string(hide_password=True)}")
 
 
+# Batches of records committed in one transaction at most (add_metrics_grouped).
+GROUP_COMMIT_MAX = 64
+
+
 class Store:
     def __init__(self, path: Path | None = None, *, url: str | None = None):
         """The SQLite file at `path`, or (`url`) a PostgreSQL database; Store.open picks from
@@ -188,6 +192,8 @@ class Store:
         self.path = path
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
+        self._waiting: list[tuple[str, list[dict], asyncio.Future]] = []   # group commit
+        self._committing = False
         if url is None:
             assert path is not None, "a SQLite path or a PostgreSQL URL"
             self.where: Path | str = path
@@ -485,7 +491,18 @@ class Store:
         really inserted, as stored and in step order; the highest committed step): viewers
         are sent exactly those. Two statements (the hot path): the batch's one INSERT ... ON
         CONFLICT DO NOTHING RETURNING step, and the run's UPDATE that returns its last step."""
+        return self.add_metrics_many([(run_id, records)])[0]
+
+    def add_metrics_many(self, batches: list[tuple[str, list[dict]]]
+                         ) -> list[tuple[list[dict], int | None]]:
+        """add_metrics for several batches (of any runs) in ONE transaction: one commit (one
+        WAL sync) for what many trainers sent meanwhile (see add_metrics_grouped)."""
         now = round(time.time(), 3)
+        with self._tx(write=True) as db:  # one transaction: the batches commit whole or not at all
+            return [self._insert_metrics(db, run_id, records, now) for run_id, records in batches]
+
+    def _insert_metrics(self, db, run_id: str, records: list[dict],
+                        now: float) -> tuple[list[dict], int | None]:
         batch: dict[int, dict] = {}
         for r in records:           # a step twice in one batch: the first one, as ever
             batch.setdefault(r["step"], {**r, "time": now})
@@ -495,18 +512,59 @@ class Store:
             extra = {k: v for k, v in r.items() if k not in COLUMNS}
             rows.append({"run_id": run_id, **{c: _finite(r.get(c)) for c in COLUMNS},
                          "extra": json.dumps(extra) if extra else None})
-        with self._tx(write=True) as db:  # one transaction: a batch commits whole or not at all
-            if not rows:
-                kept = set()
-            elif self.postgres:     # the batch as one JSON parameter (see _pg_insert_metrics)
-                kept = set(db.execute(self._pg_insert_metrics, {
-                    "run_id": run_id, "rows": json.dumps(rows, allow_nan=False)}).scalars())
-            else:
-                kept = set(db.execute(sqlite_insert(METRICS).on_conflict_do_nothing()
-                                      .returning(METRICS.c.step), rows).scalars())
-            touched = db.execute(_TOUCH_RUN, {"now": time.time(), "run_id": run_id}).first()
-        last = touched[0] if touched else self.last_step(run_id)
+        if not rows:
+            kept = set()
+        elif self.postgres:     # the batch as one JSON parameter (see _pg_insert_metrics)
+            kept = set(db.execute(self._pg_insert_metrics, {
+                "run_id": run_id, "rows": json.dumps(rows, allow_nan=False)}).scalars())
+        else:
+            kept = set(db.execute(sqlite_insert(METRICS).on_conflict_do_nothing()
+                                  .returning(METRICS.c.step), rows).scalars())
+        touched = db.execute(_TOUCH_RUN, {"now": time.time(), "run_id": run_id}).first()
+        last = touched[0] if touched else db.execute(
+            text("SELECT MAX(step) FROM metrics WHERE run_id = :id"), {"id": run_id}).scalar()
         return [r for step, r in batch.items() if step in kept], last
+
+    async def add_metrics_grouped(self, run_id: str,
+                                  records: list[dict]) -> tuple[list[dict], int | None]:
+        """add_metrics from the event loop, sharing a transaction with the batches other
+        trainers sent while the previous one committed (group commit): under load one commit
+        serves many batches instead of each waiting for its own, so the writer keeps up."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._waiting.append((run_id, records, done))
+        if not self._committing:
+            self._committing = True
+            loop.create_task(self._commit_waiting())
+        return await done
+
+    async def _commit_waiting(self) -> None:
+        try:
+            while self._waiting:
+                group = self._waiting[:GROUP_COMMIT_MAX]
+                del self._waiting[:GROUP_COMMIT_MAX]
+                try:
+                    results = await self.run(self.add_metrics_many,
+                                             [(run_id, records) for run_id, records, _ in group])
+                except StoreUnavailable as e:      # every trainer keeps its records
+                    results = [e] * len(group)
+                except Exception:
+                    # One bad batch must not fail the others: each on its own.
+                    results = []
+                    for run_id, records, _ in group:
+                        try:
+                            results.append(await self.run(self.add_metrics, run_id, records))
+                        except Exception as e:
+                            results.append(e)
+                for (_, _, done), result in zip(group, results):
+                    if done.done():
+                        continue            # its trainer went away meanwhile
+                    if isinstance(result, Exception):
+                        done.set_exception(result)
+                    else:
+                        done.set_result(result)
+        finally:
+            self._committing = False
 
     def last_step(self, run_id: str) -> int | None:
         with self._tx() as db:

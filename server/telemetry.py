@@ -248,8 +248,8 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
-                inserted, last = await store.run(store.add_metrics, run_id,
-                                                 [r.row() for r in msg.records])
+                inserted, last = await store.add_metrics_grouped(
+                    run_id, [r.row() for r in msg.records])
                 await ws.send_json({"type": "ack", "step": last})
                 if inserted:    # exactly what was committed; a resend changes nothing
                     fanout.publish(run_id, {"type": "records", "records": inserted})

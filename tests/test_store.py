@@ -312,6 +312,52 @@ def test_add_metrics_first_write_wins(store):
     assert inserted[0]["time"] == round(inserted[0]["time"], 3)
 
 
+def test_grouped_commits_share_a_transaction_and_keep_each_callers_answer(store, monkeypatch):
+    """Batches sent while a commit runs go in one transaction (group commit); each caller
+    still gets its own inserted records and last step, and a batch that fails on its own
+    does not fail the others (they are retried one by one)."""
+    for run_id in "abc":
+        store.create_run(run_id, CFG, "h")
+    transactions = []
+    many = store.add_metrics_many
+    monkeypatch.setattr(store, "add_metrics_many",
+                        lambda batches: transactions.append(len(batches)) or many(batches))
+    insert = store._insert_metrics
+
+    def refuse_bad(db, run_id, records, now):
+        if run_id == "bad":
+            raise ValueError("a batch that cannot be stored")
+        return insert(db, run_id, records, now)
+
+    monkeypatch.setattr(store, "_insert_metrics", refuse_bad)
+
+    async def send():
+        calls = [store.add_metrics_grouped(r, [rec(s) for s in range(1 + 10 * k, 11 + 10 * k)])
+                 for k in range(5) for r in "abc"]
+        calls.append(store.add_metrics_grouped("a", [rec(1, 99.0)]))    # a resend: nothing new
+        calls.append(store.add_metrics_grouped("bad", [rec(1)]))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    results = asyncio.run(send())
+    # All 17 in one transaction; it failed, so each again on its own.
+    assert transactions == [17] + [1] * 17, transactions
+    for k in range(5):
+        for i, r in enumerate("abc"):
+            inserted, last = results[3 * k + i]
+            assert steps(inserted) == list(range(1 + 10 * k, 11 + 10 * k))
+            assert last >= 10 * k + 10
+    assert results[-2] == ([], 50)
+    assert isinstance(results[-1], ValueError)
+    for r in "abc":
+        assert steps(store.metrics(r)) == list(range(1, 51))
+    transactions.clear()                           # all well: one commit for all of them
+
+    async def more():
+        return await asyncio.gather(*(store.add_metrics_grouped(r, [rec(51)]) for r in "abc"))
+
+    assert [steps(i) for i, _ in asyncio.run(more())] == [[51]] * 3 and transactions == [3]
+
+
 def test_add_metrics_stores_none_and_non_finite_as_today(store):
     store.create_run("a", CFG, "h")
     inserted, _ = store.add_metrics("a", [
