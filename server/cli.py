@@ -69,7 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
           f"(data in {settings.data_dir})", flush=True)
     if args.workers > 1:
         return _serve_workers(settings, sock, args.workers)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info",
+                                           ws_per_message_deflate=settings.ws_compression))
     server.run(sockets=[sock])
     return 0
 
@@ -90,7 +91,7 @@ def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int
             value = json.dumps(value)       # numbers, and corpora as a JSON list
         os.environ[f"ANDREA_{name.upper()}"] = value
     config = uvicorn.Config("andrea.app:create_app", factory=True, workers=workers,
-                            log_level="info")
+                            log_level="info", ws_per_message_deflate=settings.ws_compression)
     Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
     return 0
 

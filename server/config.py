@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     # deadline frees the connection.
     viewer_queue_bytes: int = Field(1 << 20, ge=64 << 10)
     viewer_send_timeout_s: float = Field(10.0, gt=0)
+    # permessage-deflate on the websockets. Off by default: under load compressing every
+    # message for every viewer was a fifth of the server's busy time (and a zlib context per
+    # socket); records are small and a workshop's network is a LAN. On for slow links.
+    ws_compression: bool = False
     # Past one process: runs, metrics and events in PostgreSQL (postgresql://user@host/db)
     # instead of the data dir's SQLite file, and live records to the viewers of every server
     # process through Redis (redis://host:6379/0). Several processes share one data dir
