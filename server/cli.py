@@ -92,7 +92,7 @@ def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int
         os.environ[f"ANDREA_{name.upper()}"] = value
     config = uvicorn.Config("andrea.app:create_app", factory=True, workers=workers,
                             log_level="info", ws_per_message_deflate=settings.ws_compression)
-    Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+    Multiprocess(config, sockets=[sock]).run()
     return 0
 
 

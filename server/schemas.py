@@ -19,6 +19,7 @@ class _Open(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"]
     version: str
+    pid: int        # which server process answered (several with --workers)
 
 
 # ---- model shapes (server/model.py) and optimizer state (server/optim.py) -----------------

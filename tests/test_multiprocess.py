@@ -9,6 +9,10 @@ throwaway ones that the test starts itself."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -241,3 +245,44 @@ def test_a_broker_restart_loses_no_record_for_viewers(tmp_path):
         stop_server(a)
         stop_server(b)
         broker.__exit__(None, None, None)
+
+
+def test_serve_workers_shares_one_port(tmp_path, redis_url):
+    """`andrea serve --workers 2`: two processes on one port; viewers connected to either
+    process (the kernel spreads connections) see every record of a trainer on one of them."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port), "--data-dir",
+           str(tmp_path / "data"), "--no-warm-data", "--workers", "2"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items()
+                                  if k != "ANDREA_BROKER_URL"})
+    assert refused.returncode == 2 and "ANDREA_BROKER_URL" in refused.stderr
+    proc = subprocess.Popen(cmd, env={**os.environ, "ANDREA_BROKER_URL": redis_url},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        pids = set()
+        while len(pids) < 2:        # both workers answer (each says which process it is)
+            assert proc.poll() is None and time.monotonic() < deadline, "workers never came up"
+            try:
+                pids.add(httpx.get(url + "/healthz", timeout=2).json()["pid"])
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        run = new_run(url, steps=STEPS)
+        viewers = [Viewer(url, run["id"]) for _ in range(6)]
+        for v in viewers:
+            v.start()
+        time.sleep(0.5)
+        trainer = Trainer([url], run)
+        trainer.start()
+        trainer.join(timeout=60)
+        assert trainer.error is None and trainer.acked == STEPS, trainer.error
+        for v in viewers:
+            v.join(timeout=30)
+            assert v.error is None and sorted(v.counts) == list(range(1, STEPS + 1))
+            assert set(v.counts.values()) == {1}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -1,4 +1,5 @@
 import json
+import os
 import re
 
 from andrea import __version__
@@ -7,7 +8,7 @@ from andrea import __version__
 def test_healthz(client):
     r = client.get("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "version": __version__}
+    assert r.json() == {"status": "ok", "version": __version__, "pid": os.getpid()}
 
 
 def test_index_page(client):

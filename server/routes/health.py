@@ -1,5 +1,7 @@
 """Liveness: the launcher and tests poll it until the server answers."""
 
+import os
+
 from fastapi import APIRouter
 
 from andrea import __version__
@@ -10,4 +12,4 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz")
 def healthz() -> Health:
-    return Health(status="ok", version=__version__)
+    return Health(status="ok", version=__version__, pid=os.getpid())
