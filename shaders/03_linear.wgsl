@@ -7,7 +7,8 @@
 //                                         (two halves per u32, element e in half e & 1)
 //   @binding(3) y  : array<f32>  [M, N]   y = x @ W^T, or y += x @ W^T with ACCUM
 //                                         (ACCUM adds into a residual stream copied there first)
-// Dispatch: (ceil(N / TILE), ceil(M / TILE)) workgroups of TG x TG threads (TILE = 4 * TG).
+// Dispatch: main: (ceil(N / TILE), ceil(M / TILE)) workgroups of TG x TG threads (TILE = 4 * TG);
+// main_wide: (ceil(N / (8 WX)), ceil(M / (8 WY))) workgroups of WX * WY threads.
 
 override ACCUM: bool = false;
 override W_F16: bool = false;
@@ -40,4 +41,9 @@ fn store_c(i: u32, j: u32, v: f32) {
 @compute @workgroup_size(TG, TG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   matmul_tile(wid, lid);
+}
+
+@compute @workgroup_size(WX * WY)
+fn main_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+  matmul_wide(wid, t);
 }

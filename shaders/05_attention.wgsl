@@ -1,13 +1,16 @@
-// 05_attention: causal softmax attention, scale 1/sqrt(D), one query row per thread with a
-// running max (online softmax), so exp() never overflows. A workgroup takes WG consecutive
-// queries of one (batch, head) and walks the keys they need in tiles of KT, staged once in
-// workgroup memory for all its threads.
+// 05_attention: causal softmax attention, scale 1/sqrt(D), FlashAttention-2 style (tiling in
+// lib/attention.wgsl). A workgroup takes 64 queries of one (batch, head) and walks the key
+// blocks 0 .. its own in order; per block: scores S = q k^T * scale (register-tiled), causal
+// mask on the diagonal block, the block's row max (through workgroup memory), then the online
+// softmax update m, l, acc *= exp(m_old - m_new) and acc += exp(S - m) v. Each thread keeps the
+// partial row sums l of its own key columns; they are added in a fixed order at the end.
 //
 //   @binding(0) dims : {B, T, H, D, C, scale}          uniform
 //   @binding(1) qkv  : array<f32> [B, T, 3C]           read (q, k after RoPE; v)
 //   @binding(2) y    : array<f32> [B, T, C]            = softmax(q k^T * scale + mask) v
 //   @binding(3) lse  : array<f32> [B, H, T]            = logsumexp of the scaled scores (backward)
-// Dispatch: B * H * ceil(T / WG) workgroups (2-D when over 65535). D <= MAX_D.
+//   @binding(4) qkv4 : array<vec4<f32>>                qkv's buffer again (read when D % 4 == 0)
+// Dispatch: B * H * ceil(T / 64) workgroups (2-D when over 65535). D <= MAX_D.
 
 //#include "lib/attention.wgsl"
 
@@ -15,64 +18,111 @@
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
-
-var<workgroup> tile_k: array<vec4<f32>, KT * HV>;   // [KT, HV] keys s0 .. s0 + KT
-var<workgroup> tile_v: array<vec4<f32>, KT * HV>;   // [KT, HV] their values
+@group(0) @binding(4) var<storage, read> qkv4: array<vec4<f32>>;   // qkv again, as vec4s
 
 fn row_at(src: u32, i: u32) -> f32 { return qkv[i]; }   // the forward reads qkv only
+fn row_at4(src: u32, i: u32) -> vec4<f32> { return qkv4[i]; }
+
+override KC: u32 = 32u / NDV;   // keys per output-phase chunk: P [KC][16] + v rows [KC][16 NDV]
+
+// Scores of keys k0 + 4 tx + j (columns j) for `rows`, scaled; -3e38 where masked (causal, or
+// past T).
+fn mask_scale(s: Quad, k0: u32, rows: vec4<u32>) -> Quad {
+  let f = vec4<f32>(dims.scale);
+  let n = vec4<f32>(-3.0e38);
+  return Quad(select(s.x * f, n, (vec4<u32>(k0) > rows) | vec4<bool>(k0 >= dims.T)),
+              select(s.y * f, n, (vec4<u32>(k0 + 1u) > rows) | vec4<bool>(k0 + 1u >= dims.T)),
+              select(s.z * f, n, (vec4<u32>(k0 + 2u) > rows) | vec4<bool>(k0 + 2u >= dims.T)),
+              select(s.w * f, n, (vec4<u32>(k0 + 3u) > rows) | vec4<bool>(k0 + 3u >= dims.T)));
+}
+
+// Row t of the output: a / l to y (head dims 4 d4 .. past HD dropped).
+fn store_y(o: u32, d4: u32, a: vec4<f32>) {
+  for (var e = 0u; e < 4u; e = e + 1u) {
+    if (4u * d4 + e < HD) { y[o + 4u * d4 + e] = a[e]; }
+  }
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  let blk = block_of(wid, nwg);
+  let blk = block_of(wid, nwg, true);
   if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
   let b = blk.x;
   let h = blk.y;
-  let t = blk.z + lid;                  // this thread's query
-  let valid = t < dims.T;
+  let qb = blk.z;
+  let tx = lid % 16u;
+  let ty = lid / 16u;
+  let q0 = qb * BLK;
   let C3 = 3u * dims.C;
-  var q: array<vec4<f32>, MAX_V>;
-  var acc: array<vec4<f32>, MAX_V>;
-  let qoff = (b * dims.T + min(t, dims.T - 1u)) * C3 + h * dims.D;
-  for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    q[d4] = pad4(qoff, d4, QKV) * dims.scale;
-    acc[d4] = vec4<f32>(0.0);
-  }
-  var m = -3.0e38;
-  var l = 0.0;
-  let keys = min(dims.T, blk.z + WG);   // the block's last query sees keys [0, keys)
-  for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
-    for (var i = lid; i < KT * HV; i = i + WG) {
-      let koff = (b * dims.T + min(s0 + i / HV, dims.T - 1u)) * C3 + dims.C + h * dims.D;
-      tile_k[i] = pad4(koff, i % HV, QKV);
-      tile_v[i] = pad4(koff + dims.C, i % HV, QKV);
-    }
-    workgroupBarrier();
-    // Keys s0 + j <= t of this tile (none when the tile starts after t).
-    let n = select(0u, min(KT, t + 1u - s0), valid && t >= s0);
-    for (var j = 0u; j < n; j = j + 1u) {
-      var part = vec4<f32>(0.0);
-      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) { part = fma(q[d4], tile_k[j * HV + d4], part); }
-      let score = (part.x + part.y) + (part.z + part.w);
-      let m_new = max(m, score);
-      let corr = exp(m - m_new);
-      let p = exp(score - m_new);
-      l = l * corr + p;
-      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-        acc[d4] = fma(vec4<f32>(p), tile_v[j * HV + d4], acc[d4] * corr);
+  let qbase = b * dims.T * C3 + h * dims.D;
+  let kbase = qbase + dims.C;
+  let vbase = qbase + 2u * dims.C;
+  let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's queries
+  // Output tiles: rows x .. w, head dims 4 tx .. (acc0) and 64 + 4 tx .. (acc1, when NDV = 2).
+  var acc0 = quad0();
+  var acc1 = quad0();
+  var m = vec4<f32>(-3.0e38);     // running max of rows
+  var l = vec4<f32>(0.0);         // running sum over this thread's key columns
+  // Score-phase staging: 64 threads per operand chunk (q: d 0..15, q: d 16..31, k: the same).
+  let part = lid / 64u;
+  let sbase = select(qbase, kbase, part >= 2u);
+  for (var kb = 0u; kb <= qb; kb = kb + 1u) {   // key blocks up to the diagonal
+    let k0 = kb * BLK;
+    var s = quad0();              // columns j: keys k0 + 4 tx + j; components: the rows
+    for (var c = 0u; c < NSC; c = c + 2u) {     // 32 head dims per stage
+      workgroupBarrier();
+      stage_t(256u * part, QKV, sbase, C3, select(q0, k0, part >= 2u), c + part % 2u, lid % 64u);
+      workgroupBarrier();
+      for (var d = 0u; d < 32u; d = d + 1u) {
+        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
       }
-      m = m_new;
     }
+    s = mask_scale(s, k0 + 4u * tx, rows);
+    workgroupBarrier();                 // the score phase's reads are done
+    sm[16u * ty + tx] = max(max(s.x, s.y), max(s.z, s.w));
     workgroupBarrier();
-  }
-  if (!valid) { return; }
-  let yoff = (b * dims.T + t) * dims.C + h * dims.D;
-  let inv = 1.0 / l;
-  for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    let a = acc[d4] * inv;
-    for (var c = 0u; c < 4u; c = c + 1u) {
-      if (4u * d4 + c < HD) { y[yoff + 4u * d4 + c] = a[c]; }
+    var m_new = m;
+    for (var t = 0u; t < 16u; t = t + 1u) { m_new = max(m_new, sm[16u * ty + t]); }
+    let corr = exp(m - m_new);
+    m = m_new;
+    s = Quad(exp(s.x - m), exp(s.y - m), exp(s.z - m), exp(s.w - m));
+    l = fma(l, corr, (s.x + s.y) + (s.z + s.w));
+    acc0 = scale_rows(acc0, corr);
+    if (NDV > 1u) { acc1 = scale_rows(acc1, corr); }
+    for (var c = 0u; c < BLK; c = c + KC) {    // acc += P v, KC keys at a time
+      workgroupBarrier();
+      if (4u * tx >= c && 4u * tx < c + KC) {
+        let o = 16u * (4u * tx - c) + ty;
+        sm[o] = s.x;
+        sm[o + 16u] = s.y;
+        sm[o + 32u] = s.z;
+        sm[o + 48u] = s.w;
+      }
+      stage_n(16u * KC, QKV, vbase, C3, k0 + c, KC, lid);
+      workgroupBarrier();
+      for (var kk = 0u; kk < KC; kk = kk + 1u) {
+        let p = sm[16u * kk + ty];
+        let vo = 16u * KC + 16u * NDV * kk + tx;
+        acc0 = outer_fma(acc0, sm[vo], p);
+        if (NDV > 1u) { acc1 = outer_fma(acc1, sm[vo + 16u], p); }
+      }
     }
   }
-  lse[(b * dims.H + h) * dims.T + t] = m + log(l);
+  workgroupBarrier();
+  sm[16u * ty + tx] = l;
+  workgroupBarrier();
+  var lt = vec4<f32>(0.0);
+  for (var t = 0u; t < 16u; t = t + 1u) { lt = lt + sm[16u * ty + t]; }   // fixed order
+  let inv = 1.0 / lt;
+  let a0 = scale_rows(acc0, inv);
+  let a1 = scale_rows(acc1, inv);
+  for (var i = 0u; i < 4u; i = i + 1u) {
+    let t = rows[i];
+    if (t >= dims.T) { continue; }
+    let o = (b * dims.T + t) * dims.C + h * dims.D;
+    if (tx < HV) { store_y(o, tx, quad_row(a0, i)); }
+    if (16u + tx < HV) { store_y(o, 16u + tx, quad_row(a1, i)); }
+    if (tx == 0u) { lse[(b * dims.H + h) * dims.T + t] = m[i] + log(lt[i]); }
+  }
 }

@@ -1,12 +1,15 @@
-// 10_attention_backward: gradients of causal attention, recomputing P from q, k and the saved
-// logsumexp. With P_ts = exp(q_t.k_s * scale - lse_t) (s <= t), dO = dy, delta_t = dO_t . y_t:
+// 10_attention_backward: gradients of causal attention, FlashAttention-2 style (tiling in
+// lib/attention.wgsl), recomputing P from q, k and the saved logsumexp. With
+// P_ts = exp(q_t.k_s * scale - lse_t) (s <= t), dO = dy, delta_t = dO_t . y_t:
 //   dS_ts = P_ts * (dO_t . v_s - delta_t)
-//   dq_t  = scale * sum_s dS_ts k_s            (attention_backward_dq, one thread per query)
-//   dk_s  = scale * sum_t dS_ts q_t            (attention_backward_dkdv, one thread per key)
-//   dv_s  = sum_t P_ts dO_t
-// No atomics: each output row is owned by one thread, so results are deterministic. A workgroup
-// takes WG consecutive rows of one (batch, head) and stages the rows they all read (keys and
-// values for dq; queries, dO, lse and delta for dk/dv) in workgroup memory, KT at a time.
+//   dq_t  = scale * sum_s dS_ts k_s    (attention_backward_dq: a workgroup per 64 queries walks
+//                                       the key blocks 0 .. its own)
+//   dk_s  = scale * sum_t dS_ts q_t    (attention_backward_dkdv: a workgroup per 64 keys walks
+//   dv_s  = sum_t P_ts dO_t             the query blocks from its own to the last)
+// Per block both kernels compute the 64 x 64 scores and dO.v products as register tiles, form P
+// and dS in registers, stage them in workgroup memory and add their products with k (dq) or
+// q and dO (dk, dv) to per-thread register tiles. No atomics: each output element is owned by
+// one thread and every sum runs in a fixed order, so results are bit-identical run to run.
 //
 //   @binding(0) dims  : {B, T, H, D, C, scale}   uniform
 //   @binding(1) qkv   : array<f32> [B, T, 3C]    read (forward's q, k after RoPE, v)
@@ -15,7 +18,9 @@
 //   @binding(4) lse   : array<f32> [B, H, T]     read
 //   @binding(5) delta : array<f32> [B, H, T]     dq pass: = dO.y ; dkdv pass: read
 //   @binding(6) dqkv  : array<f32> [B, T, 3C]    dq pass: = dq third; dkdv pass: = dk, dv thirds
-// Dispatch (both): B * H * ceil(T / WG) workgroups (2-D when over 65535). Run dq first.
+//   @binding(7) qkv4, @binding(8) dy4: array<vec4<f32>>, the qkv and dy buffers again (read when
+//               D % 4 == 0; kernels.js binds qkv for both otherwise)
+// Dispatch (both): B * H * ceil(T / 64) workgroups (2-D when over 65535). Run dq first.
 
 //#include "lib/attention.wgsl"
 
@@ -26,14 +31,8 @@
 @group(0) @binding(4) var<storage, read> lse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> delta: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dqkv: array<f32>;
-
-fn row3(b: u32, t: u32) -> u32 { return (b * dims.T + t) * 3u * dims.C; }
-fn row1(b: u32, t: u32) -> u32 { return (b * dims.T + t) * dims.C; }
-
-var<workgroup> tile_a: array<vec4<f32>, KT * HV>;   // dq: keys;   dkdv: queries (scaled)
-var<workgroup> tile_b: array<vec4<f32>, KT * HV>;   // dq: values; dkdv: dO rows
-var<workgroup> tile_l: array<f32, KT>;              // dkdv: lse of the staged queries
-var<workgroup> tile_d: array<f32, KT>;              // dkdv: delta of the staged queries
+@group(0) @binding(7) var<storage, read> qkv4: array<vec4<f32>>;   // qkv again, as vec4s
+@group(0) @binding(8) var<storage, read> dy4: array<vec4<f32>>;    // dy again, as vec4s
 
 fn row_at(src: u32, i: u32) -> f32 {
   if (src == QKV) { return qkv[i]; }
@@ -41,124 +40,203 @@ fn row_at(src: u32, i: u32) -> f32 {
   return dy[i];
 }
 
+fn row_at4(src: u32, i: u32) -> vec4<f32> {
+  if (src == QKV) { return qkv4[i]; }
+  if (src == Y) { return vec4<f32>(y[4u * i], y[4u * i + 1u], y[4u * i + 2u], y[4u * i + 3u]); }
+  return dy4[i];
+}
+
 fn sum4(v: vec4<f32>) -> f32 { return (v.x + v.y) + (v.z + v.w); }
 
-// Row d4-slices back to memory: dst[o + d] for d < HD (dqkv is the only output).
-fn store_row(o: u32, d4: u32, v: vec4<f32>) {
-  for (var c = 0u; c < 4u; c = c + 1u) {
-    if (4u * d4 + c < HD) { dqkv[o + 4u * d4 + c] = v[c]; }
+override KC: u32 = 32u / NDV;   // dq: keys per output-phase chunk: dS [KC][16] + k rows [KC][16 NDV]
+override KQ: u32 = 16u / NDV;   // dkdv: queries per chunk: P, dS [KQ][16] + dO, q rows [KQ][16 NDV]
+
+// Output tiles (rows r0 + i, head dims 4 tx .. and 64 + 4 tx ..) times `scale` to dqkv elements
+// base + row * 3C ..; rows past T and dims past HD are not written.
+fn store_tiles(a0: Quad, a1: Quad, base: u32, r0: u32, tx: u32, scale: f32) {
+  for (var i = 0u; i < 4u; i = i + 1u) {
+    if (r0 + i >= dims.T) { continue; }
+    let o = base + (r0 + i) * 3u * dims.C;
+    if (tx < HV) { store_row(o, tx, quad_row(a0, i) * scale); }
+    if (16u + tx < HV) { store_row(o, 16u + tx, quad_row(a1, i) * scale); }
   }
+}
+
+fn store_row(o: u32, d4: u32, v: vec4<f32>) {
+  for (var e = 0u; e < 4u; e = e + 1u) {
+    if (4u * d4 + e < HD) { dqkv[o + 4u * d4 + e] = v[e]; }
+  }
+}
+
+// P or dS tile columns x .. w to sm[o], sm[o + 16], .. (staged [column][row vec4]).
+fn stage_tile(o: u32, t: Quad) {
+  sm[o] = t.x;
+  sm[o + 16u] = t.y;
+  sm[o + 32u] = t.z;
+  sm[o + 48u] = t.w;
 }
 
 @compute @workgroup_size(WG)
 fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
-  let blk = block_of(wid, nwg);
+  let blk = block_of(wid, nwg, true);
   if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
   let b = blk.x;
   let h = blk.y;
-  let t = blk.z + lid;                  // this thread's query
-  let valid = t < dims.T;
-  let tc = min(t, dims.T - 1u);
-  let hd = h * dims.D;
-  var q: array<vec4<f32>, MAX_V>;
-  var g: array<vec4<f32>, MAX_V>;
-  var dq: array<vec4<f32>, MAX_V>;
-  var dl4 = vec4<f32>(0.0);
-  for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    q[d4] = pad4(row3(b, tc) + hd, d4, QKV) * dims.scale;
-    g[d4] = pad4(row1(b, tc) + hd, d4, DY);
-    dl4 = fma(g[d4], pad4(row1(b, tc) + hd, d4, Y), dl4);
-    dq[d4] = vec4<f32>(0.0);
-  }
-  let dl = sum4(dl4);
-  let e = (b * dims.H + h) * dims.T + tc;
-  if (valid) { delta[e] = dl; }
-  let l = lse[e];
-  let keys = min(dims.T, blk.z + WG);   // the block's last query sees keys [0, keys)
-  for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
-    for (var i = lid; i < KT * HV; i = i + WG) {
-      let koff = row3(b, min(s0 + i / HV, dims.T - 1u)) + dims.C + hd;
-      tile_a[i] = pad4(koff, i % HV, QKV);
-      tile_b[i] = pad4(koff + dims.C, i % HV, QKV);
-    }
-    workgroupBarrier();
-    let n = select(0u, min(KT, t + 1u - s0), valid && t >= s0);   // keys s0 + j <= t
-    for (var j = 0u; j < n; j = j + 1u) {
-      var score = vec4<f32>(0.0);
-      var dp = vec4<f32>(0.0);
-      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-        score = fma(q[d4], tile_a[j * HV + d4], score);
-        dp = fma(g[d4], tile_b[j * HV + d4], dp);
-      }
-      let ds = exp(sum4(score) - l) * (sum4(dp) - dl);
-      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-        dq[d4] = fma(vec4<f32>(ds), tile_a[j * HV + d4], dq[d4]);
+  let qb = blk.z;
+  let tx = lid % 16u;
+  let ty = lid / 16u;
+  let q0 = qb * BLK;
+  let C3 = 3u * dims.C;
+  let qbase = b * dims.T * C3 + h * dims.D;
+  let kbase = qbase + dims.C;
+  let vbase = qbase + 2u * dims.C;
+  let obase = b * dims.T * dims.C + h * dims.D;   // y and dy rows
+  let hrow = (b * dims.H + h) * dims.T;
+  let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's queries
+
+  // delta = dO . y of the block's rows: four threads per row, partials added in a fixed order.
+  {
+    let t = q0 + lid / 4u;
+    var part = vec4<f32>(0.0);
+    if (t < dims.T) {
+      for (var d4 = lid % 4u; d4 < HV; d4 = d4 + 4u) {
+        part = fma(pad4(obase + t * dims.C, d4, DY), pad4(obase + t * dims.C, d4, Y), part);
       }
     }
-    workgroupBarrier();
+    sm[lid] = part;
   }
-  if (!valid) { return; }
-  for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) { store_row(row3(b, t) + hd, d4, dq[d4] * dims.scale); }
+  workgroupBarrier();
+  var dl = vec4<f32>(0.0);
+  var lr = vec4<f32>(0.0);
+  for (var i = 0u; i < 4u; i = i + 1u) {
+    let r = 4u * (4u * ty + i);
+    dl[i] = sum4((sm[r] + sm[r + 1u]) + (sm[r + 2u] + sm[r + 3u]));
+    lr[i] = lse[hrow + min(rows[i], dims.T - 1u)];
+    if (tx == 0u && rows[i] < dims.T) { delta[hrow + rows[i]] = dl[i]; }
+  }
+
+  // Score-phase staging, 64 threads per operand: q, dO (the rows), k, v (the columns).
+  let part = lid / 64u;
+  let src = select(QKV, DY, part == 1u);
+  let sbase = select(select(qbase, obase, part == 1u), select(kbase, vbase, part == 3u), part >= 2u);
+  let sstride = select(C3, dims.C, part == 1u);
+  var acc0 = quad0();             // dq rows x .. w, head dims 4 tx .. (and 64 + 4 tx ..: acc1)
+  var acc1 = quad0();
+  for (var kb = 0u; kb <= qb; kb = kb + 1u) {   // key blocks up to the diagonal
+    let k0 = kb * BLK;
+    var s = quad0();              // columns j: keys k0 + 4 tx + j; components: the rows
+    var dp = quad0();             // dO . v, same layout
+    for (var c = 0u; c < NSC; c = c + 1u) {     // 16 head dims per stage
+      workgroupBarrier();
+      stage_t(256u * part, src, sbase, sstride, select(q0, k0, part >= 2u), c, lid % 64u);
+      workgroupBarrier();
+      for (var d = 0u; d < 16u; d = d + 1u) {
+        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
+        dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
+      }
+    }
+    // s becomes dS = P (dP - delta), 0 where masked (causal, or past T).
+    let kt = k0 + 4u * tx;
+    let z = vec4<f32>(0.0);
+    s = Quad(select(exp(s.x * dims.scale - lr) * (dp.x - dl), z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
+             select(exp(s.y * dims.scale - lr) * (dp.y - dl), z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
+             select(exp(s.z * dims.scale - lr) * (dp.z - dl), z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
+             select(exp(s.w * dims.scale - lr) * (dp.w - dl), z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
+    for (var c = 0u; c < BLK; c = c + KC) {    // acc += dS k, KC keys at a time
+      workgroupBarrier();
+      if (4u * tx >= c && 4u * tx < c + KC) { stage_tile(16u * (4u * tx - c) + ty, s); }
+      stage_n(16u * KC, QKV, kbase, C3, k0 + c, KC, lid);
+      workgroupBarrier();
+      for (var kk = 0u; kk < KC; kk = kk + 1u) {
+        let p = sm[16u * kk + ty];
+        let ko = 16u * KC + 16u * NDV * kk + tx;
+        acc0 = outer_fma(acc0, sm[ko], p);
+        if (NDV > 1u) { acc1 = outer_fma(acc1, sm[ko + 16u], p); }
+      }
+    }
+  }
+  store_tiles(acc0, acc1, qbase, q0 + 4u * ty, tx, dims.scale);
 }
 
 @compute @workgroup_size(WG)
 fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
                            @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
-  let blk = block_of(wid, nwg);
+  let blk = block_of(wid, nwg, false);  // key block 0 (the most query blocks) first
   if (blk.w == 0u) { return; }
   let b = blk.x;
   let h = blk.y;
-  let s = blk.z + lid;                  // this thread's key
-  let valid = s < dims.T;
-  let sc = min(s, dims.T - 1u);
-  let hd = h * dims.D;
-  var k: array<vec4<f32>, MAX_V>;
-  var v: array<vec4<f32>, MAX_V>;
-  var dk: array<vec4<f32>, MAX_V>;
-  var dv: array<vec4<f32>, MAX_V>;
-  for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    k[d4] = pad4(row3(b, sc) + dims.C + hd, d4, QKV);
-    v[d4] = pad4(row3(b, sc) + 2u * dims.C + hd, d4, QKV);
-    dk[d4] = vec4<f32>(0.0);
-    dv[d4] = vec4<f32>(0.0);
-  }
+  let kb = blk.z;
+  let tx = lid % 16u;
+  let ty = lid / 16u;
+  let k0 = kb * BLK;
+  let nb = (dims.T + BLK - 1u) / BLK;
+  let C3 = 3u * dims.C;
+  let qbase = b * dims.T * C3 + h * dims.D;
+  let kbase = qbase + dims.C;
+  let vbase = qbase + 2u * dims.C;
+  let obase = b * dims.T * dims.C + h * dims.D;
   let hrow = (b * dims.H + h) * dims.T;
-  for (var t0 = blk.z; t0 < dims.T; t0 = t0 + KT) {   // queries t >= the block's first key
-    for (var i = lid; i < KT * HV; i = i + WG) {
-      let tt = min(t0 + i / HV, dims.T - 1u);
-      tile_a[i] = pad4(row3(b, tt) + hd, i % HV, QKV) * dims.scale;
-      tile_b[i] = pad4(row1(b, tt) + hd, i % HV, DY);
-    }
-    for (var i = lid; i < KT; i = i + WG) {
-      let tt = min(t0 + i, dims.T - 1u);
-      tile_l[i] = lse[hrow + tt];
-      tile_d[i] = delta[hrow + tt];
-    }
-    workgroupBarrier();
-    let end = min(KT, dims.T - t0);
-    let begin = select(min(s - t0, end), 0u, s <= t0);   // queries t0 + j >= s
-    for (var j = select(end, begin, valid); j < end; j = j + 1u) {
-      var score = vec4<f32>(0.0);
-      var dp = vec4<f32>(0.0);
-      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-        score = fma(tile_a[j * HV + d4], k[d4], score);
-        dp = fma(tile_b[j * HV + d4], v[d4], dp);
-      }
-      let p = exp(sum4(score) - tile_l[j]);
-      let ds = p * (sum4(dp) - tile_d[j]);
-      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-        dv[d4] = fma(vec4<f32>(p), tile_b[j * HV + d4], dv[d4]);
-        dk[d4] = fma(vec4<f32>(ds), tile_a[j * HV + d4], dk[d4]);
+  let keys = vec4<u32>(k0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's keys
+  // Score-phase staging, 64 threads per operand: k, v (the rows), q, dO (the columns).
+  let part = lid / 64u;
+  let src = select(QKV, DY, part == 3u);
+  let sbase = select(select(kbase, vbase, part == 1u), select(qbase, obase, part == 3u), part >= 2u);
+  let sstride = select(C3, dims.C, part == 3u);
+  var dk0 = quad0();              // keys x .. w, head dims 4 tx .. (and 64 + 4 tx ..: dk1, dv1)
+  var dk1 = quad0();
+  var dv0 = quad0();
+  var dv1 = quad0();
+  for (var qb = kb; qb < nb; qb = qb + 1u) {   // query blocks from the diagonal on
+    let q0 = qb * BLK;
+    var s = quad0();              // columns j: queries q0 + 4 tx + j; components: the keys
+    var dp = quad0();             // v . dO, same layout
+    for (var c = 0u; c < NSC; c = c + 1u) {
+      workgroupBarrier();
+      stage_t(256u * part, src, sbase, sstride, select(k0, q0, part >= 2u), c, lid % 64u);
+      workgroupBarrier();
+      for (var d = 0u; d < 16u; d = d + 1u) {
+        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
+        dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
       }
     }
-    workgroupBarrier();
+    // s becomes P, dp becomes dS; 0 where masked (causal, or queries past T).
+    let t = q0 + 4u * tx;
+    let lq = vec4<f32>(lse[hrow + min(t, dims.T - 1u)], lse[hrow + min(t + 1u, dims.T - 1u)],
+                       lse[hrow + min(t + 2u, dims.T - 1u)], lse[hrow + min(t + 3u, dims.T - 1u)]);
+    let dq = vec4<f32>(delta[hrow + min(t, dims.T - 1u)], delta[hrow + min(t + 1u, dims.T - 1u)],
+                       delta[hrow + min(t + 2u, dims.T - 1u)], delta[hrow + min(t + 3u, dims.T - 1u)]);
+    let z = vec4<f32>(0.0);
+    s = Quad(select(exp(s.x * dims.scale - lq.x), z, (keys > vec4<u32>(t)) | vec4<bool>(t >= dims.T)),
+             select(exp(s.y * dims.scale - lq.y), z, (keys > vec4<u32>(t + 1u)) | vec4<bool>(t + 1u >= dims.T)),
+             select(exp(s.z * dims.scale - lq.z), z, (keys > vec4<u32>(t + 2u)) | vec4<bool>(t + 2u >= dims.T)),
+             select(exp(s.w * dims.scale - lq.w), z, (keys > vec4<u32>(t + 3u)) | vec4<bool>(t + 3u >= dims.T)));
+    dp = Quad(s.x * (dp.x - dq.x), s.y * (dp.y - dq.y), s.z * (dp.z - dq.z), s.w * (dp.w - dq.w));
+    for (var c = 0u; c < BLK; c = c + KQ) {    // dv += P^T dO, dk += dS^T q, KQ queries at a time
+      workgroupBarrier();
+      if (4u * tx >= c && 4u * tx < c + KQ) {
+        stage_tile(16u * (4u * tx - c) + ty, s);
+        stage_tile(16u * KQ + 16u * (4u * tx - c) + ty, dp);
+      }
+      stage_n(32u * KQ, DY, obase, dims.C, q0 + c, KQ, lid);
+      stage_n(32u * KQ + 16u * NDV * KQ, QKV, qbase, C3, q0 + c, KQ, lid);
+      workgroupBarrier();
+      for (var kk = 0u; kk < KQ; kk = kk + 1u) {
+        let p = sm[16u * kk + ty];
+        let ds = sm[16u * KQ + 16u * kk + ty];
+        let go = 32u * KQ + 16u * NDV * kk + tx;
+        let qo = go + 16u * NDV * KQ;
+        dv0 = outer_fma(dv0, sm[go], p);
+        dk0 = outer_fma(dk0, sm[qo], ds);
+        if (NDV > 1u) {
+          dv1 = outer_fma(dv1, sm[go + 16u], p);
+          dk1 = outer_fma(dk1, sm[qo + 16u], ds);
+        }
+      }
+    }
   }
-  if (!valid) { return; }
-  for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-    store_row(row3(b, s) + dims.C + hd, d4, dk[d4]);   // the staged queries carry the scale
-    store_row(row3(b, s) + 2u * dims.C + hd, d4, dv[d4]);
-  }
+  store_tiles(dk0, dk1, kbase, k0 + 4u * ty, tx, dims.scale);   // the scores carry the scale
+  store_tiles(dv0, dv1, vbase, k0 + 4u * ty, tx, 1.0);
 }

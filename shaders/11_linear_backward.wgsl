@@ -15,7 +15,8 @@
 //                                 MODE 1: x [M, K] (f32 bits)
 //   @binding(3) out : array<f32>  MODE 0: dx [M, K] (=);  MODE 1: dW [N, K] (+=);
 //                                 MODE 2: part [splits, N, K] (=)
-// Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads, TILE = 4 * TG
+// Dispatch: main: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads,
+// TILE = 4 * TG; main_wide: (ceil(S / (8 WX)), ceil(R / (8 WY)), splits) of WX * WY threads
 // (splits 1 unless MODE 2, whose mm.KCHUNK is the rows per split).
 //
 // add_partials: dW[o] += sum_z part[z * R * S + o]
@@ -62,6 +63,12 @@ fn store_c(i: u32, j: u32, v: f32) {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   part_base = wid.z * mm.R * mm.S;
   matmul_tile(wid, lid);
+}
+
+@compute @workgroup_size(WX * WY)
+fn main_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+  part_base = wid.z * mm.R * mm.S;
+  matmul_wide(wid, t);
 }
 
 @compute @workgroup_size(WG)

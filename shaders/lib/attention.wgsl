@@ -1,43 +1,122 @@
 // What 05_attention and 10_attention_backward share: the dims uniform (kernels.js
-// attentionDims writes it), the pipeline constants, and the query-block decomposition.
+// attentionDims writes it), the pipeline constants, the block decomposition and the staging of
+// row blocks in workgroup memory.
+//
+// Tiling (FlashAttention-2 style): the T x T score matrix of one (batch, head) is cut into
+// BLK x BLK blocks. A workgroup of 16 x 16 threads owns one row block (the forward and dq: 64
+// queries; dk/dv: 64 keys) and walks the blocks of the other side in a fixed order, skipping
+// those entirely above the diagonal. Thread (ty, tx) holds a 4 x 4 register tile of the block's
+// scores: rows 4 ty .. 4 ty + 3 (a vec4's components) by columns 4 tx .. 4 tx + 3 (vec4 j), so
+// both products of a block are register-tiled matmuls out of workgroup memory:
+//   scores   S[r, c]  = sum_d A[r, d] B[c, d]   A, B staged transposed, 16 or 32 d at a time:
+//                      per d one vec4 of A (4 rows) and one of B (4 columns) feed 16 FMAs
+//   outputs  O[r, d] += sum_c P[r, c] X[c, d]   P staged [c][r], X staged as rows: per c one vec4
+//                      of P and one of X (4 head dims, 16 tx + d4 per column group) feed 16 FMAs
+// Every sum runs in a fixed order and each output element is owned by one thread: no atomics,
+// results are bit-identical run to run.
 
-override WG: u32;                // rows (queries or keys) per workgroup, one per thread (kernels.js)
-// Head dim as a pipeline constant: the d-loops get constant trip counts, so the compiler can
-// unroll them and keep the per-thread rows in registers instead of local memory.
+// Head dim as a pipeline constant: loops get constant trip counts, so the compiler can unroll
+// them and keep the register tiles in registers.
 override HD: u32 = 64u;
-override KT: u32 = 16u;          // rows per tile staged in workgroup memory
-override HV: u32 = (HD + 3u) / 4u;   // vec4s per head row (zero-padded past HD)
-const MAX_D: u32 = 128u;
-const MAX_V: u32 = MAX_D / 4u;
-// Rows are held and staged as vec4s: a dot product or an update reads one vec4 of workgroup
-// memory per 4 FMAs instead of one float per FMA.
+override HV: u32 = (HD + 3u) / 4u;        // vec4s per head row (zero-padded past HD)
+override NSC: u32 = (HV + 3u) / 4u;       // 16-wide head-dim chunks of a score product
+override NDV: u32 = (HV + 15u) / 16u;     // vec4 head-dim columns per thread in outputs (1, 2)
+const MAX_D: u32 = 128u;                  // NDV <= 2
+const BLK: u32 = 64u;                     // rows per block (kernels.js WG_ATTENTION)
+const WG: u32 = 256u;                     // 16 x 16 threads
+// Workgroup memory, reused phase by phase (barriers between): 16 KiB, WebGPU's default limit.
+//   score phase: four transposed operand chunks of 16 d x 64 rows (256 vec4s each)
+//   output phase: P (or dS) chunks [c][row vec4] and staged rows [c][16 NDV vec4]
+var<workgroup> sm: array<vec4<f32>, 1024>;
 
 struct Dims { B: u32, T: u32, H: u32, D: u32, C: u32, scale: f32, pad0: u32, pad1: u32 }
 
-// (batch, head, first row, 1 if the workgroup has rows) of this workgroup: the grid covers
-// [B, H, ceil(T / WG)] blocks of WG consecutive rows.
-fn block_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec4<u32> {
-  let nb = (dims.T + WG - 1u) / WG;
+// (batch, head, row block, 1 if the workgroup has one). Workgroup w takes block w / (B * H):
+// with `reverse`, the last (largest) blocks first, so the causal triangle's long rows start early.
+fn block_of(wid: vec3<u32>, nwg: vec3<u32>, reverse: bool) -> vec4<u32> {
+  let nb = (dims.T + BLK - 1u) / BLK;
+  let bh = dims.B * dims.H;
   let w = wid.x + wid.y * nwg.x;
-  return vec4<u32>(w / (nb * dims.H), (w / nb) % dims.H, (w % nb) * WG,
-                   select(0u, 1u, w < dims.B * dims.H * nb));
+  let j = w / bh;
+  return vec4<u32>((w % bh) / dims.H, w % dims.H, select(j, nb - 1u - j, reverse),
+                   select(0u, 1u, w < bh * nb));
 }
 
 // Row sources for pad4: the including file's row_at(src, i) returns element i of qkv, the forward
-// output y or its gradient dO (WGSL cannot pass a storage array to a function).
+// output y or its gradient dO, and row_at4(src, i) vec4 i of the same (WGSL cannot pass a storage
+// array to a function).
 const QKV: u32 = 0u;
 const Y: u32 = 1u;
 const DY: u32 = 2u;
 
 // Elements 4*d4 .. 4*d4 + 3 of the head row that starts at element o of `src`, zeros past HD.
+// With HD % 4 == 0 every head row starts on a vec4 (C and 3C are multiples of 4 as well), and the
+// row is read through the vec4 view of its buffer: one 16-byte load per lane, so a warp's loads
+// of neighbouring vec4s are fully coalesced (four scalar loads would each touch 4x the sectors).
 fn pad4(o: u32, d4: u32, src: u32) -> vec4<f32> {
-  if (HD % 4u == 0u) {
-    let i = o + 4u * d4;
-    return vec4<f32>(row_at(src, i), row_at(src, i + 1u), row_at(src, i + 2u), row_at(src, i + 3u));
-  }
+  if (HD % 4u == 0u) { return row_at4(src, o / 4u + d4); }
   var r = vec4<f32>(0.0);
   for (var c = 0u; c < 4u; c = c + 1u) {
     if (4u * d4 + c < HD) { r[c] = row_at(src, o + 4u * d4 + c); }
   }
   return r;
+}
+
+// A 4 x 4 register tile as four vec4s: the score tiles (x .. w: columns j, components: rows) and
+// the output tiles (x .. w: rows i, components: 4 head dims). Named vec4s, not an indexed array,
+// so no compiler needs to unroll loops to keep them in registers.
+struct Quad { x: vec4<f32>, y: vec4<f32>, z: vec4<f32>, w: vec4<f32> }
+
+fn quad0() -> Quad { return Quad(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0)); }
+
+// t.j += a * b[j]: one step of a register-tiled product (16 FMAs).
+fn outer_fma(t: Quad, a: vec4<f32>, b: vec4<f32>) -> Quad {
+  return Quad(fma(a, vec4<f32>(b.x), t.x), fma(a, vec4<f32>(b.y), t.y),
+              fma(a, vec4<f32>(b.z), t.z), fma(a, vec4<f32>(b.w), t.w));
+}
+
+// Row i of t times f[i].
+fn scale_rows(t: Quad, f: vec4<f32>) -> Quad {
+  return Quad(t.x * f.x, t.y * f.y, t.z * f.z, t.w * f.w);
+}
+
+// Member i of t.
+fn quad_row(t: Quad, i: u32) -> vec4<f32> {
+  return select(select(t.x, t.y, i == 1u), select(t.z, t.w, i == 3u), i >= 2u);
+}
+
+// Head dims 16 c .. 16 c + 15 of rows r0 .. r0 + 63 (row t at element base + t * stride of src;
+// zeros past T or HD), transposed: sm[dst + 16 d + r / 4] holds element d of rows r .. r + 3.
+// One call per 64 threads (lid: 0 .. 63 among them): each reads a 4 x 4 block (4 rows, one vec4
+// of head dims) and writes it back transposed as 4 vec4s (neighbouring threads: neighbouring
+// rows, so the stores hit distinct banks).
+fn stage_t(dst: u32, src: u32, base: u32, stride: u32, r0: u32, c: u32, lid: u32) {
+  let t = r0 + 4u * (lid % 16u);
+  let d4 = 4u * c + lid / 16u;
+  let v0 = row4(src, base, stride, t, d4);
+  let v1 = row4(src, base, stride, t + 1u, d4);
+  let v2 = row4(src, base, stride, t + 2u, d4);
+  let v3 = row4(src, base, stride, t + 3u, d4);
+  let o = dst + 64u * (lid / 16u) + lid % 16u;
+  sm[o] = vec4<f32>(v0.x, v1.x, v2.x, v3.x);
+  sm[o + 16u] = vec4<f32>(v0.y, v1.y, v2.y, v3.y);
+  sm[o + 32u] = vec4<f32>(v0.z, v1.z, v2.z, v3.z);
+  sm[o + 48u] = vec4<f32>(v0.w, v1.w, v2.w, v3.w);
+}
+
+// vec4 d4 of row t (zeros past T or HD).
+fn row4(src: u32, base: u32, stride: u32, t: u32, d4: u32) -> vec4<f32> {
+  if (t < dims.T && d4 < HV) { return pad4(base + t * stride, d4, src); }
+  return vec4<f32>(0.0);
+}
+
+// Rows r0 .. r0 + n - 1 as they are: sm[dst + 16 NDV j + d4] = vec4 d4 of row r0 + j (zeros
+// past T or HD).
+fn stage_n(dst: u32, src: u32, base: u32, stride: u32, r0: u32, n: u32, lid: u32) {
+  let w = 16u * NDV;
+  for (var i = lid; i < n * w; i = i + WG) {
+    let j = i / w;
+    let d4 = i % w;
+    sm[dst + i] = row4(src, base, stride, r0 + j, d4);
+  }
 }

@@ -8,9 +8,11 @@
 //                                       then gives neighbouring threads neighbouring words
 // and a uniform `mm` with fields R, S, INNER, KCHUNK. With KCHUNK > 0 (split-K), workgroup z sums
 // only r in [z * KCHUNK, (z + 1) * KCHUNK) (KCHUNK a multiple of BK); 0 sums all of INNER.
-// Each workgroup computes a TILE x TILE block of out with TG x TG threads, 4x4 outputs each
-// (TILE = 4 * TG); the reduction dimension advances BK at a time through workgroup memory.
+// Small tile (matmul_tile, the includers' `main`): each workgroup computes a TILE x TILE block of
+// out with TG x TG threads, 4x4 outputs each (TILE = 4 * TG); the reduction dimension advances
+// BK at a time through workgroup memory.
 // Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads.
+// Wide tile (matmul_wide, `main_wide`, for big problems): further below.
 
 override TG: u32 = 8u;       // threads per side of the workgroup (the includer's workgroup_size)
 override TILE: u32 = 4u * TG;
@@ -62,6 +64,128 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
   store_row(i0 + lid.y * 4u + 1u, j0 + lid.x * 4u, acc1);
   store_row(i0 + lid.y * 4u + 2u, j0 + lid.x * 4u, acc2);
   store_row(i0 + lid.y * 4u + 3u, j0 + lid.x * 4u, acc3);
+}
+
+// Wide tile (the includers' `main_wide` entry point): a (8 WY) x (8 WX) block of out per
+// workgroup of WX * WY threads, 8x8 outputs per thread as 16 vec4 accumulators: block rows
+// 4ty .. 4ty + 3 and 4(ty + WY) .. + 3, columns 4tx .. 4tx + 3 and 4(tx + WX) .. + 3, so a
+// reduction step reads 4 vec4s of workgroup memory for 64 FMAs (the small tile: 2 for 16).
+// The BK slices are double-buffered in workgroup memory: each thread loads its entries of slice
+// n + 1 into registers before the FMAs of slice n and stores them after: one barrier a slice.
+// A thread fills one or two vec4 entries of each operand's slice (BK * 2 WY of A, BK * 2 WX of
+// B, over WX * WY threads), so max(WX, WY) <= 2 BK and BK <= min(WX, WY). Each output still
+// sums r in increasing order from zero, one FMA per r, as the small tile does: the two give the
+// same bits.
+// Dispatch: (ceil(S / (8 WX)), ceil(R / (8 WY)), splits) workgroups of WX * WY threads (1-D).
+
+override WX: u32;                  // threads along S: a multiple of 8
+override WY: u32;                  // threads along R: a multiple of 4
+override WAP: u32 = 2u * WY + 1u;  // slice row strides in vec4s, padded as TP is
+override WBP: u32 = 2u * WX + 1u;
+
+var<workgroup> wide_a: array<vec4<f32>, 2u * BK * WAP>;  // [2][BK][WAP]: A(i0 + 4v .. + 3, r0 + kk)
+var<workgroup> wide_b: array<vec4<f32>, 2u * BK * WBP>;  // [2][BK][WBP]: B(r0 + kk, j0 + 4v .. + 3)
+
+fn matmul_wide(wid: vec3<u32>, t: u32) {
+  let i0 = wid.y * 8u * WY;
+  let j0 = wid.x * 8u * WX;
+  // Each warp of 32 threads covers 8 x 4 (tx, ty): a step's reads touch 8 + 4 distinct vec4s.
+  let w = t / 32u;
+  let l = t % 32u;
+  let tx = l % 8u + 8u * (w % (WX / 8u));
+  let ty = l / 8u + 4u * (w / (WX / 8u));
+  // This thread's slice entries e = t and t + WX * WY of each operand, as (kk, v), ordered as in
+  // matmul_tile's fill so that neighbouring threads read neighbouring words.
+  let e1 = t + WX * WY;
+  let a0k = wide_kv(t, 2u * WY, A_ALONG_R);
+  let a1k = wide_kv(e1, 2u * WY, A_ALONG_R);
+  let b0k = wide_kv(t, 2u * WX, B_ALONG_R);
+  let b1k = wide_kv(e1, 2u * WX, B_ALONG_R);
+  let a1live = e1 < BK * 2u * WY;
+  let b1live = e1 < BK * 2u * WX;
+  var c0a = vec4<f32>(0.0);  var c0b = vec4<f32>(0.0);
+  var c1a = vec4<f32>(0.0);  var c1b = vec4<f32>(0.0);
+  var c2a = vec4<f32>(0.0);  var c2b = vec4<f32>(0.0);
+  var c3a = vec4<f32>(0.0);  var c3b = vec4<f32>(0.0);
+  var c4a = vec4<f32>(0.0);  var c4b = vec4<f32>(0.0);
+  var c5a = vec4<f32>(0.0);  var c5b = vec4<f32>(0.0);
+  var c6a = vec4<f32>(0.0);  var c6b = vec4<f32>(0.0);
+  var c7a = vec4<f32>(0.0);  var c7b = vec4<f32>(0.0);
+  let r_begin = wid.z * mm.KCHUNK;
+  let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
+  var pa0 = load_a4(i0 + 4u * a0k.y, r_begin + a0k.x);
+  var pa1 = wide_a4(i0, r_begin, a1k, a1live);
+  var pb0 = load_b4(r_begin + b0k.x, j0 + 4u * b0k.y);
+  var pb1 = wide_b4(j0, r_begin, b1k, b1live);
+  var buf = 0u;
+  wide_put(0u, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1);
+  workgroupBarrier();
+  for (var r0 = r_begin; r0 < r_end; r0 = r0 + BK) {
+    let more = r0 + BK < r_end;
+    if (more) {
+      pa0 = load_a4(i0 + 4u * a0k.y, r0 + BK + a0k.x);
+      pa1 = wide_a4(i0, r0 + BK, a1k, a1live);
+      pb0 = load_b4(r0 + BK + b0k.x, j0 + 4u * b0k.y);
+      pb1 = wide_b4(j0, r0 + BK, b1k, b1live);
+    }
+    let sa = buf * BK * WAP;
+    let sb = buf * BK * WBP;
+    for (var kk = 0u; kk < BK; kk = kk + 1u) {
+      let a0 = wide_a[sa + kk * WAP + ty];
+      let a1 = wide_a[sa + kk * WAP + ty + WY];
+      let b0 = wide_b[sb + kk * WBP + tx];
+      let b1 = wide_b[sb + kk * WBP + tx + WX];
+      c0a = fma(vec4<f32>(a0.x), b0, c0a);  c0b = fma(vec4<f32>(a0.x), b1, c0b);
+      c1a = fma(vec4<f32>(a0.y), b0, c1a);  c1b = fma(vec4<f32>(a0.y), b1, c1b);
+      c2a = fma(vec4<f32>(a0.z), b0, c2a);  c2b = fma(vec4<f32>(a0.z), b1, c2b);
+      c3a = fma(vec4<f32>(a0.w), b0, c3a);  c3b = fma(vec4<f32>(a0.w), b1, c3b);
+      c4a = fma(vec4<f32>(a1.x), b0, c4a);  c4b = fma(vec4<f32>(a1.x), b1, c4b);
+      c5a = fma(vec4<f32>(a1.y), b0, c5a);  c5b = fma(vec4<f32>(a1.y), b1, c5b);
+      c6a = fma(vec4<f32>(a1.z), b0, c6a);  c6b = fma(vec4<f32>(a1.z), b1, c6b);
+      c7a = fma(vec4<f32>(a1.w), b0, c7a);  c7b = fma(vec4<f32>(a1.w), b1, c7b);
+    }
+    buf = 1u - buf;
+    if (more) { wide_put(buf, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1); }
+    workgroupBarrier();
+  }
+  let ia = i0 + 4u * ty;
+  let ib = ia + 4u * WY;
+  let ja = j0 + 4u * tx;
+  let jb = ja + 4u * WX;
+  store_row(ia + 0u, ja, c0a);  store_row(ia + 0u, jb, c0b);
+  store_row(ia + 1u, ja, c1a);  store_row(ia + 1u, jb, c1b);
+  store_row(ia + 2u, ja, c2a);  store_row(ia + 2u, jb, c2b);
+  store_row(ia + 3u, ja, c3a);  store_row(ia + 3u, jb, c3b);
+  store_row(ib + 0u, ja, c4a);  store_row(ib + 0u, jb, c4b);
+  store_row(ib + 1u, ja, c5a);  store_row(ib + 1u, jb, c5b);
+  store_row(ib + 2u, ja, c6a);  store_row(ib + 2u, jb, c6b);
+  store_row(ib + 3u, ja, c7a);  store_row(ib + 3u, jb, c7b);
+}
+
+// (kk, v) of entry e of a BK x (4 n) slice: kk-major, or kk-minor when the operand is
+// contiguous along r.
+fn wide_kv(e: u32, n: u32, along_r: bool) -> vec2<u32> {
+  if (along_r) { return vec2<u32>(e % BK, e / BK); }
+  return vec2<u32>(e / n, e % n);
+}
+
+fn wide_a4(i0: u32, r0: u32, kv: vec2<u32>, live: bool) -> vec4<f32> {
+  if (!live) { return vec4<f32>(0.0); }
+  return load_a4(i0 + 4u * kv.y, r0 + kv.x);
+}
+
+fn wide_b4(j0: u32, r0: u32, kv: vec2<u32>, live: bool) -> vec4<f32> {
+  if (!live) { return vec4<f32>(0.0); }
+  return load_b4(r0 + kv.x, j0 + 4u * kv.y);
+}
+
+fn wide_put(buf: u32, a0k: vec2<u32>, a1k: vec2<u32>, b0k: vec2<u32>, b1k: vec2<u32>,
+            a1live: bool, b1live: bool, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>,
+            b1: vec4<f32>) {
+  wide_a[(buf * BK + a0k.x) * WAP + a0k.y] = a0;
+  wide_b[(buf * BK + b0k.x) * WBP + b0k.y] = b0;
+  if (a1live) { wide_a[(buf * BK + a1k.x) * WAP + a1k.y] = a1; }
+  if (b1live) { wide_b[(buf * BK + b1k.x) * WBP + b1k.y] = b1; }
 }
 
 // A(i..i+3, r) and B(r, j..j+3) as vec4s: one tile entry.

@@ -98,7 +98,8 @@ def test_rope_forward_and_inverse(lab_session):
     check("rope.dx", back["qkv"], x.grad)
 
 
-@pytest.mark.parametrize("B,T_,H,D", [(2, 37, 3, 10), (1, 70, 2, 16)])
+@pytest.mark.parametrize("B,T_,H,D", [(2, 37, 3, 10), (1, 70, 2, 16), (2, 133, 3, 64),
+                                       (1, 100, 2, 128)])
 def test_attention_forward_backward(lab_session, B, T_, H, D):
     qkv, dy = randn(B * T_, 3 * H * D), randn(B * T_, H * D)
     out = op(lab_session, "attention", qkv=qkv, B=B, T=T_, H=H, D=D)

@@ -5,16 +5,27 @@
 
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
-// matmul_core.wgsl runs TG x TG threads on a 4TG x 4TG output tile. 16 (64 x 64 tiles) is faster
-// on a big GPU for 12m/120m shapes; 8 (32 x 32) keeps small problems such as `tiny` spread over
-// enough workgroups (timings: bench/results/). Chosen from the problem size only, so results
-// never depend on the adapter.
-const BIG_MATMUL = 2 ** 26;   // R * S * INNER multiply-adds from which the big tile is used
+// matmul_core.wgsl's small tile (entry `main`) runs TG x TG threads on a 4TG x 4TG output tile,
+// 4x4 outputs each: TG 16 (64 x 64) from BIG_MATMUL multiply-adds, TG 8 (32 x 32) below, which
+// keeps small problems such as `tiny` spread over enough workgroups. From WIDE_MATMUL on, the wide
+// tile (entry `main_wide`): 64 x 128 outputs (rows x columns) per workgroup of 16 x 8 threads, 8x8
+// outputs each, BK 8 (of the tiles measured on an H200 the fastest over the 12m/120m shapes; the
+// two tiles give the same bits). Chosen from the problem size only, so results never depend on
+// the adapter. Timings: bench/results/step_h200.txt, bench/results/matmul_h200.txt.
+const BIG_MATMUL = 2 ** 26;   // R * S * INNER multiply-adds from which TG is 16
+const WIDE_MATMUL = 2 ** 28;  // ... and from which the wide tile is used
+const WIDE = { WX: 16, WY: 8, BK: 8 };   // matmul_core.wgsl matmul_wide's overrides
 
-/** {tg, tile} of matmul_core for an [R, S] output summed over `inner`. */
+/** Launch shape of matmul_core for an [R, S] output summed over `inner`: entry point, its
+ *  overrides, workgroup tile (tile rows x tileS columns); tg = tile / 4, the rows of 4x4 output
+ *  groups in a tile (the small tile's threads per side). */
 function matmulShape(R, S, inner) {
+  if (R * S * inner >= WIDE_MATMUL) {
+    return { tg: 2 * WIDE.WY, tile: 8 * WIDE.WY, tileS: 8 * WIDE.WX, entry: 'main_wide',
+      constants: { ...WIDE } };
+  }
   const tg = R * S * inner >= BIG_MATMUL ? 16 : 8;
-  return { tg, tile: 4 * tg };
+  return { tg, tile: 4 * tg, tileS: 4 * tg, entry: 'main', constants: { TG: tg, BK } };
 }
 
 const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
@@ -25,7 +36,7 @@ const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
 const WG_ELEMENT = 256;   // one thread per element: init, embed, rope, swiglu (+ backward), add_partials
 const WG_ROW = 64;        // one workgroup per row, tree-reduced: rmsnorm (+ backward), cross entropy
 const WG_COLUMN = 64;     // one thread per column or vocab row: norm-gain sums, embed backward
-const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup, one per thread
+const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup (BLK in lib/attention.wgsl)
 
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
@@ -36,12 +47,13 @@ const cdiv = (a, b) => Math.ceil(a / b);
 // shapes only, so a given model and batch always sums in the same order on every adapter.
 const SPLIT_TARGET = 1024;
 const SPLIT_MIN_ROWS = 256;
-const BK = 16;   // matmul_core.wgsl's reduction step (passed to it): split rows are multiples
+const BK = 16;   // the small tile's reduction step (passed to it); split rows are multiples of it
+                // (and so of the wide tile's BK 8)
 
 /** {splits, rows per split, tg, tile} of the weight gradient dW[N, K] over M rows. */
 export function weightGradSplit(M, N, K) {
-  const { tg, tile } = matmulShape(N, K, M);
-  const tiles = cdiv(N, tile) * cdiv(K, tile);
+  const { tg, tile, tileS } = matmulShape(N, K, M);
+  const tiles = cdiv(N, tile) * cdiv(K, tileS);
   const splits = Math.max(1, Math.min(Math.floor(SPLIT_TARGET / tiles),
     Math.floor(M / SPLIT_MIN_ROWS)));
   const rows = cdiv(cdiv(M, splits), BK) * BK;
@@ -115,35 +127,36 @@ export class Kernels {
 
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
-    const { tg, tile } = matmulShape(M, N, K);
-    return this.op('03_linear.wgsl', 'main',
-      { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, TG: tg, BK },
-      [M, N, K, 0], [x, w, y], [cdiv(N, tile), cdiv(M, tile)], 'linear');
+    const { tile, tileS, entry, constants } = matmulShape(M, N, K);
+    return this.op('03_linear.wgsl', entry,
+      { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, ...constants },
+      [M, N, K, 0], [x, w, y], [cdiv(N, tileS), cdiv(M, tile)], 'linear');
   }
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
   linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
-    const { tg, tile } = matmulShape(M, K, N);
-    return this.op('11_linear_backward.wgsl', 'main',
-      { MODE: 0, W_F16: wF16 ? 1 : 0, TG: tg, BK },
-      [M, K, N, 0], [dy, w, dx], [cdiv(K, tile), cdiv(M, tile)], 'linear_backward_input');
+    const { tile, tileS, entry, constants } = matmulShape(M, K, N);
+    return this.op('11_linear_backward.wgsl', entry,
+      { MODE: 0, W_F16: wF16 ? 1 : 0, ...constants },
+      [M, K, N, 0], [dy, w, dx], [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
   }
 
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
    *  (split-K partial sums, added into dW in a fixed order) */
   linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
-    const { splits, rows, tg, tile } = weightGradSplit(M, N, K);
+    const { splits, rows } = weightGradSplit(M, N, K);
+    const { tile, tileS, entry, constants } = matmulShape(N, K, M);
     const label = 'linear_backward_weight';
     if (splits === 1) {
-      return this.op('11_linear_backward.wgsl', 'main', { MODE: 1, TG: tg, BK }, [N, K, M, 0],
-        [dy, x, dw], [cdiv(K, tile), cdiv(N, tile)], label);
+      return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],
+        [dy, x, dw], [cdiv(K, tileS), cdiv(N, tile)], label);
     }
     const need = 4 * splits * N * K;
     check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
       `buffer of ${need} bytes`);
     return Promise.all([
-      this.op('11_linear_backward.wgsl', 'main', { MODE: 2, TG: tg, BK }, [N, K, M, rows],
-        [dy, x, part], [cdiv(K, tile), cdiv(N, tile), splits], label),
+      this.op('11_linear_backward.wgsl', entry, { MODE: 2, ...constants }, [N, K, M, rows],
+        [dy, x, part], [cdiv(K, tileS), cdiv(N, tile), splits], label),
       this.op('11_linear_backward.wgsl', 'add_partials', { WG: WG_ELEMENT }, [N, K, splits, 0],
         [part, null, dw], grid1d(cdiv(N * K, WG_ELEMENT)), label),
     ]);
@@ -165,9 +178,9 @@ export class Kernels {
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
-    // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
-    return this.op('05_attention.wgsl', 'main', { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 16 : 32 },
-      this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, WG_ATTENTION)),
+    // 16 x 16 threads per 64-row block; workgroup memory 16 KiB, WebGPU's default limit.
+    return this.op('05_attention.wgsl', 'main', { HD: D },
+      this.attentionDims(B, T, H, D), [qkv, y, lse, qkv], grid1d(B * H * cdiv(T, WG_ATTENTION)),
       'attention');
   }
 
@@ -175,12 +188,15 @@ export class Kernels {
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
     const grid = grid1d(B * H * cdiv(T, WG_ATTENTION));
-    const c = { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles stay under 16 KiB
+    const c = { HD: D };
+    // qkv and dy are bound a second time as vec4 arrays (read when D % 4 == 0; a dy smaller than
+    // one vec4 cannot be, so qkv stands in for it otherwise).
+    const res = [qkv, y, dy, lse, delta, dqkv, qkv, D % 4 === 0 ? dy : qkv];
     return Promise.all([
-      this.op('10_attention_backward.wgsl', 'attention_backward_dq', c, dims,
-        [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dq'),
-      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', c, dims,
-        [qkv, y, dy, lse, delta, dqkv], grid, 'attention_backward_dkdv'),   // y: bound, unread
+      this.op('10_attention_backward.wgsl', 'attention_backward_dq', c, dims, res, grid,
+        'attention_backward_dq'),
+      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', c, dims, res, grid,
+        'attention_backward_dkdv'),   // y: bound, unread
     ]);
   }
 
