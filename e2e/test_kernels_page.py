@@ -10,7 +10,7 @@ def test_kernels_page_times_every_kernel_and_shows_its_wgsl(page, live_server, p
     assert all(t >= 0 for t in times) and sum(times) > 0
     page.click("tr[data-kernel='attention'] a")
     page.wait_for_function("document.getElementById('source').textContent.includes('@compute')")
-    assert "05_attention.wgsl" in page.inner_text("#source-title")
+    assert "05_attention" in page.inner_text("#source-title")   # (_rows at tiny's T 64)
     assert page_errors == []
 
 

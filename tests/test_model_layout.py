@@ -68,8 +68,9 @@ def test_head_dim_limit_has_one_source():
     """The engine reads the head-dim limit from the layout; the WGSL const that sizes the
     attention kernels' register rows (a const: private arrays need one) must agree with it."""
     assert build_layout(PRESETS["tiny"])["limits"] == {"max_head_dim": MAX_HEAD_DIM}
-    wgsl = (SHADERS / "lib" / "attention.wgsl").read_text()
-    assert re.search(r"const MAX_D: u32 = (\d+)u;", wgsl).group(1) == str(MAX_HEAD_DIM)
+    for lib in ("attention.wgsl", "attention_rows.wgsl"):     # tiled and row kernels
+        wgsl = (SHADERS / "lib" / lib).read_text()
+        assert re.search(r"const MAX_D: u32 = (\d+)u;", wgsl).group(1) == str(MAX_HEAD_DIM)
 
 
 def test_layout_api(client):

@@ -98,8 +98,10 @@ def test_rope_forward_and_inverse(lab_session):
     check("rope.dx", back["qkv"], x.grad)
 
 
-@pytest.mark.parametrize("B,T_,H,D", [(2, 37, 3, 10), (1, 70, 2, 16), (2, 133, 3, 64),
-                                       (1, 100, 2, 128)])
+# Row kernels below T 128 (kernels.js ATTENTION_TILED_T), tiled ones from it: both, for odd head
+# dims, several batches and heads, T not a multiple of the 64-row block, head dim 128.
+@pytest.mark.parametrize("B,T_,H,D", [(2, 37, 3, 10), (1, 70, 2, 16), (1, 100, 2, 128),
+                                       (2, 133, 3, 64), (1, 130, 2, 10), (1, 150, 2, 128)])
 def test_attention_forward_backward(lab_session, B, T_, H, D):
     qkv, dy = randn(B * T_, 3 * H * D), randn(B * T_, H * D)
     out = op(lab_session, "attention", qkv=qkv, B=B, T=T_, H=H, D=D)

@@ -37,6 +37,11 @@ const WG_ELEMENT = 256;   // one thread per element: init, embed, rope, swiglu (
 const WG_ROW = 64;        // one workgroup per row, tree-reduced: rmsnorm (+ backward), cross entropy
 const WG_COLUMN = 64;     // one thread per column or vocab row: norm-gain sums, embed backward
 const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup (BLK in lib/attention.wgsl)
+// Sequences from ATTENTION_TILED_T on take the tiled kernels (05_attention, 10_attention_backward:
+// 64 x 64 score blocks, 16 x 16 threads); shorter ones the row kernels (*_rows.wgsl: one thread
+// per row, WG_ATTENTION rows per workgroup), which a CPU adapter runs ~5x faster at `tiny`'s
+// T 64 (fewer barriers) and which leave a GPU little to gain there. A function of the shape only.
+const ATTENTION_TILED_T = 128;
 
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
@@ -178,6 +183,12 @@ export class Kernels {
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
+    if (T < ATTENTION_TILED_T) {
+      // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
+      return this.op('05_attention_rows.wgsl', 'main', { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 16 : 32 },
+        this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, WG_ATTENTION)),
+        'attention');
+    }
     // 16 x 16 threads per 64-row block; workgroup memory 16 KiB, WebGPU's default limit.
     return this.op('05_attention.wgsl', 'main', { HD: D },
       this.attentionDims(B, T, H, D), [qkv, y, lse, qkv], grid1d(B * H * cdiv(T, WG_ATTENTION)),
@@ -188,6 +199,15 @@ export class Kernels {
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
     const grid = grid1d(B * H * cdiv(T, WG_ATTENTION));
+    if (T < ATTENTION_TILED_T) {
+      const c = { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles under 16 KiB
+      const file = '10_attention_backward_rows.wgsl';
+      const res = [qkv, y, dy, lse, delta, dqkv];
+      return Promise.all([
+        this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
+        this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
+      ]);
+    }
     const c = { HD: D };
     // qkv and dy are bound a second time as vec4 arrays (read when D % 4 == 0; a dy smaller than
     // one vec4 cannot be, so qkv stands in for it otherwise).
