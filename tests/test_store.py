@@ -16,6 +16,7 @@ import pytest
 
 from andrea.metrics import COLUMNS
 from andrea.store import Store, StoreUnavailable, engine_url
+from tests import aio
 
 CFG = {"preset": "tiny", "optimizer": "adamw"}
 RESUMABLE = ("running", "stopped", "interrupted", "failed")
@@ -338,7 +339,7 @@ def test_grouped_commits_share_a_transaction_and_keep_each_callers_answer(store,
         calls.append(store.add_metrics_grouped("bad", [rec(1)]))
         return await asyncio.gather(*calls, return_exceptions=True)
 
-    results = asyncio.run(send())
+    results = aio.run(send())
     # All 17 in one transaction; it failed, so each again on its own.
     assert transactions == [17] + [1] * 17, transactions
     for k in range(5):
@@ -355,7 +356,7 @@ def test_grouped_commits_share_a_transaction_and_keep_each_callers_answer(store,
     async def more():
         return await asyncio.gather(*(store.add_metrics_grouped(r, [rec(51)]) for r in "abc"))
 
-    assert [steps(i) for i, _ in asyncio.run(more())] == [[51]] * 3 and transactions == [3]
+    assert [steps(i) for i, _ in aio.run(more())] == [[51]] * 3 and transactions == [3]
 
 
 def test_add_metrics_stores_none_and_non_finite_as_today(store):
@@ -465,9 +466,9 @@ def test_run_off_the_event_loop_with_concurrent_writers(store):
         results = await asyncio.gather(*writes, *reads)
         assert all(len(inserted) == 1 for inserted, _ in results[:80])
         return [await store.run(store.last_step, r) for r in "ab"]
-    assert asyncio.run(main()) == [40, 40]
+    assert aio.run(main()) == [40, 40]
     store.close()                           # the threads end; the next call starts them again
-    assert asyncio.run(store.run(store.metrics_page, "a", 38, None))[0]["step"] == 39
+    assert aio.run(store.run(store.metrics_page, "a", 38, None))[0]["step"] == 39
 
 
 def test_open_picks_the_database(store_backend, tmp_path):
@@ -657,19 +658,19 @@ def test_a_database_out_of_reach_is_store_unavailable_then_recovers(store_backen
         cluster.stop()
         try:
             with pytest.raises(StoreUnavailable) as e:
-                asyncio.run(store.run(store.get_run, "a"))
+                aio.run(store.run(store.get_run, "a"))
             message = str(e.value)
             assert "s3cret" not in message and "postgres:***@127.0.0.1" in message, message
             assert f":{cluster.port}/" in message and "refused" in message, message
             with pytest.raises(StoreUnavailable, match="refused"):
-                asyncio.run(store.run(store.add_metrics, "a", [rec(1)]))
+                aio.run(store.run(store.add_metrics, "a", [rec(1)]))
             with pytest.raises(StoreUnavailable, match="refused"):
                 Store.open(url, store_backend.path)
         finally:
             cluster.start()
         # The pool drops its dead connections and goes on.
-        assert asyncio.run(store.run(store.add_metrics, "a", [rec(1)]))[1] == 1
-        assert asyncio.run(store.run(store.get_run, "a"))["last_step"] == 1
+        assert aio.run(store.run(store.add_metrics, "a", [rec(1)]))[1] == 1
+        assert aio.run(store.run(store.get_run, "a"))["last_step"] == 1
     finally:
         store.close()
 
@@ -684,10 +685,10 @@ def test_a_server_restart_under_open_connections_recovers(store_backend):
         async def busy():       # every pooled connection used once, then idle in the pool
             return await asyncio.gather(*(store.run(store.list_runs) for _ in range(8)))
         store.create_run("a", CFG, "h")
-        asyncio.run(busy())
+        aio.run(busy())
         store_backend.cluster.stop()
         store_backend.cluster.start()
-        assert len(asyncio.run(busy())) == 8
+        assert len(aio.run(busy())) == 8
         assert store.get_run("a")["id"] == "a"
     finally:
         store.close()
