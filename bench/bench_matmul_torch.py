@@ -4,14 +4,15 @@ dx = dy W and the weight gradient dW = dy^T x, with the operands laid out as the
 (x [M, K], W [N, K], dy [M, N], row-major). CUDA events, median of --iters. Writes
 {"preset:rows:name:kind": ms} for bench_matmul.mjs --torch.
 
-    python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 --out /tmp/mm_torch.json
+    PYTHONPATH=. python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 --out /tmp/mm_torch.json
 """
 
 import argparse
 import json
-import statistics
 
 import torch
+
+from bench.cuda_time import median_ms
 
 
 def step_shapes(cfg: dict, rows: int) -> list[tuple[str, str, int, int, int, int]]:
@@ -57,17 +58,7 @@ def main() -> None:
             else:
                 def f(dy=dy, x=x):
                     return torch.matmul(dy.t(), x)
-            for _ in range(3):
-                f()
-            times = []
-            for _ in range(args.iters):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                f()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b))
-            ms = statistics.median(times)
+            ms = median_ms(f, args.iters)
             result[f"{preset}:{rows}:{name}:{kind}"] = ms
             total += calls * ms
             print(f"  {name} {kind:3} [{M} x {N} x {K}]  {ms:8.3f} ms  "

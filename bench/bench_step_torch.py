@@ -7,10 +7,10 @@ clip_grad_norm_(1.0); eager fp32 with TF32 off and on. CUDA events, median of --
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from bench.cuda_time import median_ms
 from tests.reference import hf_config
 
 
@@ -45,17 +45,7 @@ def main() -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        for _ in range(3):
-            step()
-        times = []
-        for _ in range(args.iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        ms = statistics.median(times)
+        ms = median_ms(step, args.iters)
         print(f"  eager fp32{' + TF32' if tf32 else ' (TF32 off)'}: {ms:.2f} ms/step, "
               f"{B * T / ms * 1000:,.0f} tok/s")
         del model, opt

@@ -9,6 +9,7 @@
 #   python -m andrea.optim 12m > .gpu/l12.json; python -m andrea.optim 120m > .gpu/l120.json
 #   bash bench/gpu/current_table.sh [REPEATS] > table.txt
 set -euo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the torch scripts import bench/ and tests/
 REPEATS=${1:-3}
 NODE=${NODE:-/tmp/gpu/node}
 out=$(mktemp -d)
