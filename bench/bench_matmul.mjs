@@ -7,7 +7,8 @@
 // GPU time per dispatch from timestamp-query (quantization off), median of --iters.
 // Every variant's output is compared with the engine's small tile (`small`): max |diff| / max |ref|.
 //
-//   python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 --out /tmp/mm_torch.json
+//   PYTHONPATH=. python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 \
+//     --out /tmp/mm_torch.json
 //   node bench/bench_matmul.mjs .gpu/l120.json:8 .gpu/l12.json:32 --torch /tmp/mm_torch.json \
 //     [--iters 10] [--variants] [--variant-ids small16,w16x8k8] [--only fwd,dx,dW] [--diag]
 //     [--toggles disable_robustness]
