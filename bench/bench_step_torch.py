@@ -2,8 +2,9 @@
 bench/bench_step.mjs: Hugging Face LlamaForCausalLM built from the layout's config, fused AdamW,
 clip_grad_norm_(1.0); eager fp32 with TF32 off and on. CUDA events, median of --iters steps.
 
-    PYTHONPATH=. python3 bench/bench_step_torch.py /tmp/l12m.json --batch 32 \
-        [--seq 256] [--iters 20]
+    PYTHONPATH=. python3 bench/bench_step_torch.py /tmp/l12m.json --batch 32 [--iters 20]
+
+(--seq 256 is the default sequence length.)
 """
 
 import argparse
