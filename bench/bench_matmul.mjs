@@ -8,8 +8,8 @@
 // Every variant's output is compared with the engine's small tile (`small`): max |diff| / max |ref|.
 //
 //   PYTHONPATH=. python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 \
-//     --out /tmp/mm_torch.json
-//   node bench/bench_matmul.mjs .gpu/l120.json:8 .gpu/l12.json:32 --torch /tmp/mm_torch.json \
+//     --out mm.json
+//   node bench/bench_matmul.mjs .gpu/l120.json:8 .gpu/l12.json:32 --torch mm.json \
 //     [--iters 10] [--variants] [--variant-ids small16,w16x8k8] [--only fwd,dx,dW] [--diag]
 //     [--toggles disable_robustness]
 // The candidates of a shape run round-robin in one submission after ~200 ms of untimed rounds

@@ -4,7 +4,7 @@ dx = dy W and the weight gradient dW = dy^T x, with the operands laid out as the
 (x [M, K], W [N, K], dy [M, N], row-major). CUDA events, median of --iters. Writes
 {"preset:rows:name:kind": ms} for bench_matmul.mjs --torch.
 
-    PYTHONPATH=. python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 --out t.json
+    PYTHONPATH=. python3 bench/bench_matmul_torch.py .gpu/l120.json:8 .gpu/l12.json:32 --out mm.json
 """
 
 import argparse

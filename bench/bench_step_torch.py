@@ -4,7 +4,7 @@ clip_grad_norm_(1.0); eager fp32 with TF32 off and on. CUDA events, median of --
 
     PYTHONPATH=. python3 bench/bench_step_torch.py /tmp/l12m.json --batch 32 [--iters 20]
 
-(--seq 256 is the default sequence length.)
+(--seq T overrides the layout's sequence length.)
 """
 
 import argparse
