@@ -75,7 +75,7 @@ const VARIANTS = [
 const variants = opt('--variant-ids', null)
   ? VARIANTS.filter((v) => opt('--variant-ids').split(',').includes(v.id)) : VARIANTS;
 const tileOf = (v) => (v.entry === 'main' ? [4 * v.TG, 4 * v.TG] : [8 * v.WY, 8 * v.WX]);
-const constsOf = (v) => (v.entry === 'main' ? { TG: v.TG, BK: v.BK } : { WX: v.WX, WY: v.WY, BK: v.BK });
+const constsOf = (v) => (v.entry === 'main' ? { TG: v.TG, BK: v.BK } : { WX: v.WX, WY: v.WY });
 
 // --toggles a,b: extra Dawn toggles (e.g. disable_robustness, to see what bounds clamps cost).
 const toggles = opt('--toggles', '');
@@ -246,8 +246,8 @@ async function diag() {
     cands.push({ id, ops: [launch(device, pipe, [uniformWords(device, [s.M, s.N, s.K, 0], 'dims'),
       global ? x : null, global ? w : null, y], [cdiv(s.N, ts), cdiv(s.M, tr)], id)] });
   };
-  const W168 = { WX: 16, WY: 8, BK: 8 };
-  const W1616 = { WX: 16, WY: 16, BK: 8 };
+  const W168 = { WX: 16, WY: 8 };
+  const W1616 = { WX: 16, WY: 16 };
   await add('small16', src, 'main', { TG: 16, BK: 16 }, 64, 64, true);
   await add('small16 no global', noGlobal(src), 'main', { TG: 16, BK: 16 }, 64, 64, false);
   await add('w16x8k8', src, 'main_wide', W168, 64, 128, true);

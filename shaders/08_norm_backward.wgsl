@@ -55,18 +55,34 @@ fn gain_partial(@builtin(global_invocation_id) gid: vec3<u32>) {
   let c = gid.x;
   let k = gid.y;
   if (c >= dims.C || k >= dims.CHUNKS) { return; }
-  var s = 0.0;
-  for (var n = k * dims.ROWS; n < min(dims.N, (k + 1u) * dims.ROWS); n = n + 1u) {
-    s = s + dy[n * dims.C + c] * x[n * dims.C + c] * rstd[n];
+  // Four running sums (rows n, n + 1, n + 2, n + 3 mod 4) so that four rows' loads are in
+  // flight at once: one sum's chain of dependent adds left the loop waiting on memory.
+  var s = vec4<f32>(0.0);
+  let end = min(dims.N, (k + 1u) * dims.ROWS);
+  var n = k * dims.ROWS;
+  for (; n + 3u < end; n = n + 4u) {
+    s = s + vec4<f32>(gain_term(n, c), gain_term(n + 1u, c), gain_term(n + 2u, c),
+                      gain_term(n + 3u, c));
   }
-  part[k * dims.C + c] = s;
+  for (; n < end; n = n + 1u) { s.x = s.x + gain_term(n, c); }
+  part[k * dims.C + c] = (s.x + s.y) + (s.z + s.w);
+}
+
+fn gain_term(n: u32, c: u32) -> f32 {
+  return dy[n * dims.C + c] * x[n * dims.C + c] * rstd[n];
 }
 
 @compute @workgroup_size(WG)
 fn gain_finish(@builtin(global_invocation_id) gid: vec3<u32>) {
   let c = gid.x;
   if (c >= dims.C) { return; }
-  var s = 0.0;
-  for (var k = 0u; k < dims.CHUNKS; k = k + 1u) { s = s + part[k * dims.C + c]; }
-  out[c] = out[c] + s;
+  // Four running sums, as in gain_partial.
+  var s = vec4<f32>(0.0);
+  var k = 0u;
+  for (; k + 3u < dims.CHUNKS; k = k + 4u) {
+    s = s + vec4<f32>(part[k * dims.C + c], part[(k + 1u) * dims.C + c],
+                      part[(k + 2u) * dims.C + c], part[(k + 3u) * dims.C + c]);
+  }
+  for (; k < dims.CHUNKS; k = k + 1u) { s.x = s.x + part[k * dims.C + c]; }
+  out[c] = out[c] + ((s.x + s.y) + (s.z + s.w));
 }

@@ -70,21 +70,22 @@ fn matmul_tile(wid: vec3<u32>, lid: vec3<u32>) {
 // workgroup of WX * WY threads, 8x8 outputs per thread as 16 vec4 accumulators: block rows
 // 4ty .. 4ty + 3 and 4(ty + WY) .. + 3, columns 4tx .. 4tx + 3 and 4(tx + WX) .. + 3, so a
 // reduction step reads 4 vec4s of workgroup memory for 64 FMAs (the small tile: 2 for 16).
-// The BK slices are double-buffered in workgroup memory: each thread loads its entries of slice
+// The WBK slices are double-buffered in workgroup memory: each thread loads its entries of slice
 // n + 1 into registers before the FMAs of slice n and stores them after: one barrier a slice.
-// A thread fills one or two vec4 entries of each operand's slice (BK * 2 WY of A, BK * 2 WX of
-// B, over WX * WY threads), so max(WX, WY) <= 2 BK and BK <= min(WX, WY). Each output still
+// A thread fills one or two vec4 entries of each operand's slice (WBK * 2 WY of A, WBK * 2 WX of
+// B, over WX * WY threads), so max(WX, WY) <= 2 WBK and WBK <= min(WX, WY). Each output still
 // sums r in increasing order from zero, one FMA per r, as the small tile does: the two give the
 // same bits.
 // Dispatch: (ceil(S / (8 WX)), ceil(R / (8 WY)), splits) workgroups of WX * WY threads (1-D).
 
+const WBK: u32 = 8u;               // reduction step (written out as 8 steps in the loop below)
 override WX: u32;                  // threads along S: a multiple of 8
 override WY: u32;                  // threads along R: a multiple of 4
 override WAP: u32 = 2u * WY + 1u;  // slice row strides in vec4s, padded as TP is
 override WBP: u32 = 2u * WX + 1u;
 
-var<workgroup> wide_a: array<vec4<f32>, 2u * BK * WAP>;  // [2][BK][WAP]: A(i0 + 4v .. + 3, r0 + kk)
-var<workgroup> wide_b: array<vec4<f32>, 2u * BK * WBP>;  // [2][BK][WBP]: B(r0 + kk, j0 + 4v .. + 3)
+var<workgroup> wide_a: array<vec4<f32>, 2u * WBK * WAP>;  // [2][WBK][WAP]: A(i0 + 4v .. + 3, r)
+var<workgroup> wide_b: array<vec4<f32>, 2u * WBK * WBP>;  // [2][WBK][WBP]: B(r, j0 + 4v .. + 3)
 
 fn matmul_wide(wid: vec3<u32>, t: u32) {
   let i0 = wid.y * 8u * WY;
@@ -101,16 +102,9 @@ fn matmul_wide(wid: vec3<u32>, t: u32) {
   let a1k = wide_kv(e1, 2u * WY, A_ALONG_R);
   let b0k = wide_kv(t, 2u * WX, B_ALONG_R);
   let b1k = wide_kv(e1, 2u * WX, B_ALONG_R);
-  let a1live = e1 < BK * 2u * WY;
-  let b1live = e1 < BK * 2u * WX;
-  var c0a = vec4<f32>(0.0);  var c0b = vec4<f32>(0.0);
-  var c1a = vec4<f32>(0.0);  var c1b = vec4<f32>(0.0);
-  var c2a = vec4<f32>(0.0);  var c2b = vec4<f32>(0.0);
-  var c3a = vec4<f32>(0.0);  var c3b = vec4<f32>(0.0);
-  var c4a = vec4<f32>(0.0);  var c4b = vec4<f32>(0.0);
-  var c5a = vec4<f32>(0.0);  var c5b = vec4<f32>(0.0);
-  var c6a = vec4<f32>(0.0);  var c6b = vec4<f32>(0.0);
-  var c7a = vec4<f32>(0.0);  var c7b = vec4<f32>(0.0);
+  let a1live = e1 < WBK * 2u * WY;
+  let b1live = e1 < WBK * 2u * WX;
+  var c = WideAcc();
   let r_begin = wid.z * mm.KCHUNK;
   let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
   var pa0 = load_a4(i0 + 4u * a0k.y, r_begin + a0k.x);
@@ -120,30 +114,26 @@ fn matmul_wide(wid: vec3<u32>, t: u32) {
   var buf = 0u;
   wide_put(0u, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1);
   workgroupBarrier();
-  for (var r0 = r_begin; r0 < r_end; r0 = r0 + BK) {
-    let more = r0 + BK < r_end;
+  for (var r0 = r_begin; r0 < r_end; r0 = r0 + WBK) {
+    let more = r0 + WBK < r_end;
     if (more) {
-      pa0 = load_a4(i0 + 4u * a0k.y, r0 + BK + a0k.x);
-      pa1 = wide_a4(i0, r0 + BK, a1k, a1live);
-      pb0 = load_b4(r0 + BK + b0k.x, j0 + 4u * b0k.y);
-      pb1 = wide_b4(j0, r0 + BK, b1k, b1live);
+      pa0 = load_a4(i0 + 4u * a0k.y, r0 + WBK + a0k.x);
+      pa1 = wide_a4(i0, r0 + WBK, a1k, a1live);
+      pb0 = load_b4(r0 + WBK + b0k.x, j0 + 4u * b0k.y);
+      pb1 = wide_b4(j0, r0 + WBK, b1k, b1live);
     }
-    let sa = buf * BK * WAP;
-    let sb = buf * BK * WBP;
-    for (var kk = 0u; kk < BK; kk = kk + 1u) {
-      let a0 = wide_a[sa + kk * WAP + ty];
-      let a1 = wide_a[sa + kk * WAP + ty + WY];
-      let b0 = wide_b[sb + kk * WBP + tx];
-      let b1 = wide_b[sb + kk * WBP + tx + WX];
-      c0a = fma(vec4<f32>(a0.x), b0, c0a);  c0b = fma(vec4<f32>(a0.x), b1, c0b);
-      c1a = fma(vec4<f32>(a0.y), b0, c1a);  c1b = fma(vec4<f32>(a0.y), b1, c1b);
-      c2a = fma(vec4<f32>(a0.z), b0, c2a);  c2b = fma(vec4<f32>(a0.z), b1, c2b);
-      c3a = fma(vec4<f32>(a0.w), b0, c3a);  c3b = fma(vec4<f32>(a0.w), b1, c3b);
-      c4a = fma(vec4<f32>(a1.x), b0, c4a);  c4b = fma(vec4<f32>(a1.x), b1, c4b);
-      c5a = fma(vec4<f32>(a1.y), b0, c5a);  c5b = fma(vec4<f32>(a1.y), b1, c5b);
-      c6a = fma(vec4<f32>(a1.z), b0, c6a);  c6b = fma(vec4<f32>(a1.z), b1, c6b);
-      c7a = fma(vec4<f32>(a1.w), b0, c7a);  c7b = fma(vec4<f32>(a1.w), b1, c7b);
-    }
+    // The WBK = 8 steps of the slice written out: as a loop over kk the compiler kept the loop
+    // and its index arithmetic, 8-14% slower on an H200 (bench/results/matmul_h200.txt).
+    let sa = buf * WBK * WAP + ty;
+    let sb = buf * WBK * WBP + tx;
+    c = wide_fma(c, sa, sb);
+    c = wide_fma(c, sa + WAP, sb + WBP);
+    c = wide_fma(c, sa + 2u * WAP, sb + 2u * WBP);
+    c = wide_fma(c, sa + 3u * WAP, sb + 3u * WBP);
+    c = wide_fma(c, sa + 4u * WAP, sb + 4u * WBP);
+    c = wide_fma(c, sa + 5u * WAP, sb + 5u * WBP);
+    c = wide_fma(c, sa + 6u * WAP, sb + 6u * WBP);
+    c = wide_fma(c, sa + 7u * WAP, sb + 7u * WBP);
     buf = 1u - buf;
     if (more) { wide_put(buf, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1); }
     workgroupBarrier();
@@ -152,20 +142,46 @@ fn matmul_wide(wid: vec3<u32>, t: u32) {
   let ib = ia + 4u * WY;
   let ja = j0 + 4u * tx;
   let jb = ja + 4u * WX;
-  store_row(ia + 0u, ja, c0a);  store_row(ia + 0u, jb, c0b);
-  store_row(ia + 1u, ja, c1a);  store_row(ia + 1u, jb, c1b);
-  store_row(ia + 2u, ja, c2a);  store_row(ia + 2u, jb, c2b);
-  store_row(ia + 3u, ja, c3a);  store_row(ia + 3u, jb, c3b);
-  store_row(ib + 0u, ja, c4a);  store_row(ib + 0u, jb, c4b);
-  store_row(ib + 1u, ja, c5a);  store_row(ib + 1u, jb, c5b);
-  store_row(ib + 2u, ja, c6a);  store_row(ib + 2u, jb, c6b);
-  store_row(ib + 3u, ja, c7a);  store_row(ib + 3u, jb, c7b);
+  store_row(ia + 0u, ja, c.c0a);  store_row(ia + 0u, jb, c.c0b);
+  store_row(ia + 1u, ja, c.c1a);  store_row(ia + 1u, jb, c.c1b);
+  store_row(ia + 2u, ja, c.c2a);  store_row(ia + 2u, jb, c.c2b);
+  store_row(ia + 3u, ja, c.c3a);  store_row(ia + 3u, jb, c.c3b);
+  store_row(ib + 0u, ja, c.c4a);  store_row(ib + 0u, jb, c.c4b);
+  store_row(ib + 1u, ja, c.c5a);  store_row(ib + 1u, jb, c.c5b);
+  store_row(ib + 2u, ja, c.c6a);  store_row(ib + 2u, jb, c.c6b);
+  store_row(ib + 3u, ja, c.c7a);  store_row(ib + 3u, jb, c.c7b);
 }
 
-// (kk, v) of entry e of a BK x (4 n) slice: kk-major, or kk-minor when the operand is
+// A wide-tile thread's 8x8 outputs: rows 4ty + q (c<q>) and 4(ty + WY) + q (c<q + 4>), columns
+// 4tx .. + 3 (a) and 4(tx + WX) .. + 3 (b).
+struct WideAcc {
+  c0a: vec4<f32>, c0b: vec4<f32>, c1a: vec4<f32>, c1b: vec4<f32>,
+  c2a: vec4<f32>, c2b: vec4<f32>, c3a: vec4<f32>, c3b: vec4<f32>,
+  c4a: vec4<f32>, c4b: vec4<f32>, c5a: vec4<f32>, c5b: vec4<f32>,
+  c6a: vec4<f32>, c6b: vec4<f32>, c7a: vec4<f32>, c7b: vec4<f32>,
+}
+
+// One reduction step: c += A(rows, r) B(r, columns) from the slice entries at sa (A) and sb (B).
+fn wide_fma(c: WideAcc, sa: u32, sb: u32) -> WideAcc {
+  let a0 = wide_a[sa];
+  let a1 = wide_a[sa + WY];
+  let b0 = wide_b[sb];
+  let b1 = wide_b[sb + WX];
+  return WideAcc(
+    fma(vec4<f32>(a0.x), b0, c.c0a), fma(vec4<f32>(a0.x), b1, c.c0b),
+    fma(vec4<f32>(a0.y), b0, c.c1a), fma(vec4<f32>(a0.y), b1, c.c1b),
+    fma(vec4<f32>(a0.z), b0, c.c2a), fma(vec4<f32>(a0.z), b1, c.c2b),
+    fma(vec4<f32>(a0.w), b0, c.c3a), fma(vec4<f32>(a0.w), b1, c.c3b),
+    fma(vec4<f32>(a1.x), b0, c.c4a), fma(vec4<f32>(a1.x), b1, c.c4b),
+    fma(vec4<f32>(a1.y), b0, c.c5a), fma(vec4<f32>(a1.y), b1, c.c5b),
+    fma(vec4<f32>(a1.z), b0, c.c6a), fma(vec4<f32>(a1.z), b1, c.c6b),
+    fma(vec4<f32>(a1.w), b0, c.c7a), fma(vec4<f32>(a1.w), b1, c.c7b));
+}
+
+// (kk, v) of entry e of a WBK x (4 n) slice: kk-major, or kk-minor when the operand is
 // contiguous along r.
 fn wide_kv(e: u32, n: u32, along_r: bool) -> vec2<u32> {
-  if (along_r) { return vec2<u32>(e % BK, e / BK); }
+  if (along_r) { return vec2<u32>(e % WBK, e / WBK); }
   return vec2<u32>(e / n, e % n);
 }
 
@@ -182,10 +198,10 @@ fn wide_b4(j0: u32, r0: u32, kv: vec2<u32>, live: bool) -> vec4<f32> {
 fn wide_put(buf: u32, a0k: vec2<u32>, a1k: vec2<u32>, b0k: vec2<u32>, b1k: vec2<u32>,
             a1live: bool, b1live: bool, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>,
             b1: vec4<f32>) {
-  wide_a[(buf * BK + a0k.x) * WAP + a0k.y] = a0;
-  wide_b[(buf * BK + b0k.x) * WBP + b0k.y] = b0;
-  if (a1live) { wide_a[(buf * BK + a1k.x) * WAP + a1k.y] = a1; }
-  if (b1live) { wide_b[(buf * BK + b1k.x) * WBP + b1k.y] = b1; }
+  wide_a[(buf * WBK + a0k.x) * WAP + a0k.y] = a0;
+  wide_b[(buf * WBK + b0k.x) * WBP + b0k.y] = b0;
+  if (a1live) { wide_a[(buf * WBK + a1k.x) * WAP + a1k.y] = a1; }
+  if (b1live) { wide_b[(buf * WBK + b1k.x) * WBP + b1k.y] = b1; }
 }
 
 // A(i..i+3, r) and B(r, j..j+3) as vec4s: one tile entry.

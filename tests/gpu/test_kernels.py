@@ -40,9 +40,13 @@ def T(x, grad=False):
 
 
 # (1000, 40, 24): dW split over 3 row ranges (32 x 32 tiles); (1000, 300, 230): past
-# kernels.js BIG_MATMUL, so 64 x 64 tiles in all three matmuls and dW split 3 ways.
+# kernels.js BIG_MATMUL, so 64 x 64 tiles in all three matmuls and dW split 3 ways;
+# (1031, 515, 509): past WIDE_MATMUL (2^28 multiply-adds), so the wide 64 x 128 tile, with
+# partial tiles on every edge and dW split 4 ways; (2049, 2050, 64): a forward of 17 x 17
+# tiles of 128 x 128, which kernels.js gives the 128 x 128 wide tile.
 @pytest.mark.parametrize("M,N,K", [(37, 45, 19), (64, 96, 33), (5, 130, 70), (133, 70, 150),
-                                   (1000, 40, 24), (1000, 300, 230)])
+                                   (1000, 40, 24), (1000, 300, 230), (1031, 515, 509),
+                                   (2049, 2050, 64)])
 def test_linear_forward_backward(lab_session, M, N, K):
     x, w, dy = randn(M, K), randn(N, K), randn(M, N)
     out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K)
@@ -55,10 +59,15 @@ def test_linear_forward_backward(lab_session, M, N, K):
     check("linear.dw", back["dw"], wt.grad)
 
 
-def test_embed_forward_backward(lab_session):
-    V, C, N = 53, 24, 70
+@pytest.mark.parametrize("batch", ["random", "one token", "few tokens"])
+def test_embed_forward_backward(lab_session, batch):
+    V, C, N = 53, 70, 90  # C over the backward's 64 threads per row
     tokens = rng.integers(0, V, N).astype(np.int32)
     tokens[:5] = 7  # repeated tokens must accumulate
+    if batch == "one token":
+        tokens[:] = V - 1  # every position in one bucket, the last row
+    elif batch == "few tokens":
+        tokens = rng.choice([0, 2, 3], N).astype(np.int32)  # most rows absent from the batch
     wte, dx = randn(V, C), randn(N, C)
     out = op(lab_session, "embed", tokens=tokens, wte=wte, N=N, C=C)
     w = T(wte, True)

@@ -2,7 +2,9 @@
 // gradient, tile choice, grids, scratch sizes, activation sizes and adapter limit checks.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { gainPartialNumel, ropeTable, weightGradPartNumel, weightGradSplit } from '../../static/js/engine/kernels.js';
+import {
+  gainPartialNumel, ropeTable, tokenBuckets, tokenBucketsNumel, weightGradPartNumel, weightGradSplit,
+} from '../../static/js/engine/kernels.js';
 import { activationBytes, activationShapes, limitProblems } from '../../static/js/engine/model.js';
 import { f32bits, grid1d, releaseOps, view } from '../../static/js/engine/ops.js';
 
@@ -26,6 +28,14 @@ test('weight-gradient split: the shapes tests/gpu/test_kernels.py relies on', ()
   const big = weightGradSplit(1000, 300, 230);
   assert.equal(big.tile, 64);
   assert.equal(big.splits, 3);
+  // past WIDE_MATMUL (2^28): the wide tile, 64 rows x 128 columns, dW split 4 ways
+  const wide = weightGradSplit(1031, 515, 509);
+  assert.equal(wide.tile, 64);
+  assert.equal(wide.splits, 4);
+  // 17 x 17 tiles of 128 x 128 (at least 256): the 128 x 128 wide tile, as for the forward of
+  // test_kernels.py's (2049, 2050, 64)
+  assert.equal(weightGradSplit(64, 2050, 2049).tile, 128);
+  assert.equal(weightGradSplit(128, 2050, 1900).tile, 64);   // 17 x 15 tiles
   // small problems: no split
   assert.equal(weightGradSplit(37, 45, 19).splits, 1);
 });
@@ -39,6 +49,21 @@ test('norm-gain scratch: one partial row per 64 rows', () => {
   assert.equal(gainPartialNumel(64, 10), 10);
   assert.equal(gainPartialNumel(65, 10), 20);
   assert.equal(gainPartialNumel(1, 7), 7);
+});
+
+test('tokenBuckets: a stable counting sort of positions by token', () => {
+  const tokens = Uint32Array.from([3, 0, 3, 5, 0, 3, 1]);
+  const V = 7;
+  const b = tokenBuckets(tokens, V);
+  assert.equal(b.length, tokenBucketsNumel(tokens.length, V));
+  // start[v] for v = 0..V, then positions of 0 (1, 4), 1 (6), 3 (0, 2, 5), 5 (3)
+  assert.deepEqual(Array.from(b.subarray(0, V + 1)), [0, 2, 3, 3, 6, 6, 7, 7]);
+  assert.deepEqual(Array.from(b.subarray(V + 1)), [1, 4, 6, 0, 2, 5, 3]);
+  // Reusing the output array gives the same result for another batch (no stale counts).
+  const again = tokenBuckets(Uint32Array.from([6, 6, 6, 6, 6, 6, 6]), V, b);
+  assert.deepEqual(Array.from(again.subarray(0, V + 1)), [0, 0, 0, 0, 0, 0, 0, 7]);
+  assert.deepEqual(Array.from(again.subarray(V + 1)), [0, 1, 2, 3, 4, 5, 6]);
+  assert.throws(() => tokenBuckets(tokens, V, new Uint32Array(3)), /wrong out length/);
 });
 
 test('grid1d: 1-D up to 65535 workgroups, then 2-D covering at least n', () => {

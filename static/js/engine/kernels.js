@@ -8,21 +8,31 @@ import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 // matmul_core.wgsl's small tile (entry `main`) runs TG x TG threads on a 4TG x 4TG output tile,
 // 4x4 outputs each: TG 16 (64 x 64) from BIG_MATMUL multiply-adds, TG 8 (32 x 32) below, which
 // keeps small problems such as `tiny` spread over enough workgroups. From WIDE_MATMUL on, the wide
-// tile (entry `main_wide`): 64 x 128 outputs (rows x columns) per workgroup of 16 x 8 threads, 8x8
-// outputs each, BK 8 (of the tiles measured on an H200 the fastest over the 12m/120m shapes; the
-// two tiles give the same bits). Chosen from the problem size only, so results never depend on
-// the adapter. Timings: bench/results/step_h200.txt, bench/results/matmul_h200.txt.
+// tile (entry `main_wide`, 8x8 outputs per thread, BK 8): 64 x 128 outputs (rows x columns) per
+// workgroup of 16 x 8 threads, or 128 x 128 per 16 x 16 threads where that makes at least
+// WIDE_BIG_TILES tiles (on an H200 the 128 x 128 tile is 5-10% faster there and slower on fewer,
+// where a wave of workgroups is left part-empty). All tiles give the same bits; the tile, and so
+// a weight gradient's split, is chosen from the problem size only, so results never depend on
+// the adapter. An adapter without the 128 x 128 tile's workgroup memory runs the 64 x 128 one
+// over the same splits. Timings: bench/results/step_h200.txt, bench/results/matmul_h200.txt.
 const BIG_MATMUL = 2 ** 26;   // R * S * INNER multiply-adds from which TG is 16
 const WIDE_MATMUL = 2 ** 28;  // ... and from which the wide tile is used
-const WIDE = { WX: 16, WY: 8, BK: 8 };   // matmul_core.wgsl matmul_wide's overrides
+const WIDE = { WX: 16, WY: 8 };       // matmul_core.wgsl matmul_wide's overrides: 64 x 128
+const WIDE_BIG = { WX: 16, WY: 16 };  // 128 x 128
+const WIDE_BIG_TILES = 256;
+// matmul_wide's workgroup memory with WIDE_BIG: 2 operands x 2 slices x BK 8 x (2 WY + 1) vec4s,
+// 16,896 bytes: over WebGPU's default limit of 16 KiB, which most adapters raise.
+const WIDE_BIG_BYTES = 2 * 2 * 8 * (2 * WIDE_BIG.WY + 1) * 16;
 
 /** Launch shape of matmul_core for an [R, S] output summed over `inner`: entry point, its
  *  overrides, workgroup tile (tile rows x tileS columns); tg = tile / 4, the rows of 4x4 output
- *  groups in a tile (the small tile's threads per side). */
-function matmulShape(R, S, inner) {
+ *  groups in a tile (the small tile's threads per side). bigOk: the adapter runs WIDE_BIG. */
+function matmulShape(R, S, inner, bigOk = true) {
   if (R * S * inner >= WIDE_MATMUL) {
-    return { tg: 2 * WIDE.WY, tile: 8 * WIDE.WY, tileS: 8 * WIDE.WX, entry: 'main_wide',
-      constants: { ...WIDE } };
+    const big = bigOk && cdiv(R, 8 * WIDE_BIG.WY) * cdiv(S, 8 * WIDE_BIG.WX) >= WIDE_BIG_TILES;
+    const w = big ? WIDE_BIG : WIDE;
+    return { tg: 2 * w.WY, tile: 8 * w.WY, tileS: 8 * w.WX, entry: 'main_wide',
+      constants: { ...w } };
   }
   const tg = R * S * inner >= BIG_MATMUL ? 16 : 8;
   return { tg, tile: 4 * tg, tileS: 4 * tg, entry: 'main', constants: { TG: tg, BK } };
@@ -43,6 +53,24 @@ const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup (BLK in
 // T 64 (fewer barriers) and which leave a GPU little to gain there. A function of the shape only.
 const ATTENTION_TILED_T = 128;
 
+/** u32 words of tokenBuckets for N tokens of a V-token vocabulary. */
+export const tokenBucketsNumel = (N, V) => V + 1 + N;
+
+/** The batch's positions grouped by token, for the embedding backward (08_embed_backward):
+ *  a stable counting sort on the CPU, O(N + V), as llm.c buckets its encoder backward. Returns
+ *  `out` (a Uint32Array of tokenBucketsNumel(N, V), reused across batches) holding start[v] for
+ *  v <= V (start[V] = N), then the positions of token 0, of token 1, ... each increasing. */
+export function tokenBuckets(tokens, V, out = new Uint32Array(V + 1 + tokens.length)) {
+  const N = tokens.length;
+  if (out.length !== tokenBucketsNumel(N, V)) throw new Error('tokenBuckets: wrong out length');
+  out.fill(0, 0, V + 1);
+  for (let n = 0; n < N; n++) out[tokens[n] + 1] += 1;      // counts, shifted by one
+  for (let v = 0; v < V; v++) out[v + 1] += out[v];         // start[v]
+  const positions = out.subarray(V + 1);
+  const next = out.slice(0, V);                              // each token's next free slot
+  for (let n = 0; n < N; n++) positions[next[tokens[n]]++] = n;
+  return out;
+}
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
 const cdiv = (a, b) => Math.ceil(a / b);
@@ -83,6 +111,9 @@ export class Kernels {
     this.device = device;
     this.lib = lib;
     this.maxHeadDim = maxHeadDim;
+    const lim = device.limits ?? {};
+    this.bigTile = (lim.maxComputeWorkgroupStorageSize ?? 0) >= WIDE_BIG_BYTES
+      && (lim.maxComputeInvocationsPerWorkgroup ?? 0) >= WIDE_BIG.WX * WIDE_BIG.WY;
   }
 
   async op(file, entry, constants, uniforms, resources, grid, label) {
@@ -99,10 +130,10 @@ export class Kernels {
       grid1d(cdiv(N * C, WG_ELEMENT)), 'embed');
   }
 
-  /** dwte[V, C] += rows of dx grouped by token */
-  embedBackward({ tokens, dx, dwte, N, C, V }) {
-    return this.op('08_embed_backward.wgsl', 'main', { WG: WG_COLUMN }, [N, C, V],
-      [tokens, dx, dwte], grid1d(cdiv(V, WG_COLUMN)), 'embed_backward');
+  /** dwte[V, C] += rows of dx grouped by token; buckets: tokenBuckets of the batch's tokens */
+  embedBackward({ buckets, dx, dwte, N, C, V }) {
+    return this.op('08_embed_backward.wgsl', 'main', { WG: WG_ROW }, [N, C, V],
+      [buckets, dx, dwte], grid1d(V), 'embed_backward');
   }
 
   /** y[N, C] = rmsnorm(x) * g; rstd[N] */
@@ -126,13 +157,13 @@ export class Kernels {
       this.op('08_norm_backward.wgsl', 'gain_partial', { WG: WG_COLUMN }, dims,
         [dy, x, null, rstd, null, part], [cdiv(C, WG_COLUMN), chunks], 'rmsnorm_backward_gain'),
       this.op('08_norm_backward.wgsl', 'gain_finish', { WG: WG_COLUMN }, dims,
-        [null, null, null, null, dg, part], [cdiv(C, WG_COLUMN), 1], 'rmsnorm_backward_gain'),
+        [null, null, null, null, dg, part], [cdiv(C, WG_COLUMN), 1], 'rmsnorm_backward_gain_sum'),
     ]);
   }
 
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
-    const { tile, tileS, entry, constants } = matmulShape(M, N, K);
+    const { tile, tileS, entry, constants } = matmulShape(M, N, K, this.bigTile);
     return this.op('03_linear.wgsl', entry,
       { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, ...constants },
       [M, N, K, 0], [x, w, y], [cdiv(N, tileS), cdiv(M, tile)], 'linear');
@@ -140,7 +171,7 @@ export class Kernels {
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
   linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
-    const { tile, tileS, entry, constants } = matmulShape(M, K, N);
+    const { tile, tileS, entry, constants } = matmulShape(M, K, N, this.bigTile);
     return this.op('11_linear_backward.wgsl', entry,
       { MODE: 0, W_F16: wF16 ? 1 : 0, ...constants },
       [M, K, N, 0], [dy, w, dx], [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
@@ -150,7 +181,7 @@ export class Kernels {
    *  (split-K partial sums, added into dW in a fixed order) */
   linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
     const { splits, rows } = weightGradSplit(M, N, K);
-    const { tile, tileS, entry, constants } = matmulShape(N, K, M);
+    const { tile, tileS, entry, constants } = matmulShape(N, K, M, this.bigTile);
     const label = 'linear_backward_weight';
     if (splits === 1) {
       return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],

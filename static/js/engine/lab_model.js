@@ -2,7 +2,9 @@
 // each kernel against PyTorch. All arrays in and out are plain typed arrays.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { Kernels, gainPartialNumel, ropeTable, weightGradPartNumel } from './kernels.js';
+import {
+  Kernels, gainPartialNumel, ropeTable, tokenBuckets, weightGradPartNumel,
+} from './kernels.js';
 import { createModel } from './model.js';
 import { encodeOps, releaseOps } from './ops.js';
 
@@ -40,8 +42,9 @@ export function labEntries(ctx) {
   const ops = {
     embed: ({ tokens, wte, N, C }) => runOps(ctx, { tokens: u32(tokens), wte }, { x: N * C },
       (b) => k.embed({ ...b, N, C })),
-    embedBackward: ({ tokens, dx, N, C, V }) => runOps(ctx, { tokens: u32(tokens), dx },
-      { dwte: V * C }, (b) => k.embedBackward({ ...b, N, C, V })),
+    embedBackward: ({ tokens, dx, N, C, V }) => runOps(ctx,
+      { buckets: tokenBuckets(u32(tokens), V), dx }, { dwte: V * C },
+      (b) => k.embedBackward({ ...b, N, C, V })),
     rmsnorm: ({ x, g, N, C, eps }) => runOps(ctx, { x, g }, { y: N * C, rstd: N },
       (b) => k.rmsnorm({ ...b, N, C, eps })),
     rmsnormBackward: ({ dy, x, g, rstd, N, C }) => runOps(ctx, { dy, x, g, rstd },

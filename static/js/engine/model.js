@@ -6,7 +6,9 @@
 // N = B * T rows.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import { Kernels, gainPartialNumel, ropeTable, weightGradPartNumel } from './kernels.js';
+import {
+  Kernels, gainPartialNumel, ropeTable, tokenBuckets, tokenBucketsNumel, weightGradPartNumel,
+} from './kernels.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
@@ -16,6 +18,7 @@ export function activationShapes(config, B, T) {
   const N = B * T;
   return [
     ['tokens', N, null], ['targets', N, null],       // [B, T] u32
+    ['buckets', tokenBucketsNumel(N, V), null],       // u32: positions by token (tokenBuckets)
     ['res', N * C, L + 1],                            // [N, C] residual stream, layer inputs
     ['resMid', N * C, L],                             // [N, C] after attention
     ['n1', N * C, L], ['rstd1', N, L],                // input_layernorm out, 1/rms
@@ -276,7 +279,7 @@ export class Model {
           dx: a.dres, N, C, accum: true }),                                  // dres = d res[i]
       );
     }
-    backward.push(k.embedBackward({ tokens: a.tokens, dx: a.dres, dwte: this.t(G, wte),
+    backward.push(k.embedBackward({ buckets: a.buckets, dx: a.dres, dwte: this.t(G, wte),
       N, C, V }));
 
     const flat = async (list) => (await Promise.all(list)).flat();
@@ -298,6 +301,9 @@ export class Model {
     const u32 = (a) => (a instanceof Uint32Array ? a : Uint32Array.from(a));
     this.device.queue.writeBuffer(plan.acts.tokens, 0, u32(tokens));
     if (targets) this.device.queue.writeBuffer(plan.acts.targets, 0, u32(targets));
+    // The embedding backward's buckets: a counting sort, O(N + V) on the CPU.
+    plan.bucketWords ??= new Uint32Array(tokenBucketsNumel(plan.N, V));
+    this.device.queue.writeBuffer(plan.acts.buckets, 0, tokenBuckets(tokens, V, plan.bucketWords));
   }
 
   /** Encode forward + loss + backward into `encoder` (the trainer adds the optimizer); `first`:
