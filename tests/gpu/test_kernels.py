@@ -41,9 +41,9 @@ def T(x, grad=False):
 
 # (1000, 40, 24): dW split over 3 row ranges (32 x 32 tiles); (1000, 300, 230): past
 # kernels.js BIG_MATMUL, so 64 x 64 tiles in all three matmuls and dW split 3 ways;
-# (1031, 515, 509): past WIDE_MATMUL (2^28 multiply-adds), so the wide 64 x 128 tile, with
-# partial tiles on every edge and dW split 4 ways; (2049, 2050, 64): a forward of 17 x 17
-# tiles of 128 x 128, which kernels.js gives the 128 x 128 wide tile.
+# (1031, 515, 509): past WIDE_MATMUL (2^28 multiply-adds), so the wide tiles (64 x 128 forward
+# and input gradient, 128 x 128 weight gradient split 4 ways), with partial tiles on every edge;
+# (2049, 2050, 64): a forward of 17 x 17 tiles of 128 x 128, which takes the 128 x 128 tile.
 @pytest.mark.parametrize("M,N,K", [(37, 45, 19), (64, 96, 33), (5, 130, 70), (133, 70, 150),
                                    (1000, 40, 24), (1000, 300, 230), (1031, 515, 509),
                                    (2049, 2050, 64)])

@@ -3,7 +3,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
-  gainPartialNumel, ropeTable, tokenBuckets, tokenBucketsNumel, weightGradPartNumel, weightGradSplit,
+  gainPartialNumel, matmulShape, ropeTable, tokenBuckets, tokenBucketsNumel, weightGradPartNumel,
+  weightGradSplit,
 } from '../../static/js/engine/kernels.js';
 import { activationBytes, activationShapes, limitProblems } from '../../static/js/engine/model.js';
 import { f32bits, grid1d, releaseOps, view } from '../../static/js/engine/ops.js';
@@ -28,14 +29,18 @@ test('weight-gradient split: the shapes tests/gpu/test_kernels.py relies on', ()
   const big = weightGradSplit(1000, 300, 230);
   assert.equal(big.tile, 64);
   assert.equal(big.splits, 3);
-  // past WIDE_MATMUL (2^28): the wide tile, 64 rows x 128 columns, dW split 4 ways
+  // past WIDE_MATMUL (2^28): a weight gradient takes the 128 x 128 wide tile, here split 4 ways
   const wide = weightGradSplit(1031, 515, 509);
-  assert.equal(wide.tile, 64);
+  assert.equal(wide.tile, 128);
   assert.equal(wide.splits, 4);
-  // 17 x 17 tiles of 128 x 128 (at least 256): the 128 x 128 wide tile, as for the forward of
-  // test_kernels.py's (2049, 2050, 64)
-  assert.equal(weightGradSplit(64, 2050, 2049).tile, 128);
-  assert.equal(weightGradSplit(128, 2050, 1900).tile, 64);   // 17 x 15 tiles
+  // forward and input gradient: 64 x 128 below 256 tiles of 128 x 128, 128 x 128 from there
+  // (17 x 17 tiles: test_kernels.py's (2049, 2050, 64) forward), and 64 x 128 on an adapter
+  // without the bigger tile's workgroup memory
+  assert.equal(matmulShape(1031, 515, 509).tile, 64);
+  assert.equal(matmulShape(2049, 2050, 64).tile, 128);
+  assert.equal(matmulShape(2049, 1900, 128).tile, 64);    // 17 x 15 tiles
+  assert.equal(matmulShape(2049, 2050, 64, false).tile, 64);
+  assert.equal(matmulShape(515, 509, 1031, false, true).tile, 64);
   // small problems: no split
   assert.equal(weightGradSplit(37, 45, 19).splits, 1);
 });

@@ -11,7 +11,8 @@ import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 // tile (entry `main_wide`, 8x8 outputs per thread, BK 8): 64 x 128 outputs (rows x columns) per
 // workgroup of 16 x 8 threads, or 128 x 128 per 16 x 16 threads where that makes at least
 // WIDE_BIG_TILES tiles (on an H200 the 128 x 128 tile is 5-10% faster there and slower on fewer,
-// where a wave of workgroups is left part-empty). All tiles give the same bits; the tile, and so
+// where a wave of workgroups is left part-empty), and always for weight gradients, whose
+// split-K fills the waves. All tiles give the same bits; the tile, and so
 // a weight gradient's split, is chosen from the problem size only, so results never depend on
 // the adapter. An adapter without the 128 x 128 tile's workgroup memory runs the 64 x 128 one
 // over the same splits. Timings: bench/results/step_h200.txt, bench/results/matmul_h200.txt.
@@ -26,10 +27,12 @@ const WIDE_BIG_BYTES = 2 * 2 * 8 * (2 * WIDE_BIG.WY + 1) * 16;
 
 /** Launch shape of matmul_core for an [R, S] output summed over `inner`: entry point, its
  *  overrides, workgroup tile (tile rows x tileS columns); tg = tile / 4, the rows of 4x4 output
- *  groups in a tile (the small tile's threads per side). bigOk: the adapter runs WIDE_BIG. */
-function matmulShape(R, S, inner, bigOk = true) {
+ *  groups in a tile (the small tile's threads per side). bigOk: the adapter runs WIDE_BIG;
+ *  weightGrad: a weight gradient (split-K). */
+export function matmulShape(R, S, inner, bigOk = true, weightGrad = false) {
   if (R * S * inner >= WIDE_MATMUL) {
-    const big = bigOk && cdiv(R, 8 * WIDE_BIG.WY) * cdiv(S, 8 * WIDE_BIG.WX) >= WIDE_BIG_TILES;
+    const big = bigOk && (weightGrad
+      || cdiv(R, 8 * WIDE_BIG.WY) * cdiv(S, 8 * WIDE_BIG.WX) >= WIDE_BIG_TILES);
     const w = big ? WIDE_BIG : WIDE;
     return { tg: 2 * w.WY, tile: 8 * w.WY, tileS: 8 * w.WX, entry: 'main_wide',
       constants: { ...w } };
@@ -75,20 +78,34 @@ export function tokenBuckets(tokens, V, out = new Uint32Array(V + 1 + tokens.len
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
 const cdiv = (a, b) => Math.ceil(a / b);
 
-// Split-K for weight gradients (dW[N, K] sums over all M = B*T rows): enough splits to give the
-// GPU about SPLIT_TARGET workgroups, each split at least SPLIT_MIN_ROWS rows. A function of the
-// shapes only, so a given model and batch always sums in the same order on every adapter.
+// Split-K for weight gradients (dW[N, K] sums over all M = B*T rows), each split at least
+// SPLIT_MIN_ROWS rows. The small tiles: enough splits to give the GPU about SPLIT_TARGET
+// workgroups. The wide tile: the count s that minimises the time modelled as waves(s) / s x
+// (1 + SPLIT_COST s), waves(s) = ceil(tiles x s / WAVE): whole waves of WAVE workgroups (an
+// H200's 132 SMs, one 256-thread workgroup each), each split costing ~1% more (its partial sums'
+// writes and their reduction); fitted to the 12m and 120m shapes' timings on an H200
+// (bench/results/matmul_h200.txt). A function of the shapes only, so a given model and batch
+// always sums in the same order on every adapter.
 const SPLIT_TARGET = 1024;
 const SPLIT_MIN_ROWS = 256;
+const WAVE = 132;
+const SPLIT_COST = 0.01;
 const BK = 16;   // the small tile's reduction step (passed to it); split rows are multiples of it
                 // (and so of the wide tile's BK 8)
 
 /** {splits, rows per split, tg, tile} of the weight gradient dW[N, K] over M rows. */
 export function weightGradSplit(M, N, K) {
-  const { tg, tile, tileS } = matmulShape(N, K, M);
+  const { tg, tile, tileS, entry } = matmulShape(N, K, M, true, true);
   const tiles = cdiv(N, tile) * cdiv(K, tileS);
-  const splits = Math.max(1, Math.min(Math.floor(SPLIT_TARGET / tiles),
-    Math.floor(M / SPLIT_MIN_ROWS)));
+  const most = Math.max(1, Math.floor(M / SPLIT_MIN_ROWS));
+  let splits = Math.min(Math.max(1, Math.floor(SPLIT_TARGET / tiles)), most);
+  if (entry === 'main_wide') {
+    let best = Infinity;
+    for (let s = 1; s <= most; s++) {
+      const t = (Math.ceil((tiles * s) / WAVE) / s) * (1 + SPLIT_COST * s);
+      if (t < best - 1e-12) { best = t; splits = s; }
+    }
+  }
   const rows = cdiv(cdiv(M, splits), BK) * BK;
   return { splits: cdiv(M, rows), rows, tg, tile };
 }
@@ -181,7 +198,7 @@ export class Kernels {
    *  (split-K partial sums, added into dW in a fixed order) */
   linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
     const { splits, rows } = weightGradSplit(M, N, K);
-    const { tile, tileS, entry, constants } = matmulShape(N, K, M, this.bigTile);
+    const { tile, tileS, entry, constants } = matmulShape(N, K, M, this.bigTile, true);
     const label = 'linear_backward_weight';
     if (splits === 1) {
       return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],
