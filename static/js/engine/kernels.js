@@ -47,8 +47,9 @@ const GAIN_ROWS = 64;  // rows per partial sum of the norm-gain gradient
 // from the same constant, so the two cannot drift apart. The sizes of workgroup reductions (norm
 // rows, cross entropy, loss mean) fix their summation trees: changing one changes result bits.
 const WG_ELEMENT = 256;   // one thread per element: init, embed, rope, swiglu (+ backward), add_partials
-const WG_ROW = 64;        // one workgroup per row, tree-reduced: rmsnorm (+ backward), cross entropy
-const WG_COLUMN = 64;     // one thread per column or vocab row: norm-gain sums, embed backward
+const WG_ROW = 64;        // one workgroup per row, tree-reduced: rmsnorm (+ backward), cross entropy;
+                          // one per vocabulary row: embed backward
+const WG_COLUMN = 64;     // one thread per column: norm-gain sums
 const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup (BLK in lib/attention.wgsl)
 // Sequences from ATTENTION_TILED_T on take the tiled kernels (05_attention, 10_attention_backward:
 // 64 x 64 score blocks, 16 x 16 threads); shorter ones the row kernels (*_rows.wgsl: one thread
