@@ -116,17 +116,17 @@ async function variantOps(v, s, bufs, splits) {
   }
   if (s.kind === 'dx') {
     return [await op('11_linear_backward.wgsl', v.entry, { MODE: 0, W_F16: 0, ...c }, [M, K, N, 0],
-      [bufs.dy, bufs.w, bufs.dx, bufs.dy, bufs.w], [cdiv(K, ts), cdiv(M, tr)])];
+      [bufs.dy, bufs.w, bufs.dx], [cdiv(K, ts), cdiv(M, tr)])];
   }
   if (splits === 1) {
     return [await op('11_linear_backward.wgsl', v.entry, { MODE: 1, ...c }, [N, K, M, 0],
-      [bufs.dy, bufs.x, bufs.dw, bufs.dy, bufs.x], [cdiv(K, ts), cdiv(N, tr)])];
+      [bufs.dy, bufs.x, bufs.dw], [cdiv(K, ts), cdiv(N, tr)])];
   }
   const rows = cdiv(cdiv(M, splits), 16) * 16;
   const z = cdiv(M, rows);
   return [
     await op('11_linear_backward.wgsl', v.entry, { MODE: 2, ...c }, [N, K, M, rows],
-      [bufs.dy, bufs.x, bufs.part, bufs.dy, bufs.x], [cdiv(K, ts), cdiv(N, tr), z]),
+      [bufs.dy, bufs.x, bufs.part], [cdiv(K, ts), cdiv(N, tr), z]),
     await op('11_linear_backward.wgsl', 'add_partials', { WG: 256 }, [N, K, z, 0],
       [bufs.part, null, bufs.dw], grid1d(cdiv(N * K, 256))),
   ];

@@ -33,10 +33,6 @@ fn load_b(r: u32, j: u32) -> f32 {  // B(r, j) = W[j, r]
   return load_w(j * mm.INNER + r);
 }
 
-// Both operands run along r in memory: their tile entries are four scalar loads.
-fn load_a4(i: u32, r: u32) -> vec4<f32> { return gather_a4(i, r); }
-fn load_b4(r: u32, j: u32) -> vec4<f32> { return gather_b4(r, j); }
-
 fn store_c(i: u32, j: u32, v: f32) {
   let o = i * mm.S + j;
   if (ACCUM) { y[o] = y[o] + v; } else { y[o] = v; }

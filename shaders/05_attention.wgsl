@@ -74,8 +74,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       workgroupBarrier();
       stage_t(256u * part, QKV, sbase, C3, select(q0, k0, part >= 2u), c + part % 2u, lid % 64u);
       workgroupBarrier();
-      for (var d = 0u; d < 32u; d = d + 4u) {
-        s = outer_fma4(s, 16u * d + ty, 16u, 512u + 16u * d + tx, 16u);
+      for (var d = 0u; d < 32u; d = d + 1u) {
+        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
       }
     }
     s = mask_scale(s, k0 + 4u * tx, rows);
@@ -101,10 +101,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       stage_n(16u * KC, QKV, vbase, C3, k0 + c, KC, lid);
       workgroupBarrier();
-      for (var kk = 0u; kk < KC; kk = kk + 4u) {   // KC: a multiple of 4
+      for (var kk = 0u; kk < KC; kk = kk + 1u) {
+        let p = sm[16u * kk + ty];
         let vo = 16u * KC + 16u * NDV * kk + tx;
-        acc0 = outer_fma4(acc0, vo, 16u * NDV, 16u * kk + ty, 16u);
-        if (NDV > 1u) { acc1 = outer_fma4(acc1, vo + 16u, 16u * NDV, 16u * kk + ty, 16u); }
+        acc0 = outer_fma(acc0, sm[vo], p);
+        if (NDV > 1u) { acc1 = outer_fma(acc1, sm[vo + 16u], p); }
       }
     }
   }

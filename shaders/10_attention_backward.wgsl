@@ -132,9 +132,9 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
       workgroupBarrier();
       stage_t(256u * part, src, sbase, sstride, select(q0, k0, part >= 2u), c, lid % 64u);
       workgroupBarrier();
-      for (var d = 0u; d < 16u; d = d + 4u) {
-        s = outer_fma4(s, 16u * d + ty, 16u, 512u + 16u * d + tx, 16u);
-        dp = outer_fma4(dp, 256u + 16u * d + ty, 16u, 768u + 16u * d + tx, 16u);
+      for (var d = 0u; d < 16u; d = d + 1u) {
+        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
+        dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
       }
     }
     // s becomes dS = P (dP - delta), 0 where masked (causal, or past T).
@@ -149,10 +149,11 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
       if (4u * tx >= c && 4u * tx < c + KC) { stage_tile(16u * (4u * tx - c) + ty, s); }
       stage_n(16u * KC, QKV, kbase, C3, k0 + c, KC, lid);
       workgroupBarrier();
-      for (var kk = 0u; kk < KC; kk = kk + 4u) {   // KC: a multiple of 4
+      for (var kk = 0u; kk < KC; kk = kk + 1u) {
+        let p = sm[16u * kk + ty];
         let ko = 16u * KC + 16u * NDV * kk + tx;
-        acc0 = outer_fma4(acc0, ko, 16u * NDV, 16u * kk + ty, 16u);
-        if (NDV > 1u) { acc1 = outer_fma4(acc1, ko + 16u, 16u * NDV, 16u * kk + ty, 16u); }
+        acc0 = outer_fma(acc0, sm[ko], p);
+        if (NDV > 1u) { acc1 = outer_fma(acc1, sm[ko + 16u], p); }
       }
     }
   }
@@ -196,9 +197,9 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
       workgroupBarrier();
       stage_t(256u * part, src, sbase, sstride, select(k0, q0, part >= 2u), c, lid % 64u);
       workgroupBarrier();
-      for (var d = 0u; d < 16u; d = d + 4u) {
-        s = outer_fma4(s, 16u * d + ty, 16u, 512u + 16u * d + tx, 16u);
-        dp = outer_fma4(dp, 256u + 16u * d + ty, 16u, 768u + 16u * d + tx, 16u);
+      for (var d = 0u; d < 16u; d = d + 1u) {
+        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
+        dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
       }
     }
     // s becomes P, dp becomes dS; 0 where masked (causal, or queries past T).
@@ -222,16 +223,16 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
       stage_n(32u * KQ, DY, obase, dims.C, q0 + c, KQ, lid);
       stage_n(32u * KQ + 16u * NDV * KQ, QKV, qbase, C3, q0 + c, KQ, lid);
       workgroupBarrier();
-      for (var kk = 0u; kk < KQ; kk = kk + 4u) {   // KQ: a multiple of 4
-        let po = 16u * kk + ty;
-        let so = 16u * KQ + 16u * kk + ty;
+      for (var kk = 0u; kk < KQ; kk = kk + 1u) {
+        let p = sm[16u * kk + ty];
+        let ds = sm[16u * KQ + 16u * kk + ty];
         let go = 32u * KQ + 16u * NDV * kk + tx;
         let qo = go + 16u * NDV * KQ;
-        dv0 = outer_fma4(dv0, go, 16u * NDV, po, 16u);
-        dk0 = outer_fma4(dk0, qo, 16u * NDV, so, 16u);
+        dv0 = outer_fma(dv0, sm[go], p);
+        dk0 = outer_fma(dk0, sm[qo], ds);
         if (NDV > 1u) {
-          dv1 = outer_fma4(dv1, go + 16u, 16u * NDV, po, 16u);
-          dk1 = outer_fma4(dk1, qo + 16u, 16u * NDV, so, 16u);
+          dv1 = outer_fma(dv1, sm[go + 16u], p);
+          dk1 = outer_fma(dk1, sm[qo + 16u], ds);
         }
       }
     }

@@ -15,7 +15,6 @@
 //                                 MODE 1: x [M, K] (f32 bits)
 //   @binding(3) out : array<f32>  MODE 0: dx [M, K] (=);  MODE 1: dW [N, K] (+=);
 //                                 MODE 2: part [splits, N, K] (=)
-//   @binding(4) dy4, @binding(5) w4: the buffers of bindings 1 and 2 again, read as vec4s
 // Dispatch: main: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads,
 // TILE = 4 * TG; main_wide: (ceil(S / (8 WX)), ceil(R / (8 WY)), splits) of WX * WY threads
 // (splits 1 unless MODE 2, whose mm.KCHUNK is the rows per split).
@@ -34,8 +33,6 @@ const B_ALONG_R: bool = false;           // W[r, j] or x[r, j]: j is contiguous
 @group(0) @binding(1) var<storage, read> dy: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read> dy4: array<vec4<f32>>;   // dy's buffer again, as vec4s
-@group(0) @binding(5) var<storage, read> w4: array<vec4<u32>>;    // w's buffer again, as vec4s
 
 //#include "lib/matmul_core.wgsl"
 //#include "lib/weights.wgsl"
@@ -53,23 +50,6 @@ fn load_b(r: u32, j: u32) -> f32 {
   if (r >= mm.INNER || j >= mm.S) { return 0.0; }
   if (MODE == 0u) { return load_w(r * mm.S + j); }    // W[n = r, k = j]
   return bitcast<f32>(w[r * mm.S + j]);               // x[m = r, k = j]
-}
-
-// Tile entries of an operand that runs along i (dy in MODE 1, 2) or j (W unpacked, x) are four
-// adjacent words: one 16-byte load where they lie inside the operand and its rows are whole
-// vec4s (a row length that is a multiple of 4), else four scalar loads.
-fn load_a4(i: u32, r: u32) -> vec4<f32> {
-  if (MODE != 0u && mm.R % 4u == 0u && i + 3u < mm.R && r < mm.INNER) {
-    return dy4[(r * mm.R + i) / 4u];
-  }
-  return gather_a4(i, r);
-}
-
-fn load_b4(r: u32, j: u32) -> vec4<f32> {
-  if (!W_F16 && mm.S % 4u == 0u && j + 3u < mm.S && r < mm.INNER) {
-    return bitcast<vec4<f32>>(w4[(r * mm.S + j) / 4u]);
-  }
-  return gather_b4(r, j);
 }
 
 fn store_c(i: u32, j: u32, v: f32) {
@@ -97,15 +77,7 @@ fn add_partials(@builtin(global_invocation_id) gid: vec3<u32>,
   let o = flat_id(gid, nwg, WG);
   let n = mm.R * mm.S;
   if (o >= n) { return; }
-  // Parts in order, four loads in flight at a time (one dependent load per add kept the loop
-  // waiting on memory); the adds keep their order, so the bits are those of the plain loop.
   var acc = 0.0;
-  var z = 0u;
-  for (; z + 3u < mm.INNER; z = z + 4u) {
-    let p = vec4<f32>(dy[z * n + o], dy[(z + 1u) * n + o], dy[(z + 2u) * n + o],
-                      dy[(z + 3u) * n + o]);
-    acc = (((acc + p.x) + p.y) + p.z) + p.w;
-  }
-  for (; z < mm.INNER; z = z + 1u) { acc = acc + dy[z * n + o]; }
+  for (var z = 0u; z < mm.INNER; z = z + 1u) { acc = acc + dy[z * n + o]; }
   out[o] = out[o] + acc;
 }

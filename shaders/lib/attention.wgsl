@@ -75,16 +75,6 @@ fn outer_fma(t: Quad, a: vec4<f32>, b: vec4<f32>) -> Quad {
               fma(a, vec4<f32>(b.z), t.z), fma(a, vec4<f32>(b.w), t.w));
 }
 
-// Four steps of outer_fma out of workgroup memory: t += sm[a + q sa] x sm[b + q sb], q = 0 .. 3
-// in order. The loops take four steps per iteration through it: as loops of single steps the
-// compiler kept the loop and its index arithmetic (as in the matmul; attention_h200.txt).
-fn outer_fma4(t: Quad, a: u32, sa: u32, b: u32, sb: u32) -> Quad {
-  var r = outer_fma(t, sm[a], sm[b]);
-  r = outer_fma(r, sm[a + sa], sm[b + sb]);
-  r = outer_fma(r, sm[a + 2u * sa], sm[b + 2u * sb]);
-  return outer_fma(r, sm[a + 3u * sa], sm[b + 3u * sb]);
-}
-
 // Row i of t times f[i].
 fn scale_rows(t: Quad, f: vec4<f32>) -> Quad {
   return Quad(t.x * f.x, t.y * f.y, t.z * f.z, t.w * f.w);

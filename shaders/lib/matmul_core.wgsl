@@ -3,10 +3,6 @@
 //   fn load_a(i: u32, r: u32) -> f32    (returns 0 outside [R, INNER])
 //   fn load_b(r: u32, j: u32) -> f32    (returns 0 outside [INNER, S])
 //   fn store_c(i: u32, j: u32, v: f32)  (only called inside [R, S])
-//   fn load_a4(i: u32, r: u32) -> vec4<f32>, fn load_b4(r: u32, j: u32) -> vec4<f32>:
-//                                       A(i..i+3, r), B(r, j..j+3) (i, j multiples of 4):
-//                                       gather_a4 / gather_b4 below, or one vec4 load where the
-//                                       four are adjacent in memory
 //   A_ALONG_R, B_ALONG_R : bool         whether consecutive r are adjacent in memory for that
 //                                       operand (else consecutive i, resp. j, are); the tile fill
 //                                       then gives neighbouring threads neighbouring words
@@ -208,13 +204,12 @@ fn wide_put(buf: u32, a0k: vec2<u32>, a1k: vec2<u32>, b0k: vec2<u32>, b1k: vec2<
   if (b1live) { wide_b[(buf * WBK + b1k.x) * WBP + b1k.y] = b1; }
 }
 
-// A(i..i+3, r) and B(r, j..j+3) as vec4s from four scalar loads: the includers' load_a4 and
-// load_b4 where the four are not one aligned vec4 in memory.
-fn gather_a4(i: u32, r: u32) -> vec4<f32> {
+// A(i..i+3, r) and B(r, j..j+3) as vec4s: one tile entry.
+fn load_a4(i: u32, r: u32) -> vec4<f32> {
   return vec4<f32>(load_a(i, r), load_a(i + 1u, r), load_a(i + 2u, r), load_a(i + 3u, r));
 }
 
-fn gather_b4(r: u32, j: u32) -> vec4<f32> {
+fn load_b4(r: u32, j: u32) -> vec4<f32> {
   return vec4<f32>(load_b(r, j), load_b(r, j + 1u), load_b(r, j + 2u), load_b(r, j + 3u));
 }
 

@@ -192,7 +192,7 @@ export class Kernels {
     const { tile, tileS, entry, constants } = matmulShape(M, K, N, this.bigTile);
     return this.op('11_linear_backward.wgsl', entry,
       { MODE: 0, W_F16: wF16 ? 1 : 0, ...constants },
-      [M, K, N, 0], [dy, w, dx, dy, w], [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
+      [M, K, N, 0], [dy, w, dx], [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
   }
 
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
@@ -203,14 +203,14 @@ export class Kernels {
     const label = 'linear_backward_weight';
     if (splits === 1) {
       return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],
-        [dy, x, dw, dy, x], [cdiv(K, tileS), cdiv(N, tile)], label);
+        [dy, x, dw], [cdiv(K, tileS), cdiv(N, tile)], label);
     }
     const need = 4 * splits * N * K;
     check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
       `buffer of ${need} bytes`);
     return Promise.all([
       this.op('11_linear_backward.wgsl', entry, { MODE: 2, ...constants }, [N, K, M, rows],
-        [dy, x, part, dy, x], [cdiv(K, tileS), cdiv(N, tile), splits], label),
+        [dy, x, part], [cdiv(K, tileS), cdiv(N, tile), splits], label),
       this.op('11_linear_backward.wgsl', 'add_partials', { WG: WG_ELEMENT }, [N, K, splits, 0],
         [part, null, dw], grid1d(cdiv(N * K, WG_ELEMENT)), label),
     ]);
