@@ -20,7 +20,13 @@
 //   @binding(6) dqkv  : array<f32> [B, T, 3C]    dq pass: = dq third; dkdv pass: = dk, dv thirds
 //   @binding(7) qkv4, @binding(8) dy4: array<vec4<f32>>, the qkv and dy buffers again (read when
 //               D % 4 == 0; kernels.js binds qkv for both otherwise)
-// Dispatch (both): B * H * ceil(T / 64) workgroups (2-D when over 65535). Run dq first.
+//   @binding(9) ds4   : array<vec4<f32>> [B, H, T, TP]  with DS: dS, TP = T rounded up to 4
+//                       (dkdv: =, dq: read); without, 4 floats bound unused
+// Dispatch (all): B * H * ceil(T / 64) workgroups (2-D when over 65535).
+// Without DS: dq (which also writes delta), then dkdv: both compute the scores.
+// With DS (where the adapter binds the T x T buffer): attention_backward_delta, then dkdv, which
+// also stores the dS it forms, then dq, which reads dS instead of recomputing the scores and dO.v
+// (two of its three products). dS is the same value either way, bit for bit, and so is dq.
 
 //#include "lib/attention.wgsl"
 
@@ -33,6 +39,9 @@
 @group(0) @binding(6) var<storage, read_write> dqkv: array<f32>;
 @group(0) @binding(7) var<storage, read> qkv4: array<vec4<f32>>;   // qkv again, as vec4s
 @group(0) @binding(8) var<storage, read> dy4: array<vec4<f32>>;    // dy again, as vec4s
+@group(0) @binding(9) var<storage, read_write> ds4: array<vec4<f32>>;
+
+override DS: bool = false;   // dS through ds4 (see above)
 
 fn row_at(src: u32, i: u32) -> f32 {
   if (src == QKV) { return qkv[i]; }
@@ -68,6 +77,46 @@ fn store_row(o: u32, d4: u32, v: vec4<f32>) {
   }
 }
 
+// Vec4 index in ds4 of dS[b, h, t, s .. s + 3] (s a multiple of 4).
+fn ds_at(b: u32, h: u32, t: u32, s: u32) -> u32 {
+  let tp = (dims.T + 3u) / 4u * 4u;
+  return (((b * dims.H + h) * dims.T + t) * tp + s) / 4u;
+}
+
+// delta = dO . y of the 64 rows from q0 of (b, h): four threads per row, partials added in a fixed
+// order. Returns this thread's (ty) four rows' delta; thread tx == 0 writes them.
+fn block_delta(b: u32, h: u32, q0: u32, lid: u32) -> vec4<f32> {
+  let obase = b * dims.T * dims.C + h * dims.D;
+  let hrow = (b * dims.H + h) * dims.T;
+  let t = q0 + lid / 4u;
+  var part = vec4<f32>(0.0);
+  if (t < dims.T) {
+    for (var d4 = lid % 4u; d4 < HV; d4 = d4 + 4u) {
+      part = fma(pad4(obase + t * dims.C, d4, DY), pad4(obase + t * dims.C, d4, Y), part);
+    }
+  }
+  sm[lid] = part;
+  workgroupBarrier();
+  let ty = lid / 16u;
+  var dl = vec4<f32>(0.0);
+  for (var i = 0u; i < 4u; i = i + 1u) {
+    let r = 4u * (4u * ty + i);
+    dl[i] = sum4((sm[r] + sm[r + 1u]) + (sm[r + 2u] + sm[r + 3u]));
+    let row = q0 + 4u * ty + i;
+    if (lid % 16u == 0u && row < dims.T) { delta[hrow + row] = dl[i]; }
+  }
+  return dl;
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_delta(@builtin(workgroup_id) wid: vec3<u32>,
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+  let blk = block_of(wid, nwg, true);
+  if (blk.w == 0u) { return; }
+  _ = block_delta(blk.x, blk.y, blk.z * BLK, lid);
+}
+
 // P or dS tile columns x .. w to sm[o], sm[o + 16], .. (staged [column][row vec4]).
 fn stage_tile(o: u32, t: Quad) {
   sm[o] = t.x;
@@ -96,26 +145,11 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
   let hrow = (b * dims.H + h) * dims.T;
   let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's queries
 
-  // delta = dO . y of the block's rows: four threads per row, partials added in a fixed order.
-  {
-    let t = q0 + lid / 4u;
-    var part = vec4<f32>(0.0);
-    if (t < dims.T) {
-      for (var d4 = lid % 4u; d4 < HV; d4 = d4 + 4u) {
-        part = fma(pad4(obase + t * dims.C, d4, DY), pad4(obase + t * dims.C, d4, Y), part);
-      }
-    }
-    sm[lid] = part;
-  }
-  workgroupBarrier();
+  // delta = dO . y of the block's rows (with DS, attention_backward_delta wrote it already)
   var dl = vec4<f32>(0.0);
+  if (!DS) { dl = block_delta(b, h, q0, lid); }
   var lr = vec4<f32>(0.0);
-  for (var i = 0u; i < 4u; i = i + 1u) {
-    let r = 4u * (4u * ty + i);
-    dl[i] = sum4((sm[r] + sm[r + 1u]) + (sm[r + 2u] + sm[r + 3u]));
-    lr[i] = lse[hrow + min(rows[i], dims.T - 1u)];
-    if (tx == 0u && rows[i] < dims.T) { delta[hrow + rows[i]] = dl[i]; }
-  }
+  for (var i = 0u; i < 4u; i = i + 1u) { lr[i] = lse[hrow + min(rows[i], dims.T - 1u)]; }
 
   // Score-phase staging, 64 threads per operand: q, dO (the rows), k, v (the columns).
   let part = lid / 64u;
@@ -127,23 +161,39 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
   for (var kb = 0u; kb <= qb; kb = kb + 1u) {   // key blocks up to the diagonal
     let k0 = kb * BLK;
     var s = quad0();              // columns j: keys k0 + 4 tx + j; components: the rows
-    var dp = quad0();             // dO . v, same layout
-    for (var c = 0u; c < NSC; c = c + 1u) {     // 16 head dims per stage
-      workgroupBarrier();
-      stage_t(256u * part, src, sbase, sstride, select(q0, k0, part >= 2u), c, lid % 64u);
-      workgroupBarrier();
-      for (var d = 0u; d < 16u; d = d + 1u) {
-        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
-        dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
-      }
-    }
-    // s becomes dS = P (dP - delta), 0 where masked (causal, or past T).
     let kt = k0 + 4u * tx;
     let z = vec4<f32>(0.0);
-    s = Quad(select(exp(s.x * dims.scale - lr) * (dp.x - dl), z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
-             select(exp(s.y * dims.scale - lr) * (dp.y - dl), z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
-             select(exp(s.z * dims.scale - lr) * (dp.z - dl), z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
-             select(exp(s.w * dims.scale - lr) * (dp.w - dl), z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
+    if (DS) {
+      // dS as dkdv stored it: per query row 4 keys, transposed into the register tile (rows
+      // past T and keys past the padded row read clamped and are masked below)
+      let kc = min(kt, (dims.T + 3u) / 4u * 4u - 4u);
+      let r0 = ds4[ds_at(b, h, min(rows.x, dims.T - 1u), kc)];
+      let r1 = ds4[ds_at(b, h, min(rows.y, dims.T - 1u), kc)];
+      let r2 = ds4[ds_at(b, h, min(rows.z, dims.T - 1u), kc)];
+      let r3 = ds4[ds_at(b, h, min(rows.w, dims.T - 1u), kc)];
+      s = Quad(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
+               vec4<f32>(r0.z, r1.z, r2.z, r3.z), vec4<f32>(r0.w, r1.w, r2.w, r3.w));
+      s = Quad(select(s.x, z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
+               select(s.y, z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
+               select(s.z, z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
+               select(s.w, z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
+    } else {
+      var dp = quad0();           // dO . v, same layout
+      for (var c = 0u; c < NSC; c = c + 1u) {     // 16 head dims per stage
+        workgroupBarrier();
+        stage_t(256u * part, src, sbase, sstride, select(q0, k0, part >= 2u), c, lid % 64u);
+        workgroupBarrier();
+        for (var d = 0u; d < 16u; d = d + 1u) {
+          s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
+          dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
+        }
+      }
+      // s becomes dS = P (dP - delta), 0 where masked (causal, or past T).
+      s = Quad(select(exp(s.x * dims.scale - lr) * (dp.x - dl), z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
+               select(exp(s.y * dims.scale - lr) * (dp.y - dl), z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
+               select(exp(s.z * dims.scale - lr) * (dp.z - dl), z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
+               select(exp(s.w * dims.scale - lr) * (dp.w - dl), z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
+    }
     for (var c = 0u; c < BLK; c = c + KC) {    // acc += dS k, KC keys at a time
       workgroupBarrier();
       if (4u * tx >= c && 4u * tx < c + KC) { stage_tile(16u * (4u * tx - c) + ty, s); }
@@ -214,6 +264,12 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
              select(exp(s.z * dims.scale - lq.z), z, (keys > vec4<u32>(t + 2u)) | vec4<bool>(t + 2u >= dims.T)),
              select(exp(s.w * dims.scale - lq.w), z, (keys > vec4<u32>(t + 3u)) | vec4<bool>(t + 3u >= dims.T)));
     dp = Quad(s.x * (dp.x - dq.x), s.y * (dp.y - dq.y), s.z * (dp.z - dq.z), s.w * (dp.w - dq.w));
+    if (DS && k0 + 4u * ty < (dims.T + 3u) / 4u * 4u) {   // dS rows (queries t + j) for dq
+      if (t < dims.T) { ds4[ds_at(b, h, t, k0 + 4u * ty)] = dp.x; }
+      if (t + 1u < dims.T) { ds4[ds_at(b, h, t + 1u, k0 + 4u * ty)] = dp.y; }
+      if (t + 2u < dims.T) { ds4[ds_at(b, h, t + 2u, k0 + 4u * ty)] = dp.z; }
+      if (t + 3u < dims.T) { ds4[ds_at(b, h, t + 3u, k0 + 4u * ty)] = dp.w; }
+    }
     for (var c = 0u; c < BLK; c = c + KQ) {    // dv += P^T dO, dk += dS^T q, KQ queries at a time
       workgroupBarrier();
       if (4u * tx >= c && 4u * tx < c + KQ) {

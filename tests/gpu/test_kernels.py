@@ -122,6 +122,12 @@ def test_attention_forward_backward(lab_session, B, T_, H, D):
     back = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],
               B=B, T=T_, H=H, D=D)
     check("attention.dqkv", back["dqkv"], x.grad)
+    # The tiled kernels take dS through memory where the adapter binds the T x T buffer and
+    # recompute it in dq where not: the same bits either way.
+    again = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],
+               B=B, T=T_, H=H, D=D, dsPath=False)
+    assert np.array_equal(again["dqkv"], back["dqkv"])
+    assert np.array_equal(again["delta"], back["delta"])
 
 
 def test_swiglu_forward_backward(lab_session):

@@ -75,6 +75,12 @@ export function tokenBuckets(tokens, V, out = new Uint32Array(V + 1 + tokens.len
   for (let n = 0; n < N; n++) positions[next[tokens[n]]++] = n;
   return out;
 }
+/** Floats of the attention backward's dS buffer: [B, H, T, T rounded up to 4] for the tiled
+ *  kernels, 4 (bound, unused) for the row kernels below ATTENTION_TILED_T. */
+export function attentionDsNumel(B, T, H) {
+  return T < ATTENTION_TILED_T ? 4 : B * H * T * 4 * cdiv(T, 4);
+}
+
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
 const cdiv = (a, b) => Math.ceil(a / b);
@@ -245,7 +251,10 @@ export class Kernels {
   }
 
   /** dqkv[B, T, 3C] from dy; two launches (dq first: it writes delta for dkdv) */
-  attentionBackward({ qkv, y, dy, lse, delta, dqkv, B, T, H, D }) {
+  /** dqkv[B, T, 3C] (and delta[B, H, T]) from the forward's qkv, y, lse and dy. ds: the dS
+   *  buffer, attentionDsNumel(B, T, H) floats to take dS through memory (dq then skips the
+   *  scores), or 4 floats where the adapter cannot bind that many: both give the same bits. */
+  attentionBackward({ qkv, y, dy, lse, delta, dqkv, ds, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
     const grid = grid1d(B * H * cdiv(T, WG_ATTENTION));
     if (T < ATTENTION_TILED_T) {
@@ -257,15 +266,24 @@ export class Kernels {
         this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
       ]);
     }
-    const c = { HD: D };
     // qkv and dy are bound a second time as vec4 arrays (read when D % 4 == 0; a dy smaller than
     // one vec4 cannot be, so qkv stands in for it otherwise).
-    const res = [qkv, y, dy, lse, delta, dqkv, qkv, D % 4 === 0 ? dy : qkv];
+    const res = [qkv, y, dy, lse, delta, dqkv, qkv, D % 4 === 0 ? dy : qkv, ds];
+    const file = '10_attention_backward.wgsl';
+    if (ds.size >= 4 * attentionDsNumel(B, T, H)) {
+      // dS through memory: delta, then dk/dv (storing dS), then dq from dS
+      const c = { HD: D, DS: 1 };
+      return Promise.all([
+        this.op(file, 'attention_backward_delta', c, dims,
+          [qkv, y, dy, null, delta, null, ...res.slice(6, 8), null], grid, 'attention_backward_delta'),
+        this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
+        this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
+      ]);
+    }
+    const c = { HD: D, DS: 0 };
     return Promise.all([
-      this.op('10_attention_backward.wgsl', 'attention_backward_dq', c, dims, res, grid,
-        'attention_backward_dq'),
-      this.op('10_attention_backward.wgsl', 'attention_backward_dkdv', c, dims, res, grid,
-        'attention_backward_dkdv'),   // y: bound, unread
+      this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
+      this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
     ]);
   }
 

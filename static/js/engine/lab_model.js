@@ -3,7 +3,7 @@
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import {
-  Kernels, gainPartialNumel, ropeTable, tokenBuckets, weightGradPartNumel,
+  Kernels, attentionDsNumel, gainPartialNumel, ropeTable, tokenBuckets, weightGradPartNumel,
 } from './kernels.js';
 import { createModel } from './model.js';
 import { encodeOps, releaseOps } from './ops.js';
@@ -61,8 +61,11 @@ export function labEntries(ctx) {
       (b) => k.rope({ ...b, N: B * T, T, H, D, inverse })),
     attention: ({ qkv, B, T, H, D }) => runOps(ctx, { qkv },
       { y: B * T * H * D, lse: B * H * T }, (b) => k.attention({ ...b, B, T, H, D })),
-    attentionBackward: ({ qkv, y, dy, lse, B, T, H, D }) => runOps(ctx, { qkv, y, dy, lse },
-      { delta: B * H * T, dqkv: B * T * 3 * H * D },
+    // dsPath false: a 4-float dS buffer, so the tiled kernels recompute the scores in dq (as on
+    // an adapter that cannot bind the T x T buffer)
+    attentionBackward: ({ qkv, y, dy, lse, B, T, H, D, dsPath = true }) => runOps(ctx,
+      { qkv, y, dy, lse },
+      { delta: B * H * T, dqkv: B * T * 3 * H * D, ds: dsPath ? attentionDsNumel(B, T, H) : 4 },
       (b) => k.attentionBackward({ ...b, B, T, H, D })),
     swiglu: ({ gu, N, F }) => runOps(ctx, { gu }, { h: N * F }, (b) => k.swiglu({ ...b, N, F })),
     swigluBackward: ({ gu, dh, N, F }) => runOps(ctx, { gu, dh }, { dgu: N * 2 * F },

@@ -7,15 +7,21 @@
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import {
-  Kernels, gainPartialNumel, ropeTable, tokenBuckets, tokenBucketsNumel, weightGradPartNumel,
+  Kernels, attentionDsNumel, gainPartialNumel, ropeTable, tokenBuckets, tokenBucketsNumel,
+  weightGradPartNumel,
 } from './kernels.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
- *  The plan allocates exactly these, and the new-run page sums them for its memory estimate. */
-export function activationShapes(config, B, T) {
+ *  The plan allocates exactly these, and the new-run page sums them for its memory estimate.
+ *  limits: the adapter's, where known; the attention backward's dS buffer is full size only
+ *  where they bind it (without limits: assumed to). */
+export function activationShapes(config, B, T, limits = null) {
   const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
   const N = B * T;
+  const ds = attentionDsNumel(B, T, H);
+  const dsBinds = !limits
+    || ds * 4 <= Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
   return [
     ['tokens', N, null], ['targets', N, null],       // [B, T] u32
     ['buckets', tokenBucketsNumel(N, V), null],       // u32: positions by token (tokenBuckets)
@@ -34,6 +40,7 @@ export function activationShapes(config, B, T) {
     ['rope', T * (C / H), null],                      // [T, D/2, 2] cos, sin
     ['dres', N * C, null], ['dn', N * C, null], ['datt', N * C, null],   // backward scratch
     ['dqkv', N * 3 * C, null], ['delta', B * H * T, null],
+    ['attnDs', dsBinds ? ds : 4, null],              // [B, H, T, T+] attention dS (kernels.js)
     ['dh', N * F, null], ['dgu', N * 2 * F, null],
     ['gainPart', gainPartialNumel(N, C), null],      // norm-gain gradient partial sums
     // split-K partials of the weight gradients: the [out, in] shapes of the backward's five
@@ -43,11 +50,11 @@ export function activationShapes(config, B, T) {
   ];
 }
 
-/** Bytes of a (B, T) plan's activations, and the largest single one. */
-export function activationBytes(config, B, T) {
+/** Bytes of a (B, T) plan's activations, and the largest single one (limits as above). */
+export function activationBytes(config, B, T, limits = null) {
   let total = 0;
   let largest = { name: null, bytes: 0 };
-  for (const [name, numel, layers] of activationShapes(config, B, T)) {
+  for (const [name, numel, layers] of activationShapes(config, B, T, limits)) {
     total += numel * 4 * (layers ?? 1);
     if (numel * 4 > largest.bytes) largest = { name, bytes: numel * 4 };
   }
@@ -63,7 +70,7 @@ export function limitProblems(layout, B, T, limits) {
     problems.push(`the weights need one ${(wBytes / 2 ** 20).toFixed(0)} MiB buffer; this ` +
       `adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB`);
   }
-  const { largest } = activationBytes(layout.config, B, T);
+  const { largest } = activationBytes(layout.config, B, T, limits);
   if (largest.bytes > bindLimit) {
     problems.push(`the ${largest.name} activation needs ${(largest.bytes / 2 ** 20).toFixed(0)} MiB ` +
       `at batch ${B} x ${T}; this adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB: ` +
@@ -174,7 +181,7 @@ export class Model {
     const problems = limitProblems(this.layout, B, T, this.ctx.limits);
     if (problems.length) throw new Error(`cannot plan batch ${B} x ${T}: ${problems.join('; ')}`);
     const a = {};  // activations kept for backward, and backward scratch
-    for (const [name, numel, layers] of activationShapes(this.config, B, T)) {
+    for (const [name, numel, layers] of activationShapes(this.config, B, T, this.ctx.limits)) {
       const make = (i) => storageBuffer(this.device, numel * 4, { label: layers ? `${name}${i}` : name });
       a[name] = layers ? [...Array(layers)].map((_, i) => make(i)) : make(0);
     }
@@ -267,7 +274,7 @@ export class Model {
         k.linearBackwardWeight({ dy: a.dres, x: a.att[i], dw: this.t(G, p(i, 'self_attn.o_proj')),
           part: a.wgradPart, M: N, N: C, K: C }),
         k.attentionBackward({ qkv: a.qkv[i], y: a.att[i], dy: a.datt, lse: a.lse[i],
-          delta: a.delta, dqkv: a.dqkv, B, T, H, D }),
+          delta: a.delta, dqkv: a.dqkv, ds: a.attnDs, B, T, H, D }),
         k.rope({ qkv: a.dqkv, table: a.rope, N, T, H, D, inverse: true }),
         k.linearBackwardInput({ dy: a.dqkv, w: this.tw(p(i, 'self_attn.q_proj'), 3), dx: a.dn,
           M: N, N: 3 * C, K: C, wF16: f16 }),
