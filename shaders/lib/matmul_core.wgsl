@@ -107,20 +107,20 @@ fn matmul_wide(wid: vec3<u32>, t: u32) {
   var c = WideAcc();
   let r_begin = wid.z * mm.KCHUNK;
   let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
-  var pa0 = wide_a4(i0, r_begin, t, a0k, 0u, true);
-  var pa1 = wide_a4(i0, r_begin, t, a1k, 1u, a1live);
-  var pb0 = wide_b4(j0, r_begin, t, b0k, 0u, true);
-  var pb1 = wide_b4(j0, r_begin, t, b1k, 1u, b1live);
+  var pa0 = load_a4(i0 + 4u * a0k.y, r_begin + a0k.x);
+  var pa1 = wide_a4(i0, r_begin, a1k, a1live);
+  var pb0 = load_b4(r_begin + b0k.x, j0 + 4u * b0k.y);
+  var pb1 = wide_b4(j0, r_begin, b1k, b1live);
   var buf = 0u;
-  wide_put(0u, t, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1);
+  wide_put(0u, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1);
   workgroupBarrier();
   for (var r0 = r_begin; r0 < r_end; r0 = r0 + WBK) {
     let more = r0 + WBK < r_end;
     if (more) {
-      pa0 = wide_a4(i0, r0 + WBK, t, a0k, 0u, true);
-      pa1 = wide_a4(i0, r0 + WBK, t, a1k, 1u, a1live);
-      pb0 = wide_b4(j0, r0 + WBK, t, b0k, 0u, true);
-      pb1 = wide_b4(j0, r0 + WBK, t, b1k, 1u, b1live);
+      pa0 = load_a4(i0 + 4u * a0k.y, r0 + WBK + a0k.x);
+      pa1 = wide_a4(i0, r0 + WBK, a1k, a1live);
+      pb0 = load_b4(r0 + WBK + b0k.x, j0 + 4u * b0k.y);
+      pb1 = wide_b4(j0, r0 + WBK, b1k, b1live);
     }
     // The WBK = 8 steps of the slice written out: as a loop over kk the compiler kept the loop
     // and its index arithmetic, 8-14% slower on an H200 (bench/results/matmul_h200.txt).
@@ -135,7 +135,7 @@ fn matmul_wide(wid: vec3<u32>, t: u32) {
     c = wide_fma(c, sa + 6u * WAP, sb + 6u * WBP);
     c = wide_fma(c, sa + 7u * WAP, sb + 7u * WBP);
     buf = 1u - buf;
-    if (more) { wide_put(buf, t, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1); }
+    if (more) { wide_put(buf, a0k, a1k, b0k, b1k, a1live, b1live, pa0, pa1, pb0, pb1); }
     workgroupBarrier();
   }
   let ia = i0 + 4u * ty;
@@ -185,82 +185,23 @@ fn wide_kv(e: u32, n: u32, along_r: bool) -> vec2<u32> {
   return vec2<u32>(e / n, e % n);
 }
 
-// What thread t loads of a slice into its two vec4 registers (`half` 0 and 1). An operand that
-// runs along r: its entries kv (the second when live), four strided words each, neighbouring
-// threads at neighbouring r. Any other operand: its floats q = 4 half .. 4 half + 3 of the slice
-// in flat order, float t + q WX WY (wide_flat): each load of a warp then reads consecutive words,
-// where a vec4 entry per thread would spread them 16 bytes apart (4x the L1 wavefronts).
-fn wide_a4(i0: u32, r0: u32, t: u32, kv: vec2<u32>, half: u32, live: bool) -> vec4<f32> {
-  if (A_ALONG_R) {
-    if (!live) { return vec4<f32>(0.0); }
-    return load_a4(i0 + 4u * kv.y, r0 + kv.x);
-  }
-  let q = 4u * half;
-  return vec4<f32>(flat_a(i0, r0, t, q), flat_a(i0, r0, t, q + 1u), flat_a(i0, r0, t, q + 2u),
-                   flat_a(i0, r0, t, q + 3u));
+fn wide_a4(i0: u32, r0: u32, kv: vec2<u32>, live: bool) -> vec4<f32> {
+  if (!live) { return vec4<f32>(0.0); }
+  return load_a4(i0 + 4u * kv.y, r0 + kv.x);
 }
 
-fn wide_b4(j0: u32, r0: u32, t: u32, kv: vec2<u32>, half: u32, live: bool) -> vec4<f32> {
-  if (B_ALONG_R) {
-    if (!live) { return vec4<f32>(0.0); }
-    return load_b4(r0 + kv.x, j0 + 4u * kv.y);
-  }
-  let q = 4u * half;
-  return vec4<f32>(flat_b(j0, r0, t, q), flat_b(j0, r0, t, q + 1u), flat_b(j0, r0, t, q + 2u),
-                   flat_b(j0, r0, t, q + 3u));
+fn wide_b4(j0: u32, r0: u32, kv: vec2<u32>, live: bool) -> vec4<f32> {
+  if (!live) { return vec4<f32>(0.0); }
+  return load_b4(r0 + kv.x, j0 + 4u * kv.y);
 }
 
-// Float q of thread t in flat order (see wide_a4), 0 past the slice.
-fn flat_a(i0: u32, r0: u32, t: u32, q: u32) -> f32 {
-  let f = wide_flat(t, q, 8u * WY);
-  if (f.x >= WBK) { return 0.0; }
-  return load_a(i0 + f.y, r0 + f.x);
-}
-
-fn flat_b(j0: u32, r0: u32, t: u32, q: u32) -> f32 {
-  let f = wide_flat(t, q, 8u * WX);
-  if (f.x >= WBK) { return 0.0; }
-  return load_b(r0 + f.x, j0 + f.y);
-}
-
-// Stores float q of thread t (flat order) into slice buffer buf; nothing past the slice.
-fn put_flat_a(buf: u32, t: u32, q: u32, x: f32) {
-  let f = wide_flat(t, q, 8u * WY);
-  if (f.x < WBK) { wide_a[(buf * WBK + f.x) * WAP + f.y / 4u][f.y % 4u] = x; }
-}
-
-fn put_flat_b(buf: u32, t: u32, q: u32, x: f32) {
-  let f = wide_flat(t, q, 8u * WX);
-  if (f.x < WBK) { wide_b[(buf * WBK + f.x) * WBP + f.y / 4u][f.y % 4u] = x; }
-}
-
-// (kk, column) of float q of thread t in a WBK x wd slice taken in flat order; kk >= WBK past it.
-fn wide_flat(t: u32, q: u32, wd: u32) -> vec2<u32> {
-  let f = t + q * WX * WY;
-  return vec2<u32>(f / wd, f % wd);
-}
-
-fn wide_put(buf: u32, t: u32, a0k: vec2<u32>, a1k: vec2<u32>, b0k: vec2<u32>, b1k: vec2<u32>,
+fn wide_put(buf: u32, a0k: vec2<u32>, a1k: vec2<u32>, b0k: vec2<u32>, b1k: vec2<u32>,
             a1live: bool, b1live: bool, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>,
             b1: vec4<f32>) {
-  if (A_ALONG_R) {
-    wide_a[(buf * WBK + a0k.x) * WAP + a0k.y] = a0;
-    if (a1live) { wide_a[(buf * WBK + a1k.x) * WAP + a1k.y] = a1; }
-  } else {
-    put_flat_a(buf, t, 0u, a0.x); put_flat_a(buf, t, 1u, a0.y);
-    put_flat_a(buf, t, 2u, a0.z); put_flat_a(buf, t, 3u, a0.w);
-    put_flat_a(buf, t, 4u, a1.x); put_flat_a(buf, t, 5u, a1.y);
-    put_flat_a(buf, t, 6u, a1.z); put_flat_a(buf, t, 7u, a1.w);
-  }
-  if (B_ALONG_R) {
-    wide_b[(buf * WBK + b0k.x) * WBP + b0k.y] = b0;
-    if (b1live) { wide_b[(buf * WBK + b1k.x) * WBP + b1k.y] = b1; }
-  } else {
-    put_flat_b(buf, t, 0u, b0.x); put_flat_b(buf, t, 1u, b0.y);
-    put_flat_b(buf, t, 2u, b0.z); put_flat_b(buf, t, 3u, b0.w);
-    put_flat_b(buf, t, 4u, b1.x); put_flat_b(buf, t, 5u, b1.y);
-    put_flat_b(buf, t, 6u, b1.z); put_flat_b(buf, t, 7u, b1.w);
-  }
+  wide_a[(buf * WBK + a0k.x) * WAP + a0k.y] = a0;
+  wide_b[(buf * WBK + b0k.x) * WBP + b0k.y] = b0;
+  if (a1live) { wide_a[(buf * WBK + a1k.x) * WAP + a1k.y] = a1; }
+  if (b1live) { wide_b[(buf * WBK + b1k.x) * WBP + b1k.y] = b1; }
 }
 
 // A(i..i+3, r) and B(r, j..j+3) as vec4s: one tile entry.
