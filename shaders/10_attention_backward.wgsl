@@ -77,10 +77,35 @@ fn store_row(o: u32, d4: u32, v: vec4<f32>) {
   }
 }
 
+// Floats per dS row: T rounded up to 4, so every row starts on a vec4.
+fn ds_row() -> u32 { return (dims.T + 3u) / 4u * 4u; }
+
 // Vec4 index in ds4 of dS[b, h, t, s .. s + 3] (s a multiple of 4).
 fn ds_at(b: u32, h: u32, t: u32, s: u32) -> u32 {
-  let tp = (dims.T + 3u) / 4u * 4u;
-  return (((b * dims.H + h) * dims.T + t) * tp + s) / 4u;
+  return (((b * dims.H + h) * dims.T + t) * ds_row() + s) / 4u;
+}
+
+// The block's score and dO.v tiles (dq: rows queries, columns keys; dkdv: the transpose), their
+// operands staged 16 head dims at a time by 64 threads each: rows of src from sbase (and dO or
+// v) starting at r0, columns from c0 (see the callers' part, src, sbase, sstride).
+struct Scores { s: Quad, dp: Quad }
+
+fn score_tiles(src: u32, sbase: u32, sstride: u32, r0: u32, c0: u32, lid: u32) -> Scores {
+  let part = lid / 64u;
+  let tx = lid % 16u;
+  let ty = lid / 16u;
+  var s = quad0();
+  var dp = quad0();
+  for (var c = 0u; c < NSC; c = c + 1u) {     // 16 head dims per stage
+    workgroupBarrier();
+    stage_t(256u * part, src, sbase, sstride, select(r0, c0, part >= 2u), c, lid % 64u);
+    workgroupBarrier();
+    for (var d = 0u; d < 16u; d = d + 1u) {
+      s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
+      dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
+    }
+  }
+  return Scores(s, dp);
 }
 
 // delta = dO . y of the 64 rows from q0 of (b, h): four threads per row, partials added in a fixed
@@ -166,34 +191,26 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
     if (DS) {
       // dS as dkdv stored it: per query row 4 keys, transposed into the register tile (rows
       // past T and keys past the padded row read clamped and are masked below)
-      let kc = min(kt, (dims.T + 3u) / 4u * 4u - 4u);
+      let kc = min(kt, ds_row() - 4u);
       let r0 = ds4[ds_at(b, h, min(rows.x, dims.T - 1u), kc)];
       let r1 = ds4[ds_at(b, h, min(rows.y, dims.T - 1u), kc)];
       let r2 = ds4[ds_at(b, h, min(rows.z, dims.T - 1u), kc)];
       let r3 = ds4[ds_at(b, h, min(rows.w, dims.T - 1u), kc)];
       s = Quad(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
                vec4<f32>(r0.z, r1.z, r2.z, r3.z), vec4<f32>(r0.w, r1.w, r2.w, r3.w));
-      s = Quad(select(s.x, z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
-               select(s.y, z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
-               select(s.z, z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
-               select(s.w, z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
     } else {
-      var dp = quad0();           // dO . v, same layout
-      for (var c = 0u; c < NSC; c = c + 1u) {     // 16 head dims per stage
-        workgroupBarrier();
-        stage_t(256u * part, src, sbase, sstride, select(q0, k0, part >= 2u), c, lid % 64u);
-        workgroupBarrier();
-        for (var d = 0u; d < 16u; d = d + 1u) {
-          s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
-          dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
-        }
-      }
-      // s becomes dS = P (dP - delta), 0 where masked (causal, or past T).
-      s = Quad(select(exp(s.x * dims.scale - lr) * (dp.x - dl), z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
-               select(exp(s.y * dims.scale - lr) * (dp.y - dl), z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
-               select(exp(s.z * dims.scale - lr) * (dp.z - dl), z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
-               select(exp(s.w * dims.scale - lr) * (dp.w - dl), z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
+      // dS = P (dP - delta)
+      let sc = score_tiles(src, sbase, sstride, q0, k0, lid);
+      s = Quad(exp(sc.s.x * dims.scale - lr) * (sc.dp.x - dl),
+               exp(sc.s.y * dims.scale - lr) * (sc.dp.y - dl),
+               exp(sc.s.z * dims.scale - lr) * (sc.dp.z - dl),
+               exp(sc.s.w * dims.scale - lr) * (sc.dp.w - dl));
     }
+    // 0 where masked (causal, or keys past T)
+    s = Quad(select(s.x, z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
+             select(s.y, z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
+             select(s.z, z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
+             select(s.w, z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
     for (var c = 0u; c < BLK; c = c + KC) {    // acc += dS k, KC keys at a time
       workgroupBarrier();
       if (4u * tx >= c && 4u * tx < c + KC) { stage_tile(16u * (4u * tx - c) + ty, s); }
@@ -241,17 +258,10 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
   var dv1 = quad0();
   for (var qb = kb; qb < nb; qb = qb + 1u) {   // query blocks from the diagonal on
     let q0 = qb * BLK;
-    var s = quad0();              // columns j: queries q0 + 4 tx + j; components: the keys
-    var dp = quad0();             // v . dO, same layout
-    for (var c = 0u; c < NSC; c = c + 1u) {
-      workgroupBarrier();
-      stage_t(256u * part, src, sbase, sstride, select(k0, q0, part >= 2u), c, lid % 64u);
-      workgroupBarrier();
-      for (var d = 0u; d < 16u; d = d + 1u) {
-        s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
-        dp = outer_fma(dp, sm[256u + 16u * d + ty], sm[768u + 16u * d + tx]);
-      }
-    }
+    // columns j: queries q0 + 4 tx + j; components: the keys (dp: v . dO, same layout)
+    let sc = score_tiles(src, sbase, sstride, k0, q0, lid);
+    var s = sc.s;
+    var dp = sc.dp;
     // s becomes P, dp becomes dS; 0 where masked (causal, or queries past T).
     let t = q0 + 4u * tx;
     let lq = vec4<f32>(lse[hrow + min(t, dims.T - 1u)], lse[hrow + min(t + 1u, dims.T - 1u)],
@@ -264,7 +274,7 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
              select(exp(s.z * dims.scale - lq.z), z, (keys > vec4<u32>(t + 2u)) | vec4<bool>(t + 2u >= dims.T)),
              select(exp(s.w * dims.scale - lq.w), z, (keys > vec4<u32>(t + 3u)) | vec4<bool>(t + 3u >= dims.T)));
     dp = Quad(s.x * (dp.x - dq.x), s.y * (dp.y - dq.y), s.z * (dp.z - dq.z), s.w * (dp.w - dq.w));
-    if (DS && k0 + 4u * ty < (dims.T + 3u) / 4u * 4u) {   // dS rows (queries t + j) for dq
+    if (DS && k0 + 4u * ty < ds_row()) {   // dS rows (queries t + j) for dq
       if (t < dims.T) { ds4[ds_at(b, h, t, k0 + 4u * ty)] = dp.x; }
       if (t + 1u < dims.T) { ds4[ds_at(b, h, t + 1u, k0 + 4u * ty)] = dp.y; }
       if (t + 2u < dims.T) { ds4[ds_at(b, h, t + 2u, k0 + 4u * ty)] = dp.z; }

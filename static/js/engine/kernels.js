@@ -68,11 +68,13 @@ export function tokenBuckets(tokens, V, out = new Uint32Array(V + 1 + tokens.len
   const N = tokens.length;
   if (out.length !== tokenBucketsNumel(N, V)) throw new Error('tokenBuckets: wrong out length');
   out.fill(0, 0, V + 1);
-  for (let n = 0; n < N; n++) out[tokens[n] + 1] += 1;      // counts, shifted by one
-  for (let v = 0; v < V; v++) out[v + 1] += out[v];         // start[v]
+  for (let n = 0; n < N; n++) out[tokens[n]] += 1;          // counts
+  for (let v = 1; v < V; v++) out[v] += out[v - 1];         // end[v]
+  out[V] = N;
+  // Backwards, each position to its token's last free slot: end[v] falls to start[v], and the
+  // positions of a token stay increasing.
   const positions = out.subarray(V + 1);
-  const next = out.slice(0, V);                              // each token's next free slot
-  for (let n = 0; n < N; n++) positions[next[tokens[n]]++] = n;
+  for (let n = N - 1; n >= 0; n--) positions[--out[tokens[n]]] = n;
   return out;
 }
 /** Floats of the attention backward's dS buffer: [B, H, T, T rounded up to 4] for the tiled
@@ -105,16 +107,21 @@ export function weightGradSplit(M, N, K) {
   const { tg, tile, tileS, entry } = matmulShape(N, K, M, true, true);
   const tiles = cdiv(N, tile) * cdiv(K, tileS);
   const most = Math.max(1, Math.floor(M / SPLIT_MIN_ROWS));
-  let splits = Math.min(Math.max(1, Math.floor(SPLIT_TARGET / tiles)), most);
-  if (entry === 'main_wide') {
-    let best = Infinity;
-    for (let s = 1; s <= most; s++) {
-      const t = (Math.ceil((tiles * s) / WAVE) / s) * (1 + SPLIT_COST * s);
-      if (t < best - 1e-12) { best = t; splits = s; }
-    }
-  }
+  const splits = entry === 'main_wide' ? waveSplits(tiles, most)
+    : Math.min(Math.max(1, Math.floor(SPLIT_TARGET / tiles)), most);
   const rows = cdiv(cdiv(M, splits), BK) * BK;
   return { splits: cdiv(M, rows), rows, tg, tile };
+}
+
+/** The wide tile's split count in [1, most] for `tiles` output tiles: the wave model above. */
+function waveSplits(tiles, most) {
+  let splits = 1;
+  let best = Infinity;
+  for (let s = 1; s <= most; s++) {
+    const t = (Math.ceil((tiles * s) / WAVE) / s) * (1 + SPLIT_COST * s);
+    if (t < best - 1e-12) { best = t; splits = s; }
+  }
+  return splits;
 }
 
 /** Scratch floats linearBackwardWeight needs for dW[N, K] over M rows (0: no split). */
@@ -250,7 +257,6 @@ export class Kernels {
       'attention');
   }
 
-  /** dqkv[B, T, 3C] from dy; two launches (dq first: it writes delta for dkdv) */
   /** dqkv[B, T, 3C] (and delta[B, H, T]) from the forward's qkv, y, lse and dy. ds: the dS
    *  buffer, attentionDsNumel(B, T, H) floats to take dS through memory (dq then skips the
    *  scores), or 4 floats where the adapter cannot bind that many: both give the same bits. */
@@ -274,8 +280,8 @@ export class Kernels {
       // dS through memory: delta, then dk/dv (storing dS), then dq from dS
       const c = { HD: D, DS: 1 };
       return Promise.all([
-        this.op(file, 'attention_backward_delta', c, dims,
-          [qkv, y, dy, null, delta, null, ...res.slice(6, 8), null], grid, 'attention_backward_delta'),
+        this.op(file, 'attention_backward_delta', c, dims,   // lse, dqkv and ds unbound
+          res.map((r, i) => ([3, 5, 8].includes(i) ? null : r)), grid, 'attention_backward_delta'),
         this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
         this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
       ]);

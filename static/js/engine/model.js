@@ -12,6 +12,9 @@ import {
 } from './kernels.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
+/** Bytes the adapter binds in one storage buffer. */
+const bindLimit = (limits) => Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
  *  The plan allocates exactly these, and the new-run page sums them for its memory estimate.
  *  limits: the adapter's, where known; the attention backward's dS buffer is full size only
@@ -20,8 +23,7 @@ export function activationShapes(config, B, T, limits = null) {
   const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
   const N = B * T;
   const ds = attentionDsNumel(B, T, H);
-  const dsBinds = !limits
-    || ds * 4 <= Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+  const dsBinds = !limits || ds * 4 <= bindLimit(limits);
   return [
     ['tokens', N, null], ['targets', N, null],       // [B, T] u32
     ['buckets', tokenBucketsNumel(N, V), null],       // u32: positions by token (tokenBuckets)
@@ -63,17 +65,17 @@ export function activationBytes(config, B, T, limits = null) {
 
 /** Why this adapter cannot hold the model at (B, T), in words; empty when it can. */
 export function limitProblems(layout, B, T, limits) {
-  const bindLimit = Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+  const bind = bindLimit(limits);
   const problems = [];
   const wBytes = layout.total_numel * 4;
-  if (wBytes > bindLimit) {
+  if (wBytes > bind) {
     problems.push(`the weights need one ${(wBytes / 2 ** 20).toFixed(0)} MiB buffer; this ` +
-      `adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB`);
+      `adapter binds at most ${(bind / 2 ** 20).toFixed(0)} MiB`);
   }
   const { largest } = activationBytes(layout.config, B, T, limits);
-  if (largest.bytes > bindLimit) {
+  if (largest.bytes > bind) {
     problems.push(`the ${largest.name} activation needs ${(largest.bytes / 2 ** 20).toFixed(0)} MiB ` +
-      `at batch ${B} x ${T}; this adapter binds at most ${(bindLimit / 2 ** 20).toFixed(0)} MiB: ` +
+      `at batch ${B} x ${T}; this adapter binds at most ${(bind / 2 ** 20).toFixed(0)} MiB: ` +
       'use a smaller batch');
   }
   const maxD = layout.limits.max_head_dim;   // server/model.py MAX_HEAD_DIM
