@@ -1,13 +1,14 @@
-"""`andrea train --headless` completes a run and its exit code reflects success and failure."""
+"""`andrea train --headless` completes a run and its exit code reflects success and failure; a
+failure is one stderr line and one JSON object, and a run is never left `created`."""
 
 import json
 import subprocess
 import sys
 
 
-def andrea(*args, timeout=600):
+def andrea(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_cli_completes_a_short_run(live_server):
@@ -27,11 +28,59 @@ def test_cli_fails_on_a_bad_config(live_server):
 
 def test_cli_fails_when_the_page_cannot_train(live_server):
     # 120m at batch 64 needs a 2 GiB logits buffer: the page refuses it, the CLI exits 1.
+    import httpx
+
     r = andrea("--preset", "120m", "--steps", "2", "--batch-size", "64", "--server", live_server,
                "--json", "--timeout", "120")
     assert r.returncode == 1, r.stdout + r.stderr
-    result = json.loads(r.stdout.strip().splitlines()[-1])
+    (line,) = r.stdout.strip().splitlines()
+    result = json.loads(line)
     assert not result["ok"] and "logits" in result["error"]
+    # The page throws it and shows it: said once, not "page error: X; Cannot train here: X".
+    assert result["error"].count("logits") == 1, result["error"]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("andrea train:")]
+    assert errors == [f"andrea train: {result['error']}"] and "Traceback" not in r.stderr
+    # Created but never trained: failed with the reason, not left `created`.
+    run = httpx.get(f"{live_server}/api/runs/{result['run_id']}").json()
+    assert result["status"] == run["status"] == "failed"
+    assert run["message"] == result["error"]
+
+
+# Chromium started without its WebGPU flags (the command's own are dropped): it runs, but offers
+# no adapter (checked: --disable-gpu or --disable-features=WebGPU next to the flags do not take
+# SwiftShader's adapter away; leaving the flags out does).
+NO_WEBGPU = """#!/bin/sh
+for a; do shift; case "$a" in
+  --enable-unsafe-webgpu|--enable-unsafe-swiftshader|--use-webgpu-adapter=*) ;;
+  *) set -- "$@" "$a" ;;
+esac; done
+exec "$ANDREA_REAL_CHROMIUM" "$@"
+"""
+
+
+def test_cli_fails_without_a_webgpu_adapter_before_creating_a_run(live_server, tmp_path):
+    import os
+
+    import httpx
+
+    from andrea.headless import CHROMIUM
+
+    wrapper = tmp_path / "chromium-without-webgpu"
+    wrapper.write_text(NO_WEBGPU)
+    wrapper.chmod(0o755)
+    before = {r["id"] for r in httpx.get(f"{live_server}/api/runs").json()}
+    r = andrea("--preset", "tiny", "--steps", "2", "--server", live_server, "--json",
+               timeout=120, env={**os.environ, "ANDREA_CHROMIUM": str(wrapper),
+                                 "ANDREA_REAL_CHROMIUM": CHROMIUM})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    (err,) = r.stderr.strip().splitlines()
+    (line,) = r.stdout.strip().splitlines()
+    result = json.loads(line)
+    assert not result["ok"] and err == f"andrea train: {result['error']}"
+    assert result["error"].startswith("no WebGPU adapter: the browser at ANDREA_CHROMIUM=")
+    assert result["run_id"] is None
+    assert {r["id"] for r in httpx.get(f"{live_server}/api/runs").json()} == before
 
 
 # A server whose static/ lacks one engine module, as a broken install would.

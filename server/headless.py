@@ -1,17 +1,23 @@
 """`andrea train`: run the training page in headless Chromium through Playwright, so a run can be
 scripted or done on a GPU server without a desktop. Same page, same engine, same telemetry.
+This module is the command (arguments, the server's HTTP API, the result); andrea.chromium finds,
+launches and checks the browser and drives the page.
 
-It fails fast and says why in one line: a config the server refuses (exit 2), a server that does
-not answer, a page or module error, a failed asset or shader request, a GPU that cannot hold the
-run (exit 1). Ctrl-C stops the run (status `stopped`) and exits 130. With `--json`, stdout is
-exactly one JSON object, on success and on failure; progress always goes to stderr.
+It never ends in a traceback: every failure is one line on stderr ("andrea train: <reason>") and,
+with `--json`, one JSON object on stdout (ok false, an `error` field). Exit 2: a config the
+server refuses. Exit 1: everything else that fails: Playwright missing or broken, no browser at
+ANDREA_CHROMIUM (/usr/bin/chromium by default), a browser that does not start, no WebGPU
+adapter (these four are checked before any run is created), a server that does not answer, a
+page or module error, a failed asset or shader request, a GPU that cannot hold the run. A run
+that was created but never trained is not left `created`: see _settle_untrained. Ctrl-C stops
+the run (status `stopped`) and exits 130. Progress always goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import sys
 import time
 import types
@@ -21,17 +27,26 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-CHROMIUM = os.environ.get("ANDREA_CHROMIUM", "/usr/bin/chromium")
-QUIET = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
-SWIFTSHADER = ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
-               "--use-webgpu-adapter=swiftshader"]
-GPU = ["--enable-unsafe-webgpu", "--enable-features=Vulkan", "--ignore-gpu-blocklist"]
+from andrea.chromium import (  # noqa: F401  (tests/browser.py imports the browser from here)
+    CHROMIUM,
+    DEFAULT_CHROMIUM,
+    GPU,
+    NO_DOWNLOAD,
+    QUIET,
+    SWIFTSHADER,
+    BrowserError,
+    Chromium,
+)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 CONNECT_S = 5           # a server that does not answer within this is reported, not waited for
 SERVER_GONE_S = 10      # a server that stops answering mid-run for this long ends the run
-STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit
+MESSAGE_MAX = 2000      # a run's status message (server/telemetry.py)
+
+# For `andrea train --help`.
+BROWSER_HELP = (f"It drives the system's Chromium ({DEFAULT_CHROMIUM}: apt-get install chromium), "
+                f"or the Chromium or Chrome executable that ANDREA_CHROMIUM names, through "
+                f"Playwright; {NO_DOWNLOAD} (no `playwright install`).")
 
 
 class TrainError(Exception):
@@ -52,8 +67,9 @@ def _flag_type(annotation):
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = args[0]
-    if typing.get_origin(annotation) is typing.Literal:
-        return {"choices": list(typing.get_args(annotation))}
+    if typing.get_origin(annotation) is typing.Literal:   # of strings, or of ints (vocab_size)
+        choices = list(typing.get_args(annotation))
+        return {"choices": choices, "type": type(choices[0])}
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction}
     return {"type": annotation}
@@ -152,32 +168,63 @@ def train(args: argparse.Namespace) -> int:
     secret: dict = {}   # the run's write token: used, never printed
     code = 0
     proc = None
+    browser = Chromium(gpu=args.gpu)
     try:
         config = run_config(args)
+        # Whatever can fail without a run is checked before one is created (and before a server
+        # is started for it): Playwright and the browser's executable, a given server, the
+        # browser's start and its WebGPU adapter.
+        browser.check()
+        if args.server:
+            result["server"] = args.server.rstrip("/")
+            _http("GET", result["server"] + "/healthz", timeout=CONNECT_S)
+        browser.launch()
+        adapter = browser.probe()
+        _progress(f"{browser.version} ({browser.path}), WebGPU adapter {_adapter_name(adapter)}")
         if not args.server:
             proc = _start_server(args, result)
-        result["server"] = result["server"].rstrip("/")
-        code = _train(args, config, result, secret)
-    except TrainError as e:
+        code = _train(args, config, result, secret, browser)
+    except (TrainError, BrowserError) as e:
         result["error"] = str(e)
-        code = e.code
+        code = getattr(e, "code", EXIT_FAILED)
     except KeyboardInterrupt:   # outside the page's watch: tell the server if the run is live
         if _stop_by_socket(result, secret.get("token"), "interrupted from the command line"):
             result["status"] = "stopped"
         result["error"] = "interrupted"
         code = EXIT_INTERRUPTED
+    except Exception as e:   # unforeseen: still one line and one JSON object, never a traceback
+        result["error"] = _unexpected(e)
+        code = EXIT_FAILED
     finally:
+        browser.close()
         if proc is not None:
             from andrea.launch import stop_server
             stop_server(proc)
+    _report(args, result)
+    return code
+
+
+def _report(args, result: dict) -> None:
+    """The error as one line on stderr; with --json, the result as one JSON object on stdout."""
+    _progress_end()
+    if result.get("error"):
+        result["error"] = " ".join(str(result["error"]).split())
+        print(f"andrea train: {result['error']}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(result), flush=True)
     else:
-        _progress_end()
-        if result.get("error"):
-            print(f"andrea train: {result['error']}", file=sys.stderr)
-        print("\n".join(f"{k:16s} {v}" for k, v in result.items() if k != "error"))
-    return code
+        print("\n".join(f"{k:16s} {v}" for k, v in result.items() if k != "error"), flush=True)
+
+
+def _unexpected(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"unexpected {type(e).__name__}" + (f": {lines[0]}" if lines else "")
+
+
+def _adapter_name(adapter: dict) -> str:
+    name = " ".join(filter(None, (adapter.get("vendor"), adapter.get("architecture")))) or \
+        adapter.get("description") or "(unnamed)"
+    return name + (" (software)" if adapter.get("fallback") else "")
 
 
 def _start_server(args, result: dict):
@@ -189,15 +236,16 @@ def _start_server(args, result: dict):
     _progress(f"starting a server (data in {result['data_dir']})")
     try:
         proc, url = start_server(Path(data_dir))
+    except OSError as e:   # the data dir cannot be made or written, no interpreter to start
+        raise TrainError(f"cannot start a server with data in {data_dir}: {e}") from None
     except RuntimeError as e:
         raise TrainError(str(e)) from None
     result["server"] = url
     return proc
 
 
-def _train(args, config: dict, result: dict, secret: dict) -> int:
+def _train(args, config: dict, result: dict, secret: dict, browser: Chromium) -> int:
     url = result["server"]
-    _http("GET", url + "/healthz", timeout=CONNECT_S)
     if args.resume:   # a new write token; the tab that trained it before is refused from now on
         resumed = _http("POST", f"{url}/api/runs/{args.resume}/resume")
         run = {"id": args.resume, "token": resumed["token"], "config": resumed["run"]["config"]}
@@ -211,10 +259,44 @@ def _train(args, config: dict, result: dict, secret: dict) -> int:
         how = "new"
     result["run_id"] = run["id"]
     secret["token"] = run["token"]
-    steps = run["config"]["steps"]
     _progress(f"run {run['id']} on {url} ({how}): {run['config']['preset']}, "
-              f"{run['config']['optimizer']}, {steps} steps")
-    page = _drive_page(args, url, run, steps, result)
+              f"{run['config']['optimizer']}, {run['config']['steps']} steps")
+    try:
+        code = _train_in_page(args, browser, url, run, result)
+    except (TrainError, BrowserError) as e:
+        _settle_untrained(result, secret, str(e), resumed=bool(args.resume))
+        raise
+    except Exception as e:
+        _settle_untrained(result, secret, _unexpected(e), resumed=bool(args.resume))
+        raise
+    if code == EXIT_FAILED:
+        _settle_untrained(result, secret, result["error"], resumed=bool(args.resume))
+    return code
+
+
+def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict) -> int:
+    steps = run["config"]["steps"]
+    unanswered = {"since": None}
+
+    def tick() -> str | None:   # progress; a server gone for SERVER_GONE_S ends the watch
+        try:
+            info = _http("GET", f"{url}/api/runs/{run['id']}", timeout=CONNECT_S)
+        except TrainError as e:
+            unanswered["since"] = unanswered["since"] or time.monotonic()
+            return str(e) if time.monotonic() - unanswered["since"] > SERVER_GONE_S else None
+        unanswered["since"] = None
+        _progress_bar(info.get("last_step") or 0, steps, info.get("last_loss"))
+        return None
+
+    try:
+        page = browser.drive(url, run, args.timeout, tick)
+    except KeyboardInterrupt:   # Ctrl-C again while the page was stopping
+        page = {"done": None, "errors": [], "error_text": None, "stats": None,
+                "interrupted": True}
+    if page["interrupted"]:
+        if page["done"] is None:   # the page could not stop it: the server is told directly
+            _stop_by_socket(result, run["token"], "interrupted from the command line")
+            page["done"] = "stopped"
     metrics = _http("GET", f"{url}/api/runs/{run['id']}/metrics")
     info = _http("GET", f"{url}/api/runs/{run['id']}")
     final = next((m for m in reversed(metrics) if m.get("loss") is not None), None)
@@ -230,9 +312,9 @@ def _train(args, config: dict, result: dict, secret: dict) -> int:
         return EXIT_INTERRUPTED
     result["ok"] = page["done"] == "finished" and not page["errors"]
     if not result["ok"]:
-        reasons = [*page["errors"], page["error_text"],
-                   None if page["done"] else f"no result within {args.timeout:.0f} s"]
-        result["error"] = "; ".join(dict.fromkeys(r for r in reasons if r)) or \
+        result["error"] = one_reason([
+            *page["errors"], page["error_text"],
+            None if page["done"] else f"no result within {args.timeout:.0f} s"]) or \
             f"the run ended {page['done']}"
         return EXIT_FAILED
     return 0
@@ -257,102 +339,61 @@ def _branch_config(url: str, branch: str, changes: dict) -> dict:
     return {**config, **changes, "parent": {"run": parent_id, "step": step}}
 
 
-def _drive_page(args, url: str, run: dict, steps: int, result: dict) -> dict:
-    """Opens the run page with the write token in sessionStorage (never in the URL), so the page
-    trains the run; watches it until done, failing fast on page, asset and server errors."""
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    run_id = run["id"]
-    origin = urllib.parse.urlparse(url)
-    errors: list[str] = []
-
-    def on_response(response):
-        # A missing module, stylesheet or shader leaves the page half-built and silent.
-        u = urllib.parse.urlparse(response.url)
-        if response.status >= 400 and u.netloc == origin.netloc and \
-                u.path.startswith(("/static/", "/shaders/", "/runs/")):
-            errors.append(f"GET {u.path}: HTTP {response.status}")
-
-    def on_failed(request):
-        u = urllib.parse.urlparse(request.url)
-        if u.netloc == origin.netloc and u.path.startswith(("/static/", "/shaders/")):
-            errors.append(f"GET {u.path} failed: {request.failure}")
-
-    page_state = {"done": None, "errors": errors, "error_text": None, "stats": None,
-                  "interrupted": False}
-    with sync_playwright() as p:
-        # Ctrl-C is ours to handle: the browser must live on to stop the run cleanly.
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, handle_sigint=False, handle_sigterm=False,
-            handle_sighup=False,
-            args=["--headless=new", *QUIET, *(GPU if args.gpu else SWIFTSHADER)])
-        page = browser.new_page()
-        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-        page.on("response", on_response)
-        page.on("requestfailed", on_failed)
-        saved = json.dumps(json.dumps({"token": run["token"]}))
-        page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
-        try:
-            page.goto(f"{url}/runs/{run_id}")
-            page_state["done"] = _watch(page, url, run_id, steps, errors, args.timeout)
-        except KeyboardInterrupt:
-            page_state["interrupted"] = True
-            _progress("\ninterrupted: stopping the run")
-            page_state["done"] = _stop_page(page, result, run["token"])
-        except PlaywrightError as e:
-            errors.append(f"browser: {str(e).splitlines()[0]}")
-        try:
-            page_state["error_text"] = page.evaluate(
-                "document.getElementById('error')?.hidden === false"
-                " ? document.getElementById('error').textContent : null")
-            page_state["stats"] = page.evaluate(
-                "window.andreaTrainer ? window.andreaTrainer.stats : null")
-        except PlaywrightError:
-            pass
-        browser.close()
-    return page_state
+# Prefixes that say where an error was seen, not what it says: the page throws an error and shows
+# it too, so "page error: X" and "Cannot train here: X" are one error.
+_SEEN_AS = re.compile(r"^(?:(?:page error|browser|Cannot train here|Training failed|"
+                      r"Uncaught|[A-Za-z]*Error):\s*)+")
 
 
-def _watch(page, url: str, run_id: str, steps: int, errors: list[str], timeout: float):
-    deadline = time.monotonic() + timeout
-    unanswered_since = None
-    while time.monotonic() < deadline:
-        done = page.evaluate("document.body?.dataset.done || null")
-        if done or errors:
-            return done
-        try:
-            info = _http("GET", f"{url}/api/runs/{run_id}", timeout=CONNECT_S)
-            unanswered_since = None
-            _progress_bar(info.get("last_step") or 0, steps, info.get("last_loss"))
-        except TrainError as e:
-            unanswered_since = unanswered_since or time.monotonic()
-            if time.monotonic() - unanswered_since > SERVER_GONE_S:
-                errors.append(str(e))
-                return None
-        page.wait_for_timeout(500)
-    return None
+def one_reason(reasons) -> str:
+    """The reasons joined, each said once: a reason whose message another reason already
+    contains is dropped, keeping the more informative one (the longer; the first of equals)."""
+    texts = list(dict.fromkeys(" ".join(r.split()) for r in reasons if r and r.strip()))
+    kept = []
+    for i, text in enumerate(texts):
+        said = _SEEN_AS.sub("", text)
+        if any(j != i and said in other and
+               (len(other) > len(text) or (len(other) == len(text) and j < i))
+               for j, other in enumerate(texts)):
+            continue
+        kept.append(text)
+    return "; ".join(kept)
 
 
-def _stop_page(page, result: dict, token: str):
-    """Ctrl-C: the page stops the trainer, uploads the weights and commits every record; if the
-    page cannot (the browser went down with the signal), the server is told over the socket."""
-    from playwright.sync_api import Error as PlaywrightError
+def _settle_untrained(result: dict, secret: dict, reason: str, resumed: bool) -> None:
+    """A run created for this command that never trained (the page failed before its first
+    step: no adapter or device there, a GPU that cannot hold it, a browser that went down) is
+    not left `created`: it is marked `failed` with the reason as its message, through the
+    trainer socket and the run's write token, as the page itself would have; result["status"]
+    says what it is now.
 
+    Failed with the reason rather than deleted: the run id was already printed (progress, and
+    the --json result), so it must keep answering with what happened instead of a 404; the runs
+    list then shows the attempt and why it never trained (this machine's browser has no adapter,
+    this config does not fit), which a deleted run cannot; a branch keeps its link to its
+    parent; and deleting is the user's act on /runs (a viewer may have the run open). A run
+    that never trained costs only its row: no steps, no checkpoints.
+
+    A resumed run is marked `stopped` instead: `failed` is final, and its checkpoint is as good
+    as before, so it stays resumable (and its old token is revoked either way)."""
+    run_id, url, token = result.get("run_id"), result.get("server"), secret.get("token")
+    if not (run_id and url and token):
+        return
     try:
-        if page.evaluate("Boolean(window.andreaTrainer)"):
-            page.evaluate("window.andreaTrainer.stop('interrupted from the command line')")
-            page.wait_for_function("document.body.dataset.done", timeout=STOP_GRACE_S * 1000)
-            return page.evaluate("document.body.dataset.done")
-    except (PlaywrightError, KeyboardInterrupt):
-        pass
-    _stop_by_socket(result, token, "interrupted from the command line")
-    return "stopped"
+        status = _http("GET", f"{url}/api/runs/{run_id}", timeout=CONNECT_S)["status"]
+    except TrainError:
+        return
+    result["status"] = status
+    if status not in ("created", "abandoned"):   # it trained (or the page already said): as is
+        return
+    status = "stopped" if resumed else "failed"
+    if _set_status(url, run_id, token, status, reason[:MESSAGE_MAX]):
+        result["status"] = status
 
 
 def _stop_by_socket(result: dict, token: str | None, message: str) -> bool:
-    """Marks a live run stopped through the trainer socket (hello with the token, then status);
-    True if it did. A run that already ended is left as it is."""
+    """Marks a live run stopped through the trainer socket; True if it did. A run that already
+    ended is left as it is."""
     run_id, url = result.get("run_id"), result.get("server")
     if not (token and run_id and url):
         return False
@@ -362,19 +403,36 @@ def _stop_by_socket(result: dict, token: str | None, message: str) -> bool:
         return False
     if status not in ("created", "running", "paused"):
         return False
+    return _set_status(url, run_id, token, "stopped", message)
+
+
+def _set_status(url: str, run_id: str, token: str, status: str, message: str) -> bool:
+    """Tells the server the run's status as its training page would (server/telemetry.py: hello
+    with the write token, then status; the pong after it means it is committed). True if it
+    did. The page's own socket may not be released yet (a second trainer is refused while one
+    is connected): that is waited out for a few seconds."""
     from websockets.sync.client import connect
 
     ws_url = url.replace("http", "ws", 1) + f"/ws/runs/{run_id}"
-    try:
-        with connect(ws_url, open_timeout=CONNECT_S, close_timeout=2) as ws:
-            ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": None}))
-            ws.recv(timeout=CONNECT_S)
-            ws.send(json.dumps({"type": "status", "status": "stopped", "message": message}))
-            ws.send(json.dumps({"type": "ping"}))
-            ws.recv(timeout=CONNECT_S)   # pong: the status before it is committed
-        return True
-    except Exception as e:  # the server is gone too: nothing more to tell it
-        _progress(f"could not mark the run stopped: {e}")
+    deadline = time.monotonic() + CONNECT_S
+    while True:
+        try:
+            with connect(ws_url, open_timeout=CONNECT_S, close_timeout=2) as ws:
+                ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": None}))
+                reply = json.loads(ws.recv(timeout=CONNECT_S))
+                if reply.get("type") == "welcome":
+                    ws.send(json.dumps({"type": "status", "status": status, "message": message}))
+                    ws.send(json.dumps({"type": "ping"}))
+                    reply = json.loads(ws.recv(timeout=CONNECT_S))
+                    if reply.get("type") == "pong":
+                        return True
+                why = reply.get("message") or str(reply)
+        except Exception as e:  # the server is gone too: nothing more to tell it
+            why = str(e) or type(e).__name__
+        if "another trainer" in why and time.monotonic() < deadline:
+            time.sleep(0.25)
+            continue
+        _progress(f"could not mark the run {status}: {why}")
         return False
 
 

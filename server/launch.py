@@ -1,4 +1,4 @@
-"""Starting `andrea serve` as a subprocess on a loopback port: used by `andrea train --headless`,
+"""Starting `andrea serve` as a subprocess on a loopback port: used by `andrea train`,
 the benchmarks and the tests, so there is one way to start a server and wait for it."""
 
 from __future__ import annotations
@@ -50,17 +50,20 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
                                 preexec_fn=_limit_files(file_limit) if file_limit else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} "
-                               f"(see {data_dir / 'server.log'})")
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.1)
-    stop_server(proc)
-    raise RuntimeError(f"the server at {url} did not answer within {timeout:.0f} s")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with code {proc.returncode} "
+                                   f"(see {data_dir / 'server.log'})")
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=1):
+                    return proc, url
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"the server at {url} did not answer within {timeout:.0f} s")
+    except BaseException:   # Ctrl-C included: in its own session, nothing else would stop it
+        stop_server(proc)
+        raise
 
 
 def stop_server(proc: subprocess.Popen) -> None:

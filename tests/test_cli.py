@@ -1,5 +1,7 @@
 """The command line without a browser: --version, settings from the environment, `serve` on a
-taken port, and `train` failing fast with one JSON object and the right exit code."""
+taken port, and `train` failing fast with one stderr line, one JSON object and the right exit
+code (no browser, one that does not start, Playwright broken, a page that cannot train), never
+leaving a run `created`."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import json
 import socket
 import subprocess
 import sys
+
+import pytest
 
 from andrea import __version__
 
@@ -71,11 +75,11 @@ def test_train_against_a_closed_port_fails_within_seconds():
         port = s.getsockname()[1]
     # The subprocess timeout is the issue's bound (5 s) plus interpreter start-up: a CLI that
     # waited on the dead server would blow it.
-    r = andrea("train", "--server", f"http://127.0.0.1:{port}", "--json", timeout=15)
-    assert r.returncode == 1, r.stdout + r.stderr
-    (line,) = r.stdout.strip().splitlines()
-    result = json.loads(line)
-    assert not result["ok"] and "does not answer" in result["error"]
+    # /bin/false as the browser: a given server is asked before any browser is started.
+    r = andrea("train", "--server", f"http://127.0.0.1:{port}", "--json", timeout=15,
+               env=env_with(ANDREA_CHROMIUM="/bin/false"))
+    result = one_failure(r)
+    assert "does not answer" in result["error"]
     assert result["server"] == f"http://127.0.0.1:{port}"
 
 
@@ -86,3 +90,223 @@ def test_train_flags_cover_every_run_config_field():
     for name in RunConfig.model_fields:
         flag = "--branch" if name == "parent" else "--" + name.replace("_", "-")
         assert flag in out, name
+
+
+# ---- train: every failure is one stderr line, one JSON object, exit 1, and no run left created --
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A server of this module's own, so "no run was created" can be checked against it."""
+    from andrea.launch import served
+
+    with served(tmp_path_factory.mktemp("cli-data")) as url:
+        yield url
+
+
+def runs_on(url: str) -> list[dict]:
+    import httpx
+
+    return httpx.get(f"{url}/api/runs").json()
+
+
+def env_with(**changes):
+    import os
+
+    return {**os.environ, **changes}
+
+
+def one_failure(r, code=1) -> dict:
+    """The failure contract: exit `code`, exactly one stderr line naming the command, exactly one
+    JSON object on stdout whose error is that line's reason; no traceback anywhere."""
+    assert r.returncode == code, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    (err,) = r.stderr.strip().splitlines()
+    (line,) = r.stdout.strip().splitlines()
+    result = json.loads(line)
+    assert result["ok"] is False and err == f"andrea train: {result['error']}", (err, result)
+    return result
+
+
+def test_train_help_names_the_browser_and_needs_no_playwright_download():
+    out = " ".join(andrea("train", "--help").stdout.split())
+    assert "/usr/bin/chromium" in out and "ANDREA_CHROMIUM" in out
+    assert "browser download is not needed" in out
+
+
+def test_train_without_the_browser_says_so_before_creating_a_run(server):
+    r = andrea("train", "--server", server, "--steps", "2", "--json", timeout=15,
+               env=env_with(ANDREA_CHROMIUM="/nonexistent/chrome"))
+    result = one_failure(r)
+    assert "no browser at ANDREA_CHROMIUM=/nonexistent/chrome" in result["error"]
+    assert "apt-get install chromium" in result["error"]
+    assert result["run_id"] is None and runs_on(server) == []
+
+
+def test_train_without_the_browser_starts_no_server(tmp_path):
+    r = andrea("train", "--data-dir", str(tmp_path / "d"), "--json", timeout=15,
+               env=env_with(ANDREA_CHROMIUM="/nonexistent/chrome"))
+    result = one_failure(r)
+    assert result["server"] is None and not (tmp_path / "d").exists()
+
+
+def test_train_without_the_browser_in_plain_mode_is_one_line_too(server):
+    r = andrea("train", "--server", server, timeout=15,
+               env=env_with(ANDREA_CHROMIUM="/nonexistent/chrome"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    (err,) = r.stderr.strip().splitlines()
+    assert err.startswith("andrea train: no browser at ANDREA_CHROMIUM=/nonexistent/chrome")
+
+
+def test_the_default_browser_missing_names_apt_and_andrea_chromium(monkeypatch):
+    from andrea import chromium
+
+    monkeypatch.delenv("ANDREA_CHROMIUM", raising=False)
+    monkeypatch.setattr(chromium, "DEFAULT_CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(chromium.BrowserError) as e:
+        chromium.find_chromium()
+    assert "no browser at /nonexistent/chromium" in str(e.value)
+    assert "apt-get install chromium" in str(e.value) and "ANDREA_CHROMIUM" in str(e.value)
+
+
+def test_train_with_a_file_that_is_no_browser(server, tmp_path):
+    not_executable = tmp_path / "chrome"
+    not_executable.write_text("not a browser")
+    r = andrea("train", "--server", server, "--json", timeout=15,
+               env=env_with(ANDREA_CHROMIUM=str(not_executable)))
+    assert "is not an executable file" in one_failure(r)["error"]
+    assert runs_on(server) == []
+
+
+def test_train_with_a_browser_that_will_not_start(server):
+    # /bin/false runs and exits at once: Playwright's launch fails (a page of call log), the
+    # command says so in one line, and no run is created.
+    r = andrea("train", "--server", server, "--json", timeout=60,
+               env=env_with(ANDREA_CHROMIUM="/bin/false"))
+    error = one_failure(r)["error"]
+    assert "ANDREA_CHROMIUM=/bin/false did not start: it exited at once with code 1" in error
+    assert runs_on(server) == []
+
+
+def test_train_with_playwright_broken(server, tmp_path):
+    # A `playwright` that fails to import shadows the installed one, as a broken install would.
+    (tmp_path / "playwright").mkdir()
+    (tmp_path / "playwright" / "__init__.py").write_text(
+        "raise ImportError('libgreenlet.so: cannot open shared object file')")
+    r = andrea("train", "--server", server, "--json", timeout=15,
+               env=env_with(PYTHONPATH=str(tmp_path)))
+    error = one_failure(r)["error"]
+    assert error.startswith("Playwright cannot be imported (ImportError: libgreenlet.so")
+    assert runs_on(server) == []
+
+
+def test_the_same_error_seen_twice_is_said_once():
+    from andrea.headless import one_reason
+
+    why = "this GPU cannot run it: the logits activation needs 2048 MiB at batch 64 x 1024"
+    assert one_reason([f"page error: {why}", f"Cannot train here: {why}", None]) == \
+        f"Cannot train here: {why}"
+    assert one_reason([f"page error: Error: {why}", f"Cannot train here: {why}"]) in \
+        (f"page error: Error: {why}", f"Cannot train here: {why}")
+    # A shorter message that a longer one contains goes; different errors all stay.
+    assert one_reason(["page error: boom", "Training failed: boom at step 3"]) == \
+        "Training failed: boom at step 3"
+    assert one_reason(["GET /static/x.js: HTTP 404", "page error: y is not defined"]) == \
+        "GET /static/x.js: HTTP 404; page error: y is not defined"
+    assert one_reason(["a\nb", "a b"]) == "a b"
+
+
+class PageThatCannotTrain:
+    """Stands in for andrea.chromium.Chromium: the browser starts and has an adapter, but the
+    page fails before the run's first step, as on a GPU that cannot hold the run."""
+    gpu = False
+    path = "/usr/bin/chromium"
+    version = "fake"
+    drive_raises = None
+
+    def __init__(self, gpu=False):
+        pass
+
+    def check(self):
+        pass
+
+    def launch(self):
+        pass
+
+    def probe(self):
+        return {"vendor": "fake", "architecture": "", "fallback": True}
+
+    def drive(self, url, run, timeout, tick):
+        assert tick() is None   # the server answers
+        if self.drive_raises:
+            raise self.drive_raises
+        why = "this GPU cannot run it: no"
+        return {"done": "failed", "errors": [f"page error: {why}"],
+                "error_text": f"Cannot train here: {why}", "stats": None, "interrupted": False}
+
+    def close(self):
+        pass
+
+
+def train_in_process(monkeypatch, capsys, fake, *args) -> tuple[int, dict, str]:
+    from andrea import cli, headless
+
+    monkeypatch.setattr(headless, "Chromium", fake)
+    code = cli.main(["train", *args, "--json"])
+    out, err = capsys.readouterr()
+    (line,) = out.strip().splitlines()
+    return code, json.loads(line), err
+
+
+def test_a_run_the_page_could_not_train_is_failed_not_left_created(server, monkeypatch, capsys):
+    import httpx
+
+    code, result, err = train_in_process(monkeypatch, capsys, PageThatCannotTrain,
+                                         "--server", server, "--steps", "2")
+    assert code == 1 and not result["ok"] and result["status"] == "failed", result
+    assert result["error"] == "Cannot train here: this GPU cannot run it: no"   # said once
+    assert [ln for ln in err.splitlines() if ln.startswith("andrea train:")] == \
+        [f"andrea train: {result['error']}"]
+    run = httpx.get(f"{server}/api/runs/{result['run_id']}").json()
+    assert (run["status"], run["message"]) == ("failed", result["error"])
+
+
+def test_a_browser_that_fails_after_the_run_exists_fails_the_run(server, monkeypatch, capsys):
+    import httpx
+
+    from andrea.chromium import BrowserError
+
+    class Crashing(PageThatCannotTrain):
+        drive_raises = BrowserError("the browser went away: Target crashed")
+
+    code, result, _ = train_in_process(monkeypatch, capsys, Crashing, "--server", server,
+                                       "--steps", "2")
+    assert code == 1 and result["status"] == "failed" and "Target crashed" in result["error"]
+    run = httpx.get(f"{server}/api/runs/{result['run_id']}").json()
+    assert (run["status"], run["message"]) == ("failed", result["error"])
+
+
+def test_an_unexpected_error_is_one_line_and_fails_the_run(server, monkeypatch, capsys):
+    import httpx
+
+    class Buggy(PageThatCannotTrain):
+        drive_raises = ZeroDivisionError("division by zero")
+
+    code, result, err = train_in_process(monkeypatch, capsys, Buggy, "--server", server,
+                                         "--steps", "2")
+    assert code == 1 and result["error"] == "unexpected ZeroDivisionError: division by zero"
+    assert "Traceback" not in err
+    assert httpx.get(f"{server}/api/runs/{result['run_id']}").json()["status"] == "failed"
+
+
+def test_a_resumed_run_that_never_trained_stays_resumable(server):
+    # Failed is final; a resumed run keeps its checkpoint, so it is marked stopped instead.
+    import httpx
+
+    from andrea.headless import _settle_untrained
+
+    run = httpx.post(f"{server}/api/runs", json={"preset": "tiny", "steps": 2}).json()
+    result = {"run_id": run["id"], "server": server}
+    _settle_untrained(result, {"token": run["token"]}, "no adapter", resumed=True)
+    got = httpx.get(f"{server}/api/runs/{run['id']}").json()
+    assert result["status"] == got["status"] == "stopped" and got["message"] == "no adapter"

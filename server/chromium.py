@@ -1,0 +1,297 @@
+"""The browser half of `andrea train`: finding Chromium, launching it through Playwright, checking
+that it offers a WebGPU adapter, and driving the run page until the run is done.
+
+`andrea train` uses the system's Chromium (/usr/bin/chromium, Debian's `apt-get install
+chromium`) or the Chromium/Chrome executable that ANDREA_CHROMIUM names; Playwright only drives it,
+so Playwright's own browser download (`playwright install`) is never needed. Everything that can
+go wrong here before a run exists (Playwright cannot be imported, no browser at the path, a
+browser that does not start, no WebGPU adapter) is a BrowserError with a one-line reason, raised
+before the caller creates a run. The server is never called from here: the page talks to it, and
+the caller's `tick` polls it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import urllib.parse
+from typing import Callable
+
+DEFAULT_CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium_path() -> str:
+    """The browser `andrea train` uses: ANDREA_CHROMIUM, else Debian's Chromium."""
+    return os.environ.get("ANDREA_CHROMIUM") or DEFAULT_CHROMIUM
+
+
+CHROMIUM = chromium_path()   # the tests' browser fixture launches the same one (tests/browser.py)
+QUIET = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+SWIFTSHADER = ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
+               "--use-webgpu-adapter=swiftshader"]
+GPU = ["--enable-unsafe-webgpu", "--enable-features=Vulkan", "--ignore-gpu-blocklist"]
+
+NO_DOWNLOAD = "Playwright's own browser download is not needed"
+STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit
+PROBE_TIMEOUT_S = 30    # requestAdapter() that does not settle within this is reported
+# The adapter is asked for on a page of this (https, so secure-context) origin, served by
+# Playwright itself: the check needs no server and runs before one is started.
+PROBE_ORIGIN = "https://andrea-webgpu-check.invalid"
+
+
+class BrowserError(Exception):
+    """Why the browser cannot train here, in one line."""
+
+
+def _where(path: str) -> str:
+    return f"ANDREA_CHROMIUM={path}" if os.environ.get("ANDREA_CHROMIUM") else path
+
+
+def find_chromium() -> str:
+    """The browser's executable, checked before anything is started or created."""
+    given = os.environ.get("ANDREA_CHROMIUM")
+    path = given or DEFAULT_CHROMIUM
+    found = shutil.which(path)
+    if found:
+        return found
+    if given and os.path.exists(given):
+        raise BrowserError(f"ANDREA_CHROMIUM={given} is not an executable file: point it at a "
+                           f"Chromium or Chrome executable, or unset it to use {DEFAULT_CHROMIUM}")
+    if given:
+        raise BrowserError(f"no browser at ANDREA_CHROMIUM={given}: point ANDREA_CHROMIUM at a "
+                           f"Chromium or Chrome executable, or unset it to use {DEFAULT_CHROMIUM} "
+                           f"(apt-get install chromium); {NO_DOWNLOAD}")
+    raise BrowserError(f"no browser at {DEFAULT_CHROMIUM}: install Chromium (apt-get install "
+                       f"chromium) or set ANDREA_CHROMIUM to a Chromium or Chrome executable; "
+                       f"{NO_DOWNLOAD}")
+
+
+def _playwright():
+    """Playwright's sync API; a missing or broken install (its greenlet or driver) is one line."""
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except Exception as e:   # ImportError, or a native module that does not load
+        raise BrowserError(f"Playwright cannot be imported ({type(e).__name__}: "
+                           f"{_first_line(e)}): reinstall andrea, or pip install playwright; "
+                           f"{NO_DOWNLOAD}") from None
+    return Error, sync_playwright
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _launch_failure(e: BaseException, path: str) -> str:
+    """Playwright's launch error is a page of flags and call log: the exit code and the
+    browser's last line on stderr are what say why."""
+    text = str(e)
+    exited = re.search(r"<process did exit: exitCode=(\w+), signal=(\w+)>", text)
+    said = [ln.strip() for ln in re.findall(r"\[pid=\d+\]\[err\] (.*)", text) if ln.strip()]
+    if exited and exited.group(1) != "null":
+        why = f"it exited at once with code {exited.group(1)}"
+    elif exited and exited.group(2) != "null":
+        why = f"it was killed by {exited.group(2)}"
+    else:
+        why = _first_line(e).removeprefix("BrowserType.launch: ")
+    if said:
+        why += f" ({said[-1][:300]})"
+    fix = ("ANDREA_CHROMIUM must name a Chromium or Chrome that runs here (or unset it for "
+           f"{DEFAULT_CHROMIUM}: apt-get install chromium)" if os.environ.get("ANDREA_CHROMIUM")
+           else "reinstall it (apt-get install chromium) or set ANDREA_CHROMIUM to another "
+                "Chromium or Chrome")
+    return f"the browser at {_where(path)} did not start: {why}; {fix}"
+
+
+_PROBE = """async (timeoutMs) => {
+  if (!navigator.gpu) return { error: 'no-webgpu' };
+  const adapter = await Promise.race([
+    navigator.gpu.requestAdapter({ powerPreference: 'high-performance' }),
+    new Promise((resolve) => setTimeout(() => resolve('timeout'), timeoutMs))]);
+  if (adapter === 'timeout') return { error: 'timeout' };
+  if (!adapter) return { error: 'no-adapter' };
+  const info = adapter.info || {};
+  return { vendor: info.vendor || '', architecture: info.architecture || '',
+           description: info.description || '',
+           fallback: Boolean(info.isFallbackAdapter ?? adapter.isFallbackAdapter) };
+}"""
+
+
+class Chromium:
+    """Playwright and one Chromium for the command's lifetime:
+    check() (no process started), launch(), probe() (a WebGPU adapter), drive() (the run page),
+    close()."""
+
+    def __init__(self, gpu: bool = False):
+        self.gpu = gpu
+        self.path: str | None = None
+        self.version: str | None = None
+        self._playwright = None
+        self._browser = None
+        self._error = Exception
+
+    def check(self) -> None:
+        """Playwright imports and the executable is there: cheap, before any server or run."""
+        self._error, self._sync_playwright = _playwright()
+        self.path = find_chromium()
+
+    def launch(self) -> None:
+        if self.path is None:
+            self.check()
+        try:
+            self._playwright = self._sync_playwright().start()
+        except Exception as e:
+            raise BrowserError(f"Playwright's driver did not start: {_first_line(e)}; reinstall "
+                               f"andrea, or pip install playwright") from None
+        try:
+            # Ctrl-C is ours to handle: the browser must live on to stop the run cleanly.
+            self._browser = self._playwright.chromium.launch(
+                executable_path=self.path, handle_sigint=False, handle_sigterm=False,
+                handle_sighup=False,
+                args=["--headless=new", *QUIET, *(GPU if self.gpu else SWIFTSHADER)])
+        except Exception as e:
+            raise BrowserError(_launch_failure(e, self.path)) from None
+        self.version = self._browser.version
+
+    def probe(self) -> dict:
+        """The WebGPU adapter the run page will get (the same flags, the same request), asked for
+        on a blank secure page; BrowserError when there is none."""
+        context = self._browser.new_context()
+        try:
+            context.route(PROBE_ORIGIN + "/**", lambda route: route.fulfill(
+                status=200, content_type="text/html", body="<!doctype html><title>check</title>"))
+            page = context.new_page()
+            page.goto(PROBE_ORIGIN + "/")
+            found = page.evaluate(_PROBE, PROBE_TIMEOUT_S * 1000)
+        except self._error as e:
+            raise BrowserError(f"the browser at {_where(self.path)} failed while checking for "
+                               f"WebGPU: {_first_line(e)}") from None
+        finally:
+            try:
+                context.close()
+            except self._error:
+                pass
+        error = found.get("error")
+        where = _where(self.path)
+        if error == "no-webgpu":
+            raise BrowserError(f"the browser at {where} ({self.version}) has no WebGPU "
+                               f"(navigator.gpu is missing): Chromium or Chrome 113 or newer is "
+                               f"needed")
+        if error == "timeout":
+            raise BrowserError(f"the browser at {where} did not answer for a WebGPU adapter "
+                               f"within {PROBE_TIMEOUT_S} s")
+        if error == "no-adapter" and self.gpu:
+            raise BrowserError(f"no WebGPU adapter: the browser at {where} offered none through "
+                               f"Vulkan (--gpu); the GPU or its driver may be missing or "
+                               f"blocklisted; without --gpu it trains on SwiftShader, Chromium's "
+                               f"software adapter (slow but correct)")
+        if error == "no-adapter":
+            raise BrowserError(f"no WebGPU adapter: the browser at {where} offered none, not even "
+                               f"SwiftShader, its software one (started with "
+                               f"{' '.join(SWIFTSHADER)}); a Chromium built without it cannot "
+                               f"train here; --gpu tries the machine's GPU through Vulkan")
+        return found
+
+    def drive(self, url: str, run: dict, timeout: float,
+              tick: Callable[[], str | None]) -> dict:
+        """Opens the run page with the write token in sessionStorage (never in the URL), so the
+        page trains the run; watches it until done, failing fast on page and asset errors and on
+        what `tick` (called twice a second; it polls the server) returns as an error.
+        Returns {done, errors, error_text, stats, interrupted}; done is None when the page never
+        said (then errors say why), and after Ctrl-C when the page could not stop the run."""
+        run_id = run["id"]
+        origin = urllib.parse.urlparse(url)
+        errors: list[str] = []
+
+        def on_response(response):
+            # A missing module, stylesheet or shader leaves the page half-built and silent.
+            u = urllib.parse.urlparse(response.url)
+            if response.status >= 400 and u.netloc == origin.netloc and \
+                    u.path.startswith(("/static/", "/shaders/", "/runs/")):
+                errors.append(f"GET {u.path}: HTTP {response.status}")
+
+        def on_failed(request):
+            u = urllib.parse.urlparse(request.url)
+            if u.netloc == origin.netloc and u.path.startswith(("/static/", "/shaders/")):
+                errors.append(f"GET {u.path} failed: {request.failure}")
+
+        state = {"done": None, "errors": errors, "error_text": None, "stats": None,
+                 "interrupted": False}
+        try:
+            context = self._browser.new_context()
+        except self._error as e:
+            errors.append(f"browser: {_first_line(e)}")
+            return state
+        page = None
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.on("response", on_response)
+            page.on("requestfailed", on_failed)
+            saved = json.dumps(json.dumps({"token": run["token"]}))
+            page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
+            page.goto(f"{url}/runs/{run_id}")
+            state["done"] = self._watch(page, errors, timeout, tick)
+        except KeyboardInterrupt:
+            state["interrupted"] = True
+            print("\ninterrupted: stopping the run", file=sys.stderr, flush=True)
+            state["done"] = self._stop_page(page) if page is not None else None
+        except self._error as e:
+            errors.append(f"browser: {_first_line(e)}")
+        try:
+            if page is not None:
+                state["error_text"] = page.evaluate(
+                    "document.getElementById('error')?.hidden === false"
+                    " ? document.getElementById('error').textContent : null")
+                state["stats"] = page.evaluate(
+                    "window.andreaTrainer ? window.andreaTrainer.stats : null")
+        except self._error:
+            pass
+        try:
+            context.close()   # the page's trainer socket closes with it
+        except self._error:
+            pass
+        return state
+
+    def _watch(self, page, errors: list[str], timeout: float, tick) -> str | None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = page.evaluate("document.body?.dataset.done || null")
+            if done or errors:
+                return done
+            problem = tick()
+            if problem:
+                errors.append(problem)
+                return None
+            page.wait_for_timeout(500)
+        return None
+
+    def _stop_page(self, page) -> str | None:
+        """Ctrl-C: the page stops the trainer, uploads the weights and commits every record.
+        None if it cannot (the browser went down with the signal): the caller tells the server."""
+        try:
+            if page.evaluate("Boolean(window.andreaTrainer)"):
+                page.evaluate("window.andreaTrainer.stop('interrupted from the command line')")
+                page.wait_for_function("document.body.dataset.done",
+                                       timeout=STOP_GRACE_S * 1000)
+                return page.evaluate("document.body.dataset.done")
+        except (self._error, KeyboardInterrupt):
+            pass
+        return None
+
+    def close(self) -> None:
+        for close in (getattr(self._browser, "close", None),
+                      getattr(self._playwright, "stop", None)):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception:   # a browser that already went away: nothing left to close
+                pass
+        self._browser = self._playwright = None
