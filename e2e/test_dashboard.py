@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from websockets.sync.client import connect
+
+from andrea.launch import start_server, stop_server
 
 STEPS = 40
 SHOTS = Path(os.environ.get("ANDREA_SHOTS", "/tmp/shots"))
@@ -38,20 +41,31 @@ def recorded(live_server: str, optimizer: str = "adamw", lr: float = 3e-4,
              upto: int | None = None) -> dict:
     """A run with `upto` (default: all) steps recorded as a training tab would send them:
     warmup to `lr`, a falling loss, eval every 10 steps, step and optimizer times."""
-    run = httpx.post(f"{live_server}/api/runs", json={
+    run = _new_run(live_server, optimizer, lr, steps)
+    records = _records(upto or steps, lr, scale)
+    _send(live_server, run, [records[i:i + 10] for i in range(0, len(records), 10)], status)
+    return run
+
+
+def _new_run(live_server: str, optimizer: str = "adamw", lr: float = 3e-4,
+             steps: int = STEPS) -> dict:
+    return httpx.post(f"{live_server}/api/runs", json={
         "preset": "tiny", "optimizer": optimizer, "steps": steps, "lr": lr,
         "warmup_steps": 5, "eval_every": 10}).json()
+
+
+def _records(upto: int, lr: float = 3e-4, scale: float = 1.0,
+             eval_at=lambda s: s % 10 == 0) -> list[dict]:
     records = []
-    for s in range(1, (upto or steps) + 1):
+    for s in range(1, upto + 1):
         r = {"step": s, "loss": scale * (6.0 - 2.5 * (1 - 0.96 ** s)) + 0.03 * ((s * 7) % 5),
              "grad_norm": 2.0 * 0.97 ** s + 0.3, "clip_scale": 1.0 if s > 3 else 0.6,
              "lr": lr * min(1.0, s / 5), "step_ms": 420.0 + (s % 3), "opt_ms": 3.1,
              "tokens_per_s": 610.0 + s}
-        if s % 10 == 0:
+        if eval_at(s):
             r["eval_loss"] = scale * (6.1 - 2.4 * (1 - 0.96 ** s))
         records.append(r)
-    _send(live_server, run, [records[i:i + 10] for i in range(0, len(records), 10)], status)
-    return run
+    return records
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +112,38 @@ def test_lr_chart_ticks_and_hover_show_small_values(page, live_server, runs, pag
     assert page_errors == []
 
 
-def test_progress_of_a_running_run(page, live_server, runs):
-    page.goto(f"{live_server}/runs/{runs['live']['id']}")
-    page.wait_for_function("document.getElementById('charts').dataset.steps === '17'")
+def test_progress_of_a_running_run(page, live_server):
+    """While a trainer holds the run its page counts down the time left; once the trainer goes
+    (a closed tab) the watching page says so at once, with no time left counting down, and so
+    does the list."""
+    run = _new_run(live_server)
+    records = _records(17)
+    with connect(live_server.replace("http://", "ws://") + f"/ws/runs/{run['id']}") as ws:
+        ws.send(json.dumps({"type": "hello", "token": run["token"]}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        ws.send(json.dumps({"type": "metrics", "records": records}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "ack"
+        ws.send(json.dumps({"type": "status", "status": "running"}))
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+        page.goto(f"{live_server}/runs/{run['id']}")
+        page.wait_for_function("document.getElementById('charts').dataset.steps === '17'")
+        page.wait_for_function("document.body.dataset.shownStatus === 'running'")
+        text = page.inner_text("#progress-box")
+        assert "42 %" in text and "step 17 of 40" in text and "left" in text, text
+        assert page.inner_text("#mode") == "(watching)"
+    # The trainer's socket is gone: the page hears it live (no reload).
+    page.wait_for_function("document.body.dataset.shownStatus === 'no training tab'",
+                           timeout=15_000)
+    assert page.inner_text("#status") == "no training tab"
+    assert "gone" in page.inner_text("#why")
     text = page.inner_text("#progress-box")
-    assert "42 %" in text and "step 17 of 40" in text and "left" in text, text
+    assert "step 17 of 40" in text and "left" not in text, text
+    assert page.locator("#resume-run").is_hidden()       # no checkpoint to resume from
+    page.goto(f"{live_server}/runs")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    cell = page.locator(f"tr[data-run-id='{run['id']}'] td.status")
+    assert cell.inner_text() == "no training tab"
 
 
 def test_compare_chooses_a_baseline_and_plots_the_difference(page, live_server, runs,
@@ -245,3 +286,104 @@ def test_bandit_run_shows_per_source_loss_and_weights(page, live_server):
     marks = page.evaluate("window.andreaCharts.loss.marks()")
     assert marks and min(marks) <= batches[0][-1]["step"] + 1, marks
     page.screenshot(path=str(SHOTS / "run-bandit-1440.png"), full_page=True)
+
+
+# Where each line series of a chart has a lone point, whether the canvas shows it: the point's
+# series (the filter uPlot draws markers from) and the pixels around it in the series' colour.
+LONE_POINTS_JS = """(key) => {
+  const u = window.andreaCharts[key].plot;
+  const rgb = (c) => { const x = document.createElement('canvas').getContext('2d');
+    x.fillStyle = c; const h = x.fillStyle.slice(1);
+    return [0, 2, 4].map((i) => parseInt(h.slice(i, i + 2), 16)); };
+  const out = [];
+  for (let si = 1; si < u.series.length; si++) {
+    const s = u.series[si];
+    const ys = u.data[si];
+    const i = ys.findIndex((v) => v !== null && v !== undefined);
+    if (i < 0) continue;
+    const x = Math.round(u.valToPos(u.data[0][i], 'x', true));
+    const y = Math.round(u.valToPos(ys[i], 'y', true));
+    const want = rgb(typeof s.stroke === 'function' ? s.stroke(u, si) : s.stroke);
+    const px = u.ctx.getImageData(x - 3, y - 3, 7, 7).data;
+    let hits = 0;
+    for (let k = 0; k < px.length; k += 4) {
+      const d = Math.abs(px[k] - want[0]) + Math.abs(px[k + 1] - want[1])
+        + Math.abs(px[k + 2] - want[2]);
+      if (px[k + 3] > 128 && d < 90) hits++;
+    }
+    out.push({ label: s.label, marked: s.points.filter(u, si, false, null), hits });
+  }
+  return out;
+}"""
+
+
+def test_single_eval_points_are_drawn_on_compare_and_run_pages(page, live_server, page_errors):
+    """Short runs evaluate once (at their last step): on /compare each run's eval loss is one
+    point, which a line alone never shows: it gets a marker. A run's first step alone too."""
+    page.set_viewport_size(DESKTOP)
+    steps = 20
+    ids = []
+    for scale in (1.0, 1.08):
+        run = _new_run(live_server, steps=steps)
+        _send(live_server, run, [_records(steps, scale=scale, eval_at=lambda s: s == steps)],
+              "finished")
+        ids.append(run["id"])
+    page.goto(f"{live_server}/compare?ids={','.join(ids)}")
+    page.wait_for_function("document.body?.dataset.ready === '1'")
+    page.wait_for_timeout(300)          # (uPlot draws on the next frame)
+    drawn = page.evaluate(LONE_POINTS_JS, "eval")
+    assert len(drawn) == 2, drawn
+    for d in drawn:
+        assert d["marked"] == [steps - 1], d            # the lone point gets a marker...
+        assert d["hits"] >= 4, d                        # ...and it is on the canvas
+    # The dense lines get no markers.
+    assert all(d["marked"] is None for d in page.evaluate(LONE_POINTS_JS, "loss"))
+    # A run page with one step so far: its loss is a visible point, not an empty chart.
+    one = _new_run(live_server)
+    _send(live_server, one, [_records(1)], "running")
+    page.goto(f"{live_server}/runs/{one['id']}")
+    page.wait_for_function("document.getElementById('charts').dataset.steps === '1'")
+    page.wait_for_timeout(300)
+    drawn = page.evaluate(LONE_POINTS_JS, "loss")       # train and smoothed: one spot
+    assert [d["label"] for d in drawn[:2]] == ["train", "smoothed"], drawn
+    assert all(d["marked"] == [0] for d in drawn[:2]), drawn
+    assert drawn[1]["hits"] >= 4, drawn                  # the one drawn last, on top
+    assert page_errors == []
+
+
+def test_a_run_no_tab_takes_reads_never_started(browser, tmp_path):
+    """A run made through the API that no training tab takes: its page and the list say
+    "waiting for a training tab", then, once the grace period (ANDREA_START_GRACE_S, short
+    here) has passed, "never started", live on the open page."""
+    grace = 8
+    proc, url = start_server(tmp_path / "data", env={"ANDREA_START_GRACE_S": str(grace)})
+    try:
+        httpx.post(f"{url}/api/runs", json={"preset": "tiny", "steps": 30},
+                   timeout=120).raise_for_status()     # the corpus is read on the first one
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        t0 = time.monotonic()
+        run = httpx.post(f"{url}/api/runs", json={"preset": "tiny", "steps": 30}).json()
+        page.goto(f"{url}/runs/{run['id']}")
+        page.wait_for_function("document.body.dataset.shownStatus !== undefined")
+        if time.monotonic() - t0 < grace - 1:
+            assert page.inner_text("#status") == "waiting for a training tab"
+            assert page.inner_text("#mode") == "(watching)"
+        page.wait_for_function("document.body.dataset.shownStatus === 'never started'",
+                               timeout=(grace + 20) * 1000)
+        assert time.monotonic() - t0 >= grace - 0.5
+        assert page.inner_text("#status") == "never started"
+        assert f"within {grace} s" in page.inner_text("#why")
+        assert page.inner_text("#mode") == ""
+        charts = page.inner_text("#charts")
+        assert "Never started" in charts and "Waiting for the first step" not in charts
+        assert page.locator("#resume-run").is_hidden()
+        listing = ctx.new_page()
+        listing.goto(f"{url}/runs")
+        listing.wait_for_function("document.body.dataset.ready === '1'")
+        cell = listing.locator(f"tr[data-run-id='{run['id']}'] td.status")
+        assert cell.inner_text() == "never started"
+        assert "within" in cell.get_attribute("title")
+        ctx.close()
+    finally:
+        stop_server(proc)

@@ -7,16 +7,23 @@ import sys
 
 import httpx
 import numpy as np
+import pytest
 import torch
 
 from tests.lab import b64, call
 
+# A preset, and a shape of the run's own (every field off the preset's, a vocabulary of its own).
+SHAPES = {"tiny": {}, "custom": {"n_layer": 3, "n_embd": 48, "n_head": 3, "ffn_dim": 96,
+                                 "vocab_size": 1024}}
 
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 def test_trained_run_exports_to_hf_and_matches_the_engine(live_server, server_data_dir,
-                                                           lab_session, tmp_path):
+                                                           lab_session, tmp_path, shape):
+    flags = [a for k, v in SHAPES[shape].items() for a in ("--" + k.replace("_", "-"), str(v))]
     r = subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", "--preset", "tiny",
-                        "--steps", "6", "--batch-size", "2", "--server", live_server, "--json"],
-                       capture_output=True, text=True, timeout=600)
+                        *flags, "--steps", "6", "--batch-size", "2", "--server", live_server,
+                        "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = json.loads(r.stdout.strip().splitlines()[-1])["run_id"]
     assert httpx.get(f"{live_server}/api/runs/{run_id}").json()["has_weights"]
@@ -28,13 +35,19 @@ def test_trained_run_exports_to_hf_and_matches_the_engine(live_server, server_da
 
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
     model = LlamaForCausalLM.from_pretrained(out).eval()
+    hf = model.config
+    want = {"n_layer": 2, "n_embd": 64, "n_head": 4, "ffn_dim": 192, "vocab_size": 512,
+            **SHAPES[shape]}
+    assert (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.intermediate_size,
+            hf.vocab_size) == tuple(want.values())
     tok = PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+    assert tok.vocab_size <= want["vocab_size"]
     ids = tok("def main():\n    return 0\n")["input_ids"][:64]
     with torch.no_grad():
         hf_logits = model(input_ids=torch.tensor([ids])).logits[0].numpy()
 
     # The engine, from the uploaded weights, on the same tokens.
-    layout = httpx.get(f"{live_server}/api/presets/tiny/layout").json()
+    layout = httpx.get(f"{live_server}/api/runs/{run_id}/layout").json()
     weights = np.fromfile(server_data_dir / "runs" / run_id / "weights.f32", dtype="<f4")
     T = len(ids)
     got = call(lab_session, """

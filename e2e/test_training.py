@@ -167,3 +167,75 @@ def test_leaving_a_training_tab_asks_first(browser, live_server):
     page.wait_for_function("Number(document.getElementById('charts').dataset.steps) >= 3",
                            timeout=TIMEOUT)
     ctx.close()
+
+
+def train_here(context, live_server, run):
+    """A page of `context` that trains `run` (its token in sessionStorage, as the start page
+    leaves it)."""
+    page = context.new_page()
+    saved = json.dumps(json.dumps({"token": run["token"]}))
+    page.add_init_script(f"sessionStorage.setItem('andrea.run.{run['id']}', {saved});")
+    page.goto(f"{live_server}/runs/{run['id']}")
+    return page
+
+
+def test_a_short_run_with_the_defaults_ends_with_a_sample_and_an_eval(browser, live_server):
+    """sample_every 100 and eval_every 50 (the defaults) in an 8-step run: a sample early (at a
+    quarter of the run) and one at the last step, which is also evaluated."""
+    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny", "steps": 8,
+                                                      "batch_size": 4}).json()
+    assert (run["config"]["sample_every"], run["config"]["eval_every"]) == (100, 50)
+    ctx = browser.new_context()
+    page = train_here(ctx, live_server, run)
+    page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+    assert page.evaluate("document.body.dataset.done") == "finished", page.inner_text("main")
+    shown = page.evaluate("[...document.querySelectorAll('#samples [data-step]')]"
+                          ".map((d) => Number(d.dataset.step))")
+    assert sorted(shown) == [2, 8], shown
+    api = httpx.get(f"{live_server}/api/runs/{run['id']}").json()
+    assert [s["step"] for s in api["samples"]] == [2, 8] and all(s["text"] for s in api["samples"])
+    metrics = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics").json()
+    assert [m["step"] for m in metrics if "eval_loss" in m] == [8]
+    assert api["last_eval_loss"] is not None
+    assert "eval loss" in page.inner_text("#stats")
+    # A page that opens it afterwards shows them too.
+    viewer = browser.new_context().new_page()
+    viewer.goto(f"{live_server}/runs/{run['id']}")
+    viewer.wait_for_function("document.getElementById('charts').dataset.steps === '8'")
+    assert "eval loss" in viewer.inner_text("#stats")
+    assert viewer.locator("#samples [data-step]").count() == 2
+    viewer.context.close()
+    ctx.close()
+
+
+def test_a_closed_training_tab_reads_no_training_tab(browser, live_server):
+    """The tab training a run goes (closed, crashed): a page watching the run says "no training
+    tab" at once, offers Resume, and no longer counts a time left down; the list says so too."""
+    run = httpx.post(f"{live_server}/api/runs", json={
+        "preset": "tiny", "steps": 200, "batch_size": 2, "checkpoint_every": 2,
+        "eval_every": 0, "sample_every": 0}).json()
+    ctx = browser.new_context()
+    trainer = train_here(ctx, live_server, run)
+    trainer.wait_for_function("Number(document.body.dataset.checkpoint || 0) >= 2",
+                              timeout=TIMEOUT)
+    viewer = browser.new_context().new_page()
+    viewer.goto(f"{live_server}/runs/{run['id']}")
+    viewer.wait_for_function("document.body.dataset.shownStatus === 'running'")
+    viewer.wait_for_function("document.getElementById('progress-text').textContent"
+                             ".includes('left')", timeout=60_000)
+    assert viewer.locator("#resume-run").is_hidden()     # its tab holds it
+    ctx.close()              # the training tab goes, without a word to the server
+    viewer.wait_for_function("document.body.dataset.shownStatus === 'no training tab'",
+                             timeout=30_000)
+    assert viewer.inner_text("#status") == "no training tab"
+    assert "last checkpoint" in viewer.inner_text("#why")
+    viewer.wait_for_selector("#resume-run:not([hidden])")
+    assert "left" not in viewer.inner_text("#progress-text")
+    info = httpx.get(f"{live_server}/api/runs/{run['id']}").json()
+    assert info["status"] == "running" and info["connected"] is False and info["can_resume"]
+    viewer.goto(f"{live_server}/runs")
+    viewer.wait_for_function("document.body.dataset.ready === '1'")
+    cell = viewer.locator(f"tr[data-run-id='{run['id']}'] td.status")
+    assert cell.inner_text().startswith("no training tab · resumable from step"), \
+        cell.inner_text()
+    viewer.context.close()

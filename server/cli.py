@@ -43,7 +43,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         corpora = tuple(parse_corpus_arg(a) for a in args.corpus)
-        settings = Settings(**_given(args, "host", "port", "data_dir"), corpora=corpora)
+        settings = Settings(**_given(args, "host", "port", "data_dir", "only_corpus"),
+                            **({"corpora": corpora} if corpora else {}))   # or ANDREA_CORPORA
+        if settings.only_corpus and not settings.corpora:
+            print("andrea serve: error: --only-corpus serves only your own text, and none was "
+                  "given: add --corpus NAME=PATH (a file or a folder), or drop --only-corpus to "
+                  "train on the embedded Python sources", file=sys.stderr)
+            return 2
         if args.workers > 1 and not settings.broker_url:
             print("andrea serve: error: --workers needs ANDREA_BROKER_URL (redis://...): "
                   "viewers on one process must hear the records committed on another",
@@ -113,8 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the database, tokenizers and token files live "
                             "(default: ANDREA_DATA_DIR or the platform's user data folder)")
     serve.add_argument("--corpus", action="append", default=[], metavar="NAME=PATH",
-                       help="add a text source: a UTF-8 file, or a folder of .txt/.md files "
-                            "(repeatable; the embedded Python docs and stdlib are always there)")
+                       help="add a text source: a UTF-8 file, or a folder of .txt/.md/.jsonl/"
+                            ".parquet files (repeatable; served beside the embedded Python "
+                            "sources, or alone with --only-corpus)")
+    serve.add_argument("--only-corpus", action="store_true", default=None,
+                       help="serve only the --corpus sources: the embedded Python sources "
+                            "(python-docs, python-stdlib, python-tests, python-bundled) are "
+                            "left out and the tokenizer is trained on your text alone (another "
+                            "corpus hash: runs made without it are not served). Needs at least "
+                            "one --corpus (default: ANDREA_ONLY_CORPUS or off)")
     serve.add_argument("--no-warm-data", dest="warm_data", action="store_false",
                        help="do not build tokenizers and token files in the background at start "
                             "(the first batch request builds them instead)")
@@ -123,11 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "ANDREA_DATABASE_URL=postgresql://... past one machine)")
     serve.set_defaults(func=_serve)
 
-    from andrea.headless import add_train_arguments, train
+    from andrea.headless import BROWSER_HELP, add_train_arguments, train
     tr = sub.add_parser("train", help="train a run in headless Chromium (Playwright)",
                         description="Creates a run with the given config and trains it in "
                                     "headless Chromium, as the run page does in a browser. "
-                                    "Config flags left out take the server's defaults.")
+                                    "Config flags left out take the server's defaults. "
+                                    + BROWSER_HELP)
     add_train_arguments(tr)
     tr.set_defaults(func=train)
 

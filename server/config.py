@@ -1,6 +1,6 @@
 """One Settings object for the whole server, read from the environment the ecosystem way:
 ANDREA_HOST, ANDREA_PORT, ANDREA_DATA_DIR, ANDREA_CHECKPOINTS_KEPT, ANDREA_DATABASE_URL,
-ANDREA_BROKER_URL, ... (command-line flags override them). The default data
+ANDREA_BROKER_URL, ANDREA_ONLY_CORPUS, ... (command-line flags override them). The default data
 dir is the platform's user data folder, the same for `serve`, `train` and `export`."""
 
 from __future__ import annotations
@@ -47,10 +47,19 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     # Seconds a running run may go without its trainer socket before it is marked interrupted.
     trainer_grace_s: float = 60.0
+    # Seconds a new run may wait for its first training tab before it reads "never started"
+    # (status `abandoned`; a tab that comes later still trains it). A training page opens its
+    # socket as soon as it loads, before compiling anything, so a real tab is there within
+    # seconds; 90 s also covers `andrea train` starting Chromium on a busy machine.
+    start_grace_s: float = Field(90.0, gt=0)
     # Checkpoints kept per run (the newest ones); older ones are deleted after each upload.
     checkpoints_kept: int = Field(2, ge=1)
     # User text sources beside the embedded default: (name, file or folder), `--corpus NAME=PATH`.
     corpora: tuple[tuple[str, Path], ...] = ()
+    # Serve the user's sources alone (`--only-corpus`, ANDREA_ONLY_CORPUS=1): the embedded
+    # Python sources are not read, the tokenizer is trained on the user's text, and the corpus
+    # hash (so every cache and run) is that text's. Needs at least one corpus.
+    only_corpus: bool = False
     # Host names the server answers to besides the loopback names and `host` (ANDREA_ALLOWED_HOSTS,
     # comma-separated): a page whose Host is anything else (DNS rebinding) gets 400, and a
     # websocket whose Origin is not one of them is refused.

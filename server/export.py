@@ -27,7 +27,7 @@ import numpy as np
 
 from andrea.data.tokenizer import EOT, tokenizer_dir
 from andrea.data.tokens import tokens_dir
-from andrea.model import PRESETS, build_layout
+from andrea.model import model_name, run_layout, run_model
 
 EOT_ID = 0            # <|endoftext|>: the trainer's only special token, so always id 0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -40,7 +40,7 @@ def weights_path(data_dir: Path, run_id: str) -> Path:
 
 def tokenizer_path(data_dir: Path, run: dict) -> Path | None:
     """The tokenizer the run trained with (cached under the run's own corpus hash), if built."""
-    vocab = PRESETS[run["config"]["preset"]].vocab_size
+    vocab = run_model(run["config"]).vocab_size
     path = tokenizer_dir(data_dir, run["config"].get("corpus_hash", ""), vocab) / "tokenizer.json"
     return path if path.exists() else None
 
@@ -134,7 +134,7 @@ def write_weights(run: dict, data_dir: Path, out: Path, step: int | None = None)
     """model.safetensors alone (the browser's download); `step`: from that checkpoint."""
     from safetensors.numpy import save_file
 
-    layout = build_layout(PRESETS[run["config"]["preset"]])
+    layout = run_layout(run["config"])
     flat = load_weights(run, data_dir, layout, step)
     out.mkdir(parents=True, exist_ok=True)
     # One metadata key only: safetensors writes __metadata__ from a hash map whose order varies
@@ -172,7 +172,7 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
     """The whole checkpoint in `out`; without a tokenizer, the weights, configs and card only.
     `metrics`: the run's step records (Store.metrics), for the model card. `step`: the weights
     of that training checkpoint, and the card tells of the steps up to it."""
-    layout = build_layout(PRESETS[run["config"]["preset"]])
+    layout = run_layout(run["config"])
     write_weights(run, data_dir, out, step)
     if step is not None:
         metrics = [m for m in metrics or [] if m["step"] <= step]
@@ -285,7 +285,7 @@ def zip_folder(folder: Path, dest: Path) -> Path:
 def corpus_meta(data_dir: Path, run: dict) -> dict | None:
     """The run's token files' meta.json (source names and sizes): no tokenizing, just a read."""
     cfg = run["config"]
-    path = tokens_dir(data_dir, cfg.get("corpus_hash", ""), PRESETS[cfg["preset"]].vocab_size)
+    path = tokens_dir(data_dir, cfg.get("corpus_hash", ""), run_model(cfg).vocab_size)
     try:
         return json.loads((path / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -334,11 +334,18 @@ def data_text(cfg: dict, corpus: dict | None) -> str:
              f"({DATA_MODES.get(mode, mode)}); the last {_val_pct(corpus)} of each source is "
              f"held out for the eval loss. Each document is followed by `{EOT}` in the token "
              "stream.", ""]
+    picked = cfg.get("sources")          # the run's sources (None: every one of the corpus)
+    if picked:
+        names = [s["name"] for s in corpus["sources"]] if corpus else picked
+        others = [n for n in names if n not in picked]
+        lines[0] += (f" Trained and evaluated on {len(picked)} of the corpus's sources only: "
+                     f"{', '.join(picked)}" + (f" (not {', '.join(others)}; the tokenizer is "
+                                               "the whole corpus's)." if others else "."))
     if corpus is None:
         return "\n".join(lines + ["(The source list is not cached in the exporting data dir.)"])
     lines += ["| source | documents | characters | tokens |", "|---|---:|---:|---:|"]
     lines += [f"| {s['name']} | {s['n_documents']:,} | {s['n_chars']:,} | {s['n_tokens']:,} |"
-              for s in corpus["sources"]]
+              for s in corpus["sources"] if not picked or s["name"] in picked]
     return "\n".join(lines)
 
 
@@ -415,7 +422,7 @@ def model_card(run: dict, layout: dict, metrics: list[dict], corpus: dict | None
     return "\n".join([
         FRONT_MATTER,
         f"# Andrea run {run['id']}", "",
-        f"A small Llama-style causal language model (preset `{cfg['preset']}`) trained from "
+        f"A small Llama-style causal language model (`{model_name(cfg)}`) trained from "
         "scratch in a web browser with WebGPU by Andrea, exported as a Hugging Face checkpoint.",
         "", "## Model", "", _table(model_rows(layout, cfg)), "",
         "## Training", "", _table(training_rows(run, metrics, step)), "",

@@ -67,6 +67,9 @@ def _flag_type(annotation):
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = args[0]
+    if typing.get_origin(annotation) is list:          # sources: --sources NAME [NAME ...]
+        (item,) = typing.get_args(annotation)
+        return {"nargs": "+", "type": item, "metavar": "NAME"}
     if typing.get_origin(annotation) is typing.Literal:   # of strings, or of ints (vocab_size)
         choices = list(typing.get_args(annotation))
         return {"choices": choices, "type": type(choices[0])}

@@ -70,6 +70,48 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# A run may give its own shape instead of its preset's (RunConfig: n_layer, n_embd, n_head,
+# ffn_dim, vocab_size; seq_len past the preset's context lengthens it). These are the fields
+# a run may override, and the vocabulary sizes it may ask for: each is a tokenizer trained once
+# per corpus and cached, so the set is small and fixed (powers of two, and the presets').
+SHAPE_FIELDS = ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_dim")
+VOCAB_SIZES = tuple(sorted({2 ** k for k in range(9, 17)}
+                          | {c.vocab_size for c in PRESETS.values()}))
+
+
+def run_model(config: dict) -> ModelConfig:
+    """The model a run config describes: its preset, with the shape fields it gives on top. The
+    context is the preset's, or the run's seq_len where that is longer (RoPE has no learned
+    positions, so only the declared maximum changes)."""
+    base = PRESETS[config["preset"]]
+    shape = {k: config.get(k) or getattr(base, k) for k in SHAPE_FIELDS}
+    T = max(base.seq_len, config.get("seq_len") or 0)
+    return ModelConfig(**shape, seq_len=T)
+
+
+def run_layout(config: dict) -> dict:
+    """The parameter table of a run (its preset's, or its own shape's)."""
+    return {"preset": config["preset"], **build_layout(run_model(config))}
+
+
+def with_shape(config: dict) -> dict:
+    """A stored run config with every shape field filled in (runs stored before shapes could be
+    given have only their preset)."""
+    model = run_model(config)
+    return {**{k: getattr(model, k) for k in SHAPE_FIELDS}, **config}
+
+
+def model_name(config: dict) -> str:
+    """How a run's model is named in lists and cards: the preset, or the preset and what differs
+    ("tiny L4 C128")."""
+    base, cfg = PRESETS[config["preset"]], run_model(config)
+    tags = {"n_layer": "L", "n_embd": "C", "n_head": "H", "ffn_dim": "F", "vocab_size": "V",
+            "seq_len": "T"}
+    diff = [f"{tag}{getattr(cfg, k)}" for k, tag in tags.items()
+            if getattr(cfg, k) != getattr(base, k)]
+    return " ".join([config["preset"], *diff])
+
+
 def _align(n: int) -> int:
     return -(-n // ALIGN_ELEMS) * ALIGN_ELEMS
 

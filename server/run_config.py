@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from andrea.model import PRESETS
+from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
 
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_WARMUP = 20                     # the default warmup: min(MAX_WARMUP, steps // 10)
@@ -30,7 +30,17 @@ class RunConfig(BaseModel):
     f16_mirror: bool = False          # forward/backward matmuls read an f16 copy of the weights
     steps: int = Field(200, ge=1, le=1_000_000)
     batch_size: int = Field(8, ge=1, le=1024)
-    seq_len: int | None = Field(None, ge=2, description="default: the preset's context")
+    seq_len: int | None = Field(None, ge=2, le=8192, description=(
+        "default: the preset's context; longer lengthens the model's context"))
+    # The model's own shape instead of the preset's (server/model.py run_model): each left out
+    # is the preset's. Stored runs have every one filled in.
+    n_layer: int | None = Field(None, ge=1, le=64, description="default: the preset's layers")
+    n_embd: int | None = Field(None, ge=8, le=4096, description="default: the preset's width")
+    n_head: int | None = Field(None, ge=1, le=64, description="default: the preset's heads")
+    ffn_dim: int | None = Field(None, ge=1, le=16384, description=(
+        "default: the preset's SwiGLU width"))
+    vocab_size: Literal[VOCAB_SIZES] | None = Field(  # type: ignore[valid-type]
+        None, description="default: the preset's (a tokenizer per size, trained once)")
     lr: Positive = Field(3e-3, le=1.0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)    # cosine decays to lr * min_lr_ratio
     warmup_steps: int | None = Field(
@@ -43,8 +53,15 @@ class RunConfig(BaseModel):
     max_norm: Positive = Field(1.0, le=1e6)
     seed: int = Field(0, ge=0, lt=2**31)
     data_mode: Literal["uniform", "bandit"] = "uniform"
-    eval_every: int = Field(50, ge=0, description="0: no eval")
-    sample_every: int = Field(100, ge=0, description="0: no samples")
+    # The corpus sources rows are drawn from (training and eval), by name as GET /api/corpus
+    # lists them; checked against the server's at POST /api/runs. The tokenizer stays the whole
+    # corpus's, so runs on different sources share it.
+    sources: list[str] | None = Field(
+        None, min_length=1, max_length=255,
+        description="the corpus sources to train on (names from GET /api/corpus); default: all")
+    eval_every: int = Field(50, ge=0, description="also at the last step; 0: no eval")
+    sample_every: int = Field(100, ge=0, description=(
+        "also one early (a quarter into a short run) and at the last step; 0: no samples"))
     checkpoint_every: int | None = Field(
         None, ge=1, le=1_000_000,
         description="default: the trainer picks it (checkpoints take ~2% of training time)")
@@ -54,15 +71,27 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fit_preset(self):
-        T = PRESETS[self.preset].seq_len
+        base = PRESETS[self.preset]
         if self.seq_len is None:
-            self.seq_len = T
-        if self.seq_len > T:
-            raise ValueError(f"seq_len {self.seq_len} exceeds preset {self.preset}'s context {T}")
+            self.seq_len = base.seq_len
+        try:     # the shape's own rules (heads divide the width, head dim even and <= 128)
+            model = run_model(self.__dict__)
+        except ValueError as e:
+            raise ValueError(f"model shape: {e}") from None
+        for name in SHAPE_FIELDS:
+            setattr(self, name, getattr(model, name))
         if self.warmup_steps is None:
             self.warmup_steps = min(MAX_WARMUP, self.steps // 10)
         if self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_sources(self):
+        if self.sources is not None:
+            twice = sorted({s for s in self.sources if self.sources.count(s) > 1})
+            if twice:
+                raise ValueError(f"sources: {', '.join(map(repr, twice))} listed more than once")
         return self
 
 
@@ -71,6 +100,11 @@ class StoredRunConfig(RunConfig):
     made with (a restart on other text answers 409; export finds the tokenizer by it)."""
     seq_len: int
     warmup_steps: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    ffn_dim: int
+    vocab_size: int
     corpus_hash: str
 
 

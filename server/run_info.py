@@ -5,17 +5,27 @@ resumed now, so pages and the CLI need not work it out."""
 from typing import Literal
 
 from andrea import checkpoints
-from andrea.model import PRESETS, build_layout
+from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
 
 # What a trainer may report, and what a run can be: made, reported, its trainer gone, or made
-# and never started (no trainer came within ABANDON_AFTER_S: a browser without WebGPU, a
+# and never started (`abandoned`, shown as "never started": no trainer came within
+# Settings.start_grace_s of its creation: a browser without WebGPU, a page never opened, a
 # closed tab). A trainer that does come later and reports `running` still takes it.
+# Pages also say "no training tab" for a `running` or `paused` run whose trainer socket is
+# gone (`connected` false) until Settings.trainer_grace_s marks it `interrupted`.
 TrainerStatus = Literal["running", "paused", "finished", "stopped", "failed"]
 RunStatus = Literal["created", TrainerStatus, "interrupted", "abandoned"]
-ABANDON_AFTER_S = 10 * 60
-ABANDONED_MESSAGE = ("no training tab started this run within 10 minutes of its creation "
-                     "(a browser without WebGPU, or a tab closed before it trained)")
+
+
+def abandoned_message(grace_s: float) -> str:
+    """Why a run is `abandoned` (never started), for a grace period of `grace_s` seconds."""
+    within = (f"{grace_s / 60:g} minutes" if grace_s >= 120 and grace_s % 60 == 0
+              else f"{grace_s:g} s")
+    return (f"no training tab started this run within {within} of its creation (a browser "
+            "without WebGPU, a run page never opened, or a tab closed before it trained)")
+
+
 # A run another tab may take over from its last checkpoint (POST /api/runs/{id}/resume). A
 # killed tab leaves `running` until the grace period marks it interrupted; a failed run is
 # branched instead (POST /api/runs with a parent), a finished one has nothing left to do.
@@ -24,7 +34,7 @@ RESUMABLE = ("interrupted", "stopped", "paused", "running")
 
 def checkpoint_info(config: dict, last_step: int | None) -> dict:
     """What a trainer needs to write and read the run's checkpoints."""
-    layout = build_layout(PRESETS[config["preset"]])
+    layout = run_layout(config)
     return {"sections": checkpoint_sections(layout, config["optimizer"]),
             "chunk_bytes": checkpoints.CHUNK_BYTES,
             "every": config.get("checkpoint_every"), "last_step": last_step}
@@ -33,10 +43,12 @@ def checkpoint_info(config: dict, last_step: int | None) -> dict:
 def public_run(run: dict, connected: bool) -> dict:
     """`connected`: the run has a trainer socket now (Fanout.has_trainer)."""
     cfg = run["config"]
-    layout = build_layout(PRESETS[cfg["preset"]])
+    layout = run_layout(cfg)
     memory = optimizer_memory(layout)[cfg["optimizer"]]
     out = {k: v for k, v in run.items() if k != "checkpoint_step"}
     last = run.get("checkpoint_step")
     return {**out, "state_bytes": memory["state_bytes"], "n_params": layout["n_params"],
+            "model_name": model_name(cfg),
             "checkpoint": checkpoint_info(cfg, last),
+            "connected": connected,
             "can_resume": (not connected and run["status"] in RESUMABLE and last is not None)}

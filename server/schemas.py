@@ -86,6 +86,7 @@ class BatchSpecInfo(BaseModel):
     mode: Literal["uniform", "fixed", "bandit"]
     weights: list[float]
     corpus_hash: str
+    sources: list[str] = []         # the sources rows come from; [] = every one
 
 
 class RunDataLinks(BaseModel):
@@ -137,7 +138,11 @@ class Run(BaseModel):
     best_eval_loss: float | None
     state_bytes: int                # the run's optimizer state on the GPU
     n_params: int
+    model_name: str                 # the preset, and the shape fields that differ ("tiny L4")
     checkpoint: CheckpointInfo
+    # A training tab holds the run now (its trainer socket): a `running` run without one
+    # reads "no training tab" until the grace period marks it interrupted.
+    connected: bool
     can_resume: bool                # no trainer connected, a resumable status, a checkpoint
 
 

@@ -46,6 +46,7 @@ from sqlalchemy.pool import StaticPool
 
 from andrea.auth import token_hash, token_matches
 from andrea.metrics import COLUMNS, REQUIRED
+from andrea.model import model_name, with_shape
 
 
 class StoreUnavailable(RuntimeError):
@@ -167,7 +168,7 @@ _ABANDON = text(
     "UPDATE runs SET status = 'abandoned', message = :message WHERE status = 'created'"
     " AND updated_at < :before AND checkpoint_step IS NULL"
     " AND NOT EXISTS (SELECT 1 FROM metrics m WHERE m.run_id = runs.id)"
-    " AND id NOT IN :connected"
+    " AND id NOT IN :connected RETURNING id"
 ).bindparams(bindparam("connected", expanding=True, type_=Text))
 
 
@@ -354,7 +355,7 @@ class Store:
             " 'created', :checkpoint_step, :name, '[]', :number)"),
             {"id": run_id, "now": now, "config": json.dumps(config), "token": token_sha256,
              "checkpoint_step": checkpoint_step, "number": number,
-             "name": name or f"{config['preset']} {config['optimizer']} #{number}"})
+             "name": name or f"{model_name(config)} {config['optimizer']} #{number}"})
 
     def get_run(self, run_id: str) -> dict | None:
         with self._tx() as db:
@@ -384,12 +385,14 @@ class Store:
             return db.execute(text("DELETE FROM runs WHERE id = :id"),
                               {"id": run_id}).rowcount == 1
 
-    def abandon_stale(self, before: float, connected: tuple[str, ...], message: str) -> int:
+    def abandon_stale(self, before: float, connected: tuple[str, ...],
+                      message: str) -> list[str]:
         """Runs still `created` since before `before` that never recorded a step, have no
-        checkpoint and no trainer now become `abandoned`. Returns how many."""
+        checkpoint and no trainer now become `abandoned` (never started). Returns their ids
+        (their viewers are told)."""
         with self._tx() as db:
-            return db.execute(_ABANDON, {"message": message, "before": before,
-                                         "connected": list(connected)}).rowcount
+            return sorted(db.execute(_ABANDON, {"message": message, "before": before,
+                                                "connected": list(connected)}).scalars())
 
     def get_run_with_token(self, run_id: str) -> dict | None:
         with self._tx() as db:
@@ -658,8 +661,8 @@ def _run_dict(row) -> dict:
     d = dict(row)
     d.pop("token_sha256", None)
     d.pop("number", None)
-    d["config"] = json.loads(d["config"])
+    d["config"] = with_shape(json.loads(d["config"]))
     d["adapter"] = json.loads(d["adapter"]) if d["adapter"] else None
     d["tags"] = json.loads(d["tags"]) if d.get("tags") else []
-    d["name"] = d.get("name") or f"{d['config']['preset']} {d['config']['optimizer']}"
+    d["name"] = d.get("name") or f"{model_name(d['config'])} {d['config']['optimizer']}"
     return d

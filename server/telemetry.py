@@ -15,7 +15,8 @@ POST /api/runs/{id}/resume (a checkpoint) or a branch trains it again.
 
 Viewers (`/ws/runs/{id}/watch[?after=N]`) get {"type": "records", "records": [...]} (the
 backlog after step N first, streamed from the store in pages, then live), {"type": "run",
-"run": {...}} on status changes, {"type": "sample", ...}, and {"type": "resumed", "step": K}
+"run": {...}} on status changes and when the run's trainer goes or comes back (its
+`connected`), {"type": "sample", ...}, and {"type": "resumed", "step": K}
 when a tab takes the run over from checkpoint K (the records after K are deleted: drop them;
 a reconnect with ?after=N past a resume gets that too, and the records after K again). Viewers
 are sent exactly what the store committed (first write wins). A viewer may send
@@ -240,6 +241,9 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 raise ProtocolError(1008, "another trainer holds this run")
             connected = True
         run = await store.run(store.get_run, run_id)
+        if run["status"] in ("running", "paused"):
+            # A tab back after a dropped connection: its viewers said "no training tab".
+            fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
         steps = run["config"]["steps"]
         _check_steps(steps, hello.last_acked_step)
         await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,

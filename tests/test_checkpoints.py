@@ -268,7 +268,7 @@ def test_a_checkpoint_of_another_layout_or_optimizer_is_refused(client):
     put(client, run, 1, state(run))
     r = client.post("/api/runs", json={"preset": "tiny", "optimizer": "adamw_8bit",
                                        "parent": {"run": run["id"], "step": 1}})
-    assert r.status_code == 409 and "preset and optimizer" in r.json()["detail"], r.text
+    assert r.status_code == 409 and "model and optimizer" in r.json()["detail"], r.text
     r = client.post("/api/runs", json={"preset": "12m", "parent": {"run": run["id"], "step": 1}})
     assert r.status_code == 409, r.text
     assert len(client.get("/api/runs").json()) == 1         # nothing half-made

@@ -130,3 +130,27 @@ def test_a_step_without_usable_losses_still_counts_as_reported():
     _feed(bandit_gap, [s for s in range(1, 300) if s != 5], lambda s: (3.0, 4.0, 5.0))
     bandit_gap.mark_reported(5)                       # its loss was not finite
     assert bandit_gap.phase_at(phases[3][1]).index == 3
+
+
+def test_a_bandit_over_some_sources_is_the_bandit_of_those_alone():
+    """A run that picks sources mixes over them as if they were the whole corpus: its weights on
+    the picked sources are exactly those of a bandit over the picked ones alone, 0 elsewhere."""
+    import pytest
+
+    curve = lambda s: (3.0, 9.9, 5.0 * 0.99 ** s, 4.0)   # noqa: E731  (index 1 is not picked)
+    some = SourceBandit(6, ["docs", "tests", "code", "prose"],
+                        active=[True, False, True, True])
+    alone = SourceBandit(6, ["docs", "code", "prose"])
+    _feed(some, range(300), curve)
+    _feed(alone, range(300), lambda s: [x for i, x in enumerate(curve(s)) if i != 1])
+    for step in (0, 100, 299):
+        w = some.weights_at(step)
+        assert w[1] == 0 and np.array_equal(w[[0, 2, 3]], alone.weights_at(step))
+    assert some.weights_at(299).argmax() == 2
+    every = SourceBandit(6, SOURCES, active=[True] * 3)        # all picked: the plain bandit
+    plain = SourceBandit(6, SOURCES)
+    _feed(every, range(200), lambda s: (3.0, 5.0 * 0.99 ** s, 4.0))
+    _feed(plain, range(200), lambda s: (3.0, 5.0 * 0.99 ** s, 4.0))
+    assert every.phase_at(199) == plain.phase_at(199)
+    with pytest.raises(ValueError, match="no source to train on"):
+        SourceBandit(6, SOURCES, active=[False] * 3).weights_at(0)

@@ -223,6 +223,104 @@ def test_step_beyond_a_runs_end(data_client, tiny):
     assert r.status_code == 400 and "0 to 4" in r.json()["detail"]
 
 
+# ---- a run's sources: rows from the picked sources only ---------------------------------------
+
+def _run(client, **config) -> dict:
+    r = client.post("/api/runs", json={"preset": "tiny", "batch_size": 8, "steps": 200,
+                                       **config})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_a_run_on_one_source_draws_every_row_from_it(data_client, tiny):
+    names = tiny.source_names
+    run = _run(data_client, sources=["python-tests"])
+    assert run["config"]["sources"] == ["python-tests"]
+    assert run["data"]["spec"]["sources"] == ["python-tests"]
+    assert data_client.get(f"/api/runs/{run['id']}").json()["config"]["sources"] == \
+        ["python-tests"]
+    want = names.index("python-tests")
+    batches = {}
+    for split, url in (("train", "batches"), ("val", "val_batches")):
+        for step in range(40):
+            r = data_client.get(f"/api/runs/{run['id']}/{url}/{step}")
+            assert r.status_code == 200, r.text
+            assert r.headers["x-andrea-sources"] == ",".join(names)   # indices: the corpus's
+            b = wire.decode(r.content)
+            assert b.n_sources == len(names)
+            assert b.sources.tolist() == [want] * 8, (split, step)  # every row: python-tests
+            f = tiny.files[want]
+            lo, hi = (0, f.n_train) if split == "train" else (f.n_train, f.n_tokens)
+            ids = np.asarray(f.tokens[lo:hi])
+            for row in b.tokens:                                      # and its text
+                hits = np.flatnonzero(ids[:len(ids) - 64] == row[0])
+                assert any(np.array_equal(ids[h:h + 65], row) for h in hits)
+            batches[split, step] = r.content
+    # The same bytes for the same (run, step) after the server forgets the run (a restart, a
+    # resume): the spec, sources included, comes back from the stored config.
+    data_client.app.state.runs.forget(run["id"])
+    assert data_client.get(f"/api/runs/{run['id']}/batches/7").content == batches["train", 7]
+    assert data_client.get(f"/api/runs/{run['id']}/val_batches/3").content == batches["val", 3]
+
+
+def test_picking_every_source_is_picking_none(tiny):
+    """A spec that picks every source draws exactly the batches of one that picks none (runs
+    made before sources could be picked resume on the same bytes); a subset other bytes."""
+    every = _spec(sources=tuple(reversed(tiny.source_names)))
+    two = _spec(sources=tuple(tiny.source_names[:2]))
+    for step in range(20):
+        for split in ("train", "val"):
+            a = sample_batch(tiny.files, _spec(), step, split)
+            b = sample_batch(tiny.files, every, step, split)
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+            assert set(sample_batch(tiny.files, two, step, split)[1].tolist()) <= {0, 1}
+    counts = np.bincount(np.concatenate([sample_batch(tiny.files, two, s)[1]
+                                         for s in range(100)]), minlength=2)
+    assert counts.size == 2 and abs(counts[0] / counts.sum() - 0.5) < 0.1   # uniform over two
+    with pytest.raises(ValueError, match="unknown source 'nope'"):
+        sample_batch(tiny.files, _spec(sources=("nope",)), 0)
+
+
+def test_a_bandit_over_picked_sources(data_client, tiny):
+    """The source bandit of a run on two sources mixes those two alone: the others have weight
+    0 in every phase and never give a row, and the weights follow the one whose loss falls."""
+    from andrea.data.bandit import PhaseSchedule
+
+    names = tiny.source_names
+    picked = [names[0], names[2]]
+    run = _run(data_client, data_mode="bandit", sources=list(reversed(picked)), seed=4)
+    assert run["config"]["sources"] == picked                 # in corpus order
+    auth = {"authorization": f"Bearer {run['token']}"}
+    for step in range(1, 160):       # as the trainer's telemetry would: source index -> loss
+        r = data_client.post(f"/api/runs/{run['id']}/source_losses", headers=auth, json={
+            "step": step, "losses": {"0": 3.0, "2": 5.0 * 0.99 ** step}})
+        assert r.status_code == 200, r.text
+    phases = PhaseSchedule(4).phases_until(160)
+    for _, start, _ in phases:
+        b = wire.decode(data_client.get(f"/api/runs/{run['id']}/batches/{start}").content)
+        assert set(b.sources.tolist()) <= {0, 2}
+    marks = data_client.get(f"/api/runs/{run['id']}/data").json()["phases"]
+    assert len(marks) == len(phases)
+    for m in marks:
+        w = m["weights"]
+        assert w[1] == 0 and all(x == 0 for x in w[3:]) and abs(sum(w) - 1) < 1e-12
+        assert min(w[0], w[2]) >= 0.2 / 2 - 1e-12           # EXPLORE / K, K = the two picked
+    assert marks[0]["weights"][0] == marks[0]["weights"][2] == 0.5
+    assert marks[-1]["weights"][2] > marks[-1]["weights"][0]   # its loss still falls
+
+
+@pytest.mark.parametrize("sources, words", [
+    (["python-docs", "nope"], "unknown source 'nope'; this server's sources are python-docs"),
+    (["a", "b"], "unknown sources 'a', 'b'"),
+    ([], "at least 1 item"),
+    (["python-docs", "python-docs"], "'python-docs' listed more than once"),
+    ("python-docs", "valid list"),
+])
+def test_unknown_or_bad_sources_are_refused(data_client, sources, words):
+    r = data_client.post("/api/runs", json={"preset": "tiny", "sources": sources})
+    assert r.status_code == 422 and words in r.text, r.text
+
+
 GOLDEN = Path(__file__).parent / "golden"
 
 

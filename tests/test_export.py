@@ -171,6 +171,24 @@ def test_model_card(exported, run):
     assert "AdamW (fp32 moments)" in card and "python-docs" in card
 
 
+def test_model_card_lists_a_runs_picked_sources():
+    """A run on some of the corpus's sources says so, and its card's table lists those alone."""
+    from andrea.export import data_text
+
+    meta = {"val_fraction": 0.1, "sources": [
+        {"name": n, "n_documents": 10, "n_chars": 1000, "n_tokens": 400}
+        for n in ("python-docs", "python-stdlib", "notes")]}
+    cfg = {"data_mode": "uniform", "corpus_hash": "0123456789abcdef"}
+    every = data_text(cfg, meta)
+    assert all(f"| {n} |" in every for n in ("python-docs", "python-stdlib", "notes"))
+    assert "only" not in every
+    picked = data_text({**cfg, "sources": ["python-docs", "notes"]}, meta)
+    assert "on 2 of the corpus's sources only: python-docs, notes (not python-stdlib;" in picked
+    assert "| python-docs |" in picked and "| notes |" in picked
+    assert "| python-stdlib |" not in picked
+    assert "python-docs, notes." in data_text({**cfg, "sources": ["python-docs", "notes"]}, None)
+
+
 def test_export_is_byte_identical_twice(run, export_data, exported, tmp_path):
     again = tmp_path / "again"
     assert main(["export", run["id"], "--out", str(again), "--data-dir", str(export_data)]) == 0

@@ -24,13 +24,53 @@ def test_minimal_config_gets_defaults(client):
 @pytest.mark.parametrize("bad", [
     {}, {"preset": "huge"}, {"preset": "tiny", "optimizer": "sgd"},
     {"preset": "tiny", "lr": -1}, {"preset": "tiny", "steps": "many"},
-    {"preset": "tiny", "seq_len": 65}, {"preset": "tiny", "bogus": 1},
+    {"preset": "tiny", "seq_len": 8193}, {"preset": "tiny", "bogus": 1},
+    {"preset": "tiny", "n_head": 5}, {"preset": "tiny", "n_embd": 1024, "n_head": 2},
+    {"preset": "tiny", "vocab_size": 1000}, {"preset": "tiny", "n_layer": 0},
+    {"preset": "tiny", "n_embd": 66, "n_head": 6},
     {"preset": "tiny", "warmup_steps": 500, "steps": 100},
 ])
 def test_bad_configs_are_422(client, bad):
     r = client.post("/api/runs", json=bad)
     assert r.status_code == 422, r.text
     assert r.json()["detail"]
+
+
+def test_a_run_may_give_its_own_shape(client):
+    """Shape fields override the preset's; the layout, names, memory and the run's own layout
+    endpoint all follow the run's shape, and a stored run has every shape field filled in."""
+    shape = {"n_layer": 3, "n_embd": 96, "n_head": 3, "ffn_dim": 160, "vocab_size": 1024,
+             "seq_len": 128}
+    r = client.post("/api/runs", json={"preset": "tiny", **shape})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    layout = body["layout"]
+    assert {k: layout["config"][k] for k in shape} == shape and layout["config"]["head_dim"] == 32
+    assert sum(p["name"].endswith("q_proj.weight") for p in layout["params"]) == 3
+    emb = next(p for p in layout["params"] if p["name"] == "model.embed_tokens.weight")
+    assert emb["shape"] == [1024, 96] and body["data"]["tokenizer"] == "/api/tokenizer/1024"
+    assert body["data"]["spec"]["vocab_size"] == 1024 and body["data"]["spec"]["seq_len"] == 128
+    run = client.get(f"/api/runs/{body['id']}").json()
+    assert run["model_name"] == "tiny L3 C96 H3 F160 V1024 T128"
+    assert run["name"].startswith("tiny L3 C96 H3 F160 V1024 T128 adamw")
+    assert run["n_params"] == layout["n_params"]
+    assert client.get(f"/api/runs/{body['id']}/layout").json()["params"] == layout["params"]
+    # The form's estimate: the same table for the same config, before any run exists.
+    est = client.post("/api/run_config/layout", json={"preset": "tiny", **shape}).json()
+    assert est["params"] == layout["params"] and est["optimizer_state"] == body["optimizer_state"]
+    # Left out, every shape field is the preset's, and stored explicitly.
+    plain = client.post("/api/runs", json={"preset": "tiny"}).json()
+    assert {k: plain["config"][k] for k in ("n_layer", "n_embd", "n_head", "ffn_dim",
+                                             "vocab_size")} == {
+        "n_layer": 2, "n_embd": 64, "n_head": 4, "ffn_dim": 192, "vocab_size": 512}
+    assert client.get(f"/api/runs/{plain['id']}").json()["model_name"] == "tiny"
+
+
+def test_a_refused_shape_says_why(client):
+    r = client.post("/api/run_config/layout", json={"preset": "tiny", "n_head": 5})
+    assert r.status_code == 422 and "divisible by n_head" in r.text
+    r = client.post("/api/run_config/layout", json={"preset": "tiny", "n_embd": 512, "n_head": 2})
+    assert r.status_code == 422 and "head_dim (256)" in r.text
 
 
 def test_empty_warmup_is_the_server_default(client):
@@ -150,6 +190,85 @@ def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
             time.sleep(0.1)
         info = c.get(f"/api/runs/{run['id']}").json()
         assert info["status"] == "interrupted" and "went away" in info["message"]
+
+
+def test_a_run_no_trainer_takes_is_never_started_after_the_grace_and_its_viewers_hear(
+        tmp_path):
+    """Settings.start_grace_s (ANDREA_START_GRACE_S): past it, a run no trainer took is
+    `abandoned` (pages: "never started") without anyone listing runs, and a viewer watching it
+    is told; a run whose trainer is connected is left alone."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from andrea.app import create_app
+    from andrea.config import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path, start_grace_s=0.5))) as c:
+        lone = c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
+        held = c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
+        with c.websocket_connect(f"/ws/runs/{held['id']}") as trainer, \
+                c.websocket_connect(f"/ws/runs/{lone['id']}/watch") as viewer:
+            trainer.send_json({"type": "hello", "token": held["token"]})
+            assert trainer.receive_json()["type"] == "welcome"
+            first = viewer.receive_json()
+            assert first["type"] == "run" and first["run"]["status"] == "created"
+            assert first["run"]["connected"] is False
+            t0 = time.monotonic()
+            told = viewer.receive_json()        # the grace passes: no request needed
+            assert time.monotonic() - t0 < 5
+            assert told["type"] == "run" and told["run"]["status"] == "abandoned"
+            assert "within 0.5 s" in told["run"]["message"]
+            info = c.get(f"/api/runs/{held['id']}").json()
+            assert info["status"] == "created" and info["connected"] is True
+        # A tab that does come later still takes it.
+        with c.websocket_connect(f"/ws/runs/{lone['id']}") as ws:
+            ws.send_json({"type": "hello", "token": lone["token"]})
+            assert ws.receive_json()["type"] == "welcome"
+            ws.send_json({"type": "status", "status": "running"})
+            ws.send_json({"type": "ping"})
+            assert ws.receive_json() == {"type": "pong"}
+            info = c.get(f"/api/runs/{lone['id']}").json()
+            assert info["status"] == "running" and info["connected"] is True
+
+
+def test_start_grace_comes_from_the_environment(monkeypatch, tmp_path):
+    from andrea.config import Settings
+
+    monkeypatch.setenv("ANDREA_START_GRACE_S", "7.5")
+    assert Settings(data_dir=tmp_path).start_grace_s == 7.5
+
+
+def test_a_running_run_says_whether_its_trainer_is_connected(tmp_path):
+    """`connected` in the run JSON (list, read, viewers): a running run whose tab went away
+    reads "no training tab" on the pages, and its viewers are told when it goes and when a
+    tab comes back (a dropped connection)."""
+    from fastapi.testclient import TestClient
+
+    from andrea.app import create_app
+    from andrea.config import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path))) as c:
+        run = c.post("/api/runs", json={"preset": "tiny", "steps": 50}).json()
+        rid = run["id"]
+        with c.websocket_connect(f"/ws/runs/{rid}/watch") as viewer:
+            assert viewer.receive_json()["type"] == "run"
+            with c.websocket_connect(f"/ws/runs/{rid}") as ws:
+                ws.send_json({"type": "hello", "token": run["token"]})
+                assert ws.receive_json()["type"] == "welcome"
+                ws.send_json({"type": "status", "status": "running"})
+                msg = viewer.receive_json()
+                assert msg["run"]["status"] == "running" and msg["run"]["connected"] is True
+                assert c.get(f"/api/runs/{rid}").json()["connected"] is True
+                assert {r["id"]: r["connected"] for r in c.get("/api/runs").json()}[rid]
+            msg = viewer.receive_json()         # the tab went away
+            assert msg["run"]["status"] == "running" and msg["run"]["connected"] is False
+            assert c.get(f"/api/runs/{rid}").json()["connected"] is False
+            with c.websocket_connect(f"/ws/runs/{rid}") as ws:     # and came back
+                ws.send_json({"type": "hello", "token": run["token"]})
+                assert ws.receive_json()["type"] == "welcome"
+                msg = viewer.receive_json()
+                assert msg["run"]["status"] == "running" and msg["run"]["connected"] is True
 
 
 def test_model_download_is_the_uploaded_weights_byte_for_byte_every_time(client):
@@ -310,19 +429,19 @@ def test_a_run_no_trainer_ever_started_becomes_abandoned_and_can_still_train(cli
     import sqlite3
     import time
 
-    from andrea.run_info import ABANDON_AFTER_S
-
+    grace = settings.start_grace_s
+    assert grace == 90          # the default: "never started" after a minute and a half
     stale = client.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
     fresh = client.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
     db = sqlite3.connect(settings.db_path)
     db.execute("UPDATE runs SET created_at = ?, updated_at = ? WHERE id = ?",
-               (time.time() - ABANDON_AFTER_S - 5, time.time() - ABANDON_AFTER_S - 5,
-                stale["id"]))
+               (time.time() - grace - 5, time.time() - grace - 5, stale["id"]))
     db.commit()
     status = {r["id"]: r["status"] for r in client.get("/api/runs").json()}
     assert status == {stale["id"]: "abandoned", fresh["id"]: "created"}
     info = client.get(f"/api/runs/{stale['id']}").json()
-    assert info["status"] == "abandoned" and "10 minutes" in info["message"]
+    assert info["status"] == "abandoned" and "within 90 s" in info["message"]
+    assert info["connected"] is False and info["can_resume"] is False
     # A tab that does come later still trains it.
     with client.websocket_connect(f"/ws/runs/{stale['id']}") as ws:
         ws.send_json({"type": "hello", "token": stale["token"]})

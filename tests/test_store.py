@@ -80,7 +80,11 @@ def test_runs_are_created_read_listed_and_named(store):
     store.create_run("b", {**CFG, "optimizer": "muon"}, "hash-b", "my run")
     store.create_run("c", CFG, "hash-c")
     a = store.get_run("a")
-    assert a["id"] == "a" and a["config"] == CFG and a["status"] == "created"
+    # Read back with every shape field filled in from the preset (runs stored before a run
+    # could give its own shape have none).
+    assert a["config"] == {**CFG, "n_layer": 2, "n_embd": 64, "n_head": 4, "ffn_dim": 192,
+                           "vocab_size": 512}
+    assert a["id"] == "a" and a["status"] == "created"
     assert a["name"] == "tiny adamw #1" and store.get_run("c")["name"] == "tiny adamw #3"
     assert a["tags"] == [] and a["adapter"] is None and a["checkpoint_step"] is None
     assert set(a) == {"id", "created_at", "updated_at", "config", "status", "message",
@@ -187,13 +191,13 @@ def test_abandon_stale(store):
     store.set_checkpoint_step("c", 5)                   # has a checkpoint
     store.set_status("d", "running")                    # not `created`
     later = time.time() + 1
-    assert store.abandon_stale(later, ("e",), "gone") == 2          # a and f; e is connected
+    assert store.abandon_stale(later, ("e",), "gone") == ["a", "f"]     # e is connected
     assert {r["id"]: r["status"] for r in store.list_runs()} == {
         "a": "abandoned", "b": "created", "c": "created", "d": "running", "e": "created",
         "f": "abandoned"}
     assert store.get_run("a")["message"] == "gone"
-    assert store.abandon_stale(later, (), "gone") == 1              # e, now nothing holds it
-    assert store.abandon_stale(0, (), "gone") == 0                  # nothing that old
+    assert store.abandon_stale(later, (), "gone") == ["e"]              # now nothing holds it
+    assert store.abandon_stale(0, (), "gone") == []                     # nothing that old
 
 
 # ---- resume and branch -----------------------------------------------------------------------

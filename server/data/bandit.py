@@ -17,6 +17,8 @@ estimates from phases <= k - 2 (see Determinism).
 Weights. p = (1 - EXPLORE) * softmax(q / max(mean|q|, REWARD_SCALE_FLOOR)) + EXPLORE / K:
 scale-free (equal progress gives equal weights however fast the loss falls), and every
 source keeps at least EXPLORE / K of the rows so none starves and every estimate stays fresh.
+K counts the run's sources: a run that picks some (its `sources`) mixes over those alone, and
+the others get weight 0.
 
 Determinism. Phase k's weights are a pure function of the seed and the reports of phases
 <= k - 2: the whole phase before last, never whichever reports happen to have arrived. A batch
@@ -114,12 +116,18 @@ class NotReady(Exception):
 class SourceBandit:
     """One run's bandit. Thread-safe: batch requests and telemetry reports come from threads.
     wait_s: how long a decision may wait for the reports it needs (None: decide with what is
-    there, for bandits that get no telemetry)."""
+    there, for bandits that get no telemetry). active: per source (corpus order), whether the
+    run trains on it (a run's `sources`; default all): the weights are mixed over the active
+    sources as if they were the whole corpus, and are 0 for the others."""
 
-    def __init__(self, seed: int, sources: Sequence[str], wait_s: float | None = None):
+    def __init__(self, seed: int, sources: Sequence[str], wait_s: float | None = None,
+                 active: Sequence[bool] | None = None):
         if not sources:
             raise ValueError("the bandit needs at least one source")
         self.sources = tuple(sources)
+        self.active = np.ones(len(sources), bool) if active is None else np.array(active, bool)
+        if self.active.shape != (len(sources),):
+            raise ValueError(f"active: {self.active.size} flags for {len(sources)} sources")
         self.schedule = PhaseSchedule(seed)
         self.wait_s = wait_s
         self._phases: list[Phase] = []               # decided so far, frozen
@@ -192,7 +200,10 @@ class SourceBandit:
                     raise NotReady(f"phase {j} waits for the training losses of steps 1..{need}; "
                                    f"steps 1..{self._reported_to} have arrived")
                 q = self.estimates(j - 1)
-                w = mix_weights(q)
+                if not self.active.any():
+                    raise ValueError("the bandit has no source to train on")
+                w = np.zeros(len(self.sources))
+                w[self.active] = mix_weights(q[self.active])
                 self._phases.append(Phase(j, start, length, tuple(w.tolist()), tuple(q.tolist())))
             return self._phases[k]
 

@@ -23,6 +23,7 @@ def make_batch(corpus: PreparedCorpus, spec: BatchSpec, step: int, split: Split 
         raise CorpusMismatch(f"the run was made with corpus {spec.corpus_hash}, this server has "
                          f"{corpus.corpus_hash}: start it with the same --corpus options")
     spec.check_sources(len(corpus.files))
+    spec.source_mask(corpus.source_names)      # a picked source this corpus lacks: ValueError
     if split == "train" and step >= spec.total_steps:
         raise StepOutOfRange(f"step {step} is beyond the run's end: it has {spec.total_steps} "
                              f"steps (0 to {spec.total_steps - 1})")

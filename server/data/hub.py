@@ -46,9 +46,11 @@ class PreparedCorpus:
 
 
 class DataHub:
-    def __init__(self, data_dir: Path, corpora: tuple[tuple[str, Path], ...] = ()):
+    def __init__(self, data_dir: Path, corpora: tuple[tuple[str, Path], ...] = (),
+                 only_corpus: bool = False):
         self.data_dir = Path(data_dir)
         self.corpora = tuple(corpora)
+        self.only_corpus = only_corpus      # the user's sources alone, no embedded ones
         self._sources: list[Source] | None = None
         self._hash = ""
         self._prepared: dict[int, PreparedCorpus] = {}
@@ -58,7 +60,8 @@ class DataHub:
     def sources(self) -> list[Source]:
         with self._lock:
             if self._sources is None:
-                self._sources = load_sources(self.corpora)   # CorpusError names the bad path
+                # CorpusError names the bad path
+                self._sources = load_sources(self.corpora, include_default=not self.only_corpus)
                 self._hash = corpus_hash(self._sources)
             return self._sources
 

@@ -95,8 +95,11 @@ class RunRegistry:
         with self._lock:
             if run_id not in self._bandits:
                 real = self._store is not None and not run_id.startswith("adhoc-")
+                # The run's picked sources (all by default). Lenient here: a name this corpus
+                # lacks is refused with the batch (400), or the corpus mismatch first (409).
+                active = [not spec.sources or n in spec.sources for n in source_names]
                 bandit = SourceBandit(spec.seed, source_names,
-                                      wait_s=REPORT_WAIT_S if real else None)
+                                      wait_s=REPORT_WAIT_S if real else None, active=active)
                 if real:
                     self._replay(run_id, bandit, None)
                     # Reports it waits for may have gone to another server process (its

@@ -17,8 +17,9 @@ that is real prose or code (nothing sampled, nothing capped):
 site-packages is not the stdlib. A text found twice is kept once, in the first source that has
 it (see _dedup). Files that are not UTF-8 (a few test files are, on purpose)
 or hold NUL bytes are skipped. User text comes from `andrea serve --corpus NAME=PATH` (a file,
-or a folder of .txt/.md/.jsonl/.parquet files). Every problem with user text is a CorpusError
-whose message names the path.
+or a folder of .txt/.md/.jsonl/.parquet files), after the embedded sources, or instead of them
+with `--only-corpus` (then the tokenizer is trained on the user's text alone, and the corpus
+hash is another). Every problem with user text is a CorpusError whose message names the path.
 
 Documents are ordered by a hash of their name, so the held-out documents of each source (the
 validation split, see tokens.py) are a fair sample, not the last few alphabetically.
@@ -328,9 +329,14 @@ def parse_corpus_arg(arg: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
-def load_sources(corpora: tuple[tuple[str, Path], ...] = ()) -> list[Source]:
-    """The default sources followed by the user's, in the order given."""
-    sources = default_sources()
+def load_sources(corpora: tuple[tuple[str, Path], ...] = (),
+                 include_default: bool = True) -> list[Source]:
+    """The default sources followed by the user's, in the order given; the user's alone when
+    include_default is False (`andrea serve --only-corpus`), which needs at least one."""
+    if not include_default and not corpora:
+        raise CorpusError("--only-corpus (ANDREA_ONLY_CORPUS) serves only your own text: give "
+                          "at least one --corpus NAME=PATH")
+    sources = default_sources() if include_default else []
     for name, path in corpora:
         if any(s.name == name for s in sources):
             raise CorpusError(f"corpus name {name!r} is used twice (names must be unique)")

@@ -7,9 +7,9 @@ column and a replay or a PyTorch reproduction can rebuild the same batches from 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal, get_args
+from typing import Literal, Sequence, get_args
 
-from andrea.model import PRESETS
+from andrea.model import run_model
 
 Mode = Literal["uniform", "fixed", "bandit"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -27,6 +27,7 @@ class BatchSpec:
     mode: Mode = "uniform"          # how rows are spread over sources
     weights: tuple[float, ...] = () # "fixed" only: one weight >= 0 per source, corpus order
     corpus_hash: str = ""           # the run's corpus; "" = whatever the server has
+    sources: tuple[str, ...] = ()   # the sources rows come from, by name; () = every one
 
     def __post_init__(self):
         if not 0 <= self.seed < 2**63:
@@ -48,18 +49,33 @@ class BatchSpec:
                 raise ValueError("weights must be finite, non-negative and not all zero")
         elif self.weights:
             raise ValueError(f"weights are only used with mode 'fixed', not {self.mode!r}")
+        if len(set(self.sources)) != len(self.sources):
+            raise ValueError(f"sources must be distinct, got {list(self.sources)}")
+
+    def source_mask(self, names: Sequence[str]) -> list[bool]:
+        """Per corpus source (names in corpus order), whether rows may come from it: every
+        source when the spec picks none. ValueError names a picked source the corpus lacks."""
+        if not self.sources:
+            return [True] * len(names)
+        unknown = [s for s in self.sources if s not in names]
+        if unknown:
+            raise ValueError(f"unknown source{'s' * (len(unknown) > 1)} "
+                             f"{', '.join(map(repr, unknown))}: this corpus has "
+                             f"{', '.join(names)}")
+        return [n in self.sources for n in names]
 
     def check_sources(self, n_sources: int) -> None:
         if self.mode == "fixed" and len(self.weights) != n_sources:
             raise ValueError(f"{len(self.weights)} weights given for {n_sources} sources")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "weights": list(self.weights)}
+        return {**asdict(self), "weights": list(self.weights), "sources": list(self.sources)}
 
     @classmethod
     def of_run(cls, config: dict) -> "BatchSpec":
         """The data side of a stored run config (RunConfig plus its corpus_hash)."""
         return cls(seed=config["seed"], batch_size=config["batch_size"],
-                   seq_len=config["seq_len"], vocab_size=PRESETS[config["preset"]].vocab_size,
+                   seq_len=config["seq_len"], vocab_size=run_model(config).vocab_size,
                    total_steps=config["steps"], mode=config["data_mode"],
-                   corpus_hash=config["corpus_hash"])
+                   corpus_hash=config["corpus_hash"],
+                   sources=tuple(config.get("sources") or ()))

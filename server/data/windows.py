@@ -9,6 +9,9 @@ request gives the same bytes in any process, after any restart. Per training row
 Validation rows come from each source's held-out tail (tokens.py) and depend only on the
 index, not the run's seed, so runs with different seeds are scored on the same text. Rows go
 round-robin over sources, so every eval batch measures every source.
+A spec that picks sources (BatchSpec.sources, a run's `sources`) gives the others weight 0 and
+leaves them out of the round-robin; row source indices stay the corpus's. Picking every source
+gives the same bytes as picking none.
 """
 
 from __future__ import annotations
@@ -35,15 +38,25 @@ def static_weights(spec: BatchSpec, n_sources: int) -> np.ndarray:
     raise ValueError("bandit weights depend on reported losses: pass them explicitly")
 
 
+def source_mask(files: Sequence[TokenFile], spec: BatchSpec) -> np.ndarray:
+    """(K,) bool: the sources the spec lets rows come from (all, unless it picks some)."""
+    return np.array(spec.source_mask([f.name for f in files]), dtype=bool)
+
+
+def _picked(spec: BatchSpec) -> str:
+    return f" of the picked sources ({', '.join(spec.sources)})" if spec.sources else ""
+
+
 def train_windows(files: Sequence[TokenFile], spec: BatchSpec, step: int,
                   weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(source index [B], window start [B]) for a training step."""
     T, B = spec.seq_len, spec.batch_size
     n_train = np.array([f.n_train for f in files], dtype=np.int64)
-    w = np.asarray(weights, dtype=np.float64) * (n_train >= T + 1)
+    w = np.asarray(weights, dtype=np.float64) * (n_train >= T + 1) * source_mask(files, spec)
     if not w.sum() > 0:
-        raise ValueError(f"no source with a positive weight has the {T + 1} training tokens a row "
-                         f"needs (train tokens per source: {n_train.tolist()})")
+        raise ValueError(f"no source with a positive weight{_picked(spec)} has the "
+                         f"{T + 1} training tokens a row needs (train tokens per source: "
+                         f"{n_train.tolist()})")
     cdf = np.cumsum(w)
     u = np.random.default_rng([spec.seed, step, TRAIN_SALT]).random((2, B))
     src = np.searchsorted(cdf, u[0] * cdf[-1], side="right")
@@ -58,10 +71,10 @@ def val_windows(files: Sequence[TokenFile], spec: BatchSpec,
     T, B = spec.seq_len, spec.batch_size
     n_train = np.array([f.n_train for f in files], dtype=np.int64)
     n_val = np.array([f.n_val for f in files], dtype=np.int64)
-    usable = np.flatnonzero(n_val >= T + 1)
+    usable = np.flatnonzero((n_val >= T + 1) & source_mask(files, spec))
     if usable.size == 0:
-        raise ValueError(f"no source has the {T + 1} validation tokens a row needs "
-                         f"(validation tokens per source: {n_val.tolist()})")
+        raise ValueError(f"no source{_picked(spec)} has the {T + 1} validation tokens a "
+                         f"row needs (validation tokens per source: {n_val.tolist()})")
     src = usable[(index * B + np.arange(B)) % usable.size]
     u = np.random.default_rng([index, VAL_SALT]).random(B)
     start = n_train[src] + (u * (n_val[src] - T)).astype(np.int64)

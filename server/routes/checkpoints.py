@@ -39,7 +39,7 @@ from andrea.deps import (
     check_write_token,
 )
 from andrea.fanout import Fanout
-from andrea.model import PRESETS, build_layout
+from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
 from andrea.run_info import RESUMABLE, public_run
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
@@ -68,7 +68,7 @@ def _http(e: Exception) -> HTTPException | None:
 
 def _sections_text(cfg: dict, sections: list[dict]) -> str:
     parts = " + ".join(f"{s['name']} {s['bytes']}" for s in sections)
-    return f"{cfg['preset']} with {cfg['optimizer']}: {parts}"
+    return f"{model_name(cfg)} with {cfg['optimizer']}: {parts}"
 
 
 def _check_length(got: int, expected: int, cfg: dict, sections: list[dict],
@@ -91,7 +91,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     run_id, cfg = run["id"], run["config"]
     if not 1 <= step <= cfg["steps"]:
         raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
-    sections = checkpoint_sections(build_layout(PRESETS[cfg["preset"]]), cfg["optimizer"])
+    sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"])
     expected = sum(s["bytes"] for s in sections)
     declared = request.headers.get("content-length")
     if declared is not None:        # refused before reading a byte of a wrong-sized body

@@ -31,7 +31,7 @@ from andrea.data.runs import RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token
-from andrea.model import PRESETS
+from andrea.model import PRESETS, VOCAB_SIZES
 from andrea.run_config import RunConfig
 from andrea.schemas import CorpusInfo, LossesTaken, RunData, TokenizerInfo
 
@@ -52,9 +52,8 @@ def _prepare(hub: DataHub, vocab_size: int) -> PreparedCorpus:
         raise HTTPException(400, str(e)) from e
 
 
-# The vocab sizes a tokenizer is built for: the presets' (each costs seconds and megabytes once;
-# any other size would be a new one per request).
-VOCAB_SIZES = tuple(sorted({cfg.vocab_size for cfg in PRESETS.values()}))
+# Tokenizers are built only for the vocabulary sizes a run may ask for (model.VOCAB_SIZES): each
+# costs seconds and megabytes once; any other size would be a new one per request.
 _FIELDS = RunConfig.model_fields
 MAX_BATCH_SIZE = next(m.le for m in _FIELDS["batch_size"].metadata if hasattr(m, "le"))
 MAX_RUN_STEPS = next(m.le for m in _FIELDS["steps"].metadata if hasattr(m, "le"))
@@ -62,13 +61,13 @@ AD_HOC_BANDIT_STEPS = 100_000
 
 
 def _vocab_of(key: str) -> int:
-    """A preset name ("tiny") or a preset's vocabulary size ("512")."""
+    """A preset name ("tiny") or a vocabulary size a run may have ("512")."""
     if key in PRESETS:
         return PRESETS[key].vocab_size
     if key.isdigit() and int(key) in VOCAB_SIZES:
         return int(key)
     raise HTTPException(404, f"unknown tokenizer {key!r}: give a preset ({', '.join(PRESETS)}) "
-                             f"or a preset's vocab size ({', '.join(map(str, VOCAB_SIZES))})")
+                             f"or a run's vocab size ({', '.join(map(str, VOCAB_SIZES))})")
 
 
 @router.get("/corpus")
@@ -76,9 +75,9 @@ def corpus(hub: DataDep, preset: Annotated[str | None, Query()] = "tiny",
            vocab_size: Annotated[int | None, Query(ge=tk.MIN_VOCAB, le=65536)] = None
            ) -> CorpusInfo:
     """Sources in corpus order (the batch header's source indices), with token and split sizes
-    for the given preset's (or a preset's vocab size's) tokenizer."""
+    for the given preset's (or vocabulary size's) tokenizer."""
     if vocab_size is not None and vocab_size not in VOCAB_SIZES:
-        raise HTTPException(400, f"vocab_size must be a preset's: "
+        raise HTTPException(400, f"vocab_size must be one a run may have: "
                                  f"{', '.join(map(str, VOCAB_SIZES))}")
     return _prepare(hub, vocab_size or _vocab_of(preset or "tiny")).describe()
 

@@ -13,6 +13,7 @@ import asyncio
 import csv
 import io
 import json
+import logging
 import secrets
 import shutil
 import tempfile
@@ -38,14 +39,15 @@ from andrea.deps import (
 )
 from andrea.export import export_run, tokenizer_path, weights_path, write_weights, zip_folder
 from andrea.metrics import COLUMNS, StoredRecord
-from andrea.model import PRESETS, build_layout
+from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.routes.checkpoints import link_parent
 from andrea.run_config import RunConfig
-from andrea.run_info import ABANDON_AFTER_S, ABANDONED_MESSAGE, checkpoint_info, public_run
-from andrea.schemas import Run, RunCreated, RunDetail, RunUpdate
+from andrea.run_info import abandoned_message, checkpoint_info, public_run
+from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
 
 router = APIRouter(prefix="/api", tags=["runs"])
+log = logging.getLogger("andrea.runs")
 
 METRICS_PAGE = 2000         # records read (and sent) at a time: a big run is never held whole
 SAMPLES_SHOWN = 100         # the newest samples in GET /api/runs/{id} (up to 20k chars each)
@@ -57,9 +59,25 @@ def run_config_schema() -> dict:
     return RunConfig.model_json_schema()
 
 
+@router.post("/run_config/layout")
+def run_config_layout(config: RunConfig) -> LayoutWithState:
+    """The parameter table and optimizer memory of the model a config describes (its preset, or
+    its own shape): the new-run form's memory estimate, and the config checked in words."""
+    layout = run_layout(config.model_dump())
+    return LayoutWithState(**layout, optimizer_state=optimizer_memory(layout))
+
+
+@router.get("/runs/{run_id}/layout")
+def get_run_layout(run: RunDep) -> LayoutWithState:
+    """The run's parameter table (what its training tab and checkpoints are laid out by)."""
+    layout = run_layout(run["config"])
+    return LayoutWithState(**layout, optimizer_state=optimizer_memory(layout))
+
+
 @router.post("/runs", status_code=201)
 async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: RunsDep,
-                     fanout: FanoutDep, ckpts: CheckpointsDep) -> RunCreated:
+                     fanout: FanoutDep, ckpts: CheckpointsDep,
+                     settings: SettingsDep) -> RunCreated:
     """A new run; with `parent`, a branch that starts after the parent's checkpoint."""
     run_id = secrets.token_hex(6)
     token = new_token()
@@ -67,10 +85,15 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: Ru
     # silently different batches; export finds the run's tokenizer by it.
     # (Read from disk the first time: off the event loop.)
     cfg = {**config.model_dump(), "corpus_hash": await asyncio.to_thread(data.corpus_hash)}
+    if config.sources is not None:      # the picked sources: this corpus's, in its order
+        cfg["sources"] = _picked_sources(config.sources, [s.name for s in data.sources()])
     spec = BatchSpec.of_run(cfg)
-    layout = {"preset": config.preset, **build_layout(PRESETS[config.preset])}
+    layout = run_layout(cfg)
     if config.parent is None:
         await store.run(store.create_run, run_id, cfg, token_hash(token), None)
+        # Its viewers (and the list) read "never started" once the grace period has passed
+        # without a trainer; listing or reading runs expires them too (after a restart).
+        fanout.spawn(_expire_later(store, fanout, settings.start_grace_s))
     else:
         await _branch(run_id, cfg, token_hash(token), store, fanout, ckpts)
     runs.register(run_id, spec)
@@ -79,8 +102,20 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: Ru
         optimizer_state=optimizer_memory(layout),
         data={"batches": f"/api/runs/{run_id}/batches/{{step}}",
               "val_batches": f"/api/runs/{run_id}/val_batches/{{index}}",
-              "tokenizer": f"/api/tokenizer/{config.preset}", "spec": spec.to_dict()},
+              "tokenizer": f"/api/tokenizer/{layout['config']['vocab_size']}",
+              "spec": spec.to_dict()},
         checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]))
+
+
+def _picked_sources(picked: list[str], names: list[str]) -> list[str]:
+    """A run's `sources`, checked against this server's corpus (422 names each unknown one and
+    lists the known), in corpus order (the batch header's source indices)."""
+    unknown = [s for s in picked if s not in names]
+    if unknown:
+        raise HTTPException(422, f"sources: unknown source{'s' * (len(unknown) > 1)} "
+                                 f"{', '.join(map(repr, unknown))}; this server's sources are "
+                                 f"{', '.join(names)} (GET /api/corpus)")
+    return [n for n in names if n in picked]
 
 
 async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpts) -> None:
@@ -91,10 +126,10 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     if parent is None:
         raise HTTPException(404, f"unknown parent run {parent_id!r}")
     pc = parent["config"]
-    if (pc["preset"], pc["optimizer"]) != (cfg["preset"], cfg["optimizer"]):
-        raise HTTPException(409, f"a branch keeps its parent's preset and optimizer (the "
-                                 f"checkpoint's sections): run {parent_id} is {pc['preset']} "
-                                 f"with {pc['optimizer']}, this config {cfg['preset']} with "
+    if (run_model(pc), pc["optimizer"]) != (run_model(cfg), cfg["optimizer"]):
+        raise HTTPException(409, f"a branch keeps its parent's model and optimizer (the "
+                                 f"checkpoint's sections): run {parent_id} is {model_name(pc)} "
+                                 f"with {pc['optimizer']}, this config {model_name(cfg)} with "
                                  f"{cfg['optimizer']}")
     if step >= cfg["steps"]:
         raise HTTPException(409, f"the branch starts after step {step}: its steps "
@@ -112,16 +147,29 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
         raise
 
 
-async def _expire(store, fanout) -> None:
-    """Runs `created` long ago that no trainer ever started become `abandoned` (lazily, when
-    runs are listed or read)."""
-    await store.run(store.abandon_stale, time.time() - ABANDON_AFTER_S,
-                    fanout.connected_runs(), ABANDONED_MESSAGE)
+async def _expire(store, fanout, grace_s: float) -> None:
+    """Runs `created` more than `grace_s` ago that no trainer ever started become `abandoned`
+    (shown as "never started"), and their viewers are told. Lazily, when runs are listed or
+    read, and once the grace period of each new run has passed (_expire_later)."""
+    for run_id in await store.run(store.abandon_stale, time.time() - grace_s,
+                                  fanout.connected_runs(), abandoned_message(grace_s)):
+        run = await store.run(store.get_run, run_id)
+        if run is not None:
+            fanout.publish(run_id, {"type": "run",
+                                    "run": public_run(run, fanout.has_trainer(run_id))})
+
+
+async def _expire_later(store, fanout, grace_s: float) -> None:
+    await asyncio.sleep(grace_s + 0.5)
+    try:
+        await _expire(store, fanout, grace_s)
+    except Exception:       # (a store out of reach now: the next list or read expires it)
+        log.warning("expiring runs that never started failed", exc_info=True)
 
 
 @router.get("/runs")
-async def list_runs(store: StoreDep, fanout: FanoutDep) -> list[Run]:
-    await _expire(store, fanout)
+async def list_runs(store: StoreDep, fanout: FanoutDep, settings: SettingsDep) -> list[Run]:
+    await _expire(store, fanout, settings.start_grace_s)
     return [public_run(r, fanout.has_trainer(r["id"]))
             for r in await store.run(store.list_runs)]
 
@@ -130,7 +178,7 @@ async def list_runs(store: StoreDep, fanout: FanoutDep) -> list[Run]:
 async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
                   fanout: FanoutDep) -> RunDetail:
     if run["status"] == "created":
-        await _expire(store, fanout)
+        await _expire(store, fanout, settings.start_grace_s)
         run = await store.run(store.get_run, run["id"]) or run
     return {**public_run(run, fanout.has_trainer(run["id"])),
             "samples": await store.run(store.events, run["id"], "sample", SAMPLES_SHOWN),
@@ -225,7 +273,7 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
     """The training tab's final weights: W as little-endian f32 in table order, exactly
     total_numel floats, authorised by the run's write token (Authorization: Bearer ...)."""
     run_id = run["id"]
-    expected = 4 * build_layout(PRESETS[run["config"]["preset"]])["total_numel"]
+    expected = 4 * run_layout(run["config"])["total_numel"]
     dest = weights_path(settings.data_dir, run_id)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")

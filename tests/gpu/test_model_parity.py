@@ -5,7 +5,8 @@ loss (relative diff <= 1e-5), logits, and every parameter's gradient
 import numpy as np
 import pytest
 
-from andrea.model import PRESETS, ModelConfig, build_layout
+from andrea.model import PRESETS, ModelConfig, build_layout, run_model
+from andrea.run_config import RunConfig
 from tests import reference as ref
 from tests.lab import b64, call
 
@@ -13,6 +14,10 @@ CONFIGS = {
     "tiny": PRESETS["tiny"],
     # Longer context, three layers, an odd vocabulary: nothing lines up with tile sizes.
     "odd": ModelConfig(vocab_size=515, n_embd=64, n_layer=3, n_head=4, ffn_dim=192, seq_len=128),
+    # A run's own shape, through the path a run takes (RunConfig -> run_model): head dim 24,
+    # an FFN width and context off every tile size, a vocabulary of its own.
+    "run-shape": run_model(RunConfig(preset="tiny", n_layer=3, n_embd=72, n_head=3, ffn_dim=136,
+                                     vocab_size=1024, seq_len=80).model_dump()),
 }
 
 

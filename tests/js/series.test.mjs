@@ -2,7 +2,9 @@
 // repeats, and derived columns that extend instead of rebuilding.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { Derived, RunSeries, clipEvents, phaseMarks, runningSmooth } from '../../static/js/app/series.js';
+import {
+  Derived, RunSeries, clipEvents, isolatedPoints, phaseMarks, runningSmooth,
+} from '../../static/js/app/series.js';
 
 const rec = (step, extra = {}) => ({ step, loss: 10 - step, clip_scale: 1, grad_norm: step, ...extra });
 
@@ -131,4 +133,14 @@ test('sample text never shows a broken character where a token ends mid-sequence
   assert.equal(decode([3]), '');
   assert.equal(decode([0]), 'ab');                     // a stale tail is not glued to new text
   assert.ok(!decode([0, 3, 4, 1]).includes('\ufffd'));
+});
+
+test('isolated points: the lone value of a spanned line, the values between gaps of another', () => {
+  assert.deepEqual(isolatedPoints([null, null, 4.2, null]), [2]);     // one eval in the run
+  assert.deepEqual(isolatedPoints([5.1]), [0]);                       // the first step
+  assert.equal(isolatedPoints([null, 4.2, null, 4.0]), null);         // a line joins them
+  assert.equal(isolatedPoints([]), null);
+  assert.equal(isolatedPoints([null, undefined, NaN]), null);
+  assert.deepEqual(isolatedPoints([1, null, 2, 3, null, 4], false), [0, 5]);
+  assert.equal(isolatedPoints([1, 2, null, 3, 4], false), null);
 });

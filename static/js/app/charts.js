@@ -5,6 +5,7 @@
 // the x scale). A placeholder says why a chart is still empty.
 import uPlot from 'uplot';   // templates/base.html's import map
 import { durationTicks, fmtDuration, fmtValue, tickLabels } from './format.js';
+import { isolatedPoints } from './series.js';
 
 export { fmtBytes, fmtCount, fmtDuration, fmtValue } from './format.js';
 
@@ -168,7 +169,11 @@ export class Chart {
           return {
             label: s.label, stroke: color, width: s.width ?? 1.5, dash: s.dash, spanGaps: true,
             value: (u, v) => fmtValue(v),
-            points: s.points ? { show: true, size: 6, fill: color } : { show: false },
+            // A line draws nothing for a lone value (one eval per run, the first step): those
+            // get a marker (uPlot draws the filter's indices even with show false).
+            points: s.points ? { show: true, size: 6, fill: color }
+              : { show: false, size: 6, fill: color,
+                filter: (u, si) => isolatedPoints(u.data[si], true) },
             paths: s.points ? () => null : undefined,
           };
         })],

@@ -31,34 +31,88 @@ function config() {
   for (const el of form.elements) {
     if (!el.name || (el.type === 'radio' && !el.checked)) continue;
     if (el.type === 'checkbox') out[el.name] = el.checked;
-    else if (el.value !== '') out[el.name] = el.type === 'number' ? Number(el.value) : el.value;
+    else if (el.value !== '') {
+      out[el.name] = el.type === 'number' || 'number' in el.dataset ? Number(el.value) : el.value;
+    }
   }
+  // The corpus sources to train on: left out while every one is checked (the server's
+  // default, all of them), else the checked ones' names.
+  const boxes = sourceBoxes();
+  if (boxes.some((b) => !b.checked)) out.sources = boxes.filter((b) => b.checked).map((b) => b.value);
   return out;
+}
+
+/** The source checkboxes (no name: config() reads them as one list). */
+function sourceBoxes() {
+  return [...form.querySelectorAll('input[data-source]')];
+}
+
+/** One checkbox per corpus source, all checked; made once (the corpus of every vocabulary
+ *  size has the same sources, in the same order). */
+function showSources(corpus) {
+  if (sourceBoxes().length) return;
+  const label = document.createElement('span');
+  label.textContent = 'Sources';
+  $('sources').replaceChildren(label, ...corpus.sources.map((s) => {
+    const l = document.createElement('label');
+    l.className = 'inline';
+    const input = Object.assign(document.createElement('input'),
+      { type: 'checkbox', value: s.name, checked: true });
+    input.dataset.source = s.name;
+    const small = document.createElement('small');
+    small.textContent = `(${s.kind}, ${count(s.train_tokens)} training tokens)`;
+    l.append(input, ` ${s.name} `, small);
+    return l;
+  }));
 }
 
 /** What the form's own limits refuse, in words ("Learning rate is required"). */
 function problems() {
-  return [...form.elements].filter((el) => el.name && !el.checkValidity()).map((el) => {
+  const out = [...form.elements].filter((el) => el.name && !el.checkValidity()).map((el) => {
     const label = el.dataset.label ?? el.name;
     return el.validity.valueMissing ? `${label} is required` : `${label}: ${el.validationMessage}`;
   });
+  const boxes = sourceBoxes();
+  if (boxes.length && !boxes.some((b) => b.checked)) out.push('Sources: pick at least one');
+  return out;
 }
 
-async function layoutOf(preset) {
-  if (!layouts.has(preset)) layouts.set(preset, json(`/api/presets/${preset}/layout`));
-  return layouts.get(preset);
+// The fields that make the model (the preset, and the shape fields that override it).
+const SHAPE = ['preset', 'n_layer', 'n_embd', 'n_head', 'ffn_dim', 'seq_len', 'vocab_size'];
+
+/** The parameter table of the model the form describes, computed by the server (the one place
+ *  it is computed); a shape it refuses rejects with the reason. */
+async function layoutOf(c) {
+  const shape = Object.fromEntries(SHAPE.filter((k) => k in c).map((k) => [k, c[k]]));
+  const key = JSON.stringify(shape);
+  if (!layouts.has(key)) {
+    layouts.set(key, json('/api/run_config/layout', { method: 'POST',
+      headers: { 'content-type': 'application/json' }, body: JSON.stringify(shape) }));
+  }
+  return layouts.get(key);
 }
 
-async function corpusOf(preset) {
-  if (!corpora.has(preset)) corpora.set(preset, json(`/api/corpus?preset=${preset}`));
-  return corpora.get(preset);
+async function corpusOf(vocabSize) {
+  if (!corpora.has(vocabSize)) corpora.set(vocabSize, json(`/api/corpus?vocab_size=${vocabSize}`));
+  return corpora.get(vocabSize);
+}
+
+/** The shape inputs show the chosen preset's values as their placeholders. */
+function showPresetShape(presets) {
+  const preset = presets.find((p) => p.name === $('preset').value);
+  if (!preset) return;
+  for (const k of SHAPE.slice(1)) {
+    const el = form.elements.namedItem(k);
+    if (el?.type === 'number') el.placeholder = String(preset.config[k]);
+  }
+  $('vocab_size').options[0].textContent = `the preset's (${preset.config.vocab_size})`;
 }
 
 /** What a run reads (server/data/windows.py data_budget, on /api/corpus's train tokens): B * T
  *  tokens a step, and the expected passes over each source's training part when rows are spread
- *  evenly over the sources (the bandit keeps every source at 20% / K or more of the rows). */
-function dataBudget(trainTokens, B, T, steps) {
-  const w = trainTokens.map((n) => (n >= T + 1 ? 1 : 0));
+ *  evenly over the picked sources (the bandit keeps each at 20% / K or more of the rows). */
+function dataBudget(trainTokens, B, T, steps, picked = trainTokens.map(() => true)) {
+  const w = trainTokens.map((n, i) => (picked[i] && n >= T + 1 ? 1 : 0));
   const sum = w.reduce((a, x) => a + x, 0) || 1;
   const total = B * T * steps;
   const passes = trainTokens.map((n, i) => (n > 0 ? (total * w[i]) / sum / n : 0));
@@ -70,19 +124,22 @@ const count = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(2)} M` : n >= 1e3 ? `${(n 
 /** How much data the run sees: tokens per step, in all, and passes over each source. */
 async function updateData() {
   const c = config();
-  const [layout, corpus] = await Promise.all([layoutOf(c.preset), corpusOf(c.preset)]);
+  const layout = await layoutOf(c);
+  const corpus = await corpusOf(layout.config.vocab_size);
   const T = c.seq_len ?? layout.config.seq_len;
   const B = c.batch_size ?? 0;
   const steps = c.steps ?? 0;
-  const b = dataBudget(corpus.sources.map((s) => s.train_tokens), B, T, steps);
+  showSources(corpus);
+  const picked = corpus.sources.map((s) => !c.sources || c.sources.includes(s.name));
+  const b = dataBudget(corpus.sources.map((s) => s.train_tokens), B, T, steps, picked);
   const box = $('data-budget');
   box.innerHTML = '';
   const table = document.createElement('table');
   const row = (k, v) => { const tr = table.insertRow(); tr.insertCell().textContent = k; tr.insertCell().textContent = v; };
   row('tokens per step', `${count(b.tokensPerStep)} (batch ${B} x ${T})`);
   row('tokens in the run', count(b.total));
-  corpus.sources.forEach((s, i) => row(`passes over ${s.name}`,
-    `${b.passes[i].toFixed(2)} (${count(s.train_tokens)} training tokens)`));
+  corpus.sources.forEach((s, i) => row(`passes over ${s.name}`, picked[i]
+    ? `${b.passes[i].toFixed(2)} (${count(s.train_tokens)} training tokens)` : 'not used'));
   box.append(table);
   box.dataset.passes = JSON.stringify(b.passes.map((p) => Number(p.toFixed(3))));
   const mode = c.data_mode === 'uniform' ? '' : ' (counted as if spread evenly over the sources)';
@@ -103,8 +160,18 @@ async function updateData() {
 /** Memory the choice needs, and whether this adapter can hold it. */
 async function updateMemory() {
   const c = config();
-  const layout = await layoutOf(c.preset);
-  const T = layout.config.seq_len;
+  let layout;
+  try {
+    layout = await layoutOf(c);
+  } catch (e) {   // a shape the server refuses: say why, and nothing to start
+    $('memory').textContent = '';
+    const p = Object.assign(document.createElement('p'), { className: 'error',
+      textContent: `This model cannot be built: ${e.message}` });
+    $('memory').append(p);
+    $('start').disabled = true;
+    return;
+  }
+  const T = c.seq_len ?? layout.config.seq_len;
   const variant = c.optimizer;
   const opt = layout.optimizer_state[variant];
   const weights = layout.total_numel * 4;
@@ -178,6 +245,8 @@ async function main() {
   } catch {
     limits = null;
   }
+  showPresetShape(presets);
+  $('preset').addEventListener('change', () => showPresetShape(presets));
   form.addEventListener('input', () => updateMemory().catch(console.error));
   form.addEventListener('input', () => updateData().catch((e) => {
     $('data-budget').textContent = `Corpus unavailable: ${e.message}`;

@@ -8,6 +8,7 @@ import { COLORS, Chart, DASHES, fmtBytes, fmtCount, fmtDuration, fmtValue } from
 import {
   Derived, RunSeries, clipEvents, elapsedColumn, phaseMarks, progress, runningSmooth, sourceColumns,
 } from './series.js';
+import { isTraining, statusLabel, statusNote } from './run_status.js';
 import { TrainerSocket, watch } from './telemetry.js';
 import { utf8Decoder } from './text.js';
 
@@ -41,6 +42,14 @@ let sourceCharts = null;
 let frame = null;
 let dataInfo = null;       // GET /api/runs/{id}/data: sources and the bandit's phases so far
 let runStatus = null;
+// Watching (not training here): whether a training tab holds the run now. The server says so
+// with each run message (`connected`); a record committed after that message's last step can
+// only come from a trainer, so it says so too (a tab back after a dropped connection).
+let watching = false;
+let trainerSocket = null;   // this tab's, while it trains the run
+let viewedRun = null;
+let trainerHere = null;
+let stepAtRun = 0;
 const resumes = [];   // steps the run was resumed from (chart marks)
 
 function setStatus(text, cls = '') {
@@ -54,6 +63,10 @@ function showError(text) {
 }
 
 function addRecords(records) {
+  if (watching && !trainerHere && viewedRun && records.some((r) => r.step > stepAtRun)) {
+    trainerHere = true;
+    showViewedStatus();
+  }
   // The server stamps each committed row with its time; this tab's own records get its clock.
   for (const r of records) series.add(r.time === undefined ? { ...r, time: Date.now() / 1000 } : r);
   $('charts').dataset.steps = String(series.length);
@@ -75,7 +88,9 @@ function showLast() {
   const parts = [`${pct} %`,
     `step ${last.step} of ${total}`];
   if (p.elapsed !== null) parts.push(`elapsed ${fmtDuration(p.elapsed)}`);
-  if (p.eta !== null && p.perStep > 0 && last.step < total && !done) parts.push(`about ${fmtDuration(p.eta)} left`);
+  // No time left without a trainer: a closed tab's run is not getting anywhere.
+  const live = !watching || (viewedRun && isTraining(viewedRun, trainerHere));
+  if (p.eta !== null && p.perStep > 0 && last.step < total && !done && live) parts.push(`about ${fmtDuration(p.eta)} left`);
   $('progress-text').textContent = parts.join(' · ');
   body.dataset.progress = p.fraction.toFixed(3);
   stat('step', `${last.step} / ${total || '?'}`);
@@ -305,10 +320,16 @@ function showRun(run) {
     a.textContent = `branched from ${run.config.parent.run} at step ${run.config.parent.step}`;
     a.hidden = false;
   }
-  const why = run.message && ['interrupted', 'stopped', 'failed'].includes(run.status)
-    ? `: ${run.message}` : '';
-  $('why').textContent = why;
   runStatus = run.status;
+  if (watching) {
+    viewedRun = run;
+    trainerHere = run.connected;
+    stepAtRun = run.last_step ?? 0;
+    showViewedStatus();
+  } else {
+    $('why').textContent = run.message && ['interrupted', 'stopped', 'failed'].includes(run.status)
+      ? `: ${run.message}` : '';
+  }
   if (run.name) {
     $('run-name').textContent = run.name;
     document.title = `${run.name} · Andrea`;
@@ -321,10 +342,13 @@ function showRun(run) {
   }
   if (run.notes !== undefined && !$('edit-notes').matches(':focus')) $('edit-notes').value = run.notes ?? '';
   if (run.has_weights) showModelLink();
-  stat('preset', config.preset, 'preset', 'setup');
-  if (!trainTokens) fetch(`/api/corpus?preset=${config.preset}`).then((r) => (r.ok ? r.json() : null)).then((c) => {
-    if (c) trainTokens = c.sources.map((s) => ({ name: s.name, n: s.train_tokens }));
+  stat('preset', run.model_name ?? config.preset, 'model', 'setup');
+  if (!trainTokens) fetch(`/api/corpus?vocab_size=${config.vocab_size}`).then((r) => (r.ok ? r.json() : null)).then((c) => {
+    // Only the run's sources feed it (config.sources; null: every one).
+    if (c) trainTokens = c.sources.filter((s) => !config.sources || config.sources.includes(s.name))
+      .map((s) => ({ name: s.name, n: s.train_tokens }));
   }).catch(() => {});
+  stat('sources', config.sources?.join(', ') ?? 'all', 'sources', 'setup');
   stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''), 'optimizer', 'setup');
   stat('optimizer state', fmtBytes(run.state_bytes), 'optimizer state', 'setup');
   stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off', 'clipping', 'setup');
@@ -335,7 +359,9 @@ function showRun(run) {
   }
   body.dataset.status = run.status;
   if (['finished', 'stopped', 'failed', 'interrupted', 'abandoned'].includes(run.status)) {
-    for (const ch of allCharts()) if (!series.length) ch.setPlaceholder('No steps were recorded.');
+    const why = run.status === 'abandoned' ? 'Never started: no training tab took this run.'
+      : 'No steps were recorded.';
+    for (const ch of allCharts()) if (!series.length) ch.setPlaceholder(why);
   }
   showLast();
 }
@@ -345,6 +371,7 @@ async function train(run, token) {
   const socket = new TrainerSocket(runId, token, {
     onState: (s, why) => { body.dataset.socket = s; if (s === 'refused') showError(`Server refused: ${why}`); },
   });
+  trainerSocket = socket;
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
     onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
   const { info, software } = ctx;
@@ -352,9 +379,9 @@ async function train(run, token) {
     description: info.description, software };
   stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`, 'adapter', 'setup');
   const [layout, maps, tok] = await Promise.all([
-    fetch(`/api/presets/${config.preset}/layout`).then((r) => r.json()),
+    fetch(`/api/runs/${runId}/layout`).then((r) => r.json()),
     fetch('/api/optimizer/maps').then((r) => r.json()),
-    fetch(`/api/tokenizer/${config.preset}`).then((r) => r.json()),
+    fetch(`/api/tokenizer/${config.vocab_size}`).then((r) => r.json()),
   ]);
   const fetchBody = (url) => fetchRetrying(url).then((r) => r.arrayBuffer());
   // A resumed (or branched) run continues from its last checkpoint: the state after step K.
@@ -530,8 +557,19 @@ function showModelLink() {
   a.hidden = false;
 }
 
+/** A watched run's state in words (run_status.js): "never started", "no training tab", ... */
+function showViewedStatus() {
+  const run = viewedRun;
+  const label = statusLabel(run, trainerHere);
+  const cls = { 'never started': 'bad', 'no training tab': 'bad', failed: 'bad' }[label] ?? '';
+  setStatus(label, cls);
+  $('why').textContent = statusNote(run, trainerHere);
+  $('mode').textContent = run.status === 'abandoned' ? '' : '(watching)';
+  body.dataset.shownStatus = label;
+  showLast();
+}
+
 function view() {
-  $('mode').textContent = '(watching)';
   watch(runId, (msg) => {
     if (msg.type === 'records') {
       addRecords(msg.records);
@@ -539,7 +577,7 @@ function view() {
       if (ph !== undefined && dataInfo && !dataInfo.phases.some((p) => p.index === ph)) {
         loadSources().catch(() => {});
       }
-    } else if (msg.type === 'run') { showRun(msg.run); setStatus(msg.run.status); }
+    } else if (msg.type === 'run') showRun(msg.run);
     else if (msg.type === 'deleted') {
       setStatus('This run was deleted.', 'bad');
       body.dataset.status = 'deleted';
@@ -561,6 +599,7 @@ async function main() {
   // A run made in this tab that expired to `abandoned` before it started may still train here.
   const mine = saved && (run.status === 'created'
     || (run.status === 'abandoned' && run.last_step === null && !run.checkpoint?.last_step));
+  watching = !mine;
   makeCharts(mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
   showRun(run);
   $('edit').addEventListener('submit', saveEdit);
@@ -575,11 +614,13 @@ async function main() {
       await train(run, saved.token);
     } catch (e) {
       showError(`Cannot train here: ${e.message}`);
+      // Before its first step (no WebGPU, a GPU too small): the server sees no training tab,
+      // so the run reads "never started" (or, resumed, interrupted) and another tab may take it.
+      trainerSocket?.close();
       body.dataset.done = 'failed';
       throw e;
     }
   } else {
-    setStatus(run.status === 'abandoned' ? `abandoned: ${run.message ?? 'it never started'}` : run.status);
     view();
   }
 }

@@ -1,6 +1,7 @@
 // Runs list: name, tags, status, progress, losses, time; sort and filter; rename and delete;
 // pick runs to compare. It polls the API every few seconds, so it follows runs as they change.
 import { fmtDuration } from './format.js';
+import { statusLabel } from './run_status.js';
 
 const POLL_MS = 3000;
 const tbody = document.querySelector('#runs tbody');
@@ -35,16 +36,17 @@ const progressOf = (r) => (r.last_step ?? 0) / r.config.steps;
 function keyOf(r, key) {
   if (key === 'progress') return progressOf(r);
   if (key === 'elapsed') return elapsedOf(r);
-  if (key === 'preset') return `${r.config.preset} ${r.config.optimizer}`;
+  if (key === 'preset') return `${r.model_name} ${r.config.optimizer}`;
   if (key === 'name') return r.name.toLowerCase();
+  if (key === 'status') return statusLabel(r);
   return r[key] ?? null;
 }
 
 function matches(r) {
-  if (statusFilter.value && r.status !== statusFilter.value) return false;
+  if (statusFilter.value && statusLabel(r) !== statusFilter.value) return false;
   const q = filter.value.trim().toLowerCase();
   if (!q) return true;
-  const hay = [r.name, r.id, r.status, r.config.preset, r.config.optimizer, ...(r.tags || []),
+  const hay = [r.name, r.id, statusLabel(r), r.model_name, r.config.optimizer, ...(r.tags || []),
     r.notes || ''].join(' ').toLowerCase();
   return q.split(/\s+/).every((w) => hay.includes(w));
 }
@@ -79,10 +81,13 @@ function render() {
     }
     cell(tr, name, 'name');
     const ck = r.checkpoint?.last_step;
-    const st = cell(tr, r.status + (r.can_resume ? ` · resumable from step ${ck}` : ''), 'status');
-    st.title = r.message ?? '';       // why it failed, stopped, was interrupted or abandoned
+    // What is true now: "never started", "no training tab" (run_status.js), not a stale status.
+    const label = statusLabel(r);
+    const st = cell(tr, label + (r.can_resume ? ` · resumable from step ${ck}` : ''), 'status');
+    st.dataset.status = label;
+    st.title = r.message ?? '';       // why it failed, stopped, was interrupted or never started
     cell(tr, `${r.last_step ?? 0} / ${r.config.steps} (${Math.floor(progressOf(r) * 100)} %)`);
-    cell(tr, `${r.config.preset} · ${r.config.optimizer}${r.config.f16_mirror ? ' + f16' : ''}`);
+    cell(tr, `${r.model_name} · ${r.config.optimizer}${r.config.f16_mirror ? ' + f16' : ''}`);
     cell(tr, fmtLoss(r.last_loss));
     cell(tr, fmtLoss(r.best_eval_loss));
     cell(tr, elapsedOf(r) === null ? '–' : fmtDuration(elapsedOf(r)));
@@ -141,7 +146,7 @@ async function refresh() {
   runs = JSON.parse(text);
   const ids = new Set(runs.map((r) => r.id));
   for (const id of [...selected]) if (!ids.has(id)) selected.delete(id);
-  const statuses = [...new Set(runs.map((r) => r.status))].sort();
+  const statuses = [...new Set(runs.map((r) => statusLabel(r)))].sort();
   const have = [...statusFilter.options].map((o) => o.value);
   for (const s of statuses) if (!have.includes(s)) statusFilter.append(new Option(s, s));
   render();

@@ -170,3 +170,24 @@ export function progress(series, total, window = 20) {
   return { step: last.step, fraction: total ? Math.min(1, last.step / total) : 0, perStep,
     elapsed, eta: perStep === null ? null : left * perStep };
 }
+
+/** The points of a line that no segment would show (charts.js draws a marker on each): on a
+ *  line that spans gaps, the one value when there is exactly one (a run with a single eval,
+ *  the first step); without spanning, each value between two gaps. -> indices, or null. Stops
+ *  at the second value on a spanned line: O(1) for a dense column. */
+export function isolatedPoints(ys, spanGaps = true) {
+  const has = (i) => i >= 0 && i < ys.length && ys[i] !== null && ys[i] !== undefined
+    && Number.isFinite(ys[i]);
+  if (spanGaps) {
+    let only = null;
+    for (let i = 0; i < ys.length; i++) {
+      if (!has(i)) continue;
+      if (only !== null) return null;
+      only = i;
+    }
+    return only === null ? null : [only];
+  }
+  const out = [];
+  for (let i = 0; i < ys.length; i++) if (has(i) && !has(i - 1) && !has(i + 1)) out.push(i);
+  return out.length ? out : null;
+}

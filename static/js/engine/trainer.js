@@ -39,6 +39,23 @@ export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floo
   return lr * (floor + (1 - floor) * 0.5 * (1 + Math.cos(Math.PI * t)));
 }
 
+/** Whether the step with 1-based number `n` ends with a text sample: every `sample_every` steps,
+ *  at the last step, and once early. The early-sample rule: the first sample comes after
+ *  min(sample_every, max(1, floor(steps / 4))) steps, so a run shorter than a few
+ *  `sample_every` shows its text early (a quarter of the way) and at its end; e.g. 30 steps
+ *  with the default 100: steps 7 and 30. sample_every 0: never. A pure function of (n, config),
+ *  so a resumed run samples exactly where the uninterrupted one did. */
+export function sampleAt(n, { sample_every: every, steps }) {
+  if (!every) return false;
+  return n % every === 0 || n === steps || n === Math.min(every, Math.max(1, Math.floor(steps / 4)));
+}
+
+/** Whether the step with 1-based number `n` is followed by an eval: every `eval_every` steps and
+ *  at the last step, so every finished run has an eval loss. eval_every 0: never. */
+export function evalAt(n, { eval_every: every, steps }) {
+  return Boolean(every) && (n % every === 0 || n === steps);
+}
+
 /** Where the loop's time goes (stats.loop), summed over steps: CPU ms waiting for the batch
  *  (prefetch), for a ring slot (the GPU running ahead), writing the batch and the optimizer's
  *  step uniforms, encoding, submitting, reading a slot back (per-source sums, on.record), and
@@ -359,7 +376,7 @@ export class Trainer {
         prevSlot = slot;
         this.maybeCheckpoint();   // after this step's submit, before the next: exactly its state
         t = lap(prof, 'checkpointMs', t);
-        if (c.sample_every && (step + 1) % c.sample_every === 0) {
+        if (sampleAt(step + 1, c)) {
           await this.sample(step + 1, batch);
           lap(prof, 'sampleMs', t);
         }
@@ -432,8 +449,7 @@ export class Trainer {
   }
 
   wantEval(step) {
-    const k = this.config.eval_every;
-    return Boolean(this.loadValBatch && k && ((step + 1) % k === 0 || step + 1 === this.config.steps));
+    return Boolean(this.loadValBatch) && evalAt(step + 1, this.config);
   }
 
   /** Eval loss on a held-out batch, submitted right after the step (forward + loss only, G
