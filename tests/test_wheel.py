@@ -1,8 +1,11 @@
 """The built wheel is self-contained: installed into a fresh virtual environment, `andrea serve`
-started from an unrelated folder serves a page, a shader and the chart library."""
+started from an unrelated folder serves a page, a shader and the chart library, and `andrea
+train` trains (a plain install is enough: no extra, no browser download)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -80,3 +83,15 @@ def test_installed_wheel_serves_from_any_folder(wheel_venv, tmp_path):
         proc.wait(timeout=15)
     # Nothing was written where the server was started.
     assert list(elsewhere.iterdir()) == []
+
+
+def test_installed_wheel_trains_from_the_cli(wheel_venv, tmp_path):
+    """`pip install andrea` then `andrea train`: Playwright comes with the package and drives
+    the system's Chromium (or ANDREA_CHROMIUM); one JSON object on stdout."""
+    r = subprocess.run([str(wheel_venv / "bin" / "andrea"), "train", "--preset", "tiny",
+                        "--steps", "2", "--batch-size", "2", "--data-dir", str(tmp_path),
+                        "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["ok"] and result["status"] == "finished" and result["steps"] == 2, result

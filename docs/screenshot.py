@@ -1,0 +1,40 @@
+"""Makes docs/run-page.png, the README's picture: a `tiny` run of STEPS steps trained by `andrea
+train` on a throwaway data dir, then its run page at 1280 px in headless Chromium (SwiftShader).
+Usage (from the checkout, in its .venv): python docs/screenshot.py [STEPS]"""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from andrea.headless import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.launch import served
+
+OUT = Path(__file__).with_name("run-page.png")
+
+
+def main(steps: int) -> None:
+    with tempfile.TemporaryDirectory() as data, served(Path(data)) as url:
+        r = subprocess.run([sys.executable, "-m", "andrea", "train", "--preset", "tiny",
+                            "--steps", str(steps), "--eval-every", "10", "--sample-every", "20",
+                            "--server", url, "--json"], capture_output=True, text=True)
+        result = json.loads(r.stdout)
+        assert result["ok"], result
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM,
+                                        args=["--headless=new", *QUIET, *SWIFTSHADER])
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(f"{url}/runs/{result['run_id']}")
+            page.wait_for_function("Number(document.getElementById('charts').dataset.steps)"
+                                   f" >= {steps}", timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(OUT))
+            browser.close()
+    print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 60)

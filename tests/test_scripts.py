@@ -1,0 +1,67 @@
+"""The README's set-up scripts: they make and re-use the checkout's own virtual environment and
+never install into the system's interpreter (Debian's refuses: PEP 668)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_python_without_venv_gets_a_one_line_hint(tmp_path):
+    """A python3 that cannot make a virtual environment (Debian without python3-venv): one line
+    naming the package, exit 1, no half-made environment, and no other use of that python3."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        'echo "The virtual environment was not created successfully because ensurepip is not '
+        'available." >&2\nexit 1\n')
+    (fake / "python3").chmod(0o755)
+    venv = tmp_path / "venv"
+    r = subprocess.run(["bash", "scripts/serve", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, env={**os.environ, "PATH": f"{fake}:/usr/bin:/bin",
+                                       "ANDREA_VENV": str(venv)})
+    assert r.returncode == 1
+    errors = r.stderr.strip().splitlines()
+    assert len(errors) == 1 and "apt-get install python3-venv" in errors[0], r.stderr
+    assert "ensurepip is not available" in errors[0]
+    assert not venv.exists()
+    assert calls.read_text().split() == ["-m", "venv", str(venv)]   # no pip, no install
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests run outside a venv")
+def test_serve_reuses_the_environment_and_serves(tmp_path):
+    """In the environment scripts/test made (its stamp matches): no install, and the app is
+    served on the port given."""
+    from andrea.launch import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        ["bash", "scripts/serve", "--port", str(port), "--data-dir", str(tmp_path),
+         "--no-warm-data"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "ANDREA_VENV": sys.prefix})
+    try:
+        for _ in range(150):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    assert r.status == 200
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.2)
+        else:
+            pytest.fail("scripts/serve did not answer")
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=15)[0]
+    assert "installing" not in out and "making the virtual environment" not in out, out
+    assert f"open http://127.0.0.1:{port}/" in out
