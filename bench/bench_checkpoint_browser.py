@@ -5,11 +5,11 @@ steps still queued ahead of the copy: on a CPU adapter it is mostly waiting, not
     python -m bench.bench_checkpoint_browser [--steps 40] [--batch 4]"""
 
 import argparse
-import json
 
 import httpx
 from playwright.sync_api import sync_playwright
 
+from andrea.auth import token_init_script
 from bench.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS, served
 
 
@@ -26,8 +26,7 @@ def main() -> None:
                 "preset": "tiny", "optimizer": optimizer, "steps": args.steps,
                 "batch_size": args.batch, "checkpoint_every": 10, "sample_every": 0}).json()
             page = browser.new_page()
-            saved = json.dumps(json.dumps({"token": run["token"]}))
-            page.add_init_script(f"sessionStorage.setItem('andrea.run.{run['id']}', {saved});")
+            page.add_init_script(token_init_script(run["id"], run["token"]))
             page.goto(f"{url}/runs/{run['id']}")
             page.wait_for_function("document.body.dataset.done", timeout=600_000)
             checkpoint = page.inner_text("[data-stat=checkpoint]")

@@ -106,29 +106,30 @@ async function variantOps(v, s, bufs, splits) {
   const { M, N, K } = s;
   const [tr, ts] = tileOf(v);
   const c = constsOf(v);
+  // res: the buffers by their WGSL names (mm, the uniform, is added here)
   const op = async (file, entry, constants, dims, res, grid) => {
-    const pipe = await lib.pipeline(file, entry, constants);
-    return launch(device, pipe, [uniformWords(device, dims, 'dims'), ...res], grid, s.kind);
+    const p = await lib.pipeline(file, entry, constants, ['mm', ...Object.keys(res)]);
+    return launch(device, p, { mm: uniformWords(device, dims, 'dims'), ...res }, grid, s.kind);
   };
   if (s.kind === 'fwd') {
     return [await op('03_linear.wgsl', v.entry, { ACCUM: 0, W_F16: 0, ...c }, [M, N, K, 0],
-      [bufs.x, bufs.w, bufs.y], [cdiv(N, ts), cdiv(M, tr)])];
+      { x: bufs.x, w: bufs.w, y: bufs.y }, [cdiv(N, ts), cdiv(M, tr)])];
   }
   if (s.kind === 'dx') {
     return [await op('11_linear_backward.wgsl', v.entry, { MODE: 0, W_F16: 0, ...c }, [M, K, N, 0],
-      [bufs.dy, bufs.w, bufs.dx], [cdiv(K, ts), cdiv(M, tr)])];
+      { dy: bufs.dy, w: bufs.w, out: bufs.dx }, [cdiv(K, ts), cdiv(M, tr)])];
   }
   if (splits === 1) {
     return [await op('11_linear_backward.wgsl', v.entry, { MODE: 1, ...c }, [N, K, M, 0],
-      [bufs.dy, bufs.x, bufs.dw], [cdiv(K, ts), cdiv(N, tr)])];
+      { dy: bufs.dy, w: bufs.x, out: bufs.dw }, [cdiv(K, ts), cdiv(N, tr)])];
   }
   const rows = cdiv(cdiv(M, splits), 16) * 16;
   const z = cdiv(M, rows);
   return [
     await op('11_linear_backward.wgsl', v.entry, { MODE: 2, ...c }, [N, K, M, rows],
-      [bufs.dy, bufs.x, bufs.part], [cdiv(K, ts), cdiv(N, tr), z]),
+      { dy: bufs.dy, w: bufs.x, out: bufs.part }, [cdiv(K, ts), cdiv(N, tr), z]),
     await op('11_linear_backward.wgsl', 'add_partials', { WG: 256 }, [N, K, z, 0],
-      [bufs.part, null, bufs.dw], grid1d(cdiv(N * K, 256))),
+      { dy: bufs.part, out: bufs.dw }, grid1d(cdiv(N * K, 256))),
   ];
 }
 
@@ -240,11 +241,11 @@ async function diag() {
   const w = randomBuffer(s.N * s.K, 2);
   const cands = [];
   const add = async (id, code, entry, consts, tr, ts, global) => {
-    const module = device.createShaderModule({ code });
-    const pipe = await device.createComputePipelineAsync({ layout: 'auto',
-      compute: { module, entryPoint: entry, constants: { ACCUM: 0, W_F16: 0, ...consts } } });
-    cands.push({ id, ops: [launch(device, pipe, [uniformWords(device, [s.M, s.N, s.K, 0], 'dims'),
-      global ? x : null, global ? w : null, y], [cdiv(s.N, ts), cdiv(s.M, tr)], id)] });
+    const pipe = await lib.pipelineOf(await lib.compile(code, id), entry,
+      { ACCUM: 0, W_F16: 0, ...consts }, global ? ['mm', 'x', 'w', 'y'] : ['mm', 'y']);
+    const mm = uniformWords(device, [s.M, s.N, s.K, 0], 'dims');
+    cands.push({ id, ops: [launch(device, pipe, global ? { mm, x, w, y } : { mm, y },
+      [cdiv(s.N, ts), cdiv(s.M, tr)], id)] });
   };
   const W168 = { WX: 16, WY: 8 };
   const W1616 = { WX: 16, WY: 16 };
@@ -280,11 +281,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   }
   out[gid.x] = ${[...Array(8).keys()].map((n) => `c${n}a + c${n}b`).join(' + ')};
 }`;
-  const module = device.createShaderModule({ code });
-  const pipe = await device.createComputePipelineAsync({ layout: 'auto', compute: { module, entryPoint: 'main' } });
+  const pipe = await lib.pipelineOf(await lib.compile(code, 'fma'), 'main');
   const groups = argv.includes('--diag-small') ? 4 : 132 * 32;
   const out = device.createBuffer({ size: 16 * 128 * groups, usage: STORAGE });
-  const op = launch(device, pipe, [out], [groups], 'fma');
+  const op = launch(device, pipe, { out }, [groups], 'fma');
   const [fms] = await timeCands([[op]]);
   const flop = 128 * groups * iters * 64 * 2;
   console.log(`  register FMA loop: ${fms.toFixed(3)} ms, ${(flop / fms / 1e9).toFixed(1)} TFLOP/s`);

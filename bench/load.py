@@ -1,5 +1,5 @@
 """Load generator: real websocket trainers and viewers against `andrea serve`, speaking the
-telemetry protocol as the page does (server/telemetry.py, static/js/app/telemetry.js).
+telemetry protocol as the page does (server/telemetry/protocol.py, static/js/app/telemetry.js).
 
     python bench/load.py --trainers 5 --viewers 50 --duration 20 --warmup 5
     python bench/load.py --trainers 100 --viewers 1000 --duration 120 --procs 4 --out r.json

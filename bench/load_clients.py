@@ -1,5 +1,5 @@
 """The clients of bench/load.py, run inside its worker processes: trainer and viewer sockets
-that speak the telemetry protocol (server/telemetry.py) as the page does
+that speak the telemetry protocol (server/telemetry/protocol.py) as the page does
 (static/js/app/telemetry.js), and the worker that runs a share of them on one event loop.
 
 Every client logs wall-clock times (time.time(): all processes are on one machine) per step:

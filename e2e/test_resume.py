@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from andrea.auth import token_init_script
 from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
 
 STEPS, KILL_AFTER, EVERY = 60, 25, 10
@@ -36,8 +37,7 @@ def train_in_page(browser, live_server: str, run_id: str, token: str, until=None
     is done, or until `until(run)` holds; returns the page's context (still open)."""
     context = browser.new_context()
     page = context.new_page()
-    saved = json.dumps(json.dumps({"token": token}))
-    page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
+    page.add_init_script(token_init_script(run_id, token))
     page.goto(f"{live_server}/runs/{run_id}")
     if until is None:
         page.wait_for_function("document.body.dataset.done", timeout=600_000)
@@ -155,8 +155,7 @@ def test_the_old_tab_is_refused_after_a_resume(chromium, live_server):
     browser = chromium()
     context = browser.new_context()
     page = context.new_page()
-    saved = json.dumps(json.dumps({"token": run["token"]}))
-    page.add_init_script(f"sessionStorage.setItem('andrea.run.{run['id']}', {saved});")
+    page.add_init_script(token_init_script(run["id"], run["token"]))
     page.goto(f"{live_server}/runs/{run['id']}")
     page.wait_for_function("document.getElementById('error').hidden === false",
                            timeout=300_000)

@@ -6,6 +6,7 @@ import sqlite3
 import time
 import urllib.request
 
+from andrea.auth import token_init_script
 from andrea.launch import free_port, start_server, stop_server
 
 STEPS = 40
@@ -30,8 +31,7 @@ def test_run_survives_a_server_restart(page, tmp_path):
                                            b' "sample_every": 0, "eval_every": 0}' % STEPS),
                                      headers={"content-type": "application/json"})
         run = json.load(urllib.request.urlopen(req))
-        page.add_init_script(f"sessionStorage.setItem('andrea.run.{run['id']}', "
-                             f"JSON.stringify({{token: '{run['token']}'}}));")
+        page.add_init_script(token_init_script(run["id"], run["token"]))
         page.goto(f"{url}/runs/{run['id']}")
         deadline = time.monotonic() + 120
         while len(committed(tmp_path, run["id"])) < 8 and time.monotonic() < deadline:

@@ -8,6 +8,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from andrea.auth import token_init_script
+
 STEPS = 30
 TIMEOUT = 300_000
 
@@ -173,8 +175,7 @@ def train_here(context, live_server, run):
     """A page of `context` that trains `run` (its token in sessionStorage, as the start page
     leaves it)."""
     page = context.new_page()
-    saved = json.dumps(json.dumps({"token": run["token"]}))
-    page.add_init_script(f"sessionStorage.setItem('andrea.run.{run['id']}', {saved});")
+    page.add_init_script(token_init_script(run["id"], run["token"]))
     page.goto(f"{live_server}/runs/{run['id']}")
     return page
 

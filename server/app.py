@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
+from andrea.auth import TOKEN_STORAGE_PREFIX
 from andrea.broker import BrokerUnavailable, RedisBroker
 from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings, host_of
@@ -28,6 +29,8 @@ from andrea.store import Store, StoreUnavailable
 async def _lifespan(app: FastAPI):
     await _recover_checkpoints(app.state.store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
+    # Runs that never started: those left from before a restart now, then every few seconds.
+    await runs.expire_runs(app.state.store, app.state.fanout, app.state.settings.start_grace_s)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed
@@ -51,7 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     version = content_version(static, shaders)
     templates = Jinja2Templates(directory=str(asset_dir("templates")))
     templates.env.globals.update(version=__version__, static_base=f"/static/{version}/",
-                                 shader_base=f"/shaders/{version}/")
+                                 shader_base=f"/shaders/{version}/",
+                                 run_token_key=TOKEN_STORAGE_PREFIX)
     app.state.templates = templates
     wgsl = "text/plain; charset=utf-8"
     app.mount(f"/static/{version}", CachedFiles(directory=static, cache_control=IMMUTABLE),

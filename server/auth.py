@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 
 
@@ -19,3 +20,16 @@ def token_hash(token: str) -> str:
 def token_matches(token_sha256: str, token: str) -> bool:
     """Constant-time: the comparison does not leak how much of a guess was right."""
     return hmac.compare_digest(token_sha256, token_hash(token))
+
+
+# Where a page keeps a run's write token: sessionStorage[TOKEN_STORAGE_PREFIX + run_id] holds
+# {"token": ...} as JSON. Every page gets the prefix from templates/base.html (app.py; read by
+# static/js/app/api.js), and the browser drivers hand a token over with token_init_script.
+TOKEN_STORAGE_PREFIX = "andrea.run."
+
+
+def token_init_script(run_id: str, token: str) -> str:
+    """A page init script (Playwright's add_init_script) that leaves `run_id`'s write token
+    where the start page leaves it, so the run page opened next trains the run."""
+    key = json.dumps(TOKEN_STORAGE_PREFIX + run_id)
+    return f"sessionStorage.setItem({key}, {json.dumps(json.dumps({'token': token}))});"

@@ -4,8 +4,8 @@ PostgreSQL store serve one set of runs.
 
 - Live messages: every process publishes what it fans out on one pub/sub channel and delivers
   what the others publish to its own viewers. Pub/sub keeps one publisher's order, and records
-  are published after their commit, so the argument in telemetry.py (subscribe, then read the
-  store once more: nothing falls between) holds across processes. A message lost while Redis
+  are published after their commit, so the argument in telemetry/viewer.py (subscribe, then read
+  the store once more: nothing falls between) holds across processes. A message lost while Redis
   was away is healed by the store: after a reconnect every viewer re-reads it from its cursor.
 - Trainer presence: the key andrea:trainer:<run> names the process holding the run's trainer
   socket; it expires PRESENCE_TTL_S after that process stops refreshing it (killed), so a

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from andrea.paths import checkpoints_dir, runs_dir
+
 CHUNK_BYTES = 64 << 20       # uploads carry one SHA-256 per chunk of this size (the last shorter)
 READ_BYTES = 1 << 20
 # A full or read-only disk: the server answers 507 and keeps what it had.
@@ -51,8 +53,11 @@ def disk_error(e: OSError) -> CheckpointError | None:
                                 f"{e.strerror or e} ({name}); the previous checkpoints are kept")
 
 
-def run_folder(data_dir: Path, run_id: str) -> Path:
-    return data_dir / "runs" / run_id / "checkpoints"
+def newest_usable(metas: list[dict], last_step: int | None) -> int | None:
+    """The newest checkpoint step whose steps all have committed records (up to `last_step`),
+    or None: a tab that dies right after uploading checkpoint K may not have sent record K yet,
+    and a run must never go on with a hole in its steps. Resume and branch start from it."""
+    return max((m["step"] for m in metas if m["step"] <= (last_step or 0)), default=None)
 
 
 def ckpt_name(step: int) -> str:
@@ -175,15 +180,16 @@ class CheckpointStore:
     serialized by the caller (Fanout.run_lock); `_active` names the temp files being written,
     so cleaning garbage never removes an upload in progress. `shared`: other server processes
     write to the same data dir (their uploads are not in `_active`), so a temp file is garbage
-    only once nothing has written to it for SHARED_TEMP_IDLE_S."""
+    only once nothing has written to it for SHARED_TEMP_IDLE_S. `kept`: the checkpoints a run
+    keeps after each commit; None for a reader that never commits (export)."""
 
-    def __init__(self, data_dir: Path, kept: int, shared: bool = False):
+    def __init__(self, data_dir: Path, kept: int | None = None, shared: bool = False):
         self.data_dir, self.kept, self.shared = data_dir, kept, shared
         self._active: set[Path] = set()
         self._lock = threading.Lock()
 
     def folder(self, run_id: str) -> Path:
-        return run_folder(self.data_dir, run_id)
+        return checkpoints_dir(self.data_dir, run_id)
 
     # ---- reading --------------------------------------------------------------------------
     def list(self, run_id: str) -> list[dict]:
@@ -346,14 +352,14 @@ class CheckpointStore:
         """At start-up: every run's garbage removed; returns each run's newest checkpoint step
         (what the database records as checkpoint_step)."""
         newest = {}
-        runs = self.data_dir / "runs"
+        runs = runs_dir(self.data_dir)
         if not runs.is_dir():
             return newest
-        for run_dir in runs.iterdir():
-            folder = run_dir / "checkpoints"
+        for run in runs.iterdir():
+            folder = self.folder(run.name)
             if folder.is_dir():
                 self._clean(folder)
-                last = self.latest(run_dir.name)
+                last = self.latest(run.name)
                 if last is not None:
-                    newest[run_dir.name] = last["step"]
+                    newest[run.name] = last["step"]
         return newest

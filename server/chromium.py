@@ -12,13 +12,14 @@ the caller's `tick` polls it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import sys
 import urllib.parse
 from typing import Callable
+
+from andrea.auth import token_init_script
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 
@@ -232,8 +233,7 @@ class Chromium:
             page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
             page.on("response", on_response)
             page.on("requestfailed", on_failed)
-            saved = json.dumps(json.dumps({"token": run["token"]}))
-            page.add_init_script(f"sessionStorage.setItem('andrea.run.{run_id}', {saved});")
+            page.add_init_script(token_init_script(run_id, run["token"]))
             page.goto(f"{url}/runs/{run_id}")
             state["done"] = self._watch(page, errors, timeout, tick)
         except KeyboardInterrupt:

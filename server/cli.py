@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "ANDREA_DATABASE_URL=postgresql://... past one machine)")
     serve.set_defaults(func=_serve)
 
-    from andrea.headless import BROWSER_HELP, add_train_arguments, train
+    from andrea.headless import train
+    from andrea.train_args import BROWSER_HELP, add_train_arguments
     tr = sub.add_parser("train", help="train a run in headless Chromium (Playwright)",
                         description="Creates a run with the given config and trains it in "
                                     "headless Chromium, as the run page does in a browser. "

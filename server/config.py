@@ -32,6 +32,9 @@ def host_of(value: str) -> tuple[str, int | None]:
 
 # Host names that always reach this server from this machine (the Host header's name part).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Live bytes buffered per viewer socket before it is dropped: Settings.viewer_queue_bytes's
+# default, and fanout.Viewer's when it is made without settings.
+VIEWER_QUEUE_BYTES = 1 << 20
 
 
 def default_data_dir() -> Path:
@@ -67,7 +70,7 @@ class Settings(BaseSettings):
     # A viewer socket that has this many bytes of live messages waiting is dropped (close 1013;
     # it reconnects and resumes after its last step); a send that takes longer than the
     # deadline frees the connection.
-    viewer_queue_bytes: int = Field(1 << 20, ge=64 << 10)
+    viewer_queue_bytes: int = Field(VIEWER_QUEUE_BYTES, ge=64 << 10)
     viewer_send_timeout_s: float = Field(10.0, gt=0)
     # permessage-deflate on the websockets. Off by default: under load compressing every
     # message for every viewer was a fifth of the server's busy time (and a zlib context per
@@ -109,11 +112,6 @@ class Settings(BaseSettings):
             names.add(self.host.lower())
         return tuple(sorted(names))
 
-    @property
-    def host_patterns(self) -> list[str]:
-        """For TrustedHostMiddleware: IPv6 literals also in their bracketed Host form."""
-        return sorted({*self.hosts, *(f"[{h}]" for h in self.hosts if ":" in h)})
-
     def origin_allowed(self, origin: str, port: int | None) -> bool:
         """A websocket's Origin: http(s) from an allowed host on this server's port (the
         Host header's, which the middleware has checked already)."""
@@ -124,9 +122,3 @@ class Settings(BaseSettings):
             return False
         return (parts.scheme in ("http", "https") and (parts.hostname or "") in self.hosts
                 and ok_port == port)
-
-    @property
-    def allowed_origins(self) -> tuple[str, ...]:
-        """The origins of this server's own pages on its configured port (informational)."""
-        return tuple(f"http://{h}:{self.port}" if ":" not in h else f"http://[{h}]:{self.port}"
-                     for h in self.hosts)

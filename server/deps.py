@@ -17,41 +17,20 @@ from andrea.fanout import Fanout
 from andrea.store import Store
 
 
-def get_settings(conn: HTTPConnection) -> Settings:
-    return conn.app.state.settings
+def _app_state(name: str):
+    """A dependency: the object create_app keeps as app.state.<name>."""
+    def get(conn: HTTPConnection):
+        return getattr(conn.app.state, name)
+    return Depends(get)
 
 
-def get_store(conn: HTTPConnection) -> Store:
-    return conn.app.state.store
-
-
-def get_data(conn: HTTPConnection) -> DataHub:
-    return conn.app.state.data
-
-
-def get_runs(conn: HTTPConnection) -> RunRegistry:
-    return conn.app.state.runs
-
-
-def get_fanout(conn: HTTPConnection) -> Fanout:
-    return conn.app.state.fanout
-
-
-def get_templates(conn: HTTPConnection) -> Jinja2Templates:
-    return conn.app.state.templates
-
-
-def get_checkpoints(conn: HTTPConnection) -> CheckpointStore:
-    return conn.app.state.checkpoints
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[Store, Depends(get_store)]
-DataDep = Annotated[DataHub, Depends(get_data)]          # the corpus and its tokenizers
-RunsDep = Annotated[RunRegistry, Depends(get_runs)]      # batch specs and bandits
-FanoutDep = Annotated[Fanout, Depends(get_fanout)]       # live viewers and trainers
-TemplatesDep = Annotated[Jinja2Templates, Depends(get_templates)]
-CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]   # checkpoint files
+SettingsDep = Annotated[Settings, _app_state("settings")]
+StoreDep = Annotated[Store, _app_state("store")]
+DataDep = Annotated[DataHub, _app_state("data")]             # the corpus and its tokenizers
+RunsDep = Annotated[RunRegistry, _app_state("runs")]         # batch specs and bandits
+FanoutDep = Annotated[Fanout, _app_state("fanout")]          # live viewers and trainers
+TemplatesDep = Annotated[Jinja2Templates, _app_state("templates")]
+CheckpointsDep = Annotated[CheckpointStore, _app_state("checkpoints")]   # checkpoint files
 
 
 async def get_existing_run(run_id: str, store: StoreDep) -> dict:

@@ -1,7 +1,7 @@
 """Live runs: which viewer sockets watch a run, which runs have their trainer socket (THE
 registry of "connected": telemetry, can_resume and resume all ask here), the per-run lock
 that orders trainer hellos, resumes, branches and checkpoint commits, and the watchdog tasks
-that mark a run interrupted when its trainer stays away (telemetry.py).
+that mark a run interrupted when its trainer stays away (telemetry/lifecycle.py).
 
 A published message is encoded to JSON once and the same text is queued for every viewer;
 each viewer's queue is bounded in bytes: one that falls further behind is dropped at once (its
@@ -23,9 +23,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 from andrea.broker import RedisBroker
+from andrea.config import VIEWER_QUEUE_BYTES  # bytes buffered per viewer before it is dropped
 
-VIEWER_QUEUE_BYTES = 1 << 20     # live bytes buffered per viewer before it is dropped
-VIEWER_QUEUE_MESSAGES = 1024     # and messages (each costs a little besides its text)
+VIEWER_QUEUE_MESSAGES = 1024     # and messages per viewer (each costs a little besides its text)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """`andrea train`: run the training page in headless Chromium through Playwright, so a run can be
 scripted or done on a GPU server without a desktop. Same page, same engine, same telemetry.
-This module is the command (arguments, the server's HTTP API, the result); andrea.chromium finds,
-launches and checks the browser and drives the page.
+This module is the command: it checks, creates the run (new, resumed or branched), has the page
+train it and settles what it left; andrea.train_args holds its arguments, andrea.train_output
+what it says, andrea.http_client its calls to the server, and andrea.chromium finds, launches
+and checks the browser and drives the page.
 
 It never ends in a traceback: every failure is one line on stderr ("andrea train: <reason>") and,
 with `--json`, one JSON object on stdout (ok false, an `error` field). Exit 2: a config the
@@ -17,151 +19,52 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import sys
 import time
-import types
-import typing
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
+from andrea import http_client
+from andrea.checkpoints import newest_usable
 from andrea.chromium import (  # noqa: F401  (tests/browser.py imports the browser from here)
     CHROMIUM,
-    DEFAULT_CHROMIUM,
     GPU,
-    NO_DOWNLOAD,
     QUIET,
     SWIFTSHADER,
     BrowserError,
     Chromium,
 )
+from andrea.train_args import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    TrainError,
+    run_config,
+    run_config_model,
+)
+from andrea.train_output import (
+    adapter_name,
+    one_reason,
+    progress,
+    progress_bar,
+    report,
+    unexpected,
+)
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 CONNECT_S = 5           # a server that does not answer within this is reported, not waited for
 SERVER_GONE_S = 10      # a server that stops answering mid-run for this long ends the run
-MESSAGE_MAX = 2000      # a run's status message (server/telemetry.py)
-
-# For `andrea train --help`.
-BROWSER_HELP = (f"It drives the system's Chromium ({DEFAULT_CHROMIUM}: apt-get install chromium), "
-                f"or the Chromium or Chrome executable that ANDREA_CHROMIUM names, through "
-                f"Playwright; {NO_DOWNLOAD} (no `playwright install`).")
-
-
-class TrainError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED):
-        super().__init__(message)
-        self.code = code
-
-
-# ---- arguments: one flag per RunConfig field -----------------------------------------------------
-
-def _run_config():
-    from andrea.run_config import RunConfig
-    return RunConfig
-
-
-def _flag_type(annotation):
-    """(argparse kwargs) for a RunConfig field's type: choices for a Literal, a switch for bool."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        annotation = args[0]
-    if typing.get_origin(annotation) is list:          # sources: --sources NAME [NAME ...]
-        (item,) = typing.get_args(annotation)
-        return {"nargs": "+", "type": item, "metavar": "NAME"}
-    if typing.get_origin(annotation) is typing.Literal:   # of strings, or of ints (vocab_size)
-        choices = list(typing.get_args(annotation))
-        return {"choices": choices, "type": type(choices[0])}
-    if annotation is bool:
-        return {"action": argparse.BooleanOptionalAction}
-    return {"type": annotation}
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    config = parser.add_argument_group("run config (left out: the server's default)")
-    for name, field in _run_config().model_fields.items():
-        if name == "parent":   # set through --branch (a run and a step), not as a raw object
-            continue
-        kwargs = _flag_type(field.annotation)
-        default = "tiny" if name == "preset" else field.default
-        help_text = "; ".join(filter(None, [
-            field.description, None if default is None else f"default: {default}"]))
-        config.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS,
-                            help=help_text.replace("%", "%%"), **kwargs)
-    parser.add_argument("--headless", action="store_true",
-                        help="accepted; train is always headless")
-    parser.add_argument("--resume", metavar="RUN_ID",
-                        help="continue a stopped or interrupted run from its last checkpoint "
-                             "(with the run's own config: no config flags)")
-    parser.add_argument("--branch", metavar="RUN_ID[@STEP]",
-                        help="a NEW run that continues RUN_ID from its checkpoint STEP (default: "
-                             "its last), with RUN_ID's config changed by the config flags given "
-                             "(e.g. a failed run again with a lower --lr)")
-    parser.add_argument("--server", help="an Andrea server URL (default: start one for this run)")
-    parser.add_argument("--data-dir", type=Path,
-                        help="data dir of the server started for this run "
-                             "(default: ANDREA_DATA_DIR or the platform's user data folder)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="use the machine's GPU through Vulkan instead of SwiftShader")
-    parser.add_argument("--timeout", type=float, default=24 * 3600,
-                        help="seconds before giving up on the run (default: a day)")
-    parser.add_argument("--json", action="store_true",
-                        help="print exactly one JSON object on stdout (progress goes to stderr)")
-
-
-def run_config(args: argparse.Namespace) -> dict:
-    """The config flags given, validated here first so a bad one fails before any server starts."""
-    from pydantic import ValidationError
-
-    fields = _run_config().model_fields
-    config = {name: getattr(args, name) for name in fields if hasattr(args, name)}
-    if getattr(args, "branch", None):
-        if getattr(args, "resume", None):
-            raise TrainError("--resume and --branch exclude each other", EXIT_USAGE)
-        return config     # validated by the server on top of the parent's config
-    if getattr(args, "resume", None):
-        if config:
-            given = ", ".join("--" + k.replace("_", "-") for k in config)
-            raise TrainError(f"--resume continues the run with its own config; drop {given}",
-                             EXIT_USAGE)
-        return config
-    config.setdefault("preset", "tiny")
-    try:
-        _run_config().model_validate(config)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "config"
-        raise TrainError(f"{where}: {first['msg']}", EXIT_USAGE) from None
-    return config
+MESSAGE_MAX = 2000      # a run's status message (server/telemetry/protocol.py)
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------
 
 def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
+    """The server's JSON answer; a refusal of what was asked exits 2, anything else 1."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.load(r)
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")
-        try:
-            detail = json.loads(detail)["detail"]
-            if isinstance(detail, list):   # pydantic errors: where and why
-                detail = "; ".join(f"{'.'.join(map(str, d['loc'][1:]))}: {d['msg']}"
-                                   for d in detail)
-        except (ValueError, KeyError, TypeError):
-            pass
-        code = EXIT_USAGE if e.code in (400, 404, 409, 422) else EXIT_FAILED
-        raise TrainError(f"{method} {urllib.parse.urlparse(url).path}: {e.code} {detail}",
-                         code) from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        u = urllib.parse.urlparse(url)
-        raise TrainError(f"the server at {u.scheme}://{u.netloc} does not answer: {reason}") \
-            from None
+        return http_client.request(method, url, body, timeout)
+    except http_client.ServerError as e:
+        code = EXIT_USAGE if e.status in (400, 404, 409, 422) else EXIT_FAILED
+        raise TrainError(str(e), code) from None
+    except http_client.Unreachable as e:
+        raise TrainError(str(e)) from None
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -183,7 +86,7 @@ def train(args: argparse.Namespace) -> int:
             _http("GET", result["server"] + "/healthz", timeout=CONNECT_S)
         browser.launch()
         adapter = browser.probe()
-        _progress(f"{browser.version} ({browser.path}), WebGPU adapter {_adapter_name(adapter)}")
+        progress(f"{browser.version} ({browser.path}), WebGPU adapter {adapter_name(adapter)}")
         if not args.server:
             proc = _start_server(args, result)
         code = _train(args, config, result, secret, browser)
@@ -196,38 +99,15 @@ def train(args: argparse.Namespace) -> int:
         result["error"] = "interrupted"
         code = EXIT_INTERRUPTED
     except Exception as e:   # unforeseen: still one line and one JSON object, never a traceback
-        result["error"] = _unexpected(e)
+        result["error"] = unexpected(e)
         code = EXIT_FAILED
     finally:
         browser.close()
         if proc is not None:
             from andrea.launch import stop_server
             stop_server(proc)
-    _report(args, result)
+    report(args, result)
     return code
-
-
-def _report(args, result: dict) -> None:
-    """The error as one line on stderr; with --json, the result as one JSON object on stdout."""
-    _progress_end()
-    if result.get("error"):
-        result["error"] = " ".join(str(result["error"]).split())
-        print(f"andrea train: {result['error']}", file=sys.stderr, flush=True)
-    if args.json:
-        print(json.dumps(result), flush=True)
-    else:
-        print("\n".join(f"{k:16s} {v}" for k, v in result.items() if k != "error"), flush=True)
-
-
-def _unexpected(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return f"unexpected {type(e).__name__}" + (f": {lines[0]}" if lines else "")
-
-
-def _adapter_name(adapter: dict) -> str:
-    name = " ".join(filter(None, (adapter.get("vendor"), adapter.get("architecture")))) or \
-        adapter.get("description") or "(unnamed)"
-    return name + (" (software)" if adapter.get("fallback") else "")
 
 
 def _start_server(args, result: dict):
@@ -236,7 +116,7 @@ def _start_server(args, result: dict):
 
     data_dir = args.data_dir or Settings().data_dir
     result["data_dir"] = str(Path(data_dir).resolve())
-    _progress(f"starting a server (data in {result['data_dir']})")
+    progress(f"starting a server (data in {result['data_dir']})")
     try:
         proc, url = start_server(Path(data_dir))
     except OSError as e:   # the data dir cannot be made or written, no interpreter to start
@@ -262,15 +142,15 @@ def _train(args, config: dict, result: dict, secret: dict, browser: Chromium) ->
         how = "new"
     result["run_id"] = run["id"]
     secret["token"] = run["token"]
-    _progress(f"run {run['id']} on {url} ({how}): {run['config']['preset']}, "
-              f"{run['config']['optimizer']}, {run['config']['steps']} steps")
+    progress(f"run {run['id']} on {url} ({how}): {run['config']['preset']}, "
+             f"{run['config']['optimizer']}, {run['config']['steps']} steps")
     try:
         code = _train_in_page(args, browser, url, run, result)
     except (TrainError, BrowserError) as e:
         _settle_untrained(result, secret, str(e), resumed=bool(args.resume))
         raise
     except Exception as e:
-        _settle_untrained(result, secret, _unexpected(e), resumed=bool(args.resume))
+        _settle_untrained(result, secret, unexpected(e), resumed=bool(args.resume))
         raise
     if code == EXIT_FAILED:
         _settle_untrained(result, secret, result["error"], resumed=bool(args.resume))
@@ -288,7 +168,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict) -
             unanswered["since"] = unanswered["since"] or time.monotonic()
             return str(e) if time.monotonic() - unanswered["since"] > SERVER_GONE_S else None
         unanswered["since"] = None
-        _progress_bar(info.get("last_step") or 0, steps, info.get("last_loss"))
+        progress_bar(info.get("last_step") or 0, steps, info.get("last_loss"))
         return None
 
     try:
@@ -333,34 +213,12 @@ def _branch_config(url: str, branch: str, changes: dict) -> dict:
         step = int(step)
     else:   # the newest checkpoint whose records are all committed
         listed = _http("GET", f"{url}/api/runs/{parent_id}/checkpoints")
-        usable = [c["step"] for c in listed if c["step"] <= (parent.get("last_step") or 0)]
-        if not usable:
+        step = newest_usable(listed, parent.get("last_step"))
+        if step is None:
             raise TrainError(f"run {parent_id} has no checkpoint to branch from", EXIT_USAGE)
-        step = max(usable)
     config = {k: v for k, v in parent["config"].items()
-              if k in _run_config().model_fields and k != "parent"}
+              if k in run_config_model().model_fields and k != "parent"}
     return {**config, **changes, "parent": {"run": parent_id, "step": step}}
-
-
-# Prefixes that say where an error was seen, not what it says: the page throws an error and shows
-# it too, so "page error: X" and "Cannot train here: X" are one error.
-_SEEN_AS = re.compile(r"^(?:(?:page error|browser|Cannot train here|Training failed|"
-                      r"Uncaught|[A-Za-z]*Error):\s*)+")
-
-
-def one_reason(reasons) -> str:
-    """The reasons joined, each said once: a reason whose message another reason already
-    contains is dropped, keeping the more informative one (the longer; the first of equals)."""
-    texts = list(dict.fromkeys(" ".join(r.split()) for r in reasons if r and r.strip()))
-    kept = []
-    for i, text in enumerate(texts):
-        said = _SEEN_AS.sub("", text)
-        if any(j != i and said in other and
-               (len(other) > len(text) or (len(other) == len(text) and j < i))
-               for j, other in enumerate(texts)):
-            continue
-        kept.append(text)
-    return "; ".join(kept)
 
 
 def _settle_untrained(result: dict, secret: dict, reason: str, resumed: bool) -> None:
@@ -410,7 +268,7 @@ def _stop_by_socket(result: dict, token: str | None, message: str) -> bool:
 
 
 def _set_status(url: str, run_id: str, token: str, status: str, message: str) -> bool:
-    """Tells the server the run's status as its training page would (server/telemetry.py: hello
+    """Tells the server the run's status as its training page would (server/telemetry/: hello
     with the write token, then status; the pong after it means it is committed). True if it
     did. The page's own socket may not be released yet (a second trainer is refused while one
     is connected): that is waited out for a few seconds."""
@@ -435,34 +293,5 @@ def _set_status(url: str, run_id: str, token: str, status: str, message: str) ->
         if "another trainer" in why and time.monotonic() < deadline:
             time.sleep(0.25)
             continue
-        _progress(f"could not mark the run {status}: {why}")
+        progress(f"could not mark the run {status}: {why}")
         return False
-
-
-# ---- progress on stderr --------------------------------------------------------------------------
-
-_tty = sys.stderr.isatty()
-_logged_tenth = {"value": -1}
-
-
-def _progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _progress_bar(done: int, total: int, loss, width: int = 30) -> None:
-    """A bar redrawn in place on a terminal; in a log, a line per tenth of the run."""
-    loss_s = "-" if loss is None else f"{loss:.4f}"
-    if not _tty:
-        tenth = 10 * done // max(total, 1)
-        if tenth != _logged_tenth["value"]:
-            _logged_tenth["value"] = tenth
-            print(f"step {done}/{total} loss {loss_s}", file=sys.stderr, flush=True)
-        return
-    filled = int(width * done / max(total, 1))
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} loss {loss_s}",
-          end="", file=sys.stderr, flush=True)
-
-
-def _progress_end() -> None:
-    if _tty:
-        print(file=sys.stderr)

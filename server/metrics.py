@@ -1,9 +1,10 @@
 """The step record: the one definition of what a training step reports.
 
-The websocket validates it (telemetry.py), SQLite keeps a column per number and JSON for the
-rest (store.py), the CSV export lists the numbers (routes/runs.py). A new metric is a new field
-here and nowhere else. One column is the server's, not the trainer's: `time`, the wall-clock
-time (Unix seconds) at which the server committed the row.
+The websocket validates it (telemetry/protocol.py), the store (SQLite or PostgreSQL) keeps a
+column per number and JSON for the rest (andrea.store), the CSV export lists the numbers
+(routes/runs.py). A new metric is a new field here and nowhere else. One column is the
+server's, not the trainer's: `time`, the wall-clock time (Unix seconds) at which the server
+committed the row.
 """
 
 from __future__ import annotations

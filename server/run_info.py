@@ -16,6 +16,13 @@ from andrea.optim import checkpoint_sections, optimizer_memory
 # gone (`connected` false) until Settings.trainer_grace_s marks it `interrupted`.
 TrainerStatus = Literal["running", "paused", "finished", "stopped", "failed"]
 RunStatus = Literal["created", TrainerStatus, "interrupted", "abandoned"]
+# Where training has ended, for now (a resume or a branch may go on): no trainer is at the run,
+# so its page counts no time left, and with no step recorded says that none came.
+ENDED = ("finished", "stopped", "failed", "interrupted")
+# The statuses whose `message` says why the run is there; the pages show it.
+EXPLAINED = ("abandoned", "interrupted", "stopped", "failed")
+# static/js/app/run_status.js holds these lists too (RUN_STATUSES, ENDED, EXPLAINED):
+# tests/test_page_facts.py holds them equal.
 
 
 def abandoned_message(grace_s: float) -> str:

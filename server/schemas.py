@@ -1,5 +1,5 @@
 """What the JSON API answers (response models, so /openapi.json names each shape). Storage
-keeps its own rows (store.py); these are the public view. Models of values computed elsewhere
+keeps its own rows (andrea.store); these are the public view. Models of values computed elsewhere
 (model.py layouts, optim.py sizes) list the fields clients use and let later ones through."""
 
 from __future__ import annotations
@@ -146,13 +146,18 @@ class Run(BaseModel):
     can_resume: bool                # no trainer connected, a resumable status, a checkpoint
 
 
+# How long a run's name, a tag and its notes may be, and how many tags (RunUpdate; the run
+# page's edit form is rendered with them, routes/pages.py).
+NAME_MAX, TAG_MAX, TAGS_MAX, NOTES_MAX = 120, 40, 20, 10_000
+
+
 class RunUpdate(BaseModel):
     """PATCH /api/runs/{id}: what people may change about a run (fields left out stay)."""
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: Annotated[str, Field(min_length=1, max_length=120)] | None = None
-    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=40)]],
-                    Field(max_length=20)] | None = None
-    notes: Annotated[str, Field(max_length=10_000)] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX)] | None = None
+    tags: Annotated[list[Annotated[str, Field(min_length=1, max_length=TAG_MAX)]],
+                    Field(max_length=TAGS_MAX)] | None = None
+    notes: Annotated[str, Field(max_length=NOTES_MAX)] | None = None
 
 
 class Sample(BaseModel):

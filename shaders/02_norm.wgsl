@@ -20,7 +20,12 @@ struct Dims { N: u32, C: u32, eps: f32, pad: u32 }
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read_write> rstd: array<f32>;
 
-//#include "lib/reduce.wgsl"
+//#include "lib/row_sum.wgsl"
+
+fn row_term(base: u32, c: u32) -> f32 {   // the row's sum of squares
+  let v = x[base + c];
+  return v * v;
+}
 
 @compute @workgroup_size(WG)
 fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
@@ -29,9 +34,7 @@ fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
   let row = wid.x + wid.y * nwg.x;
   if (row >= dims.N) { return; }   // uniform per workgroup, so barriers stay uniform
   let base = row * dims.C;
-  var s = 0.0;
-  for (var c = t; c < dims.C; c = c + WG) { let v = x[base + c]; s = s + v * v; }
-  let r = inverseSqrt(reduce_sum(t, s) / f32(dims.C) + dims.eps);
+  let r = inverseSqrt(row_sum(t, base) / f32(dims.C) + dims.eps);
   for (var c = t; c < dims.C; c = c + WG) { y[base + c] = g[c] * (x[base + c] * r); }
   if (t == 0u) { rstd[row] = r; }
 }

@@ -10,7 +10,7 @@
 //   @binding(2) y    : array<f32> [B, T, C]            = softmax(q k^T * scale + mask) v
 //   @binding(3) lse  : array<f32> [B, H, T]            = logsumexp of the scaled scores (backward)
 //   @binding(4) qkv4 : array<vec4<f32>>                qkv's buffer again (read when D % 4 == 0)
-// Dispatch: B * H * ceil(T / 64) workgroups (2-D when over 65535). D <= MAX_D.
+// Dispatch: B * H * ceil(T / BLK) workgroups (2-D when over 65535). D <= MAX_D.
 
 //#include "lib/attention.wgsl"
 
@@ -22,19 +22,6 @@
 
 fn row_at(src: u32, i: u32) -> f32 { return qkv[i]; }   // the forward reads qkv only
 fn row_at4(src: u32, i: u32) -> vec4<f32> { return qkv4[i]; }
-
-override KC: u32 = 32u / NDV;   // keys per output-phase chunk: P [KC][16] + v rows [KC][16 NDV]
-
-// Scores of keys k0 + 4 tx + j (columns j) for `rows`, scaled; -3e38 where masked (causal, or
-// past T).
-fn mask_scale(s: Quad, k0: u32, rows: vec4<u32>) -> Quad {
-  let f = vec4<f32>(dims.scale);
-  let n = vec4<f32>(-3.0e38);
-  return Quad(select(s.x * f, n, (vec4<u32>(k0) > rows) | vec4<bool>(k0 >= dims.T)),
-              select(s.y * f, n, (vec4<u32>(k0 + 1u) > rows) | vec4<bool>(k0 + 1u >= dims.T)),
-              select(s.z * f, n, (vec4<u32>(k0 + 2u) > rows) | vec4<bool>(k0 + 2u >= dims.T)),
-              select(s.w * f, n, (vec4<u32>(k0 + 3u) > rows) | vec4<bool>(k0 + 3u >= dims.T)));
-}
 
 // Row t of the output: a / l to y (head dims 4 d4 .. past HD dropped).
 fn store_y(o: u32, d4: u32, a: vec4<f32>) {
@@ -48,37 +35,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32) {
   let blk = block_of(wid, nwg, true);
   if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
-  let b = blk.x;
-  let h = blk.y;
+  let head = head_of(blk.x, blk.y);
   let qb = blk.z;
   let tx = lid % 16u;
   let ty = lid / 16u;
   let q0 = qb * BLK;
-  let C3 = 3u * dims.C;
-  let qbase = b * dims.T * C3 + h * dims.D;
-  let kbase = qbase + dims.C;
-  let vbase = qbase + 2u * dims.C;
   let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's queries
-  // Output tiles: rows x .. w, head dims 4 tx .. (acc0) and 64 + 4 tx .. (acc1, when NDV = 2).
-  var acc0 = quad0();
-  var acc1 = quad0();
+  var acc = out0();               // output tiles: rows x .. w by head dims
   var m = vec4<f32>(-3.0e38);     // running max of rows
   var l = vec4<f32>(0.0);         // running sum over this thread's key columns
   // Score-phase staging: 64 threads per operand chunk (q: d 0..15, q: d 16..31, k: the same).
+  // (The backward's score_tiles stages q, dO, k and v 16 d at a time for S and dP together; the
+  // forward needs S only and stages twice the head dims per barrier pair.)
   let part = lid / 64u;
-  let sbase = select(qbase, kbase, part >= 2u);
+  let sbase = select(head.qbase, head.kbase, part >= 2u);
   for (var kb = 0u; kb <= qb; kb = kb + 1u) {   // key blocks up to the diagonal
     let k0 = kb * BLK;
     var s = quad0();              // columns j: keys k0 + 4 tx + j; components: the rows
     for (var c = 0u; c < NSC; c = c + 2u) {     // 32 head dims per stage
       workgroupBarrier();
-      stage_t(256u * part, QKV, sbase, C3, select(q0, k0, part >= 2u), c + part % 2u, lid % 64u);
+      stage_t(256u * part, QKV, sbase, 3u * dims.C, select(q0, k0, part >= 2u), c + part % 2u,
+              lid % 64u);
       workgroupBarrier();
       for (var d = 0u; d < 32u; d = d + 1u) {
         s = outer_fma(s, sm[16u * d + ty], sm[512u + 16u * d + tx]);
       }
     }
-    s = mask_scale(s, k0 + 4u * tx, rows);
+    let f = dims.scale;           // scaled, -3e38 where masked
+    s = mask_keys(Quad(s.x * f, s.y * f, s.z * f, s.w * f), k0 + 4u * tx, rows, -3.0e38);
     workgroupBarrier();                 // the score phase's reads are done
     sm[16u * ty + tx] = max(max(s.x, s.y), max(s.z, s.w));
     workgroupBarrier();
@@ -88,26 +72,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     m = m_new;
     s = Quad(exp(s.x - m), exp(s.y - m), exp(s.z - m), exp(s.w - m));
     l = fma(l, corr, (s.x + s.y) + (s.z + s.w));
-    acc0 = scale_rows(acc0, corr);
-    if (NDV > 1u) { acc1 = scale_rows(acc1, corr); }
-    for (var c = 0u; c < BLK; c = c + KC) {    // acc += P v, KC keys at a time
-      workgroupBarrier();
-      if (4u * tx >= c && 4u * tx < c + KC) {
-        let o = 16u * (4u * tx - c) + ty;
-        sm[o] = s.x;
-        sm[o + 16u] = s.y;
-        sm[o + 32u] = s.z;
-        sm[o + 48u] = s.w;
-      }
-      stage_n(16u * KC, QKV, vbase, C3, k0 + c, KC, lid);
-      workgroupBarrier();
-      for (var kk = 0u; kk < KC; kk = kk + 1u) {
-        let p = sm[16u * kk + ty];
-        let vo = 16u * KC + 16u * NDV * kk + tx;
-        acc0 = outer_fma(acc0, sm[vo], p);
-        if (NDV > 1u) { acc1 = outer_fma(acc1, sm[vo + 16u], p); }
-      }
-    }
+    acc.lo = scale_rows(acc.lo, corr);
+    if (NDV > 1u) { acc.hi = scale_rows(acc.hi, corr); }
+    acc = tile_rows(acc, s, head.vbase, k0, lid);   // acc += P v
   }
   workgroupBarrier();
   sm[16u * ty + tx] = l;
@@ -115,14 +82,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var lt = vec4<f32>(0.0);
   for (var t = 0u; t < 16u; t = t + 1u) { lt = lt + sm[16u * ty + t]; }   // fixed order
   let inv = 1.0 / lt;
-  let a0 = scale_rows(acc0, inv);
-  let a1 = scale_rows(acc1, inv);
+  let a0 = scale_rows(acc.lo, inv);
+  let a1 = scale_rows(acc.hi, inv);
   for (var i = 0u; i < 4u; i = i + 1u) {
     let t = rows[i];
     if (t >= dims.T) { continue; }
-    let o = (b * dims.T + t) * dims.C + h * dims.D;
+    let o = head.obase + t * dims.C;
     if (tx < HV) { store_y(o, tx, quad_row(a0, i)); }
     if (16u + tx < HV) { store_y(o, 16u + tx, quad_row(a1, i)); }
-    if (tx == 0u) { lse[(b * dims.H + h) * dims.T + t] = m[i] + log(lt[i]); }
+    if (tx == 0u) { lse[head.hrow + t] = m[i] + log(lt[i]); }
   }
 }

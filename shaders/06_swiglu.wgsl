@@ -6,10 +6,9 @@
 // Dispatch: ceil(N*F / WG) workgroups (2-D when over 65535).
 
 //#include "lib/common.wgsl"
+//#include "lib/swiglu.wgsl"
 
 override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
-
-struct Dims { N: u32, F: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> gu: array<f32>;
@@ -19,9 +18,10 @@ struct Dims { N: u32, F: u32, pad0: u32, pad1: u32 }
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let e = flat_id(gid, nwg, WG);
   if (e >= dims.N * dims.F) { return; }
-  let n = e / dims.F;
-  let i = e % dims.F;
-  let g = gu[n * 2u * dims.F + i];
-  let u = gu[n * 2u * dims.F + dims.F + i];
-  h[e] = g / (1.0 + exp(-g)) * u;
+  let gi = gate_at(e);
+  h[e] = silu(gu[gi]) * gu[gi + dims.F];
+}
+
+fn silu(g: f32) -> f32 {
+  return g / (1.0 + exp(-g));
 }

@@ -9,7 +9,7 @@
 //   Dispatch: N workgroups (2-D when over 65535) of WG threads.
 //
 // loss_mean (one workgroup; fixed-order sum, so deterministic)
-//   same bindings; losses[N] = sum(losses[0..N)) / N
+//   binds dims and losses only; losses[N] = sum(losses[0..N)) / N
 //   Dispatch: 1 workgroup.
 
 override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it

@@ -30,7 +30,11 @@ struct Dims { N: u32, C: u32, ROWS: u32, CHUNKS: u32 }
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
-//#include "lib/reduce.wgsl"
+//#include "lib/row_sum.wgsl"
+
+fn row_term(base: u32, c: u32) -> f32 {   // the row's sum of g * dy * x
+  return g[c] * dy[base + c] * x[base + c];
+}
 
 @compute @workgroup_size(WG)
 fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
@@ -39,9 +43,7 @@ fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
   let row = wid.x + wid.y * nwg.x;
   if (row >= dims.N) { return; }
   let base = row * dims.C;
-  var s = 0.0;
-  for (var c = t; c < dims.C; c = c + WG) { s = s + g[c] * dy[base + c] * x[base + c]; }
-  let total = reduce_sum(t, s);
+  let total = row_sum(t, base);
   let r = rstd[row];
   let coef = r * r * r * total / f32(dims.C);
   for (var c = t; c < dims.C; c = c + WG) {

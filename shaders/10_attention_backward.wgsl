@@ -22,7 +22,7 @@
 //               D % 4 == 0; kernels.js binds qkv for both otherwise)
 //   @binding(9) ds4   : array<vec4<f32>> [B, H, T, TP]  with DS: dS, TP = T rounded up to 4
 //                       (dkdv: =, dq: read); without, 4 floats bound unused
-// Dispatch (all): B * H * ceil(T / 64) workgroups (2-D when over 65535).
+// Dispatch (all): B * H * ceil(T / BLK) workgroups (2-D when over 65535).
 // Without DS: dq (which also writes delta), then dkdv: both compute the scores.
 // With DS (where the adapter binds the T x T buffer): attention_backward_delta, then dkdv, which
 // also stores the dS it forms, then dq, which reads dS instead of recomputing the scores and dO.v
@@ -57,17 +57,16 @@ fn row_at4(src: u32, i: u32) -> vec4<f32> {
 
 fn sum4(v: vec4<f32>) -> f32 { return (v.x + v.y) + (v.z + v.w); }
 
-override KC: u32 = 32u / NDV;   // dq: keys per output-phase chunk: dS [KC][16] + k rows [KC][16 NDV]
 override KQ: u32 = 16u / NDV;   // dkdv: queries per chunk: P, dS [KQ][16] + dO, q rows [KQ][16 NDV]
 
 // Output tiles (rows r0 + i, head dims 4 tx .. and 64 + 4 tx ..) times `scale` to dqkv elements
 // base + row * 3C ..; rows past T and dims past HD are not written.
-fn store_tiles(a0: Quad, a1: Quad, base: u32, r0: u32, tx: u32, scale: f32) {
+fn store_tiles(a: Out, base: u32, r0: u32, tx: u32, scale: f32) {
   for (var i = 0u; i < 4u; i = i + 1u) {
     if (r0 + i >= dims.T) { continue; }
     let o = base + (r0 + i) * 3u * dims.C;
-    if (tx < HV) { store_row(o, tx, quad_row(a0, i) * scale); }
-    if (16u + tx < HV) { store_row(o, 16u + tx, quad_row(a1, i) * scale); }
+    if (tx < HV) { store_row(o, tx, quad_row(a.lo, i) * scale); }
+    if (16u + tx < HV) { store_row(o, 16u + tx, quad_row(a.hi, i) * scale); }
   }
 }
 
@@ -80,9 +79,9 @@ fn store_row(o: u32, d4: u32, v: vec4<f32>) {
 // Floats per dS row: T rounded up to 4, so every row starts on a vec4.
 fn ds_row() -> u32 { return (dims.T + 3u) / 4u * 4u; }
 
-// Vec4 index in ds4 of dS[b, h, t, s .. s + 3] (s a multiple of 4).
-fn ds_at(b: u32, h: u32, t: u32, s: u32) -> u32 {
-  return (((b * dims.H + h) * dims.T + t) * ds_row() + s) / 4u;
+// Vec4 index in ds4 of dS[b, h, t, s .. s + 3] of `head` (s a multiple of 4).
+fn ds_at(head: Head, t: u32, s: u32) -> u32 {
+  return ((head.hrow + t) * ds_row() + s) / 4u;
 }
 
 // The block's score and dO.v tiles (dq: rows queries, columns keys; dkdv: the transpose), their
@@ -110,14 +109,13 @@ fn score_tiles(src: u32, sbase: u32, sstride: u32, r0: u32, c0: u32, lid: u32) -
 
 // delta = dO . y of the 64 rows from q0 of (b, h): four threads per row, partials added in a fixed
 // order. Returns this thread's (ty) four rows' delta; thread tx == 0 writes them.
-fn block_delta(b: u32, h: u32, q0: u32, lid: u32) -> vec4<f32> {
-  let obase = b * dims.T * dims.C + h * dims.D;
-  let hrow = (b * dims.H + h) * dims.T;
+fn block_delta(head: Head, q0: u32, lid: u32) -> vec4<f32> {
   let t = q0 + lid / 4u;
   var part = vec4<f32>(0.0);
   if (t < dims.T) {
+    let o = head.obase + t * dims.C;
     for (var d4 = lid % 4u; d4 < HV; d4 = d4 + 4u) {
-      part = fma(pad4(obase + t * dims.C, d4, DY), pad4(obase + t * dims.C, d4, Y), part);
+      part = fma(pad4(o, d4, DY), pad4(o, d4, Y), part);
     }
   }
   sm[lid] = part;
@@ -128,7 +126,7 @@ fn block_delta(b: u32, h: u32, q0: u32, lid: u32) -> vec4<f32> {
     let r = 4u * (4u * ty + i);
     dl[i] = sum4((sm[r] + sm[r + 1u]) + (sm[r + 2u] + sm[r + 3u]));
     let row = q0 + 4u * ty + i;
-    if (lid % 16u == 0u && row < dims.T) { delta[hrow + row] = dl[i]; }
+    if (lid % 16u == 0u && row < dims.T) { delta[head.hrow + row] = dl[i]; }
   }
   return dl;
 }
@@ -139,15 +137,7 @@ fn attention_backward_delta(@builtin(workgroup_id) wid: vec3<u32>,
                             @builtin(local_invocation_index) lid: u32) {
   let blk = block_of(wid, nwg, true);
   if (blk.w == 0u) { return; }
-  _ = block_delta(blk.x, blk.y, blk.z * BLK, lid);
-}
-
-// P or dS tile columns x .. w to sm[o], sm[o + 16], .. (staged [column][row vec4]).
-fn stage_tile(o: u32, t: Quad) {
-  sm[o] = t.x;
-  sm[o + 16u] = t.y;
-  sm[o + 32u] = t.z;
-  sm[o + 48u] = t.w;
+  _ = block_delta(head_of(blk.x, blk.y), blk.z * BLK, lid);
 }
 
 @compute @workgroup_size(WG)
@@ -156,46 +146,38 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
   let blk = block_of(wid, nwg, true);
   if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
-  let b = blk.x;
-  let h = blk.y;
+  let head = head_of(blk.x, blk.y);
   let qb = blk.z;
   let tx = lid % 16u;
   let ty = lid / 16u;
   let q0 = qb * BLK;
-  let C3 = 3u * dims.C;
-  let qbase = b * dims.T * C3 + h * dims.D;
-  let kbase = qbase + dims.C;
-  let vbase = qbase + 2u * dims.C;
-  let obase = b * dims.T * dims.C + h * dims.D;   // y and dy rows
-  let hrow = (b * dims.H + h) * dims.T;
   let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's queries
 
   // delta = dO . y of the block's rows (with DS, attention_backward_delta wrote it already)
   var dl = vec4<f32>(0.0);
-  if (!DS) { dl = block_delta(b, h, q0, lid); }
+  if (!DS) { dl = block_delta(head, q0, lid); }
   var lr = vec4<f32>(0.0);
-  for (var i = 0u; i < 4u; i = i + 1u) { lr[i] = lse[hrow + min(rows[i], dims.T - 1u)]; }
+  for (var i = 0u; i < 4u; i = i + 1u) { lr[i] = lse[head.hrow + min(rows[i], dims.T - 1u)]; }
 
   // Score-phase staging, 64 threads per operand: q, dO (the rows), k, v (the columns).
   let part = lid / 64u;
   let src = select(QKV, DY, part == 1u);
-  let sbase = select(select(qbase, obase, part == 1u), select(kbase, vbase, part == 3u), part >= 2u);
-  let sstride = select(C3, dims.C, part == 1u);
-  var acc0 = quad0();             // dq rows x .. w, head dims 4 tx .. (and 64 + 4 tx ..: acc1)
-  var acc1 = quad0();
+  let sbase = select(select(head.qbase, head.obase, part == 1u),
+                     select(head.kbase, head.vbase, part == 3u), part >= 2u);
+  let sstride = select(3u * dims.C, dims.C, part == 1u);
+  var acc = out0();               // dq tiles: rows x .. w by head dims
   for (var kb = 0u; kb <= qb; kb = kb + 1u) {   // key blocks up to the diagonal
     let k0 = kb * BLK;
     var s = quad0();              // columns j: keys k0 + 4 tx + j; components: the rows
     let kt = k0 + 4u * tx;
-    let z = vec4<f32>(0.0);
     if (DS) {
       // dS as dkdv stored it: per query row 4 keys, transposed into the register tile (rows
       // past T and keys past the padded row read clamped and are masked below)
       let kc = min(kt, ds_row() - 4u);
-      let r0 = ds4[ds_at(b, h, min(rows.x, dims.T - 1u), kc)];
-      let r1 = ds4[ds_at(b, h, min(rows.y, dims.T - 1u), kc)];
-      let r2 = ds4[ds_at(b, h, min(rows.z, dims.T - 1u), kc)];
-      let r3 = ds4[ds_at(b, h, min(rows.w, dims.T - 1u), kc)];
+      let r0 = ds4[ds_at(head, min(rows.x, dims.T - 1u), kc)];
+      let r1 = ds4[ds_at(head, min(rows.y, dims.T - 1u), kc)];
+      let r2 = ds4[ds_at(head, min(rows.z, dims.T - 1u), kc)];
+      let r3 = ds4[ds_at(head, min(rows.w, dims.T - 1u), kc)];
       s = Quad(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
                vec4<f32>(r0.z, r1.z, r2.z, r3.z), vec4<f32>(r0.w, r1.w, r2.w, r3.w));
     } else {
@@ -206,25 +188,10 @@ fn attention_backward_dq(@builtin(workgroup_id) wid: vec3<u32>,
                exp(sc.s.z * dims.scale - lr) * (sc.dp.z - dl),
                exp(sc.s.w * dims.scale - lr) * (sc.dp.w - dl));
     }
-    // 0 where masked (causal, or keys past T)
-    s = Quad(select(s.x, z, (vec4<u32>(kt) > rows) | vec4<bool>(kt >= dims.T)),
-             select(s.y, z, (vec4<u32>(kt + 1u) > rows) | vec4<bool>(kt + 1u >= dims.T)),
-             select(s.z, z, (vec4<u32>(kt + 2u) > rows) | vec4<bool>(kt + 2u >= dims.T)),
-             select(s.w, z, (vec4<u32>(kt + 3u) > rows) | vec4<bool>(kt + 3u >= dims.T)));
-    for (var c = 0u; c < BLK; c = c + KC) {    // acc += dS k, KC keys at a time
-      workgroupBarrier();
-      if (4u * tx >= c && 4u * tx < c + KC) { stage_tile(16u * (4u * tx - c) + ty, s); }
-      stage_n(16u * KC, QKV, kbase, C3, k0 + c, KC, lid);
-      workgroupBarrier();
-      for (var kk = 0u; kk < KC; kk = kk + 1u) {
-        let p = sm[16u * kk + ty];
-        let ko = 16u * KC + 16u * NDV * kk + tx;
-        acc0 = outer_fma(acc0, sm[ko], p);
-        if (NDV > 1u) { acc1 = outer_fma(acc1, sm[ko + 16u], p); }
-      }
-    }
+    s = mask_keys(s, kt, rows, 0.0);              // 0 where masked (causal, or keys past T)
+    acc = tile_rows(acc, s, head.kbase, k0, lid);   // acc += dS k
   }
-  store_tiles(acc0, acc1, qbase, q0 + 4u * ty, tx, dims.scale);
+  store_tiles(acc, head.qbase, q0 + 4u * ty, tx, dims.scale);
 }
 
 @compute @workgroup_size(WG)
@@ -233,29 +200,23 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
   let blk = block_of(wid, nwg, false);  // key block 0 (the most query blocks) first
   if (blk.w == 0u) { return; }
-  let b = blk.x;
-  let h = blk.y;
+  let head = head_of(blk.x, blk.y);
   let kb = blk.z;
   let tx = lid % 16u;
   let ty = lid / 16u;
   let k0 = kb * BLK;
   let nb = (dims.T + BLK - 1u) / BLK;
   let C3 = 3u * dims.C;
-  let qbase = b * dims.T * C3 + h * dims.D;
-  let kbase = qbase + dims.C;
-  let vbase = qbase + 2u * dims.C;
-  let obase = b * dims.T * dims.C + h * dims.D;
-  let hrow = (b * dims.H + h) * dims.T;
+  let hrow = head.hrow;
   let keys = vec4<u32>(k0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);   // this thread's keys
   // Score-phase staging, 64 threads per operand: k, v (the rows), q, dO (the columns).
   let part = lid / 64u;
   let src = select(QKV, DY, part == 3u);
-  let sbase = select(select(kbase, vbase, part == 1u), select(qbase, obase, part == 3u), part >= 2u);
+  let sbase = select(select(head.kbase, head.vbase, part == 1u),
+                     select(head.qbase, head.obase, part == 3u), part >= 2u);
   let sstride = select(C3, dims.C, part == 3u);
-  var dk0 = quad0();              // keys x .. w, head dims 4 tx .. (and 64 + 4 tx ..: dk1, dv1)
-  var dk1 = quad0();
-  var dv0 = quad0();
-  var dv1 = quad0();
+  var dk = out0();                // keys x .. w by head dims
+  var dv = out0();
   for (var qb = kb; qb < nb; qb = qb + 1u) {   // query blocks from the diagonal on
     let q0 = qb * BLK;
     // columns j: queries q0 + 4 tx + j; components: the keys (dp: v . dO, same layout)
@@ -275,10 +236,10 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
              select(exp(s.w * dims.scale - lq.w), z, (keys > vec4<u32>(t + 3u)) | vec4<bool>(t + 3u >= dims.T)));
     dp = Quad(s.x * (dp.x - dq.x), s.y * (dp.y - dq.y), s.z * (dp.z - dq.z), s.w * (dp.w - dq.w));
     if (DS && k0 + 4u * ty < ds_row()) {   // dS rows (queries t + j) for dq
-      if (t < dims.T) { ds4[ds_at(b, h, t, k0 + 4u * ty)] = dp.x; }
-      if (t + 1u < dims.T) { ds4[ds_at(b, h, t + 1u, k0 + 4u * ty)] = dp.y; }
-      if (t + 2u < dims.T) { ds4[ds_at(b, h, t + 2u, k0 + 4u * ty)] = dp.z; }
-      if (t + 3u < dims.T) { ds4[ds_at(b, h, t + 3u, k0 + 4u * ty)] = dp.w; }
+      if (t < dims.T) { ds4[ds_at(head, t, k0 + 4u * ty)] = dp.x; }
+      if (t + 1u < dims.T) { ds4[ds_at(head, t + 1u, k0 + 4u * ty)] = dp.y; }
+      if (t + 2u < dims.T) { ds4[ds_at(head, t + 2u, k0 + 4u * ty)] = dp.z; }
+      if (t + 3u < dims.T) { ds4[ds_at(head, t + 3u, k0 + 4u * ty)] = dp.w; }
     }
     for (var c = 0u; c < BLK; c = c + KQ) {    // dv += P^T dO, dk += dS^T q, KQ queries at a time
       workgroupBarrier();
@@ -286,23 +247,23 @@ fn attention_backward_dkdv(@builtin(workgroup_id) wid: vec3<u32>,
         stage_tile(16u * (4u * tx - c) + ty, s);
         stage_tile(16u * KQ + 16u * (4u * tx - c) + ty, dp);
       }
-      stage_n(32u * KQ, DY, obase, dims.C, q0 + c, KQ, lid);
-      stage_n(32u * KQ + 16u * NDV * KQ, QKV, qbase, C3, q0 + c, KQ, lid);
+      stage_n(32u * KQ, DY, head.obase, dims.C, q0 + c, KQ, lid);
+      stage_n(32u * KQ + 16u * NDV * KQ, QKV, head.qbase, C3, q0 + c, KQ, lid);
       workgroupBarrier();
       for (var kk = 0u; kk < KQ; kk = kk + 1u) {
         let p = sm[16u * kk + ty];
         let ds = sm[16u * KQ + 16u * kk + ty];
         let go = 32u * KQ + 16u * NDV * kk + tx;
         let qo = go + 16u * NDV * KQ;
-        dv0 = outer_fma(dv0, sm[go], p);
-        dk0 = outer_fma(dk0, sm[qo], ds);
+        dv.lo = outer_fma(dv.lo, sm[go], p);
+        dk.lo = outer_fma(dk.lo, sm[qo], ds);
         if (NDV > 1u) {
-          dv1 = outer_fma(dv1, sm[go + 16u], p);
-          dk1 = outer_fma(dk1, sm[qo + 16u], ds);
+          dv.hi = outer_fma(dv.hi, sm[go + 16u], p);
+          dk.hi = outer_fma(dk.hi, sm[qo + 16u], ds);
         }
       }
     }
   }
-  store_tiles(dk0, dk1, kbase, k0 + 4u * ty, tx, dims.scale);   // the scores carry the scale
-  store_tiles(dv0, dv1, vbase, k0 + 4u * ty, tx, 1.0);
+  store_tiles(dk, head.kbase, k0 + 4u * ty, tx, dims.scale);   // the scores carry the scale
+  store_tiles(dv, head.vbase, k0 + 4u * ty, tx, 1.0);
 }

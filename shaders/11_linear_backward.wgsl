@@ -11,7 +11,7 @@
 // Bindings:
 //   @binding(0) mm  : MatmulDims  uniform  {R, S, INNER} as above
 //   @binding(1) dy  : array<f32>  [M, N]  read
-//   @binding(2) src : array<u32>  MODE 0: W [N, K] (f32 bits, or f16 mirror with W_F16)
+//   @binding(2) w   : array<u32>  MODE 0: W [N, K] (f32 bits, or f16 mirror with W_F16)
 //                                 MODE 1: x [M, K] (f32 bits)
 //   @binding(3) out : array<f32>  MODE 0: dx [M, K] (=);  MODE 1: dW [N, K] (+=);
 //                                 MODE 2: part [splits, N, K] (=)
@@ -20,7 +20,8 @@
 // (splits 1 unless MODE 2, whose mm.KCHUNK is the rows per split).
 //
 // add_partials: dW[o] += sum_z part[z * R * S + o]
-//   @binding(0) mm : {R = N, S = K, INNER = splits}   @binding(1) part   @binding(3) dW
+//   @binding(0) mm : {R = N, S = K, INNER = splits}   @binding(1) dy: part   @binding(3) out: dW
+//   (binding 2 unbound)
 //   Dispatch: grid1d(ceil(N * K / WG)) workgroups of WG threads (kernels.js passes WG).
 
 override MODE: u32 = 0u;

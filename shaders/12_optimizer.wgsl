@@ -384,7 +384,9 @@ fn finish8(r: In8, t: u32, grp: u32, lid: u32) -> Out8 {
 // loads go out before the table loads, so their latencies overlap), or a fixed grid whose
 // workgroups stride over the blocks with the tables loaded once, software-pipelined: the loads of
 // round k+1 (and the entries of round k+2) are in flight while round k is computed. The two entry
-// points differ only in the mirror write (a shared helper would make both bind the mirror).
+// points differ only in the mirror write, so they stay two copies: WGSL passes no functions, and
+// a shared loop that wrote the mirror (even under an override) would use it statically, so the
+// plain 8-bit pipeline's layout would need a mirror binding with no buffer behind it.
 
 @compute @workgroup_size(WG8)
 fn adamw_8bit_update(@builtin(workgroup_id) wid: vec3<u32>,

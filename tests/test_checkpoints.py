@@ -601,3 +601,14 @@ def test_resume_and_branch_only_from_checkpoints_whose_records_are_committed(cli
     branch = client.post("/api/runs", json={"preset": "tiny", "steps": 200, "lr": 1e-3,
                                             "parent": {"run": run["id"], "step": 10}})
     assert branch.status_code == 409 and "committed up to step 5" in branch.json()["detail"]
+
+
+def test_resume_and_branch_pick_their_checkpoint_by_one_rule():
+    """routes/checkpoints.py (resume) and headless.py (`--branch RUN` without a step) both ask
+    checkpoints.newest_usable: the newest checkpoint at or before the last committed record."""
+    metas = [{"step": s} for s in (5, 10, 15)]
+    assert checkpoints.newest_usable(metas, 12) == 10
+    assert checkpoints.newest_usable(metas, 15) == 15
+    assert checkpoints.newest_usable(metas, 4) is None
+    assert checkpoints.newest_usable(metas, None) is None
+    assert checkpoints.newest_usable([], 9) is None

@@ -201,7 +201,7 @@ def test_train_with_playwright_broken(server, tmp_path):
 
 
 def test_the_same_error_seen_twice_is_said_once():
-    from andrea.headless import one_reason
+    from andrea.train_output import one_reason
 
     why = "this GPU cannot run it: the logits activation needs 2048 MiB at batch 64 x 1024"
     assert one_reason([f"page error: {why}", f"Cannot train here: {why}", None]) == \
@@ -310,3 +310,22 @@ def test_a_resumed_run_that_never_trained_stays_resumable(server):
     _settle_untrained(result, {"token": run["token"]}, "no adapter", resumed=True)
     got = httpx.get(f"{server}/api/runs/{run['id']}").json()
     assert result["status"] == got["status"] == "stopped" and got["message"] == "no adapter"
+
+
+def test_the_http_client_words_fastapi_errors_and_a_server_that_does_not_answer(server):
+    """One client for `andrea train` and `andrea export --server` (andrea.http_client)."""
+    from andrea import http_client
+
+    with pytest.raises(http_client.ServerError) as e:
+        http_client.request("GET", f"{server}/api/runs/nope")
+    assert e.value.status == 404 and "nope" in e.value.detail
+    assert str(e.value) == f"GET /api/runs/nope: 404 {e.value.detail}"
+    with pytest.raises(http_client.ServerError) as e:   # pydantic's errors: "where: why"
+        http_client.request("POST", f"{server}/api/runs", {"preset": "tiny", "steps": 0})
+    assert e.value.status == 422 and e.value.detail.startswith("steps: "), e.value.detail
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(http_client.Unreachable) as e:
+        http_client.request("GET", f"http://127.0.0.1:{port}/healthz", timeout=5)
+    assert str(e.value).startswith(f"the server at http://127.0.0.1:{port} does not answer: ")

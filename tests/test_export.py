@@ -173,7 +173,7 @@ def test_model_card(exported, run):
 
 def test_model_card_lists_a_runs_picked_sources():
     """A run on some of the corpus's sources says so, and its card's table lists those alone."""
-    from andrea.export import data_text
+    from andrea.model_card import data_text
 
     meta = {"val_fraction": 0.1, "sources": [
         {"name": n, "n_documents": 10, "n_chars": 1000, "n_tokens": 400}

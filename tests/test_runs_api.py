@@ -1,7 +1,21 @@
+import contextlib
+
 import pytest
 
 from andrea.metrics import COLUMNS
 from andrea.telemetry import RECORDS_PER_MESSAGE
+
+
+@contextlib.contextmanager
+def trains(client, run):
+    """A trainer socket that said hello and `running`, committed (its pong came back)."""
+    with client.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+        ws.send_json({"type": "hello", "token": run["token"]})
+        assert ws.receive_json()["type"] == "welcome"
+        ws.send_json({"type": "status", "status": "running"})
+        ws.send_json({"type": "ping"})
+        assert ws.receive_json() == {"type": "pong"}
+        yield ws
 
 
 def test_minimal_config_gets_defaults(client):
@@ -178,12 +192,8 @@ def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
     app = create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))
     with TestClient(app) as c:
         run = c.post("/api/runs", json={"preset": "tiny"}).json()
-        with c.websocket_connect(f"/ws/runs/{run['id']}") as ws:
-            ws.send_json({"type": "hello", "token": run["token"]})
-            ws.receive_json()
-            ws.send_json({"type": "status", "status": "running"})
-            ws.send_json({"type": "ping"})
-            assert ws.receive_json() == {"type": "pong"}
+        with trains(c, run):
+            pass
         deadline = time.monotonic() + 10
         while c.get(f"/api/runs/{run['id']}").json()["status"] == "running":
             assert time.monotonic() < deadline, "never marked interrupted"
@@ -222,12 +232,7 @@ def test_a_run_no_trainer_takes_is_never_started_after_the_grace_and_its_viewers
             info = c.get(f"/api/runs/{held['id']}").json()
             assert info["status"] == "created" and info["connected"] is True
         # A tab that does come later still takes it.
-        with c.websocket_connect(f"/ws/runs/{lone['id']}") as ws:
-            ws.send_json({"type": "hello", "token": lone["token"]})
-            assert ws.receive_json()["type"] == "welcome"
-            ws.send_json({"type": "status", "status": "running"})
-            ws.send_json({"type": "ping"})
-            assert ws.receive_json() == {"type": "pong"}
+        with trains(c, lone):
             info = c.get(f"/api/runs/{lone['id']}").json()
             assert info["status"] == "running" and info["connected"] is True
 
@@ -443,14 +448,75 @@ def test_a_run_no_trainer_ever_started_becomes_abandoned_and_can_still_train(cli
     assert info["status"] == "abandoned" and "within 90 s" in info["message"]
     assert info["connected"] is False and info["can_resume"] is False
     # A tab that does come later still trains it.
-    with client.websocket_connect(f"/ws/runs/{stale['id']}") as ws:
-        ws.send_json({"type": "hello", "token": stale["token"]})
-        assert ws.receive_json()["type"] == "welcome"
-        ws.send_json({"type": "status", "status": "running"})
-        ws.send_json({"type": "ping"})
-        assert ws.receive_json() == {"type": "pong"}
+    with trains(client, stale):
+        pass
     assert client.get(f"/api/runs/{stale['id']}").json()["status"] in ("running", "interrupted")
 
+
+def test_reading_runs_never_writes_and_the_sweep_stores_what_reads_show(tmp_path, monkeypatch):
+    """GET /api/runs and GET /api/runs/{id} run no write: a run past its start grace reads
+    "never started" before anything stored it. The app's sweep stores it: at startup (runs
+    left from before a restart), then every EXPIRE_EVERY_S, telling its viewers."""
+    import sqlite3
+    import time
+
+    from fastapi.testclient import TestClient
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from andrea.app import create_app
+    from andrea.config import Settings
+    from andrea.routes import runs as runs_routes
+
+    settings = Settings(data_dir=tmp_path / "data")
+
+    def backdate(*run_ids):
+        with sqlite3.connect(settings.db_path) as db:
+            for run_id in run_ids:
+                db.execute("UPDATE runs SET created_at = ?, updated_at = ? WHERE id = ?",
+                           (time.time() - 100, time.time() - 100, run_id))
+
+    def stored(run_id):
+        with sqlite3.connect(settings.db_path) as db:
+            return db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+
+    monkeypatch.setattr(runs_routes, "EXPIRE_EVERY_S", 3600)     # no sweep meanwhile
+    with TestClient(create_app(settings)) as c:
+        stale, fresh, trained = (c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
+                                 for _ in range(3))
+        _send(c, trained, [{"step": 1, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0,
+                            "lr": 3e-4}])                   # a step recorded: it started
+        backdate(stale["id"], trained["id"])
+        seen = []
+
+        def statement(conn, cursor, sql, params, context, executemany):
+            seen.append(sql)
+        event.listen(Engine, "before_cursor_execute", statement)
+        try:
+            listed = {r["id"]: r for r in c.get("/api/runs").json()}
+            one = c.get(f"/api/runs/{stale['id']}").json()
+        finally:
+            event.remove(Engine, "before_cursor_execute", statement)
+        writes = [sql for sql in seen
+                  if sql.split()[0].upper() in ("INSERT", "UPDATE", "DELETE", "BEGIN")]
+        assert seen and writes == [], writes
+        assert {k: r["status"] for k, r in listed.items()} == {
+            stale["id"]: "abandoned", fresh["id"]: "created", trained["id"]: "created"}
+        assert one["status"] == "abandoned" and "within 90 s" in one["message"]
+        assert listed[stale["id"]]["message"] == one["message"]
+        assert stored(stale["id"]) == "created"             # shown, not stored
+    with TestClient(create_app(settings)) as c:             # a restart: the startup sweep
+        assert stored(stale["id"]) == "abandoned" and stored(trained["id"]) == "created"
+        assert c.get(f"/api/runs/{stale['id']}").json() == one
+    monkeypatch.setattr(runs_routes, "EXPIRE_EVERY_S", 0.2)
+    with TestClient(create_app(settings)) as c:
+        late = c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
+        with c.websocket_connect(f"/ws/runs/{late['id']}/watch") as viewer:
+            assert viewer.receive_json()["run"]["status"] == "created"
+            backdate(late["id"])
+            told = viewer.receive_json()                     # the sweep, within a moment
+            assert told["type"] == "run" and told["run"]["status"] == "abandoned"
+        assert stored(late["id"]) == "abandoned" and stored(fresh["id"]) == "created"
 
 def test_unknown_run_page_is_a_404_page_that_says_so(client):
     r = client.get("/runs/nope")

@@ -1,4 +1,4 @@
-"""The store (server/store.py) on both of its databases: every test runs on SQLite and on
+"""The store (server/store/) on both of its databases: every test runs on SQLite and on
 PostgreSQL (a throwaway cluster, tests/pg.py; skipped where PostgreSQL is not installed)."""
 
 from __future__ import annotations
@@ -429,6 +429,107 @@ def test_metrics_pages_and_records_page_json(store):
     assert store.records_page_json("nope", None, 3) == (None, None, 0)
 
 
+# ---- the run summary (on the run's row) --------------------------------------------------------
+
+SUMMARY = ("last_step", "last_loss", "first_time", "last_time", "last_eval_loss",
+           "best_eval_loss")
+
+
+def summary_of_records(store, run_id: str) -> dict:
+    """What a run's summary must say: worked out from its records, as the list once did."""
+    recs = store.metrics(run_id)
+    if not recs:
+        return dict.fromkeys(SUMMARY)
+    evals = [r["eval_loss"] for r in recs if r.get("eval_loss") is not None]
+    return {"last_step": recs[-1]["step"], "last_loss": recs[-1]["loss"],
+            "first_time": recs[0].get("time"), "last_time": recs[-1].get("time"),
+            "last_eval_loss": evals[-1] if evals else None,
+            "best_eval_loss": min(evals) if evals else None}
+
+
+def assert_summary(store, run_id: str, **expected) -> None:
+    run = store.get_run(run_id)
+    got = {k: run[k] for k in SUMMARY}
+    assert got == summary_of_records(store, run_id), run_id
+    listed = next(r for r in store.list_runs(1000) if r["id"] == run_id)
+    assert {k: listed[k] for k in SUMMARY} == got
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_the_run_summary_follows_every_way_records_come_and_go(store):
+    store.create_run("a", CFG, "h")
+    store.create_run("b", CFG, "h")
+    assert_summary(store, "a", last_step=None, best_eval_loss=None)
+    store.add_metrics("a", [rec(7, 4.0), rec(5, 4.5), rec(6, 4.2, eval_loss=3.0), rec(8, 3.9)])
+    assert_summary(store, "a", last_step=8, last_loss=3.9, last_eval_loss=3.0)
+    time.sleep(0.01)        # (a later commit time)
+    # Steps below the first (a gap filled late), a resend (ignored), a step whose loss is not
+    # finite, an eval lower than the best at a step below the last eval's.
+    store.add_metrics("a", [rec(2, 5.0), rec(6, 1.0, eval_loss=0.1), rec(9, math.nan),
+                            rec(3, 4.8, eval_loss=2.0)])
+    assert_summary(store, "a", last_step=9, last_loss=None, last_eval_loss=3.0,
+                   best_eval_loss=2.0)
+    at = {r["step"]: r["time"] for r in store.metrics("a")}
+    assert store.get_run("a")["first_time"] == at[2] > at[5]    # the lowest step's, later
+    assert store.add_metrics("a", [rec(2), rec(9)]) == ([], 9)          # all resent
+    assert_summary(store, "a", last_step=9)
+    store.add_metrics("a", [rec(10, 3.5, eval_loss=2.5), rec(11, 3.4)])
+    assert_summary(store, "a", last_step=11, last_eval_loss=2.5, best_eval_loss=2.0)
+
+    async def grouped():      # the group commit: several batches, one transaction
+        return await asyncio.gather(*(store.add_metrics_grouped(r, [rec(s, 1.0 / s)])
+                                      for s in range(12, 20) for r in "ab"))
+    aio.run(grouped())
+    assert_summary(store, "a", last_step=19, last_eval_loss=2.5)
+    assert_summary(store, "b", last_step=19, first_time=store.metrics("b")[0]["time"])
+    # A resume deletes the records after its checkpoint: the summary goes back with them.
+    store.set_status("a", "stopped")
+    store.resume_run("a", 6, "h2", RESUMABLE)
+    assert_summary(store, "a", last_step=6, last_loss=4.2, last_eval_loss=3.0,
+                   best_eval_loss=2.0)
+    store.add_metrics("a", [rec(7, 0.5)])
+    assert_summary(store, "a", last_step=7, last_loss=0.5)
+    store.set_status("a", "stopped")
+    store.resume_run("a", 0, "h3", RESUMABLE)
+    assert_summary(store, "a", last_step=None, first_time=None, best_eval_loss=None)
+    store.add_metrics("a", [rec(1, 2.0)])
+    assert_summary(store, "a", last_step=1, best_eval_loss=None)
+    # A branch copies its parent's records up to its step, and its summary with them.
+    store.add_metrics("b", [rec(20, 0.7, eval_loss=0.9), rec(21, 0.6, eval_loss=1.1)])
+    store.create_branch("c", CFG, "hc", "b", 20)
+    assert_summary(store, "c", last_step=20, last_eval_loss=0.9, best_eval_loss=0.9)
+    store.create_branch("d", CFG, "hd", "b", 0)
+    assert_summary(store, "d", last_step=None)
+    assert_summary(store, "b", last_step=21, last_eval_loss=1.1, best_eval_loss=0.9)
+
+
+def test_listing_and_reading_runs_reads_their_rows_alone(store):
+    """One statement each, on the runs table only: what GET /api/runs costs does not depend on
+    how many records the runs hold (tests/test_store_scale.py measures it)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    for run_id in "ab":
+        store.create_run(run_id, CFG, "h")
+        store.add_metrics(run_id, [rec(s, eval_loss=1.0) for s in range(1, 50)])
+    seen = []
+
+    def statement(conn, cursor, sql, params, context, executemany):
+        seen.append((sql, params))
+    event.listen(Engine, "before_cursor_execute", statement)
+    try:
+        assert len(store.list_runs()) == 2 and len(seen) == 1
+        assert store.get_run("a")["last_step"] == 49 and len(seen) == 2
+    finally:
+        event.remove(Engine, "before_cursor_execute", statement)
+    explain = "EXPLAIN " if store.postgres else "EXPLAIN QUERY PLAN "
+    for sql, params in seen:
+        assert "metrics" not in sql.lower(), sql
+        with store._tx() as db:
+            plan = " ".join(str(row) for row in db.exec_driver_sql(explain + sql, params))
+        assert "runs" in plan and "metrics" not in plan, plan
+
+
 # ---- events ----------------------------------------------------------------------------------
 
 
@@ -597,12 +698,17 @@ def _hash(token: str) -> str:
     return token_hash(token)
 
 
-def test_an_older_database_opens_keeps_its_data_and_gains_the_new_columns(store_backend):
-    assert list(OLD_COLUMNS)[-2:] == ["eval_loss", "phase"]   # the order the rows above use
+def _old_database(store_backend) -> None:
+    """The backend's database as an older release left it (see _old_sqlite, _old_postgres)."""
     if store_backend.name == "sqlite":
         _old_sqlite(store_backend.path)
     else:
         _old_postgres(store_backend.url)
+
+
+def test_an_older_database_opens_keeps_its_data_and_gains_the_new_columns(store_backend):
+    assert list(OLD_COLUMNS)[-2:] == ["eval_loss", "phase"]   # the order the rows above use
+    _old_database(store_backend)
     store = store_backend.open()
     try:
         r3 = store.get_run("r3")
@@ -643,6 +749,32 @@ def test_an_older_database_opens_keeps_its_data_and_gains_the_new_columns(store_
     finally:
         again.close()
 
+
+def test_an_older_database_gets_its_run_summaries_once(store_backend):
+    """The columns are added and filled from the records when the database opens, in that
+    transaction; from then on the writers keep them (a second open computes nothing)."""
+    _old_database(store_backend)
+    store = store_backend.open()
+    try:
+        assert_summary(store, "r3", last_step=2, last_loss=3.0, first_time=None,
+                       last_eval_loss=None)
+        assert_summary(store, "r1", last_step=None)
+        store.add_metrics("r3", [rec(3, 2.0, eval_loss=2.5)])
+        assert_summary(store, "r3", last_step=3, last_eval_loss=2.5, best_eval_loss=2.5)
+    finally:
+        store.close()
+    change = "UPDATE runs SET last_loss = 99 WHERE id = 'r3'"
+    if store_backend.name == "sqlite":
+        with sqlite3.connect(store_backend.path) as conn:
+            conn.execute(change)
+    else:
+        with psycopg.connect(store_backend.url) as conn:
+            conn.execute(change)
+    again = store_backend.open()
+    try:
+        assert again.get_run("r3")["last_loss"] == 99        # not computed again
+    finally:
+        again.close()
 
 def test_a_database_out_of_reach_is_store_unavailable_then_recovers(store_backend, tmp_path):
     if store_backend.name == "sqlite":

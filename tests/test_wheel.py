@@ -76,7 +76,7 @@ def test_installed_wheel_serves_from_any_folder(wheel_venv, tmp_path):
         uplot = re.search(r'"uplot": "([^"]+)"', html).group(1)
         assert "uPlot" in _get(url + uplot)
         static = re.search(r'src="([^"]+/)js/app/new_run\.js"', html).group(1)
-        assert "Trainer" in _get(url + static + "js/app/run.js")
+        assert "Trainer.create(" in _get(url + static + "js/app/training.js")
         assert "createContext" in _get(url + static + "js/engine/context.js")
     finally:
         proc.terminate()

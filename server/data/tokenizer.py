@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from andrea.data.sources import Source, tokenizer_sample
 
 EOT = "<|endoftext|>"
+EOT_ID = 0                         # the only special token, so always the first id
 MIN_VOCAB = 257                    # 256 byte tokens + the end-of-text token
 
 

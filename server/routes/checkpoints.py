@@ -25,6 +25,7 @@ from andrea.checkpoints import (
     CheckpointStore,
     Upload,
     disk_error,
+    newest_usable,
     parse_digests,
 )
 from andrea.deps import (
@@ -41,9 +42,9 @@ from andrea.deps import (
 from andrea.fanout import Fanout
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
-from andrea.run_info import RESUMABLE, public_run
+from andrea.run_info import RESUMABLE
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
-from andrea.telemetry import watch_resumed
+from andrea.telemetry.lifecycle import current_run, no_trainer, watch_resumed
 
 router = APIRouter(prefix="/api", tags=["checkpoints"])
 
@@ -173,10 +174,9 @@ async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: Che
     from now on), the metrics and events after the checkpoint deleted, status `created`."""
     run_id = run["id"]
     token = new_token()
-    async with fanout.run_lock(run_id):     # no hello, commit or other resume in between
-        if await fanout.trainer_anywhere(run_id):
-            raise HTTPException(409, "a trainer is connected to this run (another tab is "
-                                     "training it): stop it there, or wait until it is gone")
+    busy = ("a trainer is connected to this run (another tab is training it): stop it there, "
+            "or wait until it is gone")
+    async with no_trainer(fanout, run_id, busy):    # no hello, commit or other resume between
         run = await store.run(store.get_run, run_id)
         if run["status"] not in RESUMABLE:
             raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
@@ -186,24 +186,22 @@ async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: Che
             raise HTTPException(409, f"cannot resume: {why}")
     runs.forget(run_id)       # its bandit replays the records that are left
     watch_resumed(store, fanout, settings.trainer_grace_s, run_id)
-    info = public_run(await store.run(store.get_run, run_id), fanout.has_trainer(run_id))
+    info = await current_run(store, fanout, run_id)
     fanout.publish(run_id, {"type": "resumed", "step": step})
     fanout.publish(run_id, {"type": "run", "run": info})
     return {"token": token, "step": step, "run": info}
 
 
 async def usable_checkpoint(store, ckpts: CheckpointStore, run_id: str) -> int:
-    """The newest checkpoint whose steps all have committed records: a tab that dies right after
-    uploading checkpoint K may not have sent record K yet, and a run must never go on with a
-    hole in its steps."""
+    """The newest checkpoint whose steps all have committed records (checkpoints.newest_usable)."""
     last = await store.run(store.last_step, run_id) or 0
     metas = await asyncio.to_thread(ckpts.list, run_id)
-    usable = [m["step"] for m in metas if m["step"] <= last]
-    if not usable:
+    step = newest_usable(metas, last)
+    if step is None:
         have = ", ".join(str(m["step"]) for m in metas) or "none"
         raise HTTPException(404, f"run {run_id} has no checkpoint to resume from whose records "
                                  f"are committed (records up to step {last}; checkpoints: {have})")
-    return max(usable)
+    return step
 
 
 async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, step: int,

@@ -3,7 +3,11 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from andrea import schemas
+from andrea.data.bandit import PHASE_LENGTHS
+from andrea.data.windows import PASSES_WARNING
 from andrea.deps import StoreDep, TemplatesDep
+from andrea.model import SHAPE_FIELDS
 from andrea.run_config import form_fields
 
 router = APIRouter(default_response_class=HTMLResponse, include_in_schema=False)
@@ -16,8 +20,12 @@ def _render(templates: TemplatesDep, request: Request, template: str,
 
 @router.get("/")
 def index(request: Request, templates: TemplatesDep):
-    # The form's defaults, bounds and required marks are RunConfig's (run_config.py).
-    return _render(templates, request, "index.html", title="New run", fields=form_fields())
+    # The form's defaults, bounds and required marks are RunConfig's (run_config.py); the
+    # fields that make the model are what model.run_model reads; the bandit's phase lengths and
+    # the data warning's passes are the data modules'.
+    return _render(templates, request, "index.html", title="New run", fields=form_fields(),
+                   shape_fields=("preset", *SHAPE_FIELDS, "seq_len"),
+                   phase_lengths=PHASE_LENGTHS, passes_warning=PASSES_WARNING)
 
 
 @router.get("/runs/{run_id}")
@@ -28,7 +36,7 @@ async def run_page(request: Request, templates: TemplatesDep, store: StoreDep, r
         return _render(templates, request, "not_found.html", status_code=404,
                        title="No such run", what=f"There is no run {run_id} on this server.")
     return _render(templates, request, "run.html", title=run["name"], run_id=run_id,
-                   run_name=run["name"])
+                   run_name=run["name"], name_max=schemas.NAME_MAX, notes_max=schemas.NOTES_MAX)
 
 
 # Pages that need nothing but their template: path -> (template, title).

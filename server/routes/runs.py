@@ -37,14 +37,16 @@ from andrea.deps import (
     StoreDep,
     WritableRunDep,
 )
-from andrea.export import export_run, tokenizer_path, weights_path, write_weights, zip_folder
+from andrea.export import export_run, tokenizer_path, write_weights, zip_folder
 from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
+from andrea.paths import run_dir, weights_path
 from andrea.routes.checkpoints import link_parent
 from andrea.run_config import RunConfig
 from andrea.run_info import abandoned_message, checkpoint_info, public_run
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
+from andrea.telemetry.lifecycle import no_trainer, publish_run
 
 router = APIRouter(prefix="/api", tags=["runs"])
 log = logging.getLogger("andrea.runs")
@@ -92,7 +94,7 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: Ru
     if config.parent is None:
         await store.run(store.create_run, run_id, cfg, token_hash(token), None)
         # Its viewers (and the list) read "never started" once the grace period has passed
-        # without a trainer; listing or reading runs expires them too (after a restart).
+        # without a trainer; the app's sweep expires it too (after a restart: expire_runs).
         fanout.spawn(_expire_later(store, fanout, settings.start_grace_s))
     else:
         await _branch(run_id, cfg, token_hash(token), store, fanout, ckpts)
@@ -149,38 +151,71 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
 
 async def _expire(store, fanout, grace_s: float) -> None:
     """Runs `created` more than `grace_s` ago that no trainer ever started become `abandoned`
-    (shown as "never started"), and their viewers are told. Lazily, when runs are listed or
-    read, and once the grace period of each new run has passed (_expire_later)."""
+    (shown as "never started"), and their viewers are told. Once the grace period of each new
+    run has passed (_expire_later), and by the app's sweep (expire_runs). Never on a read:
+    reads show such a run as it is about to be stored (_read)."""
     for run_id in await store.run(store.abandon_stale, time.time() - grace_s,
                                   fanout.connected_runs(), abandoned_message(grace_s)):
-        run = await store.run(store.get_run, run_id)
-        if run is not None:
-            fanout.publish(run_id, {"type": "run",
-                                    "run": public_run(run, fanout.has_trainer(run_id))})
+        await publish_run(store, fanout, run_id)
 
 
 async def _expire_later(store, fanout, grace_s: float) -> None:
     await asyncio.sleep(grace_s + 0.5)
     try:
         await _expire(store, fanout, grace_s)
-    except Exception:       # (a store out of reach now: the next list or read expires it)
+    except Exception:       # (a store out of reach now: the app's sweep expires it later)
         log.warning("expiring runs that never started failed", exc_info=True)
+
+
+EXPIRE_EVERY_S = 5.0        # how often the app's sweep expires runs that never started
+
+
+async def expire_runs(store, fanout, grace_s: float) -> None:
+    """The app's sweep, started with its lifespan (app.py): now, for the runs left from before
+    a restart, then every EXPIRE_EVERY_S in the background, for what a run's own timer
+    (_expire_later) missed (the store out of reach then, the process that made it gone)."""
+    async def sweep(failing: bool) -> bool:
+        try:
+            await _expire(store, fanout, grace_s)
+            return False
+        except Exception:
+            if not failing:     # once, not every few seconds while the store is away
+                log.warning("expiring runs that never started failed", exc_info=True)
+            return True
+
+    async def every() -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(EXPIRE_EVERY_S)
+            failing = await sweep(failing)
+
+    await sweep(False)
+    fanout.spawn(every())
+
+
+def _read(run: dict, fanout, grace_s: float) -> dict:
+    """The run as GET /api/runs and GET /api/runs/{id} show it (run_info.public_run). One that
+    _expire is about to make `abandoned` (created more than `grace_s` ago, no step recorded,
+    no checkpoint, no trainer) reads `abandoned` already, with the message it will be stored
+    with: a read never writes."""
+    connected = fanout.has_trainer(run["id"])
+    if (run["status"] == "created" and not connected and run["last_step"] is None
+            and run["checkpoint_step"] is None and run["updated_at"] < time.time() - grace_s):
+        run = {**run, "status": "abandoned", "message": abandoned_message(grace_s)}
+    return public_run(run, connected)
 
 
 @router.get("/runs")
 async def list_runs(store: StoreDep, fanout: FanoutDep, settings: SettingsDep) -> list[Run]:
-    await _expire(store, fanout, settings.start_grace_s)
-    return [public_run(r, fanout.has_trainer(r["id"]))
-            for r in await store.run(store.list_runs)]
+    """The newest runs (their rows alone: reading them costs the same however many records
+    they hold); nothing is written."""
+    return [_read(r, fanout, settings.start_grace_s) for r in await store.run(store.list_runs)]
 
 
 @router.get("/runs/{run_id}")
 async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
                   fanout: FanoutDep) -> RunDetail:
-    if run["status"] == "created":
-        await _expire(store, fanout, settings.start_grace_s)
-        run = await store.run(store.get_run, run["id"]) or run
-    return {**public_run(run, fanout.has_trainer(run["id"])),
+    return {**_read(run, fanout, settings.start_grace_s),
             "samples": await store.run(store.events, run["id"], "sample", SAMPLES_SHOWN),
             "has_weights": weights_path(settings.data_dir, run["id"]).exists()}
 
@@ -200,9 +235,7 @@ async def update_run(update: RunUpdate, run: RunDep, store: StoreDep,
     run_id = run["id"]
     if not await store.run(store.update_run, run_id, fields):
         raise HTTPException(404, f"unknown run {run_id!r}")
-    info = public_run(await store.run(store.get_run, run_id), fanout.has_trainer(run_id))
-    fanout.publish(run_id, {"type": "run", "run": info})
-    return info
+    return await publish_run(store, fanout, run_id)
 
 
 @router.delete("/runs/{run_id}", status_code=204)
@@ -211,13 +244,11 @@ async def delete_run(run: RunDep, store: StoreDep, fanout: FanoutDep, runs: Runs
     """The run, its metrics, events, checkpoints and weights. 409 while a trainer is
     connected (the tab training it would go on writing): stop it there first."""
     run_id = run["id"]
-    async with fanout.run_lock(run_id):     # no hello, resume or checkpoint commit meanwhile
-        if await fanout.trainer_anywhere(run_id):
-            raise HTTPException(409, "a tab is training this run: stop it there first, or "
-                                     "wait until its trainer is gone")
+    busy = "a tab is training this run: stop it there first, or wait until its trainer is gone"
+    async with no_trainer(fanout, run_id, busy):    # no hello, resume or checkpoint commit
         if not await store.run(store.delete_run, run_id):
             raise HTTPException(404, f"unknown run {run_id!r}")
-        await asyncio.to_thread(shutil.rmtree, settings.data_dir / "runs" / run_id, True)
+        await asyncio.to_thread(shutil.rmtree, run_dir(settings.data_dir, run_id), True)
     runs.forget(run_id)
     fanout.publish(run_id, {"type": "deleted", "run_id": run_id})
     return Response(status_code=204)
@@ -291,10 +322,7 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
                             f"{' or more' if size > expected else ''})")
     tmp.replace(dest)   # atomic: a reader never sees half a file
     # Viewers show the model link now, without a reload.
-    fresh = await store.run(store.get_run, run_id)
-    if fresh is not None:
-        fanout.publish(run_id, {"type": "run", "run": {
-            **public_run(fresh, fanout.has_trainer(run_id)), "has_weights": True}})
+    await publish_run(store, fanout, run_id, has_weights=True)
 
 
 # ?step=K: the weights of checkpoint K instead of the final upload.

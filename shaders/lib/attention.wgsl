@@ -1,6 +1,6 @@
 // What 05_attention and 10_attention_backward share: the dims uniform (kernels.js
-// attentionDims writes it), the pipeline constants, the block decomposition and the staging of
-// row blocks in workgroup memory.
+// attentionDims writes it), the pipeline constants, the block decomposition, the staging of
+// row blocks in workgroup memory, the causal mask and the output phase (tile times rows).
 //
 // Tiling (FlashAttention-2 style): the T x T score matrix of one (batch, head) is cut into
 // BLK x BLK blocks. A workgroup of 16 x 16 threads owns one row block (the forward and dq: 64
@@ -22,8 +22,12 @@ override HV: u32 = (HD + 3u) / 4u;        // vec4s per head row (zero-padded pas
 override NSC: u32 = (HV + 3u) / 4u;       // 16-wide head-dim chunks of a score product
 override NDV: u32 = (HV + 15u) / 16u;     // vec4 head-dim columns per thread in outputs (1, 2)
 const MAX_D: u32 = 128u;                  // NDV <= 2
-const BLK: u32 = 64u;                     // rows per block (kernels.js WG_ATTENTION)
-const WG: u32 = 256u;                     // 16 x 16 threads
+// Rows per block: kernels.js ATTENTION_BLOCK, from which it also sizes the grid. The workgroup
+// follows from it, one 4 x 4 register tile of the block per thread; the thread layout below is
+// written for 64 (16 x 16 threads, whose score phase stages four operand chunks of 64 threads).
+override BLK: u32;
+override WG: u32 = (BLK / 4u) * (BLK / 4u);
+override KC: u32 = 32u / NDV;   // output phase (tile_rows): columns per chunk, [KC][16] + [KC][16 NDV]
 // Workgroup memory, reused phase by phase (barriers between): 16 KiB, WebGPU's default limit.
 //   score phase: four transposed operand chunks of 16 d x 64 rows (256 vec4s each)
 //   output phase: P (or dS) chunks [c][row vec4] and staged rows [c][16 NDV vec4]
@@ -40,6 +44,16 @@ fn block_of(wid: vec3<u32>, nwg: vec3<u32>, reverse: bool) -> vec4<u32> {
   let j = w / bh;
   return vec4<u32>((w % bh) / dims.H, w % dims.H, select(j, nb - 1u - j, reverse),
                    select(0u, 1u, w < bh * nb));
+}
+
+// Where a (batch, head)'s rows start: its q, k, v in qkv (rows of 3C), its y and dO (rows of C),
+// its lse and delta ([B, H, T]).
+struct Head { qbase: u32, kbase: u32, vbase: u32, obase: u32, hrow: u32 }
+
+fn head_of(b: u32, h: u32) -> Head {
+  let qbase = b * dims.T * 3u * dims.C + h * dims.D;
+  return Head(qbase, qbase + dims.C, qbase + 2u * dims.C, b * dims.T * dims.C + h * dims.D,
+              (b * dims.H + h) * dims.T);
 }
 
 // Row sources for pad4: the including file's row_at(src, i) returns element i of qkv, the forward
@@ -83,6 +97,53 @@ fn scale_rows(t: Quad, f: vec4<f32>) -> Quad {
 // Member i of t.
 fn quad_row(t: Quad, i: u32) -> vec4<f32> {
   return select(select(t.x, t.y, i == 1u), select(t.z, t.w, i == 3u), i >= 2u);
+}
+
+// A score tile (columns j: keys k0 + j; components: the queries `rows`) with `fill` where the key
+// is past the query (causal) or past T.
+fn mask_keys(s: Quad, k0: u32, rows: vec4<u32>, fill: f32) -> Quad {
+  let n = vec4<f32>(fill);
+  return Quad(select(s.x, n, (vec4<u32>(k0) > rows) | vec4<bool>(k0 >= dims.T)),
+              select(s.y, n, (vec4<u32>(k0 + 1u) > rows) | vec4<bool>(k0 + 1u >= dims.T)),
+              select(s.z, n, (vec4<u32>(k0 + 2u) > rows) | vec4<bool>(k0 + 2u >= dims.T)),
+              select(s.w, n, (vec4<u32>(k0 + 3u) > rows) | vec4<bool>(k0 + 3u >= dims.T)));
+}
+
+// An output tile pair: rows 4 ty .. 4 ty + 3 (members x .. w) by head dims 4 tx .. (lo) and
+// 64 + 4 tx .. (hi, used when NDV = 2).
+struct Out { lo: Quad, hi: Quad }
+
+fn out0() -> Out { return Out(quad0(), quad0()); }
+
+// acc += S X over one block: S this thread's 4 x 4 tile of P or dS (rows 4 ty .., columns 4 tx ..),
+// X the BLK rows of qkv from row r0 of `base` (v for the forward's P, k for dq's dS). KC columns
+// at a time: S staged [column][row vec4] (stage_tile), X's rows as they are (stage_n); per column
+// one vec4 of S and one of X feed 16 FMAs, columns in order.
+fn tile_rows(acc: Out, s: Quad, base: u32, r0: u32, lid: u32) -> Out {
+  let tx = lid % 16u;
+  let ty = lid / 16u;
+  var a = acc;
+  for (var c = 0u; c < BLK; c = c + KC) {
+    workgroupBarrier();
+    if (4u * tx >= c && 4u * tx < c + KC) { stage_tile(16u * (4u * tx - c) + ty, s); }
+    stage_n(16u * KC, QKV, base, 3u * dims.C, r0 + c, KC, lid);
+    workgroupBarrier();
+    for (var kk = 0u; kk < KC; kk = kk + 1u) {
+      let p = sm[16u * kk + ty];
+      let o = 16u * KC + 16u * NDV * kk + tx;
+      a.lo = outer_fma(a.lo, sm[o], p);
+      if (NDV > 1u) { a.hi = outer_fma(a.hi, sm[o + 16u], p); }
+    }
+  }
+  return a;
+}
+
+// P or dS tile columns x .. w to sm[o], sm[o + 16], .. (staged [column][row vec4]).
+fn stage_tile(o: u32, t: Quad) {
+  sm[o] = t.x;
+  sm[o + 16u] = t.y;
+  sm[o + 32u] = t.z;
+  sm[o + 48u] = t.w;
 }
 
 // Head dims 16 c .. 16 c + 15 of rows r0 .. r0 + 63 (row t at element base + t * stride of src;

@@ -144,3 +144,28 @@ test('isolated points: the lone value of a spanned line, the values between gaps
   assert.deepEqual(isolatedPoints([1, null, 2, 3, null, 4], false), [0, 5]);
   assert.equal(isolatedPoints([1, 2, null, 3, 4], false), null);
 });
+
+test('one EMA: smooth() over a column, runningSmooth() over rows or a column kept elsewhere', async () => {
+  const { ema, smooth } = await import('../../static/js/app/series.js');
+  const ys = [3, null, 2.5, Infinity, 2, 1.5];
+  const next = ema(0.6);
+  const stepped = ys.map((y) => next(y));
+  assert.deepEqual(smooth(ys, 0.6), stepped);
+  assert.equal(stepped[1], null);
+  assert.ok(Math.abs(stepped[0] - 3) < 1e-12);         // bias-corrected: the first value itself
+  assert.equal(smooth(ys, 0), ys);                      // alpha 0: the column as it is
+  const s = new RunSeries(['loss']);
+  ys.forEach((y, k) => s.add({ step: k + 1, loss: y }));
+  assert.deepEqual(runningSmooth('loss', 0.6).update(s, 0).out, stepped);
+  const elsewhere = [4, 3, null, 2, 1, 0.5];
+  assert.deepEqual(runningSmooth((_s, row) => elsewhere[row], 0.6).update(s, 0).out,
+    smooth(elsewhere, 0.6));
+});
+
+test('rowOf finds a step by binary search; evalLosses keeps the last and the best', async () => {
+  const { evalLosses, rowOf } = await import('../../static/js/app/series.js');
+  const s = new RunSeries(['eval_loss']);
+  [[2, 5], [4, null], [6, 4], [8, 4.5]].forEach(([step, v]) => s.add({ step, eval_loss: v }));
+  assert.deepEqual([2, 4, 8, 1, 5, 9].map((step) => rowOf(s, step)), [0, 1, 3, -1, -1, -1]);
+  assert.deepEqual(evalLosses().update(s, 0), { best: 4, last: 4.5 });
+});

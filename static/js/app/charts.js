@@ -13,21 +13,6 @@ export const COLORS = ['#2a6df4', '#e8710a', '#0a7d38', '#b3261e', '#8e44ad', '#
   '#c2185b', '#5d4037'];
 export const DASHES = [undefined, [8, 4], [2, 3], [10, 3, 2, 3]];
 
-// ---- smoothing --------------------------------------------------------------------------
-
-/** Exponential moving average with bias correction (TensorBoard-style), nulls kept as gaps. */
-export function smooth(ys, alpha) {
-  if (!alpha) return ys;
-  let m = 0;
-  let n = 0;
-  return ys.map((y) => {
-    if (y === null || !Number.isFinite(y)) return null;
-    m = alpha * m + (1 - alpha) * y;
-    n += 1;
-    return m / (1 - alpha ** n);
-  });
-}
-
 // ---- scales -----------------------------------------------------------------------------
 
 /** ~n round values from min to max (steps of 1, 2, 2.5 or 5 times a power of ten). */

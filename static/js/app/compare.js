@@ -2,7 +2,9 @@
 // optimizer time), each run in its own colour and dash; the difference of each run's loss to a
 // baseline run (fp32 AdamW by default, chosen in a select); a summary table and the settings
 // in which the runs differ.
-import { COLORS, Chart, DASHES, fmtBytes, fmtValue, smooth } from './charts.js';
+import { fetchJson } from './api.js';
+import { COLORS, Chart, DASHES, fmtBytes } from './charts.js';
+import { smooth } from './series.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -119,8 +121,8 @@ async function main() {
   }
   const runs = await Promise.all(ids.map(async (id) => {
     const [run, metrics] = await Promise.all([
-      fetch(`/api/runs/${id}`).then((r) => (r.ok ? r.json() : null)),
-      fetch(`/api/runs/${id}/metrics`).then((r) => (r.ok ? r.json() : [])),
+      fetchJson(`/api/runs/${id}`).catch(() => null),          // "no such run" in the table
+      fetchJson(`/api/runs/${id}/metrics`).catch(() => []),
     ]);
     return { id, run, metrics };
   }));

@@ -1,4 +1,5 @@
 // Kernels page: profile one training step on this GPU and read each kernel's WGSL beside its time.
+import { fetchJson } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { createContext } from '../engine/context.js';
 import { createModel } from '../engine/model.js';
@@ -7,26 +8,28 @@ import { profileOps, summarize } from '../engine/profiler.js';
 import { fetchLoader } from '../engine/shaders.js';
 
 const $ = (id) => document.getElementById(id);
-let ctx = null;
-// {key, model, plan}: reused while preset and batch stay, destroyed when either changes, so
-// repeated clicks hold one model and one plan at most.
-let held = null;
+const state = {
+  ctx: null,                // the engine context (createContext)
+  // {key, model, plan}: reused while preset and batch stay, destroyed when either changes, so
+  // repeated clicks hold one model and one plan at most.
+  held: null,
+};
 
 /** Model and plan of `preset` at batch B: the ones already built, or new ones. */
 async function planFor(preset, B) {
   const key = `${preset}/${B}`;
-  if (held?.key === key) return held;
-  held?.model.destroy();
-  held = null;
-  const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
-  const model = await createModel(ctx, layout, { seed: 0 });
+  if (state.held?.key === key) return state.held;
+  state.held?.model.destroy();
+  state.held = null;
+  const layout = await fetchJson(`/api/presets/${preset}/layout`);
+  const model = await createModel(state.ctx, layout, { seed: 0 });
   try {
-    held = { key, model, plan: await model.plan(B, layout.config.seq_len) };
+    state.held = { key, model, plan: await model.plan(B, layout.config.seq_len) };
   } catch (e) {
     model.destroy();
     throw e;
   }
-  return held;
+  return state.held;
 }
 
 async function showSource(file, entry) {
@@ -48,8 +51,8 @@ async function profile(event) {
     model.writeBatch(plan, Uint32Array.from({ length: B * T }, (_, i) => (i * 7919) % V),
       Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V));
     const ops = [...plan.forward, ...plan.loss, ...plan.backward];
-    await profileOps(ctx.device, ops);                     // warm-up
-    const rows = summarize(await profileOps(ctx.device, ops));
+    await profileOps(state.ctx.device, ops);               // warm-up
+    const rows = summarize(await profileOps(state.ctx.device, ops));
     const variant = $('optimizer').value;
     if (variant) rows.push(...await profileOptimizer(model, variant));
     const total = rows.reduce((a, r) => a + r.ms, 0);
@@ -81,14 +84,14 @@ async function profile(event) {
 /** The optimizer phase of `variant` as two rows: the grad norm (reduce_norm_sq and
  *  finalize_grad_stats) and the update, each timed in its own pass (median of 5). */
 async function profileOptimizer(model, variant) {
-  const maps = variant.startsWith('adamw_8bit') ? await (await fetch('/api/optimizer/maps')).json() : null;
-  const opt = await Optimizer.create(ctx, model.layout, { variant, W: model.W, G: model.G, maps });
+  const maps = variant.startsWith('adamw_8bit') ? await fetchJson('/api/optimizer/maps') : null;
+  const opt = await Optimizer.create(state.ctx, model.layout, { variant, W: model.W, G: model.G, maps });
   try {
     opt.setStep(1, 1e-3);
     const median = async (encodeIn) => {
       const ms = [];
       for (let i = 0; i < 5; i++) {
-        ms.push(await timePass(ctx.device, (enc, timestampWrites) => {
+        ms.push(await timePass(state.ctx.device, (enc, timestampWrites) => {
           const pass = enc.beginComputePass({ timestampWrites });
           encodeIn(pass);
           pass.end();
@@ -127,15 +130,15 @@ async function timePass(device, encode) {
 }
 
 async function main() {
-  const presets = await (await fetch('/api/presets')).json();
+  const presets = await fetchJson('/api/presets');
   $('preset').replaceChildren(...presets.map((p) => new Option(p.name, p.name)));
   try {
-    ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE) });
+    state.ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE) });
   } catch (e) {
     $('status').textContent = `WebGPU is unavailable: ${e.message} (see Diagnostics)`;
     return;
   }
-  if (!ctx.features.includes('timestamp-query')) {
+  if (!state.ctx.features.includes('timestamp-query')) {
     $('status').textContent = 'This adapter has no timestamp-query: GPU times cannot be measured.';
     return;
   }

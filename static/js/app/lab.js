@@ -1,16 +1,17 @@
 // /lab: exposes the engine to tests as window.andrea.lab (see static/js/engine/README.md).
+import { fetchJson, jsonBody } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import * as b64 from '../engine/b64.js';
 import { createLab } from '../engine/lab.js';
 import { fetchLoader } from '../engine/shaders.js';
 
 async function getLayout({ preset, config }) {
-  const res = preset
-    ? await fetch(`/api/presets/${encodeURIComponent(preset)}/layout`)
-    : await fetch('/api/layout', { method: 'POST', headers: { 'content-type': 'application/json' },
-      body: JSON.stringify(config) });
-  if (!res.ok) throw new Error(`layout request failed: ${res.status} ${await res.text()}`);
-  return res.json();
+  try {
+    return await (preset ? fetchJson(`/api/presets/${encodeURIComponent(preset)}/layout`)
+      : fetchJson('/api/layout', jsonBody('POST', config)));
+  } catch (e) {
+    throw new Error(`layout request failed: ${e.status ? `${e.status} ` : ''}${e.message}`);
+  }
 }
 
 try {

@@ -2,27 +2,23 @@
 // this GPU; start. The run's write token stays in this tab's sessionStorage, never in a URL.
 import { acquireDevice } from '../engine/gpu.js';
 import { activationBytes, limitProblems } from '../engine/model.js';
+import { fetchJson, jsonBody, saveToken } from './api.js';
+import { fmtCount } from './format.js';
 
 const $ = (id) => document.getElementById(id);
 const form = $('new-run');
 // Sizes in the unit that reads best ("512.0 MiB", "90.5 GiB").
 const MiB = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(1)} GiB` : `${(b / 2 ** 20).toFixed(1)} MiB`);
-const layouts = new Map();
-const corpora = new Map();
-const PASSES_WARNING = 4;   // server/data/windows.py PASSES_WARNING
-let limits = null;
+// server/data/windows.py PASSES_WARNING, as the page is rendered with it.
+const PASSES_WARNING = Number($('data-budget').dataset.passesWarning);
+const state = {
+  limits: null,             // this adapter's (acquireDevice); null: no WebGPU here
+  layouts: new Map(),       // shape -> Promise of the server's layout
+  corpora: new Map(),       // vocabulary size -> Promise of GET /api/corpus
+};
 
-async function json(url, init) {
-  const res = await fetch(url, init);
-  const body = await res.json().catch(() => ({}));
-  if (!res.ok) {
-    const detail = Array.isArray(body.detail)
-      ? body.detail.map((d) => `${d.loc.slice(1).join('.') || 'config'}: ${d.msg}`).join('; ')
-      : body.detail || res.statusText;
-    throw new Error(detail);
-  }
-  return body;
-}
+/** The server's JSON; a refusal throws its reasons (an error of the whole config says so). */
+const json = (url, init) => fetchJson(url, init, 'config');
 
 /** The run config the form describes. Inputs, defaults and bounds are RunConfig's (the page
  *  is rendered from its schema); an empty optional number is left out: the server decides. */
@@ -60,7 +56,7 @@ function showSources(corpus) {
       { type: 'checkbox', value: s.name, checked: true });
     input.dataset.source = s.name;
     const small = document.createElement('small');
-    small.textContent = `(${s.kind}, ${count(s.train_tokens)} training tokens)`;
+    small.textContent = `(${s.kind}, ${fmtCount(s.train_tokens)} training tokens)`;
     l.append(input, ` ${s.name} `, small);
     return l;
   }));
@@ -78,30 +74,29 @@ function problems() {
 }
 
 // The fields that make the model (the preset, and the shape fields that override it).
-const SHAPE = ['preset', 'n_layer', 'n_embd', 'n_head', 'ffn_dim', 'seq_len', 'vocab_size'];
+const SHAPE = form.dataset.shapeFields.split(' ');   // as the page is rendered (server/model.py)
 
 /** The parameter table of the model the form describes, computed by the server (the one place
  *  it is computed); a shape it refuses rejects with the reason. */
 async function layoutOf(c) {
   const shape = Object.fromEntries(SHAPE.filter((k) => k in c).map((k) => [k, c[k]]));
   const key = JSON.stringify(shape);
-  if (!layouts.has(key)) {
-    layouts.set(key, json('/api/run_config/layout', { method: 'POST',
-      headers: { 'content-type': 'application/json' }, body: JSON.stringify(shape) }));
+  if (!state.layouts.has(key)) {
+    state.layouts.set(key, json('/api/run_config/layout', jsonBody('POST', shape)));
   }
-  return layouts.get(key);
+  return state.layouts.get(key);
 }
 
 async function corpusOf(vocabSize) {
-  if (!corpora.has(vocabSize)) corpora.set(vocabSize, json(`/api/corpus?vocab_size=${vocabSize}`));
-  return corpora.get(vocabSize);
+  if (!state.corpora.has(vocabSize)) state.corpora.set(vocabSize, json(`/api/corpus?vocab_size=${vocabSize}`));
+  return state.corpora.get(vocabSize);
 }
 
 /** The shape inputs show the chosen preset's values as their placeholders. */
 function showPresetShape(presets) {
   const preset = presets.find((p) => p.name === $('preset').value);
   if (!preset) return;
-  for (const k of SHAPE.slice(1)) {
+  for (const k of SHAPE.filter((f) => f !== 'preset')) {
     const el = form.elements.namedItem(k);
     if (el?.type === 'number') el.placeholder = String(preset.config[k]);
   }
@@ -119,8 +114,6 @@ function dataBudget(trainTokens, B, T, steps, picked = trainTokens.map(() => tru
   return { tokensPerStep: B * T, total, passes, warn: passes.some((p) => p > PASSES_WARNING) };
 }
 
-const count = (n) => (n >= 1e6 ? `${(n / 1e6).toFixed(2)} M` : n >= 1e3 ? `${(n / 1e3).toFixed(1)} k` : String(n));
-
 /** How much data the run sees: tokens per step, in all, and passes over each source. */
 async function updateData() {
   const c = config();
@@ -136,10 +129,10 @@ async function updateData() {
   box.innerHTML = '';
   const table = document.createElement('table');
   const row = (k, v) => { const tr = table.insertRow(); tr.insertCell().textContent = k; tr.insertCell().textContent = v; };
-  row('tokens per step', `${count(b.tokensPerStep)} (batch ${B} x ${T})`);
-  row('tokens in the run', count(b.total));
+  row('tokens per step', `${fmtCount(b.tokensPerStep)} (batch ${B} x ${T})`);
+  row('tokens in the run', fmtCount(b.total));
   corpus.sources.forEach((s, i) => row(`passes over ${s.name}`, picked[i]
-    ? `${b.passes[i].toFixed(2)} (${count(s.train_tokens)} training tokens)` : 'not used'));
+    ? `${b.passes[i].toFixed(2)} (${fmtCount(s.train_tokens)} training tokens)` : 'not used'));
   box.append(table);
   box.dataset.passes = JSON.stringify(b.passes.map((p) => Number(p.toFixed(3))));
   const mode = c.data_mode === 'uniform' ? '' : ' (counted as if spread evenly over the sources)';
@@ -177,7 +170,7 @@ async function updateMemory() {
   const weights = layout.total_numel * 4;
   const mirror = c.f16_mirror ? layout.total_numel * 2 : 0;
   const B = c.batch_size ?? 0;
-  const acts = activationBytes(layout.config, B, T, limits).total;
+  const acts = activationBytes(layout.config, B, T, state.limits).total;
   const total = 2 * weights + opt.state_bytes + mirror + acts;
   const rows = [
     ['parameters', `${(layout.n_params / 1e6).toFixed(2)} M`],
@@ -189,7 +182,7 @@ async function updateMemory() {
     [`activations (batch ${B} x ${T})`, MiB(acts)],
     ['estimated GPU memory', MiB(total)],
   ];
-  const gpuProblems = limits ? limitProblems(layout, B, T, limits) : [];
+  const gpuProblems = state.limits ? limitProblems(layout, B, T, state.limits) : [];
   $('memory').innerHTML = '';
   const table = document.createElement('table');
   for (const [k, v] of rows) {
@@ -199,7 +192,7 @@ async function updateMemory() {
   }
   $('memory').append(table);
   $('memory').dataset.stateBytes = String(opt.state_bytes);
-  if (!limits) {
+  if (!state.limits) {
     const p = document.createElement('p');
     p.className = 'error';
     p.textContent = 'WebGPU is not available in this browser: see Diagnostics.';
@@ -211,7 +204,7 @@ async function updateMemory() {
     p.textContent = `This GPU cannot run it: ${problem}.`;
     $('memory').append(p);
   }
-  $('start').disabled = !limits || gpuProblems.length > 0;
+  $('start').disabled = !state.limits || gpuProblems.length > 0;
 }
 
 async function start(event) {
@@ -225,9 +218,8 @@ async function start(event) {
   }
   $('start').disabled = true;
   try {
-    const run = await json('/api/runs', { method: 'POST',
-      headers: { 'content-type': 'application/json' }, body: JSON.stringify(config()) });
-    sessionStorage.setItem(`andrea.run.${run.id}`, JSON.stringify({ token: run.token }));
+    const run = await json('/api/runs', jsonBody('POST', config()));
+    saveToken(run.id, run.token);
     location.href = `/runs/${run.id}`;
   } catch (e) {
     $('form-error').textContent = `Cannot start: ${e.message}`;
@@ -241,9 +233,9 @@ async function main() {
   $('preset').replaceChildren(...presets.map((p) => new Option(
     `${p.name} (${(p.n_params / 1e6).toFixed(1)} M parameters, context ${p.config.seq_len} tokens)`, p.name)));
   try {
-    ({ limits } = await acquireDevice(navigator.gpu));
+    ({ limits: state.limits } = await acquireDevice(navigator.gpu));
   } catch {
-    limits = null;
+    state.limits = null;
   }
   showPresetShape(presets);
   $('preset').addEventListener('change', () => showPresetShape(presets));

@@ -1,7 +1,8 @@
 // 404 page: the newest runs, in case the link was to one of them.
+import { fetchJson } from './api.js';
+
 async function main() {
-  const res = await fetch('/api/runs');
-  const runs = res.ok ? await res.json() : [];
+  const runs = await fetchJson('/api/runs').catch(() => []);
   const ul = document.querySelector('#recent ul');
   for (const r of runs.slice(0, 5)) {
     const li = document.createElement('li');

@@ -3,6 +3,15 @@
 // `connected`, server/run_info.py) decides whether a `running` run is really running. No DOM:
 // tests/js/run_status.test.mjs runs it under Node.
 
+// The server's lists (server/run_info.py RunStatus, ENDED, EXPLAINED; tests/test_page_facts.py
+// holds them equal). Every status a run can have:
+export const RUN_STATUSES = ['created', 'running', 'paused', 'finished', 'stopped', 'failed',
+  'interrupted', 'abandoned'];
+/** Where training has ended, for now: no trainer is at the run, so no time is left to count. */
+export const ENDED = ['finished', 'stopped', 'failed', 'interrupted'];
+/** The statuses whose `message` says why the run is there. */
+export const EXPLAINED = ['abandoned', 'interrupted', 'stopped', 'failed'];
+
 /** The words for a run's state (`connected`: a training tab holds it now):
  *  - `abandoned`: "never started" (no training tab came within the server's grace period);
  *  - `running` or `paused` without a trainer: "no training tab" (closed, reloaded or crashed;
@@ -30,7 +39,7 @@ export function statusNote(run, connected = run.connected) {
       ? ': the tab that trained it is gone (closed, reloaded or crashed); it can go on from its last checkpoint'
       : ': the tab that trained it is gone (closed, reloaded or crashed) before its first checkpoint';
   }
-  if (run.message && ['abandoned', 'interrupted', 'stopped', 'failed'].includes(run.status)) {
+  if (run.message && EXPLAINED.includes(run.status)) {
     return `: ${run.message}`;
   }
   return '';

@@ -1,5 +1,6 @@
 // Runs list: name, tags, status, progress, losses, time; sort and filter; rename and delete;
 // pick runs to compare. It polls the API every few seconds, so it follows runs as they change.
+import { jsonBody, responseDetail } from './api.js';
 import { fmtDuration } from './format.js';
 import { statusLabel } from './run_status.js';
 
@@ -8,10 +9,12 @@ const tbody = document.querySelector('#runs tbody');
 const button = document.getElementById('compare');
 const filter = document.getElementById('filter');
 const statusFilter = document.getElementById('status-filter');
-const selected = new Set();
-let runs = [];
-let lastText = null;
-let sort = { key: 'created_at', dir: -1 };
+const state = {
+  runs: [],                 // GET /api/runs, as last read
+  lastText: null,           // its text: an unchanged answer leaves the rows alone
+  selected: new Set(),      // ids ticked for Compare
+  sort: { key: 'created_at', dir: -1 },
+};
 
 function cell(tr, content, cls) {
   const td = tr.insertCell();
@@ -52,13 +55,13 @@ function matches(r) {
 }
 
 function render() {
-  const shown = runs.filter(matches).sort((a, b) => {
-    const x = keyOf(a, sort.key);
-    const y = keyOf(b, sort.key);
+  const shown = state.runs.filter(matches).sort((a, b) => {
+    const x = keyOf(a, state.sort.key);
+    const y = keyOf(b, state.sort.key);
     if (x === y) return 0;
     if (x === null) return 1;
     if (y === null) return -1;
-    return (x < y ? -1 : 1) * sort.dir;
+    return (x < y ? -1 : 1) * state.sort.dir;
   });
   tbody.replaceChildren();
   for (const r of shown) {
@@ -67,7 +70,7 @@ function render() {
     const box = document.createElement('input');
     box.type = 'checkbox';
     box.value = r.id;
-    box.checked = selected.has(r.id);
+    box.checked = state.selected.has(r.id);
     box.setAttribute('aria-label', `select ${r.name}`);
     cell(tr, box);
     const name = document.createElement('span');
@@ -105,23 +108,22 @@ function render() {
     cell(tr, actions, 'actions');
   }
   if (!shown.length) {
-    cell(tbody.insertRow(), runs.length ? 'No run matches the filter.'
+    cell(tbody.insertRow(), state.runs.length ? 'No run matches the filter.'
       : 'No runs yet: start one from New run.').colSpan = 11;
   }
-  document.getElementById('count').textContent = `${shown.length} of ${runs.length} runs`;
-  button.disabled = selected.size < 2;
+  document.getElementById('count').textContent = `${shown.length} of ${state.runs.length} runs`;
+  button.disabled = state.selected.size < 2;
   for (const b of document.querySelectorAll('button.sort')) {
-    b.textContent = b.textContent.replace(/ [▲▼]$/, '') + (b.dataset.key === sort.key ? (sort.dir > 0 ? ' ▲' : ' ▼') : '');
+    b.textContent = b.textContent.replace(/ [▲▼]$/, '') + (b.dataset.key === state.sort.key ? (state.sort.dir > 0 ? ' ▲' : ' ▼') : '');
   }
 }
 
 async function renameRun(r) {
   const name = prompt(`New name for ${r.name}`, r.name);
   if (name === null || !name.trim()) return;
-  const res = await fetch(`/api/runs/${r.id}`, { method: 'PATCH',
-    headers: { 'content-type': 'application/json' }, body: JSON.stringify({ name }) });
-  if (!res.ok) alert(`Not renamed: ${(await res.json().catch(() => ({}))).detail ?? res.status}`);
-  lastText = null;
+  const res = await fetch(`/api/runs/${r.id}`, jsonBody('PATCH', { name }));
+  if (!res.ok) alert(`Not renamed: ${await responseDetail(res)}`);
+  state.lastText = null;
   await refresh();
 }
 
@@ -130,10 +132,10 @@ async function deleteRun(r) {
     'removed for good.')) return;
   const res = await fetch(`/api/runs/${r.id}`, { method: 'DELETE' });
   if (!res.ok && res.status !== 404) {
-    alert(`Not deleted: ${(await res.json().catch(() => ({}))).detail ?? res.status}`);
+    alert(`Not deleted: ${await responseDetail(res)}`);
   }
-  selected.delete(r.id);
-  lastText = null;
+  state.selected.delete(r.id);
+  state.lastText = null;
   await refresh();
 }
 
@@ -141,12 +143,12 @@ async function refresh() {
   const res = await fetch('/api/runs');
   if (!res.ok) return;
   const text = await res.text();
-  if (text === lastText) return;       // nothing changed: the rows (and a pending click) stay
-  lastText = text;
-  runs = JSON.parse(text);
-  const ids = new Set(runs.map((r) => r.id));
-  for (const id of [...selected]) if (!ids.has(id)) selected.delete(id);
-  const statuses = [...new Set(runs.map((r) => statusLabel(r)))].sort();
+  if (text === state.lastText) return;   // nothing changed: the rows (and a pending click) stay
+  state.lastText = text;
+  state.runs = JSON.parse(text);
+  const ids = new Set(state.runs.map((r) => r.id));
+  for (const id of [...state.selected]) if (!ids.has(id)) state.selected.delete(id);
+  const statuses = [...new Set(state.runs.map((r) => statusLabel(r)))].sort();
   const have = [...statusFilter.options].map((o) => o.value);
   for (const s of statuses) if (!have.includes(s)) statusFilter.append(new Option(s, s));
   render();
@@ -155,8 +157,8 @@ async function refresh() {
 async function main() {
   tbody.addEventListener('change', (e) => {
     if (e.target.type !== 'checkbox') return;
-    if (e.target.checked) selected.add(e.target.value); else selected.delete(e.target.value);
-    button.disabled = selected.size < 2;
+    if (e.target.checked) state.selected.add(e.target.value); else state.selected.delete(e.target.value);
+    button.disabled = state.selected.size < 2;
   });
   button.addEventListener('click', () => {
     // In the order shown; the compare page picks fp32 AdamW as its baseline by default.
@@ -165,7 +167,7 @@ async function main() {
   });
   for (const b of document.querySelectorAll('button.sort')) {
     b.addEventListener('click', () => {
-      sort = { key: b.dataset.key, dir: sort.key === b.dataset.key ? -sort.dir : 1 };
+      state.sort = { key: b.dataset.key, dir: state.sort.key === b.dataset.key ? -state.sort.dir : 1 };
       render();
     });
   }

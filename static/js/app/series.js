@@ -91,15 +91,51 @@ export class Derived {
   }
 }
 
-/** Running EMA with bias correction of column `key` (charts.js smooth(), one row at a time). */
+/** Exponential moving average with bias correction (TensorBoard-style), one value at a time:
+ *  ema(alpha) -> next(y), the smoothed value so far; a null or non-finite y is a gap (null),
+ *  alpha 0 gives y as it is. The pages' one EMA: smooth() over a column, runningSmooth() over
+ *  the rows of a series. */
+export function ema(alpha) {
+  let m = 0;
+  let n = 0;
+  return (y) => {
+    if (!alpha) return y;
+    if (y === null || !Number.isFinite(y)) return null;
+    m = alpha * m + (1 - alpha) * y;
+    n += 1;
+    return m / (1 - alpha ** n);
+  };
+}
+
+/** A whole column smoothed by ema(), gaps kept (alpha 0: the column itself). */
+export function smooth(ys, alpha) {
+  if (!alpha) return ys;
+  const next = ema(alpha);
+  return ys.map((y) => next(y));
+}
+
+/** Running ema() of column `key`, or of `key(series, row)` (a column kept elsewhere, such as a
+ *  source's losses), one row at a time. */
 export function runningSmooth(key, alpha) {
-  return new Derived(() => ({ out: [], m: 0, n: 0 }), (s, series, i) => {
-    const y = series.cols[key][i];
-    if (!alpha) { s.out.push(y); return; }
-    if (y === null || !Number.isFinite(y)) { s.out.push(null); return; }
-    s.m = alpha * s.m + (1 - alpha) * y;
-    s.n += 1;
-    s.out.push(s.m / (1 - alpha ** s.n));
+  const at = typeof key === 'function' ? key : (series, i) => series.cols[key][i];
+  return new Derived(() => ({ out: [], next: ema(alpha) }), (s, series, i) => {
+    s.out.push(s.next(at(series, i) ?? null));
+  });
+}
+
+/** The row of `step` in the series (-1: none). */
+export function rowOf(series, step) {
+  const i = lowerBound(series.steps, step);
+  return series.steps[i] === step ? i : -1;
+}
+
+/** The last eval loss and the best so far ({last, best}, null before the first eval). */
+export function evalLosses() {
+  return new Derived(() => ({ best: null, last: null }), (s, series, i) => {
+    const v = series.cols.eval_loss[i];
+    if (v === null || !Number.isFinite(v)) return;
+    s.last = v;
+    if (s.best === null || v < s.best) s.best = v;
   });
 }
 

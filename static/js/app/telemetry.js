@@ -1,4 +1,4 @@
-// Websocket clients for the telemetry protocol (server/telemetry.py).
+// Websocket clients for the telemetry protocol (server/telemetry/protocol.py).
 //
 // TrainerSocket keeps every record until the server acks its step, flushes every 250 ms, and
 // after a reconnect resends what the server has not committed: no step is lost or duplicated.

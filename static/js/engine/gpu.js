@@ -96,19 +96,31 @@ export async function acquireDevice(gpu, { powerPreference = 'high-performance',
     software: isSoftware(info), errors };
 }
 
-/** Run `fn` inside validation + out-of-memory error scopes; throw the first error with `label`. */
+/**
+ * Run synchronous `fn` inside validation + out-of-memory error scopes; resolves to its result, or
+ * rejects with the first error, prefixed with `label`. The scopes are pushed and popped around
+ * `fn` alone, with nothing awaited in between, so concurrent callers (pipelines built under
+ * Promise.all) never see each other's errors. Asynchronous GPU calls report their own failures
+ * (createComputePipelineAsync rejects with a GPUPipelineError): handle those where they are made.
+ */
 export async function checked(device, label, fn) {
   device.pushErrorScope('out-of-memory');
   device.pushErrorScope('validation');
   let result;
+  let thrown = null;
   try {
-    result = await fn();
-  } finally {
-    const validation = await device.popErrorScope();
-    const oom = await device.popErrorScope();
-    const err = validation || oom;
-    if (err) throw new Error(`${label}: ${err.message}`);
+    result = fn();
+  } catch (e) {
+    thrown = e;
   }
+  const scopes = [device.popErrorScope(), device.popErrorScope()];   // at once, whatever fn did
+  if (thrown) throw thrown;
+  if (typeof result?.then === 'function') {
+    throw new Error(`${label}: checked() scopes synchronous work only`);
+  }
+  const [validation, oom] = await Promise.all(scopes);
+  const err = validation || oom;
+  if (err) throw new Error(`${label}: ${err.message}`);
   return result;
 }
 

@@ -1,8 +1,10 @@
 // Kernel launchers: one small function per WGSL stage. Each checks its shapes, computes the
 // grid and returns a recorded op (ops.js). Buffers are GPUBuffers or {buffer, offset, size}
-// sub-ranges; shapes use B batch, T time, C channels, H heads, D head dim, F FFN width, V vocab,
-// N = B*T rows.
+// sub-ranges, bound by the names the WGSL gives its bindings (shaders.js: the pipeline's layout
+// holds exactly the bindings an op names, typed as the WGSL declares them); shapes use B batch,
+// T time, C channels, H heads, D head dim, F FFN width, V vocab, N = B*T rows.
 
+import { checked } from './gpu.js';
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
 // matmul_core.wgsl's small tile (entry `main`) runs TG x TG threads on a 4TG x 4TG output tile,
@@ -21,9 +23,12 @@ const WIDE_MATMUL = 2 ** 28;  // ... and from which the wide tile is used
 const WIDE = { WX: 16, WY: 8 };       // matmul_core.wgsl matmul_wide's overrides: 64 x 128
 const WIDE_BIG = { WX: 16, WY: 16 };  // 128 x 128
 const WIDE_BIG_TILES = 256;
-// matmul_wide's workgroup memory with WIDE_BIG: 2 operands x 2 slices x BK 8 x (2 WY + 1) vec4s,
-// 16,896 bytes: over WebGPU's default limit of 16 KiB, which most adapters raise.
-const WIDE_BIG_BYTES = 2 * 2 * 8 * (2 * WIDE_BIG.WY + 1) * 16;
+// matmul_wide's reduction step: a WGSL const there (its steps are written out), so not passed;
+// tests/js/shaders.test.mjs holds the two equal.
+export const WBK = 8;
+// matmul_wide's workgroup memory with WIDE_BIG: 2 slices x WBK x (2 WY + 1 + 2 WX + 1) vec4s of
+// the two operands, 16,896 bytes: over WebGPU's default limit of 16 KiB, which most adapters raise.
+const WIDE_BIG_BYTES = 2 * WBK * (2 * WIDE_BIG.WY + 1 + 2 * WIDE_BIG.WX + 1) * 16;
 
 /** Launch shape of matmul_core for an [R, S] output summed over `inner`: entry point, its
  *  overrides, workgroup tile (tile rows x tileS columns); tg = tile / 4, the rows of 4x4 output
@@ -50,12 +55,16 @@ const WG_ELEMENT = 256;   // one thread per element: init, embed, rope, swiglu (
 const WG_ROW = 64;        // one workgroup per row, tree-reduced: rmsnorm (+ backward), cross entropy;
                           // one per vocabulary row: embed backward
 const WG_COLUMN = 64;     // one thread per column: norm-gain sums
-const WG_ATTENTION = 64;  // query (or key) rows per attention workgroup (BLK in lib/attention.wgsl)
-// Sequences from ATTENTION_TILED_T on take the tiled kernels (05_attention, 10_attention_backward:
-// 64 x 64 score blocks, 16 x 16 threads); shorter ones the row kernels (*_rows.wgsl: one thread
-// per row, WG_ATTENTION rows per workgroup), which a CPU adapter runs ~5x faster at `tiny`'s
-// T 64 (fewer barriers) and which leave a GPU little to gain there. A function of the shape only.
+const WG_ATTENTION_ROWS = 64;   // rows per workgroup of the row attention kernels, one per thread
+// Sequences from ATTENTION_TILED_T on take the tiled kernels (05_attention, 10_attention_backward):
+// ATTENTION_BLOCK x ATTENTION_BLOCK score blocks, one row block per workgroup, passed as their
+// `override BLK` (lib/attention.wgsl derives the workgroup from it: (BLK / 4)^2 threads of 4 x 4
+// register tiles; its thread layout is written for 64). Shorter ones take the row kernels
+// (*_rows.wgsl: one thread per row, WG_ATTENTION_ROWS rows per workgroup), which a CPU adapter runs
+// ~5x faster at `tiny`'s T 64 (fewer barriers) and which leave a GPU little to gain there. A
+// function of the shape only.
 const ATTENTION_TILED_T = 128;
+const ATTENTION_BLOCK = 64;
 
 /** u32 words of tokenBuckets for N tokens of a V-token vocabulary. */
 export const tokenBucketsNumel = (N, V) => V + 1 + N;
@@ -147,36 +156,47 @@ export class Kernels {
       && (lim.maxComputeInvocationsPerWorkgroup ?? 0) >= WIDE_BIG.WX * WIDE_BIG.WY;
   }
 
-  async op(file, entry, constants, uniforms, resources, grid, label) {
-    const pipeline = await this.lib.pipeline(file, entry, constants);
-    const u = uniformWords(this.device, uniforms, `${label}.dims`);
-    // The op owns its uniform: the holder of the op list frees it (ops.js releaseOps).
-    return { ...launch(this.device, pipeline, [u, ...resources], grid, label), file, entry,
-      owned: [u] };
+  /** One dispatch of `file`'s `entry` with `constants` over `grid`: `resources` binds storage
+   *  buffers by their WGSL names, `dims` (u32 words; f32bits for f32 fields) the file's one
+   *  uniform. The pipeline's layout is those bindings: an entry point binds what it touches. */
+  async op(file, entry, constants, dims, resources, grid, label) {
+    const uniform = (await this.lib.bindings(file)).find((b) => b.type === 'uniform').name;
+    const p = await this.lib.pipeline(file, entry, constants, [uniform, ...Object.keys(resources)]);
+    return checked(this.device, label, () => {
+      // The op owns its uniform: the holder of the op list frees it (ops.js releaseOps).
+      const u = uniformWords(this.device, dims, `${label}.dims`);
+      try {
+        return { ...launch(this.device, p, { [uniform]: u, ...resources }, grid, label), file,
+          entry, owned: [u] };
+      } catch (e) {
+        u.destroy();
+        throw e;
+      }
+    });
   }
 
   /** x[N, C] = wte[tokens[n]] */
   embed({ tokens, wte, x, N, C }) {
-    return this.op('01_embed.wgsl', 'main', { WG: WG_ELEMENT }, [N, C], [tokens, wte, x],
+    return this.op('01_embed.wgsl', 'main', { WG: WG_ELEMENT }, [N, C], { tokens, wte, x },
       grid1d(cdiv(N * C, WG_ELEMENT)), 'embed');
   }
 
   /** dwte[V, C] += rows of dx grouped by token; buckets: tokenBuckets of the batch's tokens */
   embedBackward({ buckets, dx, dwte, N, C, V }) {
     return this.op('08_embed_backward.wgsl', 'main', { WG: WG_ROW }, [N, C, V],
-      [buckets, dx, dwte], grid1d(V), 'embed_backward');
+      { buckets, dx, dwte }, grid1d(V), 'embed_backward');
   }
 
   /** y[N, C] = rmsnorm(x) * g; rstd[N] */
   rmsnorm({ x, g, y, rstd, N, C, eps }) {
     return this.op('02_norm.wgsl', 'rmsnorm_forward', { WG: WG_ROW }, [N, C, f32bits(eps)],
-      [x, g, y, rstd], grid1d(N), 'rmsnorm');
+      { x, g, y, rstd }, grid1d(N), 'rmsnorm');
   }
 
   /** dx[N, C] (= or += with accum) from dy, x, g, rstd */
   rmsnormBackward({ dy, x, g, rstd, dx, N, C, accum }) {
     return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_input',
-      { WG: WG_ROW, ACCUM: accum ? 1 : 0 }, [N, C], [dy, x, g, rstd, dx], grid1d(N),
+      { WG: WG_ROW, ACCUM: accum ? 1 : 0 }, [N, C], { dy, x, g, rstd, out: dx }, grid1d(N),
       'rmsnorm_backward');
   }
 
@@ -186,9 +206,9 @@ export class Kernels {
     const dims = [N, C, GAIN_ROWS, chunks];
     return Promise.all([
       this.op('08_norm_backward.wgsl', 'gain_partial', { WG: WG_COLUMN }, dims,
-        [dy, x, null, rstd, null, part], [cdiv(C, WG_COLUMN), chunks], 'rmsnorm_backward_gain'),
+        { dy, x, rstd, part }, [cdiv(C, WG_COLUMN), chunks], 'rmsnorm_backward_gain'),
       this.op('08_norm_backward.wgsl', 'gain_finish', { WG: WG_COLUMN }, dims,
-        [null, null, null, null, dg, part], [cdiv(C, WG_COLUMN), 1], 'rmsnorm_backward_gain_sum'),
+        { out: dg, part }, [cdiv(C, WG_COLUMN), 1], 'rmsnorm_backward_gain_sum'),
     ]);
   }
 
@@ -197,7 +217,7 @@ export class Kernels {
     const { tile, tileS, entry, constants } = matmulShape(M, N, K, this.bigTile);
     return this.op('03_linear.wgsl', entry,
       { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, ...constants },
-      [M, N, K, 0], [x, w, y], [cdiv(N, tileS), cdiv(M, tile)], 'linear');
+      [M, N, K, 0], { x, w, y }, [cdiv(N, tileS), cdiv(M, tile)], 'linear');
   }
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
@@ -205,27 +225,27 @@ export class Kernels {
     const { tile, tileS, entry, constants } = matmulShape(M, K, N, this.bigTile);
     return this.op('11_linear_backward.wgsl', entry,
       { MODE: 0, W_F16: wF16 ? 1 : 0, ...constants },
-      [M, K, N, 0], [dy, w, dx], [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
+      [M, K, N, 0], { dy, w, out: dx }, [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
   }
 
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
-   *  (split-K partial sums, added into dW in a fixed order) */
+   *  (split-K partial sums, added into dW in a fixed order). The WGSL's `w` binding holds x here. */
   linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
     const { splits, rows } = weightGradSplit(M, N, K);
     const { tile, tileS, entry, constants } = matmulShape(N, K, M, this.bigTile, true);
     const label = 'linear_backward_weight';
     if (splits === 1) {
       return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],
-        [dy, x, dw], [cdiv(K, tileS), cdiv(N, tile)], label);
+        { dy, w: x, out: dw }, [cdiv(K, tileS), cdiv(N, tile)], label);
     }
     const need = 4 * splits * N * K;
     check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
       `buffer of ${need} bytes`);
     return Promise.all([
       this.op('11_linear_backward.wgsl', entry, { MODE: 2, ...constants }, [N, K, M, rows],
-        [dy, x, part], [cdiv(K, tileS), cdiv(N, tile), splits], label),
+        { dy, w: x, out: part }, [cdiv(K, tileS), cdiv(N, tile), splits], label),
       this.op('11_linear_backward.wgsl', 'add_partials', { WG: WG_ELEMENT }, [N, K, splits, 0],
-        [part, null, dw], grid1d(cdiv(N * K, WG_ELEMENT)), label),
+        { dy: part, out: dw }, grid1d(cdiv(N * K, WG_ELEMENT)), label),
     ]);
   }
 
@@ -234,7 +254,7 @@ export class Kernels {
     check(D % 2 === 0, `RoPE needs an even head dim, got ${D}`);
     // N * 2 (q, k) * H * D/2 rotated pairs, one thread each
     return this.op('04_rope.wgsl', 'main', { WG: WG_ELEMENT, INVERSE: inverse ? 1 : 0 },
-      [N, T, H, D, H * D], [qkv, table], grid1d(cdiv(N * H * D, WG_ELEMENT)),
+      [N, T, H, D, H * D], { qkv, cs: table }, grid1d(cdiv(N * H * D, WG_ELEMENT)),
       inverse ? 'rope_backward' : 'rope');
   }
 
@@ -245,16 +265,16 @@ export class Kernels {
 
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
+    const dims = this.attentionDims(B, T, H, D);
     if (T < ATTENTION_TILED_T) {
       // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
-      return this.op('05_attention_rows.wgsl', 'main', { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 16 : 32 },
-        this.attentionDims(B, T, H, D), [qkv, y, lse], grid1d(B * H * cdiv(T, WG_ATTENTION)),
-        'attention');
+      return this.op('05_attention_rows.wgsl', 'main',
+        { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 16 : 32 }, dims, { qkv, y, lse },
+        grid1d(B * H * cdiv(T, WG_ATTENTION_ROWS)), 'attention');
     }
-    // 16 x 16 threads per 64-row block; workgroup memory 16 KiB, WebGPU's default limit.
-    return this.op('05_attention.wgsl', 'main', { HD: D },
-      this.attentionDims(B, T, H, D), [qkv, y, lse, qkv], grid1d(B * H * cdiv(T, WG_ATTENTION)),
-      'attention');
+    // Workgroup memory 16 KiB, WebGPU's default limit; qkv is bound again as vec4s (qkv4).
+    return this.op('05_attention.wgsl', 'main', { BLK: ATTENTION_BLOCK, HD: D }, dims,
+      { qkv, y, lse, qkv4: qkv }, grid1d(B * H * cdiv(T, ATTENTION_BLOCK)), 'attention');
   }
 
   /** dqkv[B, T, 3C] (and delta[B, H, T]) from the forward's qkv, y, lse and dy. ds: the dS
@@ -262,11 +282,11 @@ export class Kernels {
    *  scores), or 4 floats where the adapter cannot bind that many: both give the same bits. */
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, ds, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
-    const grid = grid1d(B * H * cdiv(T, WG_ATTENTION));
     if (T < ATTENTION_TILED_T) {
-      const c = { WG: WG_ATTENTION, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles under 16 KiB
+      const c = { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles under 16 KiB
       const file = '10_attention_backward_rows.wgsl';
-      const res = [qkv, y, dy, lse, delta, dqkv];
+      const res = { qkv, y, dy, lse, delta, dqkv };
+      const grid = grid1d(B * H * cdiv(T, WG_ATTENTION_ROWS));
       return Promise.all([
         this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
         this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
@@ -274,19 +294,22 @@ export class Kernels {
     }
     // qkv and dy are bound a second time as vec4 arrays (read when D % 4 == 0; a dy smaller than
     // one vec4 cannot be, so qkv stands in for it otherwise).
-    const res = [qkv, y, dy, lse, delta, dqkv, qkv, D % 4 === 0 ? dy : qkv, ds];
+    const vec4s = { qkv4: qkv, dy4: D % 4 === 0 ? dy : qkv };
+    const res = { qkv, y, dy, lse, delta, dqkv, ...vec4s, ds4: ds };
     const file = '10_attention_backward.wgsl';
+    const grid = grid1d(B * H * cdiv(T, ATTENTION_BLOCK));
     if (ds.size >= 4 * attentionDsNumel(B, T, H)) {
-      // dS through memory: delta, then dk/dv (storing dS), then dq from dS
-      const c = { HD: D, DS: 1 };
+      // dS through memory: delta (which reads y and dy only), then dk/dv (storing dS), then dq
+      // from dS
+      const c = { BLK: ATTENTION_BLOCK, HD: D, DS: 1 };
       return Promise.all([
-        this.op(file, 'attention_backward_delta', c, dims,   // lse, dqkv and ds unbound
-          res.map((r, i) => ([3, 5, 8].includes(i) ? null : r)), grid, 'attention_backward_delta'),
+        this.op(file, 'attention_backward_delta', c, dims, { qkv, y, dy, delta, ...vec4s }, grid,
+          'attention_backward_delta'),
         this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
         this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
       ]);
     }
-    const c = { HD: D, DS: 0 };
+    const c = { BLK: ATTENTION_BLOCK, HD: D, DS: 0 };
     return Promise.all([
       this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
       this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
@@ -295,13 +318,13 @@ export class Kernels {
 
   /** h[N, F] = silu(gate) * up from gu[N, 2F] */
   swiglu({ gu, h, N, F }) {
-    return this.op('06_swiglu.wgsl', 'main', { WG: WG_ELEMENT }, [N, F], [gu, h],
+    return this.op('06_swiglu.wgsl', 'main', { WG: WG_ELEMENT }, [N, F], { gu, h },
       grid1d(cdiv(N * F, WG_ELEMENT)), 'swiglu');
   }
 
   /** dgu[N, 2F] from dh[N, F] and gu */
   swigluBackward({ gu, dh, dgu, N, F }) {
-    return this.op('09_ffn_backward.wgsl', 'main', { WG: WG_ELEMENT }, [N, F], [gu, dh, dgu],
+    return this.op('09_ffn_backward.wgsl', 'main', { WG: WG_ELEMENT }, [N, F], { gu, dh, dgu },
       grid1d(cdiv(N * F, WG_ELEMENT)), 'swiglu_backward');
   }
 
@@ -309,16 +332,16 @@ export class Kernels {
   crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
     const c = { WG: WG_ROW, WRITE_GRAD: writeGrad ? 1 : 0 };
     return Promise.all([
-      this.op('07_loss.wgsl', 'cross_entropy', c, [N, V], [logits, targets, losses], grid1d(N),
+      this.op('07_loss.wgsl', 'cross_entropy', c, [N, V], { logits, targets, losses }, grid1d(N),
         'cross_entropy'),
-      this.op('07_loss.wgsl', 'loss_mean', c, [N, V], [null, null, losses], [1, 1], 'loss_mean'),
+      this.op('07_loss.wgsl', 'loss_mean', c, [N, V], { losses }, [1, 1], 'loss_mean'),
     ]);
   }
 
   /** Fill w[numel] from a seeded normal (std) or with ones */
   init({ w, numel, seed, stream, mode, std }) {
     return this.op('00_init.wgsl', 'main', { WG: WG_ELEMENT },
-      [numel, seed >>> 0, mode, f32bits(std), stream], [w], grid1d(cdiv(numel, WG_ELEMENT)), 'init');
+      [numel, seed >>> 0, mode, f32bits(std), stream], { w }, grid1d(cdiv(numel, WG_ELEMENT)), 'init');
   }
 }
 

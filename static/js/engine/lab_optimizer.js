@@ -21,7 +21,7 @@ export function labEntries(ctx) {
      *          {codes, small, blocks, m32, v32, q_blocks} (8-bit variants, see 12_optimizer.wgsl).
      */
     async optimizerSteps({ variant = 'adamw', layout, params, grads, lr = 1e-3, beta1 = 0.9,
-      beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, max_norm = 1.0, clip = true, maps = null,
+      beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_norm = 1.0, clip = true, maps = null,
       maxBindingBytes = null, tuning = {} }) {
       const { device } = ctx;
       const n = layout.total_numel;

@@ -209,6 +209,21 @@ export class Model {
     const wte = 'model.embed_tokens.weight';
     const f16 = Boolean(this.weightsF16);
 
+    // A linear layer, y[N, n] = (or += with accum) x[N, kk] @ W^T with W the `count` tensors from
+    // `name` (q|k|v and gate|up are fused), and its backward: dx = dy W, dW += dy^T x into G.
+    const linear = (x, name, count, y, n, kk, accum = false) => k.linear({ x,
+      w: this.tw(name, count), y, M: N, N: n, K: kk, accum, wF16: f16 });
+    const linearBackward = (dy, x, name, count, dx, n, kk) => [
+      k.linearBackwardInput({ dy, w: this.tw(name, count), dx, M: N, N: n, K: kk, wF16: f16 }),
+      k.linearBackwardWeight({ dy, x, dw: this.t(G, name, count), part: a.wgradPart,
+        M: N, N: n, K: kk }),
+    ];
+    // An RMSNorm's backward from dn: its gain's gradient into G, and dx (= or += with accum).
+    const normBackward = (x, rstd, name, dx, accum) => [
+      k.rmsnormBackwardGain({ dy: a.dn, x, rstd, dg: this.t(G, name), part: a.gainPart, N, C }),
+      k.rmsnormBackward({ dy: a.dn, x, g: this.t(W, name), rstd, dx, N, C, accum }),
+    ];
+
     const forward = [
       k.embed({ tokens: a.tokens, wte: this.t(W, wte), x: a.res[0], N, C }),
     ];
@@ -216,27 +231,23 @@ export class Model {
       forward.push(
         k.rmsnorm({ x: a.res[i], g: this.t(W, p(i, 'input_layernorm')), y: a.n1[i],
           rstd: a.rstd1[i], N, C, eps }),
-        k.linear({ x: a.n1[i], w: this.tw(p(i, 'self_attn.q_proj'), 3), y: a.qkv[i],
-          M: N, N: 3 * C, K: C, wF16: f16 }),                                // [N, 3C]
+        linear(a.n1[i], p(i, 'self_attn.q_proj'), 3, a.qkv[i], 3 * C, C),           // [N, 3C]
         k.rope({ qkv: a.qkv[i], table: a.rope, N, T, H, D }),
         k.attention({ qkv: a.qkv[i], y: a.att[i], lse: a.lse[i], B, T, H, D }),
         copyOp(a.res[i], a.resMid[i], N * C, 'fork residual'),
-        k.linear({ x: a.att[i], w: this.tw(p(i, 'self_attn.o_proj')), y: a.resMid[i],
-          M: N, N: C, K: C, accum: true, wF16: f16 }),                      // resMid += o(att)
+        linear(a.att[i], p(i, 'self_attn.o_proj'), 1, a.resMid[i], C, C, true),     // resMid += o(att)
         k.rmsnorm({ x: a.resMid[i], g: this.t(W, p(i, 'post_attention_layernorm')), y: a.n2[i],
           rstd: a.rstd2[i], N, C, eps }),
-        k.linear({ x: a.n2[i], w: this.tw(p(i, 'mlp.gate_proj'), 2), y: a.gu[i],
-          M: N, N: 2 * F, K: C, wF16: f16 }),                                // [N, 2F]
+        linear(a.n2[i], p(i, 'mlp.gate_proj'), 2, a.gu[i], 2 * F, C),               // [N, 2F]
         k.swiglu({ gu: a.gu[i], h: a.h[i], N, F }),
         copyOp(a.resMid[i], a.res[i + 1], N * C, 'fork residual'),
-        k.linear({ x: a.h[i], w: this.tw(p(i, 'mlp.down_proj')), y: a.res[i + 1],
-          M: N, N: C, K: F, accum: true, wF16: f16 }),                      // res += down(h)
+        linear(a.h[i], p(i, 'mlp.down_proj'), 1, a.res[i + 1], C, F, true),         // res += down(h)
       );
     }
     forward.push(
       k.rmsnorm({ x: a.res[L], g: this.t(W, 'model.norm.weight'), y: a.nf, rstd: a.rstdf,
         N, C, eps }),
-      k.linear({ x: a.nf, w: this.tw(wte), y: a.logits, M: N, N: V, K: C, wF16: f16 }),
+      linear(a.nf, wte, 1, a.logits, V, C),
     );
     // Loss and dlogits (in place over logits), as its own list so logits() can skip it.
     const loss = [k.crossEntropy({ logits: a.logits, targets: a.targets, losses: a.losses,
@@ -244,48 +255,23 @@ export class Model {
 
     // Backward: the forward list in exact reverse, gradients into G (+=).
     const backward = [
-      k.linearBackwardInput({ dy: a.logits, w: this.tw(wte), dx: a.dn, M: N, N: V, K: C,
-        wF16: f16 }),
-      k.linearBackwardWeight({ dy: a.logits, x: a.nf, dw: this.t(G, wte), part: a.wgradPart,
-        M: N, N: V, K: C }),
-      k.rmsnormBackwardGain({ dy: a.dn, x: a.res[L], rstd: a.rstdf,
-        dg: this.t(G, 'model.norm.weight'), part: a.gainPart, N, C }),
-      k.rmsnormBackward({ dy: a.dn, x: a.res[L], g: this.t(W, 'model.norm.weight'),
-        rstd: a.rstdf, dx: a.dres, N, C, accum: false }),
+      ...linearBackward(a.logits, a.nf, wte, 1, a.dn, V, C),
+      ...normBackward(a.res[L], a.rstdf, 'model.norm.weight', a.dres, false),
     ];
     for (let i = L - 1; i >= 0; i--) {
-      const g1 = p(i, 'input_layernorm');
-      const g2 = p(i, 'post_attention_layernorm');
       backward.push(
         // res[i+1] = resMid + down(h): dres flows to resMid unchanged, and into down.
-        k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'mlp.down_proj')), dx: a.dh,
-          M: N, N: C, K: F, wF16: f16 }),
-        k.linearBackwardWeight({ dy: a.dres, x: a.h[i], dw: this.t(G, p(i, 'mlp.down_proj')),
-          part: a.wgradPart, M: N, N: C, K: F }),
+        ...linearBackward(a.dres, a.h[i], p(i, 'mlp.down_proj'), 1, a.dh, C, F),
         k.swigluBackward({ gu: a.gu[i], dh: a.dh, dgu: a.dgu, N, F }),
-        k.linearBackwardInput({ dy: a.dgu, w: this.tw(p(i, 'mlp.gate_proj'), 2), dx: a.dn,
-          M: N, N: 2 * F, K: C, wF16: f16 }),
-        k.linearBackwardWeight({ dy: a.dgu, x: a.n2[i], dw: this.t(G, p(i, 'mlp.gate_proj'), 2),
-          part: a.wgradPart, M: N, N: 2 * F, K: C }),
-        k.rmsnormBackwardGain({ dy: a.dn, x: a.resMid[i], rstd: a.rstd2[i],
-          dg: this.t(G, g2), part: a.gainPart, N, C }),
-        k.rmsnormBackward({ dy: a.dn, x: a.resMid[i], g: this.t(W, g2), rstd: a.rstd2[i],
-          dx: a.dres, N, C, accum: true }),                                  // dres = d resMid
-        k.linearBackwardInput({ dy: a.dres, w: this.tw(p(i, 'self_attn.o_proj')), dx: a.datt,
-          M: N, N: C, K: C, wF16: f16 }),
-        k.linearBackwardWeight({ dy: a.dres, x: a.att[i], dw: this.t(G, p(i, 'self_attn.o_proj')),
-          part: a.wgradPart, M: N, N: C, K: C }),
+        ...linearBackward(a.dgu, a.n2[i], p(i, 'mlp.gate_proj'), 2, a.dn, 2 * F, C),
+        ...normBackward(a.resMid[i], a.rstd2[i], p(i, 'post_attention_layernorm'), a.dres,
+          true),                                                            // dres = d resMid
+        ...linearBackward(a.dres, a.att[i], p(i, 'self_attn.o_proj'), 1, a.datt, C, C),
         k.attentionBackward({ qkv: a.qkv[i], y: a.att[i], dy: a.datt, lse: a.lse[i],
           delta: a.delta, dqkv: a.dqkv, ds: a.attnDs, B, T, H, D }),
         k.rope({ qkv: a.dqkv, table: a.rope, N, T, H, D, inverse: true }),
-        k.linearBackwardInput({ dy: a.dqkv, w: this.tw(p(i, 'self_attn.q_proj'), 3), dx: a.dn,
-          M: N, N: 3 * C, K: C, wF16: f16 }),
-        k.linearBackwardWeight({ dy: a.dqkv, x: a.n1[i], dw: this.t(G, p(i, 'self_attn.q_proj'), 3),
-          part: a.wgradPart, M: N, N: 3 * C, K: C }),
-        k.rmsnormBackwardGain({ dy: a.dn, x: a.res[i], rstd: a.rstd1[i],
-          dg: this.t(G, g1), part: a.gainPart, N, C }),
-        k.rmsnormBackward({ dy: a.dn, x: a.res[i], g: this.t(W, g1), rstd: a.rstd1[i],
-          dx: a.dres, N, C, accum: true }),                                  // dres = d res[i]
+        ...linearBackward(a.dqkv, a.n1[i], p(i, 'self_attn.q_proj'), 3, a.dn, 3 * C, C),
+        ...normBackward(a.res[i], a.rstd1[i], p(i, 'input_layernorm'), a.dres, true),  // dres = d res[i]
       );
     }
     backward.push(k.embedBackward({ buckets: a.buckets, dx: a.dres, dwte: this.t(G, wte),

@@ -2,6 +2,8 @@
 // then a step only encodes them: nothing is allocated per step. A dispatch owns its uniform
 // buffer (op.owned); whoever holds the op list frees them with releaseOps.
 
+import { bindGroup } from './shaders.js';
+
 /** A byte sub-range of `buffer` covering f32 elements [offset, offset + numel). */
 export const view = (buffer, offset = 0, numel = null) => ({
   buffer, offset: offset * 4, size: (numel ?? (buffer.size / 4 - offset)) * 4,
@@ -31,16 +33,11 @@ export function uniformWords(device, words, label) {
   return buffer;
 }
 
-/** A compute launch: resources[i] is binding i (a buffer or {buffer, offset, size}).
- *  A null resource marks a binding that this entry point does not use: 'auto' layouts drop
- *  statically unused bindings, and a bind group must not name them. */
-export function launch(device, pipeline, resources, grid, label) {
-  const entries = [];
-  resources.forEach((r, binding) => {
-    if (r !== null) entries.push({ binding, resource: r.buffer ? r : { buffer: r } });
-  });
-  const bindGroup = device.createBindGroup({ label, layout: pipeline.getBindGroupLayout(0), entries });
-  return { kind: 'dispatch', pipeline, bindGroup, grid, label };
+/** A compute launch of `p` (a ShaderLibrary pipeline record): resources binds each of its
+ *  bindings by WGSL name ({name: buffer or {buffer, offset, size}}, shaders.js bindGroup). */
+export function launch(device, p, resources, grid, label) {
+  return { kind: 'dispatch', pipeline: p.pipeline, bindGroup: bindGroup(device, p, resources, label),
+    grid, label };
 }
 
 /** Destroy the buffers `ops` own (their uniforms); the ops cannot be encoded afterwards. */

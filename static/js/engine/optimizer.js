@@ -14,6 +14,7 @@
 
 import { align, checked } from './gpu.js';
 import { buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './optimizer_tables.js';
+import { bindGroup } from './shaders.js';
 
 const FILE = '12_optimizer.wgsl';
 export const VARIANTS = ['adamw', 'adamw_f16', 'adamw_8bit', 'adamw_8bit_f16'];
@@ -21,13 +22,23 @@ export const ENTRY = {   // the update's entry point per variant
   adamw: 'adamw_update', adamw_f16: 'adamw_update_f16',
   adamw_8bit: 'adamw_8bit_update', adamw_8bit_f16: 'adamw_8bit_update_f16',
 };
+// What each entry point binds, by the names 12_optimizer.wgsl declares (which give the binding
+// numbers and types of its pipeline layout); the f16 variants' updates bind `mirror` as well.
+const BINDINGS = {
+  reduce_norm_sq: ['cu', 'partials', 'g4'],
+  finalize_grad_stats: ['hp', 'stats', 'partials'],
+  adamw: ['hp', 'cu', 'stats', 'w4', 'g4', 'm4', 'v4'],
+  adamw_8bit: ['hp', 'cu', 'stats', 'w4', 'g4', 'codes', 'small', 'tables'],
+};
 const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU default and minimum)
 const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
 const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
                                  // are what costs on CPU adapters)
 const WG_FINAL = 256;            // finalize_grad_stats threads (one workgroup)
-const BLOCK_THREADS = 64;        // 8-bit: threads per block, 4 elements each (the kernel's layout),
-const BLOCK_ELEMS = 4 * BLOCK_THREADS;   // so the server's blocksize must be 256
+// 8-bit: threads per block, 4 elements each, so the server's blocksize must be 256: the kernel's
+// layout (WG8 = 64 * BPW there, in WGSL; tests/js/shaders.test.mjs holds the two equal).
+export const BLOCK_THREADS = 64;
+const BLOCK_ELEMS = 4 * BLOCK_THREADS;
 const MIN_BLOCK_ROUNDS = 16;     // 8-bit: blocks per group of 64 threads before its tables pay off
 // 8-bit persistent grid on a software adapter: a CPU runs a handful of workgroups at a time and
 // each loads ~10 KB of tables at CPU speed, so a few workgroups with many rounds each are fastest.
@@ -45,7 +56,8 @@ export class Optimizer {
    *                 layout.optimizer_state.adamw_8bit (f32_tensors: the tensors that keep f32
    *                 state, q_blocks, f32_numel), as GET /api/presets/{name}/layout sends it
    *   mirror        optional u32 buffer for the f16 mirror (else one is created)
-   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper)
+   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper;
+   *                 any left out is RunConfig's default)
    *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
    *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning; none changes a result bit (the
    *                 optimizer test checks). Defaults come from the context: ctx.limits bounds the
@@ -91,7 +103,9 @@ export class Optimizer {
     if (this.windowElems < this.partialElems) {
       throw new Error(`optimizer: binding limit ${bindLimit} B is too small`);
     }
-    this.hyper = { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_norm: 1.0, clip: true };
+    // RunConfig's defaults (server/run_config.py; tests/test_page_facts.py holds them equal), for
+    // a caller that leaves some out (the kernels page, the lifetime test); the trainer passes all.
+    this.hyper = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true };
     this.setHyper(hyper);
     this._hpData = new ArrayBuffer(64);
     this._hpF = new Float32Array(this._hpData);
@@ -119,7 +133,12 @@ export class Optimizer {
   /** Storage buffers the update dispatch binds: fp32 stats, W, G, M, V; 8-bit stats, W, G, codes,
    *  small (absmax + f32 state), tables (packed so that both fit the default limit of 8); +1 mirror. */
   get storageBuffersNeeded() {
-    return (this.is8 ? 6 : 5) + (this.f16 ? 1 : 0);
+    return this.updateBindings.length - 2;   // all but the hp and cu uniforms
+  }
+
+  /** The update entry point's bindings (BINDINGS). */
+  get updateBindings() {
+    return [...BINDINGS[this.is8 ? 'adamw_8bit' : 'adamw'], ...(this.f16 ? ['mirror'] : [])];
   }
 
   async _build() {
@@ -154,8 +173,9 @@ export class Optimizer {
     this.partials = this._buffer(Math.ceil(this.n / this.partialElems) * 8, 'partials');
 
     const pipes = [
-      this.lib.pipeline(FILE, 'reduce_norm_sq', { WG_R: wgReduce, VPT: VEC4_PER_THREAD }),
-      this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: WG_FINAL }),
+      this.lib.pipeline(FILE, 'reduce_norm_sq', { WG_R: wgReduce, VPT: VEC4_PER_THREAD },
+        BINDINGS.reduce_norm_sq),
+      this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: WG_FINAL }, BINDINGS.finalize_grad_stats),
     ];
     if (this.is8) {
       if (!this.maps) {
@@ -184,12 +204,12 @@ export class Optimizer {
       this.small = this._buffer(Math.max(this.state8.smallFloats * 4, 16), 'small');
       this.stateBytes = this.state8.codesBytes + this.state8.smallFloats * 4;
       pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant],
-        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants }));
+        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants }, this.updateBindings));
     } else {
       this.M = this._buffer(this.n * 4, 'M');
       this.V = this._buffer(this.n * 4, 'V');
       this.stateBytes = 2 * this.n * 4;
-      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant], { WG: wg }));
+      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant], { WG: wg }, this.updateBindings));
     }
     if (this.f16 && !this.mirror) {
       this.mirror = this._buffer(this.n * 2, 'mirror');
@@ -200,10 +220,11 @@ export class Optimizer {
     // Per-window chunk uniforms and bind groups (once).
     await checked(d, `optimizer ${this.variant} bind groups`, () => {
       this.reduceGroups = this.windows.map((win) => this._group(this.pReduce, {
-        1: this._chunk({ base: win.base, n4: win.len / 4, pbase: win.pbase }),
-        3: this.partials, 5: this._range(this.G, win.base, win.len, 4),
+        cu: this._chunk({ base: win.base, n4: win.len / 4, pbase: win.pbase }),
+        partials: this.partials, g4: this._range(this.G, win.base, win.len, 4),
       }));
-      this.finalGroup = this._group(this.pFinal, { 0: this.uHyper, 2: this.stats, 3: this.partials });
+      this.finalGroup = this._group(this.pFinal,
+        { hp: this.uHyper, stats: this.stats, partials: this.partials });
       this.updates = this.is8 ? this._plan8(bpw, persistent, nwg8) : this._planFp32(wg);
     });
   }
@@ -214,11 +235,11 @@ export class Optimizer {
       const groups = Math.ceil(n4 / wg);
       const x = Math.min(groups, MAX_GRID);
       const res = {
-        0: this.uHyper, 1: this._chunk({ base: win.base, n4 }), 2: this.stats,
-        4: this._range(this.W, win.base, win.len, 4), 5: this._range(this.G, win.base, win.len, 4),
-        6: this._range(this.M, win.base, win.len, 4), 7: this._range(this.V, win.base, win.len, 4),
+        hp: this.uHyper, cu: this._chunk({ base: win.base, n4 }), stats: this.stats,
+        w4: this._range(this.W, win.base, win.len, 4), g4: this._range(this.G, win.base, win.len, 4),
+        m4: this._range(this.M, win.base, win.len, 4), v4: this._range(this.V, win.base, win.len, 4),
       };
-      if (this.f16) res[8] = this._range(this.mirror, win.base, win.len, 2);
+      if (this.f16) res.mirror = this._range(this.mirror, win.base, win.len, 2);
       return { group: this._group(this.pUpdate, res), grid: [x, Math.ceil(groups / x)] };
     });
   }
@@ -258,15 +279,15 @@ export class Optimizer {
       const qbase = Math.max(c.qbase, 0);
       const qlen = Math.max(c.qend - qbase, 1);
       const res = {
-        0: this.uHyper, 2: this.stats,
-        1: this._chunk({ base: c.base, b0: c.b0, b1: c.b1, qbase,
+        hp: this.uHyper, stats: this.stats,
+        cu: this._chunk({ base: c.base, b0: c.b0, b1: c.b1, qbase,
           m32: this.state8.m32, v32: this.state8.v32 }),
-        4: this._range(this.W, c.base, len, 4), 5: this._range(this.G, c.base, len, 4),
-        9: { buffer: this.codes, offset: qbase * blockBytes,
+        w4: this._range(this.W, c.base, len, 4), g4: this._range(this.G, c.base, len, 4),
+        codes: { buffer: this.codes, offset: qbase * blockBytes,
           size: Math.min(qlen * blockBytes, this.codes.size - qbase * blockBytes) },
-        10: this.small, 11: this.tables,
+        small: this.small, tables: this.tables,
       };
-      if (this.f16) res[8] = this._range(this.mirror, c.base, len, 2);
+      if (this.f16) res.mirror = this._range(this.mirror, c.base, len, 2);
       const rounds = Math.ceil((c.b1 - c.b0) / bpw);
       if (persistent) {
         // Each workgroup loads ~10 KB of tables first: give it at least MIN_BLOCK_ROUNDS rounds.
@@ -301,14 +322,9 @@ export class Optimizer {
     return { buffer, offset: baseElems * bytesPerElem, size: lenElems * bytesPerElem };
   }
 
-  _group(pipeline, resources) {
-    return this.device.createBindGroup({
-      label: `${this.label}.${pipeline.label}`,
-      layout: pipeline.getBindGroupLayout(0),
-      entries: Object.entries(resources).map(([binding, r]) => ({
-        binding: Number(binding), resource: r.buffer ? r : { buffer: r },
-      })),
-    });
+  /** Bind group of pipeline record `p` (shaders.js) from resources by binding name. */
+  _group(p, resources) {
+    return bindGroup(this.device, p, resources, `${this.label}.${p.label}`);
   }
 
   /**
@@ -344,20 +360,20 @@ export class Optimizer {
 
   /** Phase 1: per-window partial sums of g^2, then grad_norm and clip_scale into `stats`. */
   encodeNorm(pass) {
-    pass.setPipeline(this.pReduce);
+    pass.setPipeline(this.pReduce.pipeline);
     for (let k = 0; k < this.windows.length; k++) {
       pass.setBindGroup(0, this.reduceGroups[k]);
       const g = this.windows[k].gridR;
       pass.dispatchWorkgroups(g[0], g[1]);
     }
-    pass.setPipeline(this.pFinal);
+    pass.setPipeline(this.pFinal.pipeline);
     pass.setBindGroup(0, this.finalGroup);
     pass.dispatchWorkgroups(1);
   }
 
   /** Phase 2: the AdamW update (reads clip_scale from `stats`, zeroes G). */
   encodeUpdate(pass) {
-    pass.setPipeline(this.pUpdate);
+    pass.setPipeline(this.pUpdate.pipeline);
     for (const u of this.updates) {
       pass.setBindGroup(0, u.group);
       pass.dispatchWorkgroups(u.grid[0], u.grid[1]);

@@ -7,7 +7,7 @@ import { bindGroup } from './shaders.js';
 /** ctx: the engine context (context.js); n elements in workgroups of wg threads. */
 export async function runSelfTest({ device, lib }, n = 1000, wg = 64) {
   const t0 = performance.now();
-  const pipeline = await lib.pipeline('00_selftest.wgsl', 'main', { WG: wg });
+  const p = await lib.pipeline('00_selftest.wgsl', 'main', { WG: wg });
   const x = Float32Array.from({ length: n }, (_, i) => i % 97);
   const nwg = Math.ceil(n / wg);
   const bx = storageBuffer(device, x.byteLength, { data: x, label: 'selftest.x' });
@@ -15,8 +15,8 @@ export async function runSelfTest({ device, lib }, n = 1000, wg = 64) {
   const bsums = storageBuffer(device, nwg * 4, { label: 'selftest.sums' });
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass();
-  pass.setPipeline(pipeline);
-  pass.setBindGroup(0, bindGroup(device, pipeline, [bx, bout, bsums]));
+  pass.setPipeline(p.pipeline);
+  pass.setBindGroup(0, bindGroup(device, p, { x: bx, out: bout, sums: bsums }));
   pass.dispatchWorkgroups(nwg);
   pass.end();
   device.queue.submit([enc.finish()]);

@@ -79,10 +79,11 @@ function lap(prof, key, t) {
 export class Trainer {
   /**
    * ctx: the engine context (context.js); layout: the run's parameter table; config: the run config
-   * (server/routes/runs.py RunConfig); maps: 8-bit quantization maps; loadBatch(step) and
+   * (server/run_config.py RunConfig); maps: 8-bit quantization maps; loadBatch(step) and
    * loadValBatch(index): async -> ArrayBuffer; decode(ids) -> string (optional);
    * on: {record(rec), sample(step, text), status(status, message), checkpoint(ckpt) -> Promise?};
-   * checkpoint: null | {sections: [{name, bytes}] (the server's), chunk_bytes, every: int | null};
+   * checkpoint: null | {sections: [{name, bytes}], chunk_bytes, every: int | null} (the server's:
+   * the run's `checkpoint`);
    * resume: null | {step (steps done, 0-based next step), data: ArrayBuffer (the sections
    * concatenated)}. A resume whose data or sections do not fit this engine is refused (throws)
    * before anything is written.
@@ -130,10 +131,11 @@ export class Trainer {
     const resume = this.resumeFrom;
     const cc = this.checkpointConfig;
     const served = cc?.sections;
-    if (cc && (!served || !(cc.every === null || cc.every === undefined ||
-      (Number.isInteger(cc.every) && cc.every > 0)))) {
-      throw new Error('checkpoint wants {sections (the server\'s), chunk_bytes, every: a positive ' +
-        `integer or null}; got sections ${served ? 'given' : 'missing'}, every ${cc.every}`);
+    if (cc && (!served || !(Number.isInteger(cc.chunk_bytes) && cc.chunk_bytes > 0) ||
+      !(cc.every === null || cc.every === undefined || (Number.isInteger(cc.every) && cc.every > 0)))) {
+      throw new Error('checkpoint wants {sections and chunk_bytes (the server\'s), every: a positive ' +
+        `integer or null}; got sections ${served ? 'given' : 'missing'}, chunk_bytes ` +
+        `${cc.chunk_bytes}, every ${cc.every}`);
     }
     if (resume) {
       // Refuse a body of the wrong size before allocating (the sizes are the server's).
@@ -217,7 +219,7 @@ export class Trainer {
     if (!this.sections) {
       throw new Error('no checkpoint sections: create the trainer with checkpoint: {sections, chunk_bytes}');
     }
-    return snapshotSections(this.device, this.sections, this.checkpointConfig.chunk_bytes ?? 64 * 2 ** 20,
+    return snapshotSections(this.device, this.sections, this.checkpointConfig.chunk_bytes,
       this.ckpt.staging, this.done);
   }
 

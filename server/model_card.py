@@ -1,0 +1,166 @@
+"""The README.md of an exported checkpoint: a Hugging Face model card that says what was trained
+(the model, its parameter count and shape), how far (steps, tokens, the last and the best
+losses), how (optimizer, schedule, seed) and on what (the corpus's sources and their sizes), and
+how to use it. A pure function of the run, its metrics and the corpus's meta.json, with no clock
+or path in it (export.py writes it beside the weights).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from andrea.data.tokenizer import EOT, EOT_ID
+from andrea.data.tokens import tokens_dir
+from andrea.model import model_name, run_model
+
+
+def corpus_meta(data_dir: Path, run: dict) -> dict | None:
+    """The run's token files' meta.json (source names and sizes): no tokenizing, just a read."""
+    cfg = run["config"]
+    path = tokens_dir(data_dir, cfg.get("corpus_hash", ""), run_model(cfg).vocab_size)
+    try:
+        return json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def summary(metrics: list[dict]) -> dict:
+    """Steps done, the last train loss, the last and the best eval loss (with their steps)."""
+    losses = [(m["step"], m["loss"]) for m in metrics if m.get("loss") is not None]
+    evals = [(m["step"], m["eval_loss"]) for m in metrics if m.get("eval_loss") is not None]
+    return {"steps": max((m["step"] for m in metrics), default=0),
+            "loss": losses[-1] if losses else None,
+            "eval": evals[-1] if evals else None,
+            "best_eval": min(evals, key=lambda e: e[1]) if evals else None}
+
+
+def _loss(pair: tuple[int, float] | None) -> str:
+    return "not recorded" if pair is None else f"{pair[1]:.4f} (step {pair[0]:,})"
+
+
+def optimizer_text(cfg: dict) -> str:
+    state = ("8-bit AdamW (block-wise quantized moments, bitsandbytes-style)"
+             if cfg["optimizer"] == "adamw_8bit" else "AdamW (fp32 moments)")
+    mirror = ", matmuls on an f16 mirror of the f32 weights" if cfg.get("f16_mirror") else ""
+    clip = f", gradient clipping at norm {cfg['max_norm']:g}" if cfg["clip"] else ""
+    return (f"{state}{mirror}; betas ({cfg['beta1']:g}, {cfg['beta2']:g}), eps {cfg['eps']:g}, "
+            f"weight decay {cfg['weight_decay']:g}{clip}")
+
+
+def schedule_text(cfg: dict) -> str:
+    w = cfg["warmup_steps"]
+    warmup = f"linear warmup over {w:,} step{'s' * (w != 1)}, then " if w else ""
+    return (f"peak {cfg['lr']:g}, {warmup}cosine decay to {cfg['lr'] * cfg['min_lr_ratio']:g} "
+            f"at step {cfg['steps']:,}")
+
+
+DATA_MODES = {
+    "uniform": "each batch row from a source picked with equal probability",
+    "bandit": "sources mixed by a bandit that favours the sources whose loss still falls",
+}
+
+
+def data_text(cfg: dict, corpus: dict | None) -> str:
+    mode = cfg["data_mode"]
+    lines = [f"Corpus `{cfg.get('corpus_hash', '')}`, data mode `{mode}` "
+             f"({DATA_MODES.get(mode, mode)}); the last {_val_pct(corpus)} of each source is "
+             f"held out for the eval loss. Each document is followed by `{EOT}` in the token "
+             "stream.", ""]
+    picked = cfg.get("sources")          # the run's sources (None: every one of the corpus)
+    if picked:
+        names = [s["name"] for s in corpus["sources"]] if corpus else picked
+        others = [n for n in names if n not in picked]
+        lines[0] += (f" Trained and evaluated on {len(picked)} of the corpus's sources only: "
+                     f"{', '.join(picked)}" + (f" (not {', '.join(others)}; the tokenizer is "
+                                               "the whole corpus's)." if others else "."))
+    if corpus is None:
+        return "\n".join(lines + ["(The source list is not cached in the exporting data dir.)"])
+    lines += ["| source | documents | characters | tokens |", "|---|---:|---:|---:|"]
+    lines += [f"| {s['name']} | {s['n_documents']:,} | {s['n_chars']:,} | {s['n_tokens']:,} |"
+              for s in corpus["sources"] if not picked or s["name"] in picked]
+    return "\n".join(lines)
+
+
+def _val_pct(corpus: dict | None) -> str:
+    return f"{corpus['val_fraction']:.0%}" if corpus else "part"
+
+
+FRONT_MATTER = """---
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- andrea
+- llama
+- webgpu
+- from-scratch
+---
+"""
+
+USAGE = f"""## Use
+
+```python
+from transformers import pipeline
+
+generate = pipeline("text-generation", model="path/to/this/folder")
+print(generate("def main():")[0]["generated_text"])
+```
+
+Generation stops at `{EOT}` (the end of a document) or at the context length trained on
+(`max_length` in generation_config.json); the tokenizer adds no BOS token, as in training.
+"""
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
+    m = layout["config"]
+    return [
+        ("architecture", "LlamaForCausalLM: RMSNorm, RoPE, SwiGLU, tied input/output embeddings"),
+        ("parameters", f"{layout['n_params']:,}"),
+        ("layers, heads, width, FFN",
+         f"{m['n_layer']}, {m['n_head']}, {m['n_embd']}, {m['ffn_dim']}"),
+        ("vocabulary", f"{m['vocab_size']:,} byte-level BPE tokens; `{EOT}` (id {EOT_ID}) "
+                       "ends a document"),
+        ("context", f"trained on {cfg['seq_len']:,}-token windows (positions up to "
+                    f"{m['seq_len']:,})"),
+    ]
+
+
+def training_rows(run: dict, metrics: list[dict],
+                  step: int | None = None) -> list[tuple[str, str]]:
+    cfg, s = run["config"], summary(metrics)
+    tokens = s["steps"] * cfg["batch_size"] * cfg["seq_len"]
+    status = run.get("status") or "unknown"
+    return [
+        ("status", status if step is None else f"the checkpoint of step {step:,} (run {status})"),
+        ("steps", f"{s['steps']:,} of {cfg['steps']:,}"),
+        ("batch", f"{cfg['batch_size']} x {cfg['seq_len']} tokens"),
+        ("tokens seen", f"{tokens:,} (steps x batch size x context)"),
+        ("final train loss", _loss(s["loss"])),
+        ("final eval loss", _loss(s["eval"])),
+        ("best eval loss", _loss(s["best_eval"])),
+        ("optimizer", optimizer_text(cfg)),
+        ("learning rate", schedule_text(cfg)),
+        ("seed", str(cfg["seed"])),
+    ]
+
+
+def model_card(run: dict, layout: dict, metrics: list[dict], corpus: dict | None,
+               step: int | None = None) -> str:
+    cfg = run["config"]
+    made_with = f"andrea export {run['id']}" + (f" --step {step}" if step else "") + " --out DIR"
+    return "\n".join([
+        FRONT_MATTER,
+        f"# Andrea run {run['id']}", "",
+        f"A small Llama-style causal language model (`{model_name(cfg)}`) trained from "
+        "scratch in a web browser with WebGPU by Andrea, exported as a Hugging Face checkpoint.",
+        "", "## Model", "", _table(model_rows(layout, cfg)), "",
+        "## Training", "", _table(training_rows(run, metrics, step)), "",
+        "Losses are mean token cross-entropy in nats.", "",
+        "## Data", "", data_text(cfg, corpus), "",
+        USAGE,
+        "## Made with", "", "```", made_with, "```", "",
+    ])

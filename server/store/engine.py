@@ -1,0 +1,194 @@
+"""Where the store's SQL runs: SQLite (one connection per store thread, WAL) or PostgreSQL (a
+pool), one transaction at a time (Connections._tx), on the store's threads (Connections.run:
+one writer for SQLite, a small pool for PostgreSQL), never on the event loop; and what a
+database that refuses means (StoreUnavailable: full disk, read-only data dir, a file that
+cannot be opened, a server out of reach)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Connection, create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.pool import StaticPool
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be written (full disk, read-only data dir), opened or reached: the
+    reason, with the file's path or the server's URL."""
+
+
+# SQLite's primary result codes that mean "the disk or the file system refused", not a bug.
+_DISK_CODES = {"SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN",
+               "SQLITE_PERM", "SQLITE_NOTADB", "SQLITE_CORRUPT"}
+
+
+def unavailable(e: BaseException, where: Path | str) -> StoreUnavailable | None:
+    """The StoreUnavailable that a disk-side sqlite3 or OS error, or a PostgreSQL server out of
+    reach (connection refused or lost, shut down, out of disk), means; None for other errors.
+    `where`: the file's path or the URL (password hidden)."""
+    if isinstance(e, DBAPIError):
+        if isinstance(e.orig, sqlite3.Error):
+            e = e.orig
+        elif isinstance(e, (OperationalError, InterfaceError)):
+            reason = " ".join(str(e.orig).split())
+            return StoreUnavailable(f"the server cannot use its database {where}: {reason}")
+        else:
+            return None
+    if isinstance(e, sqlite3.Error):
+        name = getattr(e, "sqlite_errorname", "") or ""
+        if "_".join(name.split("_")[:2]) not in _DISK_CODES:
+            return None
+        return StoreUnavailable(f"the server cannot write its database {where}: {e} ({name})")
+    if isinstance(e, OSError):
+        return StoreUnavailable(f"the server cannot use its database {where}: "
+                                f"{e.strerror or e}")
+    return None
+
+
+# PostgreSQL handles concurrency itself: this many store threads and pooled connections (and
+# as many again for callers off those threads: the run registry, the CLI).
+PG_WORKERS = 4
+# Rows per INSERT in add_metrics on SQLite: a whole batch (telemetry.MAX_RECORDS) in one.
+_INSERT_PAGE = 2500
+
+
+def engine_url(url: str) -> URL:
+    """The SQLAlchemy URL of ANDREA_DATABASE_URL: postgresql:// (or postgres://) goes through
+    psycopg 3."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+        return u.set(drivername="postgresql+psycopg")
+    raise ValueError(f"ANDREA_DATABASE_URL must be postgresql://user@host:port/database, "
+                     f"not {u.render_as_string(hide_password=True)}")
+
+
+class Connections:
+    """The Store's part that opens, hands out and closes its connections. Opening makes the
+    database current (schema.Schema._open)."""
+
+    def __init__(self, path: Path | None = None, *, url: str | None = None):
+        """The SQLite file at `path`, or (`url`) a PostgreSQL database; Store.open picks from
+        the settings."""
+        self.path = path
+        self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        # The group commit's queue (metrics.Metrics.add_metrics_grouped).
+        self._waiting: list[tuple[str, list[dict], asyncio.Future]] = []
+        self._committing = False
+        if url is None:
+            assert path is not None, "a SQLite path or a PostgreSQL URL"
+            self.where: Path | str = path
+            self._engine = None
+            self._threads, self._row_lock = 1, ""
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._open()
+            except (sqlite3.Error, OSError, DBAPIError) as e:
+                self._close_conn()
+                raise unavailable(e, path) or e from e
+            return
+        u = engine_url(url)
+        self.where = u.render_as_string(hide_password=True)
+        self._threads, self._row_lock = PG_WORKERS, " FOR UPDATE"
+        self._engine = create_engine(
+            u, pool_size=PG_WORKERS, max_overflow=PG_WORKERS, pool_pre_ping=True,
+            connect_args={"connect_timeout": 10})
+        try:
+            self._open()
+        except DBAPIError as e:
+            self._engine.dispose()
+            raise unavailable(e, self.where) or e from e
+
+    @classmethod
+    def open(cls, database_url: str | None, sqlite_path: Path):
+        """PostgreSQL at `database_url` (settings.database_url) when set, else the SQLite file
+        at `sqlite_path`."""
+        return cls(url=database_url) if database_url else cls(sqlite_path)
+
+    @property
+    def postgres(self) -> bool:
+        return self._engine is not None
+
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's sqlite3 connection (autocommit: transactions are begun explicitly)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+        return conn
+
+    def _sqlite(self) -> Connection:
+        """This thread's SQLAlchemy connection over its sqlite3 connection (made again when
+        _conn hands out another one)."""
+        raw = self._conn()
+        held = getattr(self._local, "db", None)
+        if held is None or held[0] is not raw:
+            engine = create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool,
+                                   insertmanyvalues_page_size=_INSERT_PAGE)
+            held = self._local.db = (raw, engine.connect())
+        return held[1]
+
+    @contextmanager
+    def _tx(self, write: bool = False) -> Iterator[Connection]:
+        """One transaction. SQLite: a single statement commits on its own; `write` takes the
+        write lock first (BEGIN IMMEDIATE), so writers serialize. PostgreSQL: the pool's
+        connection; a writer that must serialize locks its run's row (self._row_lock)."""
+        if self._engine is None:
+            db = self._sqlite()
+            with db.begin():        # commits (or rolls back) the sqlite3 connection
+                if write:
+                    db.exec_driver_sql("BEGIN IMMEDIATE")
+                yield db
+        else:
+            with self._engine.begin() as db:
+                yield db
+
+    async def run(self, fn, *args):
+        """Run a store method on the store's threads, off the event loop. StoreUnavailable
+        when the disk refuses (full, read-only) or the database server is out of reach."""
+        if self._pool is None:      # opened on first use, again after close()
+            self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix=(
+                "postgres" if self.postgres else "sqlite"))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except (sqlite3.Error, OSError, DBAPIError) as e:
+            refused = unavailable(e, self.where)
+            if refused is None:
+                raise
+            raise refused from e
+
+    def close(self) -> None:
+        """Finish pending writes and close the store threads' connections (app shutdown)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            if self._engine is None:
+                pool.submit(self._close_conn).result()
+            pool.shutdown(wait=True)
+        if self._engine is not None:
+            self._engine.dispose()
+
+    def _close_conn(self) -> None:
+        held = getattr(self._local, "db", None)
+        self._local.db = None
+        if held is not None:
+            held[1].close()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _lock_run(self, db: Connection, run_id: str, columns: str = "1"):
+        """The run's row (None: unknown), locked FOR UPDATE on PostgreSQL: transactions that
+        change a run serialize on it across processes (SQLite: BEGIN IMMEDIATE already did)."""
+        return db.execute(text(f"SELECT {columns} FROM runs WHERE id = :id{self._row_lock}"),
+                          {"id": run_id}).mappings().first()

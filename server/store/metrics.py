@@ -1,0 +1,165 @@
+"""A run's step records: committed in batches (one transaction for what many trainers sent
+meanwhile: the group commit), first write wins (the PRIMARY KEY (run_id, step) makes a resent
+record a no-op; add_metrics returns the rows it really inserted: what viewers are sent), each
+batch's run summary updated in its transaction (summary.py), and read back page by page."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from functools import cached_property
+
+from sqlalchemy import text
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from andrea.metrics import COLUMNS, REQUIRED
+from andrea.store import summary
+from andrea.store.engine import StoreUnavailable
+from andrea.store.schema import METRICS
+
+# Batches of records committed in one transaction at most (add_metrics_grouped).
+GROUP_COMMIT_MAX = 64
+
+
+class Metrics:
+    """The Store's part that keeps the metrics table."""
+
+    @cached_property
+    def _pg_insert_metrics(self):
+        """add_metrics' INSERT on PostgreSQL: the batch as one JSON parameter, typed here
+        (psycopg would parse a placeholder per value on the client: 6x slower for 500 rows)."""
+        values = [c for c in METRICS.columns if c.name != "run_id"]
+        names = ", ".join(c.name for c in values)
+        return text(
+            f"INSERT INTO metrics (run_id, {names}) SELECT CAST(:run_id AS TEXT), {names}"
+            " FROM json_to_recordset(CAST(:rows AS json)) AS x("
+            + ", ".join(f"{c.name} {c.type.compile(self._engine.dialect)}" for c in values)
+            + ") ON CONFLICT DO NOTHING RETURNING step")
+
+    def add_metrics(self, run_id: str, records: list[dict]) -> tuple[list[dict], int | None]:
+        """Insert records (metrics.Record.row(); existing steps are kept as they are, first
+        write wins), each stamped with the commit's wall-clock `time`. Returns (the records
+        really inserted, as stored and in step order; the highest committed step): viewers
+        are sent exactly those. Two statements (the hot path): the batch's one INSERT ... ON
+        CONFLICT DO NOTHING RETURNING step, and the run's UPDATE (its summary) that returns
+        its last step."""
+        return self.add_metrics_many([(run_id, records)])[0]
+
+    def add_metrics_many(self, batches: list[tuple[str, list[dict]]]
+                         ) -> list[tuple[list[dict], int | None]]:
+        """add_metrics for several batches (of any runs) in ONE transaction: one commit (one
+        WAL sync) for what many trainers sent meanwhile (see add_metrics_grouped)."""
+        now = round(time.time(), 3)
+        with self._tx(write=True) as db:  # one transaction: the batches commit whole or not at all
+            return [self._insert_metrics(db, run_id, records, now) for run_id, records in batches]
+
+    def _insert_metrics(self, db, run_id: str, records: list[dict],
+                        now: float) -> tuple[list[dict], int | None]:
+        batch: dict[int, dict] = {}
+        for r in records:           # a step twice in one batch: the first one, as ever
+            batch.setdefault(r["step"], {**r, "time": now})
+        batch = dict(sorted(batch.items()))
+        rows = []
+        for r in batch.values():
+            extra = {k: v for k, v in r.items() if k not in COLUMNS}
+            rows.append({"run_id": run_id, **{c: _finite(r.get(c)) for c in COLUMNS},
+                         "extra": json.dumps(extra) if extra else None})
+        if not rows:
+            kept = set()
+        elif self.postgres:     # the batch as one JSON parameter (see _pg_insert_metrics)
+            kept = set(db.execute(self._pg_insert_metrics, {
+                "run_id": run_id, "rows": json.dumps(rows, allow_nan=False)}).scalars())
+        else:
+            kept = set(db.execute(sqlite_insert(METRICS).on_conflict_do_nothing()
+                                  .returning(METRICS.c.step), rows).scalars())
+        # The run's updated_at, and its summary with the rows inserted: its last step back.
+        inserted = [row for row in rows if row["step"] in kept]
+        ids = {"now": time.time(), "run_id": run_id}
+        touched = (db.execute(summary.ADD, {**ids, **summary.batch(inserted)}) if inserted
+                   else db.execute(summary.TOUCH, ids)).first()
+        last = touched[0] if touched else db.execute(
+            text("SELECT MAX(step) FROM metrics WHERE run_id = :id"), {"id": run_id}).scalar()
+        return [r for step, r in batch.items() if step in kept], last
+
+    async def add_metrics_grouped(self, run_id: str,
+                                  records: list[dict]) -> tuple[list[dict], int | None]:
+        """add_metrics from the event loop, sharing a transaction with the batches other
+        trainers sent while the previous one committed (group commit): under load one commit
+        serves many batches instead of each waiting for its own, so the writer keeps up."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._waiting.append((run_id, records, done))
+        if not self._committing:
+            self._committing = True
+            loop.create_task(self._commit_waiting())
+        return await done
+
+    async def _commit_waiting(self) -> None:
+        try:
+            while self._waiting:
+                group = self._waiting[:GROUP_COMMIT_MAX]
+                del self._waiting[:GROUP_COMMIT_MAX]
+                try:
+                    results = await self.run(self.add_metrics_many,
+                                             [(run_id, records) for run_id, records, _ in group])
+                except StoreUnavailable as e:      # every trainer keeps its records
+                    results = [e] * len(group)
+                except Exception:
+                    # One bad batch must not fail the others: each on its own.
+                    results = []
+                    for run_id, records, _ in group:
+                        try:
+                            results.append(await self.run(self.add_metrics, run_id, records))
+                        except Exception as e:
+                            results.append(e)
+                for (_, _, done), result in zip(group, results):
+                    if done.done():
+                        continue            # its trainer went away meanwhile
+                    if isinstance(result, Exception):
+                        done.set_exception(result)
+                    else:
+                        done.set_result(result)
+        finally:
+            self._committing = False
+
+    def last_step(self, run_id: str) -> int | None:
+        with self._tx() as db:
+            return db.execute(text("SELECT MAX(step) FROM metrics WHERE run_id = :id"),
+                              {"id": run_id}).scalar()
+
+    def metrics(self, run_id: str, after: int | None = None) -> list[dict]:
+        """Every record after `after`: only for what needs them all at once (the export);
+        anything serving requests pages with metrics_page."""
+        return self.metrics_page(run_id, after, None)
+
+    def metrics_page(self, run_id: str, after: int | None, limit: int | None) -> list[dict]:
+        """Up to `limit` records with step > after, in step order."""
+        sql = "SELECT * FROM metrics WHERE run_id = :id AND step > :after ORDER BY step"
+        with self._tx() as db:
+            rows = db.execute(text(sql if limit is None else sql + " LIMIT :limit"),
+                              {"id": run_id, "after": -1 if after is None else after,
+                               "limit": limit}).mappings().all()
+        out = []
+        for row in rows:
+            d = {c: row[c] for c in COLUMNS if row[c] is not None or c in REQUIRED}
+            if row["extra"]:
+                d.update(json.loads(row["extra"]))
+            out.append(d)
+        return out
+
+    def records_page_json(self, run_id: str, after: int | None,
+                          limit: int) -> tuple[str | None, int | None, int]:
+        """A viewer's backlog page, encoded here on the store thread: (the message
+        {"type": "records", "records": [...]} as JSON text or None, its last step, count)."""
+        page = self.metrics_page(run_id, after, limit)
+        if not page:
+            return None, after, 0
+        return (json.dumps({"type": "records", "records": page}, allow_nan=False),
+                page[-1]["step"], len(page))
+
+
+def _finite(v):
+    """NULL for a number that is not finite (what SQLite makes of NaN), on both databases."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v

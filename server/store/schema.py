@@ -1,0 +1,128 @@
+"""The tables, for both databases, and what opening a database does to them: the missing
+tables are created, and an older database gains the columns it lacks (ALTER TABLE ADD COLUMN,
+typed for its dialect), with the values a new column needs for the rows already there (a run's
+number; the run summary, computed once from the records: summary.py)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Double,
+    ForeignKey,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    inspect,
+    text,
+)
+
+from andrea.metrics import COLUMNS
+from andrea.store.summary import OWN, REFRESH_ALL, SHOWN
+
+# A column missing from an older database is added when it opens (Schema._open): each numeric
+# field of metrics.Record has a column of its own (NULL: the field was not sent, or for a
+# required field, not finite); the rest is JSON text.
+_TYPES = {"INTEGER": BigInteger, "REAL": Double}
+META = MetaData()
+RUNS = Table(
+    "runs", META,
+    Column("id", Text, primary_key=True),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("config", Text, nullable=False),             # JSON: the validated run config
+    Column("token_sha256", Text, nullable=False),       # the trainer's write token, hashed
+    Column("status", Text, nullable=False),             # run_info.RunStatus
+    Column("message", Text),                            # why it failed or stopped
+    Column("adapter", Text),                            # JSON: the trainer's GPU adapter
+    Column("checkpoint_step", BigInteger),              # the newest committed checkpoint
+    Column("name", Text),               # what people call it ("tiny adamw #12"); renamable
+    Column("tags", Text),                               # JSON list of strings
+    Column("notes", Text),
+    # The "#12" of a default name: MAX + 1 when created (an older SQLite file: its rowid).
+    # Two processes creating runs at the same instant on PostgreSQL may share one: cosmetic.
+    Column("number", BigInteger),
+    # The run summary (summary.py), kept up to date with the run's records: its last step and
+    # loss, when its first and last records were committed (elapsed time), its eval losses.
+    Column("last_step", BigInteger),
+    Column("last_loss", Double),
+    Column("first_time", Double),
+    Column("last_time", Double),
+    Column("last_eval_loss", Double),
+    Column("best_eval_loss", Double),
+    Column("first_step", BigInteger),       # the summary's own (summary.OWN): never shown
+    Column("last_eval_step", BigInteger),
+)
+METRICS = Table(
+    "metrics", META,
+    Column("run_id", Text, ForeignKey("runs.id"), nullable=False),
+    *(Column(name, _TYPES[t], nullable=name != "step") for name, t in COLUMNS.items()),
+    Column("extra", Text),          # JSON of the record's non-numeric fields (source_losses)
+    PrimaryKeyConstraint("run_id", "step"),
+    sqlite_with_rowid=False,
+)
+EVENTS = Table(
+    "events", META,
+    Column("run_id", Text, ForeignKey("runs.id"), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("kind", Text, nullable=False),               # sample | phase | resumed
+    Column("data", Text, nullable=False),               # JSON
+    PrimaryKeyConstraint("run_id", "step", "kind"),
+    sqlite_with_rowid=False,
+)
+REVOKED = Table(                                        # a resume revokes the token it replaces
+    "revoked_tokens", META,
+    Column("run_id", Text, ForeignKey("runs.id"), nullable=False),
+    Column("token_sha256", Text, nullable=False),
+    PrimaryKeyConstraint("run_id", "token_sha256"),
+    sqlite_with_rowid=False,
+)
+
+# Taken while a PostgreSQL database gets its tables: two processes starting at once.
+_SCHEMA_LOCK = 0x616E64726561       # "andrea"
+
+
+class Schema:
+    """The Store's part that makes its database current when it opens (Store.__init__)."""
+
+    def _open(self) -> None:
+        """Creates the tables that are missing and adds the columns an older database lacks
+        (ALTER TABLE ADD COLUMN, typed for its dialect). Nothing is written when none is."""
+        with self._tx() as db:
+            missing = _missing(db)
+        if not missing:
+            return
+        with self._tx(write=True) as db:
+            if self.postgres:
+                db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            missing = _missing(db)      # again, under the lock
+            have_tables = set(inspect(db).get_table_names())
+            META.create_all(db)
+            for column in missing:
+                if column.table.name in have_tables:
+                    db.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN {column.name}"
+                                    f" {column.type.compile(db.dialect)}"))
+            if "runs" not in have_tables:
+                return
+            if RUNS.c.number in missing:
+                db.execute(text(
+                    "UPDATE runs SET number = rowid" if not self.postgres else
+                    "UPDATE runs SET number = s.n FROM (SELECT id, ROW_NUMBER() OVER"
+                    " (ORDER BY created_at) AS n FROM runs) s WHERE runs.id = s.id"))
+            if any(c.table is RUNS and c.name in SHOWN + OWN for c in missing):
+                # Once, in this transaction: from now on the records' writers keep it.
+                db.execute(REFRESH_ALL)
+
+
+def _missing(db: Connection) -> list[Column]:
+    """The columns of META (all of a missing table's) that the database lacks."""
+    have = inspect(db)
+    tables = set(have.get_table_names())
+    missing = []
+    for table in META.sorted_tables:
+        present = ({c["name"] for c in have.get_columns(table.name)}
+                   if table.name in tables else set())
+        missing += [c for c in table.columns if c.name not in present]
+    return missing

@@ -1,0 +1,82 @@
+"""A run's life around its trainer: telling its viewers what the run is now (publish_run), the
+watchdogs that mark it interrupted when its training tab goes away for good, or when the tab
+that resumed it never comes, and the lock under which a run is changed only while no trainer
+holds it (resume, delete). The trainer socket (trainer.py) and the routes
+(routes/checkpoints.py, routes/runs.py) share these; none of it is a socket's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import HTTPException
+
+from andrea.broker import BrokerUnavailable
+from andrea.fanout import Fanout
+from andrea.run_info import public_run
+from andrea.store import Store
+
+ABANDONED = "the training tab went away before the run ended"
+
+
+async def current_run(store: Store, fanout: Fanout, run_id: str) -> dict | None:
+    """The run as the API and its viewers see it now (run_info.public_run); None once it is
+    gone."""
+    run = await store.run(store.get_run, run_id)
+    return None if run is None else public_run(run, fanout.has_trainer(run_id))
+
+
+async def publish_run(store: Store, fanout: Fanout, run_id: str, **extra) -> dict | None:
+    """Tells the run's viewers what it is now ({"type": "run"}, with `extra` fields), and
+    returns that; None, and nothing told, once the run is gone."""
+    info = await current_run(store, fanout, run_id)
+    if info is None:
+        return None
+    info = {**info, **extra}
+    fanout.publish(run_id, {"type": "run", "run": info})
+    return info
+
+
+@asynccontextmanager
+async def no_trainer(fanout: Fanout, run_id: str, busy: str) -> AsyncIterator[None]:
+    """The run's lock (no hello, resume, delete or checkpoint commit in between, on any
+    process), held only while no trainer is connected to the run anywhere: 409 `busy` when
+    one is."""
+    async with fanout.run_lock(run_id):
+        if await fanout.trainer_anywhere(run_id):
+            raise HTTPException(409, busy)
+        yield
+
+
+def watch_trainer_gone(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
+    """After a run's trainer socket went away: a running run whose training tab stays away past
+    the grace period (closed, reloaded, crashed) is marked interrupted, so the list does not
+    show it running forever. A trainer that comes back and reports 'running' flips it back."""
+    fanout.spawn(_mark_if_abandoned(store, fanout, grace_s, run_id))
+
+
+def watch_resumed(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
+    """A resumed run is `created` until its new tab reports; if that tab never comes (closed
+    while loading the checkpoint), the run is marked interrupted again, so it can be resumed
+    once more instead of staying `created` for good."""
+    fanout.spawn(_mark_if_abandoned(
+        store, fanout, grace_s, run_id, ("created",),
+        "the tab that resumed this run went away before it trained"))
+
+
+async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_id: str,
+                             statuses: tuple[str, ...] = ("running", "paused"),
+                             message: str = ABANDONED) -> None:
+    """The run, if it still has one of `statuses` and no trainer anywhere after `grace_s`,
+    becomes `interrupted` with `message`."""
+    await asyncio.sleep(grace_s)
+    try:
+        if await fanout.trainer_anywhere(run_id):
+            return
+    except BrokerUnavailable:
+        return      # cannot tell: leave it; the next trainer or watchdog decides
+    run = await store.run(store.get_run, run_id)
+    if run and run["status"] in statuses:
+        await store.run(store.set_status, run_id, "interrupted", message)
+        await publish_run(store, fanout, run_id)

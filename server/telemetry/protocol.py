@@ -1,0 +1,175 @@
+"""The telemetry wire protocol: its messages (pydantic models), their parsing and size limits,
+the close codes, and how both sockets accept (the Origin check), read and close.
+
+Trainer (`/ws/runs/{id}`, trainer.py), client -> server:
+  {"type": "hello", "token": str, "last_acked_step": int | null}   first message, always
+  {"type": "metrics", "records": [Record, ...]}                     batched, ~every 250 ms
+  {"type": "status", "status": "running" | "paused" | "finished" | "stopped" | "failed",
+   "message"?: str, "adapter"?: {...}}
+  {"type": "sample", "step": int, "text": str}                      generated text
+  {"type": "ping"}
+server -> client: welcome {last_committed_step, records_per_message}, ack {step}, pong,
+error {message}. A trainer sends at most records_per_message records per metrics message.
+Steps are those of the run: 0 .. its `steps`. A finished or failed run stays so: only
+POST /api/runs/{id}/resume (a checkpoint) or a branch trains it again.
+
+Viewers (`/ws/runs/{id}/watch[?after=N]`, viewer.py) get {"type": "records", "records": [...]}
+(the backlog after step N first, streamed from the store in pages, then live), {"type": "run",
+"run": {...}} on status changes and when the run's trainer goes or comes back (its
+`connected`), {"type": "sample", ...}, and {"type": "resumed", "step": K}
+when a tab takes the run over from checkpoint K (the records after K are deleted: drop them;
+a reconnect with ?after=N past a resume gets that too, and the records after K again). Viewers
+are sent exactly what the store committed (first write wins). A viewer may send
+{"type": "from", "step": N} (resend everything after N) or {"type": "ping"}; nothing else, and
+nothing big (1009). One that falls more than Settings.viewer_queue_bytes behind is closed 1013
+(it reconnects with ?after=its last step); a send that does not complete within
+Settings.viewer_send_timeout_s frees the connection.
+
+One trainer per run: a second hello while one is connected is refused, and so is the token a
+resume revoked (routes/checkpoints.py).
+Close codes (an error message comes first): 1003 bad data, 1008 policy (origin, token, revoked
+token, the run already has a trainer, unknown run, a finished run), 1009 too big, 1013 try
+again later (a viewer too slow to keep up; the server cannot store records: full disk,
+read-only data dir — the trainer keeps its unacked records and reconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal, Union
+
+from fastapi import WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from andrea.config import Settings, host_of
+from andrea.metrics import Record, Step
+from andrea.run_info import TrainerStatus
+from andrea.telemetry.uvicorn_shim import abort, limit_frames
+
+MAX_MESSAGE_BYTES = 1 << 20      # one metrics batch (UTF-8 bytes); a step record is ~200 bytes
+# Frames past this are refused by the websocket layer itself (close 1009) where the server
+# lets us set it (uvicorn_shim.py); between the two, the error message comes first.
+TRAINER_FRAME_BYTES = 2 * MAX_MESSAGE_BYTES
+VIEWER_MESSAGE_BYTES = 4096      # a viewer only ever says "from" or "ping"
+# Records per metrics message a trainer sends (told in welcome): ~100 KiB, far below the limit.
+RECORDS_PER_MESSAGE = 500
+MAX_RECORDS = 4 * RECORDS_PER_MESSAGE   # accepted per message
+MAX_SAMPLE_CHARS = 20_000
+MAX_ADAPTER_KEYS = 32
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class Hello(_Msg):
+    type: Literal["hello"]
+    token: Annotated[str, Field(max_length=256)]
+    last_acked_step: Step | None = None
+
+
+class Metrics(_Msg):
+    type: Literal["metrics"]
+    records: Annotated[list[Record], Field(min_length=1, max_length=MAX_RECORDS)]
+
+
+class Status(_Msg):
+    type: Literal["status"]
+    status: TrainerStatus
+    message: Annotated[str, Field(max_length=2000)] | None = None
+    adapter: Annotated[dict[Annotated[str, Field(max_length=64)],
+                            Annotated[str, Field(max_length=256)] | bool | int | float],
+                       Field(max_length=MAX_ADAPTER_KEYS)] | None = None
+
+
+class Sample(_Msg):
+    type: Literal["sample"]
+    step: Step
+    text: Annotated[str, Field(max_length=MAX_SAMPLE_CHARS)]
+
+
+class Ping(_Msg):
+    type: Literal["ping"]
+
+
+class From(_Msg):
+    """A viewer's: send everything after `step` again (what it has lost track of)."""
+    type: Literal["from"]
+    step: Annotated[int, Field(ge=-1, le=1_000_000_000)]
+
+
+TrainerMessage = TypeAdapter(Annotated[Union[Metrics, Status, Sample, Ping, Hello],
+                                       Field(discriminator="type")])
+ViewerMessage = TypeAdapter(Annotated[Union[From, Ping], Field(discriminator="type")])
+
+
+class ProtocolError(Exception):
+    """Closes the socket with `code`, after an error message that says why."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+async def accept(ws: WebSocket, settings: Settings, max_bytes: int) -> bool:
+    """Accepts the socket, its messages limited to `max_bytes` by the websocket layer where it
+    can be (uvicorn_shim.py); False, the socket closed 1008, for a page of another origin."""
+    if not _origin_ok(ws, settings):
+        await ws.close(code=1008, reason="origin not allowed")
+        return False
+    limit_frames(ws, max_bytes)
+    await ws.accept()
+    return True
+
+
+def _origin_ok(ws: WebSocket, settings: Settings) -> bool:
+    """A browser's Origin must be one of the allowed hosts on this server's port (the Host
+    header has been checked against the same list by app.HostCheck); a client without an
+    Origin (CLI, tests) is no page, and the token still guards writes."""
+    origin = ws.headers.get("origin")
+    if origin is None:
+        return True
+    _, port = host_of(ws.headers.get("host", ""))
+    return settings.origin_allowed(origin, port or settings.port)
+
+
+def _text_of(raw: dict, limit: int) -> str:
+    """The text of an ASGI websocket event, at most `limit` UTF-8 bytes."""
+    if raw["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(raw.get("code", 1000))
+    text = raw.get("text")
+    if text is None:
+        data = raw.get("bytes") or b""
+        if len(data) > limit:
+            raise ProtocolError(1009, f"message of {len(data)} bytes is over {limit}")
+        raise ProtocolError(1003, "binary messages are not part of the protocol; send JSON text")
+    # Bytes, not characters: a character is up to 4 bytes (counted only when it matters).
+    size = len(text) if len(text) * 4 <= limit else len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ProtocolError(1009, f"message of {size} bytes is over {limit}")
+    return text
+
+
+def _parse(adapter: TypeAdapter, text: str):
+    try:
+        return adapter.validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ProtocolError(1003, f"invalid message at {where or 'top level'}: {first['msg']}")
+
+
+async def receive(ws: WebSocket, adapter: TypeAdapter, limit: int):
+    """The next message, parsed by `adapter` (TrainerMessage, ViewerMessage)."""
+    return _parse(adapter, _text_of(await ws.receive(), limit))
+
+
+async def close(ws: WebSocket, code: int, message: str, timeout: float = 5.0) -> None:
+    """The error message, then the close; a peer that does not take them in time is cut off."""
+    try:
+        await asyncio.wait_for(ws.send_json({"type": "error", "message": message}), timeout)
+        await asyncio.wait_for(ws.close(code=code, reason=message[:120]), timeout)
+    except asyncio.TimeoutError:
+        abort(ws)
+    except Exception:  # the peer may already be gone
+        pass

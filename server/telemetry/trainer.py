@@ -1,0 +1,139 @@
+"""The trainer socket, `/ws/runs/{id}`: the training tab's, one per run (protocol.py has its
+messages). It commits each metrics batch to the store, acks it, and publishes exactly what was
+committed to the run's viewers (fanout.py); status changes and samples likewise. When it goes,
+lifecycle.py marks the run interrupted if no trainer comes back within the grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from andrea.broker import BrokerUnavailable
+from andrea.data.runs import RunRegistry
+from andrea.deps import REVOKED, FanoutDep, RunsDep, SettingsDep, StoreDep
+from andrea.metrics import Record
+from andrea.run_info import public_run
+from andrea.store import StoreUnavailable
+from andrea.telemetry.lifecycle import publish_run, watch_trainer_gone
+from andrea.telemetry.protocol import (
+    MAX_MESSAGE_BYTES,
+    RECORDS_PER_MESSAGE,
+    TRAINER_FRAME_BYTES,
+    Hello,
+    Metrics,
+    Ping,
+    ProtocolError,
+    Sample,
+    Status,
+    TrainerMessage,
+    accept,
+    close,
+    receive,
+)
+
+log = logging.getLogger("andrea.telemetry")
+router = APIRouter()
+
+HELLO_TIMEOUT_S = 30
+# Statuses a trainer's message cannot change (only a resume or a branch trains such a run).
+FINAL = ("finished", "failed")
+
+
+def _feed_bandit(runs: RunRegistry, run_id: str, records: list[Record]) -> None:
+    # Every record counts, also one without usable losses: the bandit's next phase waits for
+    # every step of the phases it depends on (data/bandit.py).
+    for r in records:
+        runs.report_losses(run_id, r.step, r.source_losses or {})
+
+
+def _check_steps(steps: int, *values: int | None) -> None:
+    """Steps of a record, sample or hello are the run's: 0 .. steps."""
+    bad = [v for v in values if v is not None and v > steps]
+    if bad:
+        raise ProtocolError(1003, f"step {max(bad)} is beyond this run's {steps} steps")
+
+
+async def _receive(ws: WebSocket):
+    return await receive(ws, TrainerMessage, MAX_MESSAGE_BYTES)
+
+
+@router.websocket("/ws/runs/{run_id}")
+async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
+                         runs: RunsDep, settings: SettingsDep):
+    connected = False
+    if not await accept(ws, settings, TRAINER_FRAME_BYTES):
+        return
+    try:
+        hello = await asyncio.wait_for(_receive(ws), timeout=HELLO_TIMEOUT_S)
+        if not isinstance(hello, Hello):
+            raise ProtocolError(1008, "the first message must be hello with the run's token")
+        async with fanout.run_lock(run_id):   # a resume cannot revoke between check and join
+            verdict = await store.run(store.check_token, run_id, hello.token)
+            if verdict is None:
+                raise ProtocolError(1008, f"unknown run {run_id!r}")
+            if verdict == "revoked":
+                raise ProtocolError(1008, REVOKED)
+            if verdict != "ok":
+                raise ProtocolError(1008, "wrong token for this run")
+            if not await fanout.claim_trainer(run_id):
+                raise ProtocolError(1008, "another trainer holds this run")
+            connected = True
+        run = await store.run(store.get_run, run_id)
+        if run["status"] in ("running", "paused"):
+            # A tab back after a dropped connection: its viewers said "no training tab".
+            fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
+        steps = run["config"]["steps"]
+        _check_steps(steps, hello.last_acked_step)
+        await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
+                            "last_committed_step": run["last_step"]})
+        while True:
+            msg = await _receive(ws)
+            if isinstance(msg, Metrics):
+                _check_steps(steps, *(r.step for r in msg.records))
+                inserted, last = await store.add_metrics_grouped(
+                    run_id, [r.row() for r in msg.records])
+                await ws.send_json({"type": "ack", "step": last})
+                if inserted:    # exactly what was committed; a resend changes nothing
+                    fanout.publish(run_id, {"type": "records", "records": inserted})
+                if runs.has_bandit(run_id):   # (most runs have none: no thread trip)
+                    try:    # off the loop: a bandit being made replays the store under its lock
+                        await asyncio.to_thread(_feed_bandit, runs, run_id, msg.records)
+                    except ValueError as e:
+                        raise ProtocolError(1003, f"source_losses: {e}") from None
+            elif isinstance(msg, Status):
+                now = await store.run(store.set_status, run_id, msg.status, msg.message,
+                                      msg.adapter, FINAL)
+                if now != msg.status:
+                    raise ProtocolError(1008, f"the run is {now}: a trainer cannot make it "
+                                              f"{msg.status} again (resume it from a checkpoint"
+                                              f" with POST /api/runs/{run_id}/resume, or branch)")
+                fanout.publish(run_id, {"type": "run", "run": public_run(
+                    await store.run(store.get_run, run_id), True)})
+            elif isinstance(msg, Sample):
+                _check_steps(steps, msg.step)
+                await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
+                fanout.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
+            elif isinstance(msg, Ping):
+                await ws.send_json({"type": "pong"})
+            else:
+                raise ProtocolError(1008, "hello may only be sent once")
+    except ProtocolError as e:
+        await close(ws, e.code, str(e))
+    except StoreUnavailable as e:   # the page keeps its unacked records and comes back
+        log.error("run %s: %s", run_id, e)
+        await close(ws, 1013, f"{e}; the records not acknowledged are kept: free space or "
+                              "fix the data dir, the page reconnects")
+    except BrokerUnavailable as e:  # the other processes cannot be asked: come back later
+        log.error("run %s: %s", run_id, e)
+        await close(ws, 1013, str(e))
+    except asyncio.TimeoutError:
+        await close(ws, 1008, f"no hello within {HELLO_TIMEOUT_S} s")
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if connected:
+            await fanout.release_trainer(run_id)
+            fanout.spawn(publish_run(store, fanout, run_id))   # can_resume may be true now
+            watch_trainer_gone(store, fanout, settings.trainer_grace_s, run_id)

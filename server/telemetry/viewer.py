@@ -1,0 +1,216 @@
+"""The viewer socket, `/ws/runs/{id}/watch[?after=N]`: read-only, any number per run
+(protocol.py has its messages). A session streams the run's backlog from the store in pages,
+then the live messages fanout.py queues for it (bounded: one too slow is closed 1013), each
+send under a deadline (Settings.viewer_send_timeout_s)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from andrea.config import Settings
+from andrea.deps import FanoutDep, SettingsDep, StoreDep
+from andrea.fanout import Fanout, Outgoing, Viewer
+from andrea.run_info import public_run
+from andrea.store import Store, StoreUnavailable
+from andrea.telemetry.protocol import (
+    VIEWER_MESSAGE_BYTES,
+    From,
+    ProtocolError,
+    ViewerMessage,
+    accept,
+    close,
+    receive,
+)
+from andrea.telemetry.uvicorn_shim import abort
+
+router = APIRouter()
+
+BACKLOG_PAGE = 256               # records per message of a viewer's backlog (~60 KiB)
+EVENTS_PAGE = 16                 # events (samples of up to 20k chars) per backlog read
+
+
+class _Gone(Exception):
+    """The viewer went away, or sent what closes it (handled already)."""
+
+
+class _ViewerSession:
+    """One viewer socket: a reader task (it must always read, or a peer's messages would pile
+    up) and the sending side, which streams the backlog from the store in pages and then the
+    live queue, each send under a deadline."""
+
+    def __init__(self, ws: WebSocket, run_id: str, store: Store, fanout: Fanout,
+                 settings: Settings, after: int | None):
+        self.ws, self.run_id, self.store, self.fanout = ws, run_id, store, fanout
+        self.timeout = settings.viewer_send_timeout_s
+        self.cursor = -1 if after is None else after   # the viewer has every record up to it
+        self.event_cursor: tuple[int, str] = (self.cursor, "\uffff")
+        self.restart: int | None = None                # a "from" asked for while live
+        self.viewer: Viewer | None = None
+        self.wake = asyncio.Event()     # the live queue's and the reader's: one wait, no tasks
+
+    async def send(self, text: str) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):   # (wait_for would make a task per send)
+                await self.ws.send_text(text)
+        except TimeoutError:
+            abort(self.ws)        # a peer that stopped reading: freed now
+            raise _Gone() from None
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            raise _Gone() from None
+
+    async def read(self) -> None:
+        """Reads every message the viewer sends; returns when it leaves, raises ProtocolError
+        for one that breaks the protocol."""
+        while True:
+            msg = await receive(self.ws, ViewerMessage, VIEWER_MESSAGE_BYTES)
+            if isinstance(msg, From):
+                self.restart = msg.step
+                self.wake.set()
+            else:
+                await self.send(json.dumps({"type": "pong"}))
+
+    async def backlog(self) -> None:
+        """Records after the cursor, then events after it, page by page from the store; live
+        messages are queued (bounded) from the moment the store has been read to the end."""
+        subscribed = False
+        while True:
+            text, last, n = await self.store.run(self.store.records_page_json, self.run_id,
+                                                 self.cursor, BACKLOG_PAGE)
+            if n:
+                await self.send(text)
+                self.cursor = last
+            if n < BACKLOG_PAGE:
+                if subscribed:
+                    break
+                # Nothing can fall between: whatever is committed after this point is
+                # published to the queue, and one more read picks up what came before.
+                self.viewer = self.fanout.subscribe(self.run_id,
+                                                    self.fanout.new_viewer(self.wake))
+                subscribed = True
+        while True:
+            events = await self.store.run(self.store.events_page, self.run_id,
+                                          self.event_cursor, EVENTS_PAGE)
+            for ev in events:
+                await self.send(json.dumps({"type": ev["kind"], **ev}))
+                self.event_cursor = (ev["step"], ev["kind"])
+            if len(events) < EVENTS_PAGE:
+                break
+
+    async def start_from(self, after: int | None) -> None:
+        """Sets the cursor to `after`, or to the first resume before it: the viewer may hold
+        records that a resume replaced, so it drops them (a live-style "resumed") and gets
+        them again."""
+        if self.viewer is not None:
+            self.fanout.unsubscribe(self.run_id, self.viewer)
+            self.viewer = None
+        if after is not None and after >= 0:
+            resumed = await self.store.run(self.store.first_resume_after, self.run_id, after)
+            if resumed is not None:
+                await self.send(json.dumps({"type": "resumed", "step": resumed}))
+                after = resumed
+        self.cursor = -1 if after is None else after
+        self.event_cursor = (self.cursor, "\uffff") if after is not None and after >= 0 \
+            else (-1, "")
+        await self.backlog()
+
+    async def live(self) -> None:
+        viewer = self.viewer
+        while True:
+            if viewer.resync and self.restart is None:
+                self.restart = self.cursor      # the broker was away: the store has it all
+            if self.restart is not None:
+                step, self.restart = self.restart, None
+                await self.start_from(step)
+                viewer = self.viewer
+            if viewer.dropped:
+                await close(self.ws, 1013, "viewer too slow: more than "
+                            f"{viewer.max_bytes} bytes behind; reconnect with "
+                            f"?after={self.cursor} to resume after step {self.cursor}",
+                            self.timeout)
+                raise _Gone()
+            item = viewer.pop(self.cursor)
+            if item is None:
+                self.wake.clear()
+                if self.restart is None and not viewer.resync and not viewer.dropped \
+                        and not viewer.items:
+                    await self.wake.wait()
+                continue
+            await self.deliver(item)
+
+    async def deliver(self, item: Outgoing) -> None:
+        if item.type == "records":
+            if item.last is not None and item.last <= self.cursor:
+                return          # read from the store already
+            if item.first is not None and item.first > self.cursor + 1 >= 1:
+                # A hole before it: a message was lost on its way from another process
+                # (the broker reconnected). The store has every committed record.
+                self.restart = self.cursor
+                return
+            await self.send(item.text)
+            self.cursor = max(self.cursor, item.last or self.cursor)
+            return
+        if item.type == "resumed" and item.step is not None:
+            self.cursor = min(self.cursor, item.step)
+        await self.send(item.text)
+
+
+@router.websocket("/ws/runs/{run_id}/watch")
+async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
+                        settings: SettingsDep):
+    if not await accept(ws, settings, VIEWER_MESSAGE_BYTES):
+        return
+    raw_after = ws.query_params.get("after")
+    if raw_after is not None and not (raw_after.isdigit() and len(raw_after) <= 10):
+        await close(ws, 1003, f"after must be a step (a non-negative integer), got "
+                              f"{raw_after[:20]!r}")
+        return
+    try:
+        run = await store.run(store.get_run, run_id)
+    except StoreUnavailable as e:
+        await close(ws, 1013, str(e))
+        return
+    if run is None:
+        await close(ws, 1008, f"unknown run {run_id!r}")
+        return
+    session = _ViewerSession(ws, run_id, store, fanout, settings,
+                             None if raw_after is None else int(raw_after))
+    reader = asyncio.ensure_future(session.read())
+
+    async def write():
+        await session.send(json.dumps({"type": "run", "run": public_run(
+            run, fanout.has_trainer(run_id))}))
+        await session.start_from(session.cursor if raw_after is not None else None)
+        await session.live()
+
+    writer = asyncio.ensure_future(write())
+    try:
+        done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            e = task.exception()
+            if isinstance(e, ProtocolError):
+                writer.cancel()
+                with contextlib.suppress(BaseException):
+                    await writer
+                await close(ws, e.code, str(e), session.timeout)
+            elif isinstance(e, StoreUnavailable):
+                writer.cancel()
+                await close(ws, 1013, str(e), session.timeout)
+            elif e is not None and not isinstance(e, (_Gone, WebSocketDisconnect)):
+                raise e
+    finally:
+        # Cancelled, not awaited: the handler returns at once (its tasks end on their own,
+        # their outcome retrieved so none is reported as lost).
+        for task in (reader, writer):
+            task.cancel()
+            task.add_done_callback(_retrieve)
+        if session.viewer is not None:
+            fanout.unsubscribe(run_id, session.viewer)
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,83 @@
+"""What `andrea train` says: progress on stderr (a bar on a terminal, a line per tenth of the run
+in a log), and at the end the result: stdout gets one JSON object with --json (else a table),
+stderr one line "andrea train: <reason>" when it failed, each reason said once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def report(args, result: dict) -> None:
+    """The error as one line on stderr; with --json, the result as one JSON object on stdout."""
+    progress_end()
+    if result.get("error"):
+        result["error"] = " ".join(str(result["error"]).split())
+        print(f"andrea train: {result['error']}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    else:
+        print("\n".join(f"{k:16s} {v}" for k, v in result.items() if k != "error"), flush=True)
+
+
+def unexpected(e: BaseException) -> str:
+    """An error nobody foresaw, still one line: its type and its message's first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"unexpected {type(e).__name__}" + (f": {lines[0]}" if lines else "")
+
+
+def adapter_name(adapter: dict) -> str:
+    """The WebGPU adapter the browser offers, in words."""
+    name = " ".join(filter(None, (adapter.get("vendor"), adapter.get("architecture")))) or \
+        adapter.get("description") or "(unnamed)"
+    return name + (" (software)" if adapter.get("fallback") else "")
+
+
+# Prefixes that say where an error was seen, not what it says: the page throws an error and shows
+# it too, so "page error: X" and "Cannot train here: X" are one error.
+_SEEN_AS = re.compile(r"^(?:(?:page error|browser|Cannot train here|Training failed|"
+                      r"Uncaught|[A-Za-z]*Error):\s*)+")
+
+
+def one_reason(reasons) -> str:
+    """The reasons joined, each said once: a reason whose message another reason already
+    contains is dropped, keeping the more informative one (the longer; the first of equals)."""
+    texts = list(dict.fromkeys(" ".join(r.split()) for r in reasons if r and r.strip()))
+    kept = []
+    for i, text in enumerate(texts):
+        said = _SEEN_AS.sub("", text)
+        if any(j != i and said in other and
+               (len(other) > len(text) or (len(other) == len(text) and j < i))
+               for j, other in enumerate(texts)):
+            continue
+        kept.append(text)
+    return "; ".join(kept)
+
+
+_tty = sys.stderr.isatty()
+_logged_tenth = {"value": -1}
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def progress_bar(done: int, total: int, loss, width: int = 30) -> None:
+    """A bar redrawn in place on a terminal; in a log, a line per tenth of the run."""
+    loss_s = "-" if loss is None else f"{loss:.4f}"
+    if not _tty:
+        tenth = 10 * done // max(total, 1)
+        if tenth != _logged_tenth["value"]:
+            _logged_tenth["value"] = tenth
+            print(f"step {done}/{total} loss {loss_s}", file=sys.stderr, flush=True)
+        return
+    filled = int(width * done / max(total, 1))
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} loss {loss_s}",
+          end="", file=sys.stderr, flush=True)
+
+
+def progress_end() -> None:
+    if _tty:
+        print(file=sys.stderr)

@@ -1,0 +1,260 @@
+// The run page's words and controls: name, tags and links; its status and why; the progress
+// and figures of the latest record; the setup; text samples; the edit form (name, tags, notes)
+// and the actions on a run no tab trains (resume it here, branch it with another learning
+// rate). The functions that need the page's state take it (run.js).
+import { fetchJson, jsonBody, saveToken } from './api.js';
+import { fmtBytes, fmtCount, fmtDuration, fmtValue } from './format.js';
+import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
+import { progress } from './series.js';
+
+export const $ = (id) => document.getElementById(id);
+const body = document.body;
+
+export function setStatus(text, cls = '') {
+  $('status').textContent = text;
+  $('status').className = `status ${cls}`;
+}
+
+export function showError(text) {
+  $('error').textContent = text;
+  $('error').hidden = false;
+}
+
+/** One figure in the stats line (`label`: its words, default the name; `detail`: under the
+ *  "Details" toggle instead (true), for internal counters, or in the setup line ('setup')). */
+export function stat(name, value, label = name, detail = false) {
+  const box = detail === true ? $('details-stats') : detail === 'setup' ? $('setup') : $('stats');
+  let el = document.querySelector(`[data-stat="${name}"]`);
+  if (!el) {
+    el = document.createElement('span');
+    el.dataset.stat = name;
+    box.append(el);
+  }
+  el.innerHTML = '';
+  el.append(`${label}: `);
+  const b = document.createElement('b');
+  b.textContent = value;
+  el.append(b);
+}
+
+export function addSample(step, text) {
+  const box = $('samples');
+  if (box.querySelector('p')) box.replaceChildren();
+  const div = document.createElement('div');
+  div.dataset.step = String(step);
+  div.textContent = `step ${step}: ${text}`;
+  box.prepend(div);
+}
+
+export function showModelLink() {
+  $('model').hidden = false;
+}
+
+/** Records (this tab's trainer's, or committed ones from the server) into the series, the
+ *  figures, and the charts on the next frame. Watching: a record after the last run message's
+ *  step can only come from a trainer, so one holds the run (a tab back after a dropped
+ *  connection). */
+export function addRecords(state, records) {
+  if (state.watching && !state.trainerHere && state.viewed && records.some((r) => r.step > state.stepAtRun)) {
+    state.trainerHere = true;
+    showViewedStatus(state);
+  }
+  // The server stamps each committed row with its time; this tab's own records get its clock.
+  for (const r of records) state.series.add(r.time === undefined ? { ...r, time: Date.now() / 1000 } : r);
+  $('charts').dataset.steps = String(state.series.length);
+  showLast(state);
+  state.charts?.schedule();
+}
+
+/** The run was resumed from its checkpoint at `step`: marked on the charts; a live notice (not
+ *  the replayed event) also drops the records after it, which are computed again. */
+export function resumedAt(state, step, live) {
+  state.charts.resumedAt(step);
+  if (live) state.series.truncateAfter(step);
+  addRecords(state, []);
+}
+
+/** The latest record's numbers and the run's progress (O(1) per record; the clip count is
+ *  kept by the charts, the best eval loss by state.evals). */
+export function showLast(state) {
+  const { series, config } = state;
+  const last = series.last;
+  if (!last) return;
+  const total = config?.steps ?? 0;
+  const p = progress(series, total);
+  const done = ENDED.includes(state.status);
+  $('progress-box').hidden = false;
+  $('progress').value = p.fraction;
+  const pct = p.fraction < 0.1 ? Math.floor(p.fraction * 1000) / 10 : Math.floor(p.fraction * 100);
+  const parts = [`${pct} %`, `step ${last.step} of ${total}`];
+  if (p.elapsed !== null) parts.push(`elapsed ${fmtDuration(p.elapsed)}`);
+  // No time left without a trainer: a closed tab's run is not getting anywhere.
+  const live = !state.watching || (state.viewed && isTraining(state.viewed, state.trainerHere));
+  if (p.eta !== null && p.perStep > 0 && last.step < total && !done && live) parts.push(`about ${fmtDuration(p.eta)} left`);
+  $('progress-text').textContent = parts.join(' · ');
+  body.dataset.progress = p.fraction.toFixed(3);
+  stat('step', `${last.step} / ${total || '?'}`);
+  stat('loss', last.loss === null ? 'not finite' : fmtValue(last.loss), 'training loss');
+  const ev = state.evals.update(series, series.changedFrom);
+  if (ev.last !== null) stat('eval loss', `${fmtValue(ev.last)} (best ${fmtValue(ev.best)})`);
+  if (config) stat('tokens seen', fmtCount(last.step * config.batch_size * config.seq_len));
+  if (last.tokens_per_s) stat('tokens/s', fmtCount(last.tokens_per_s), 'speed');
+  stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
+  stat('grad norm', fmtValue(last.grad_norm), 'gradient norm');
+  stat('clip scale', last.clip_scale === null || last.clip_scale === undefined ? '-'
+    : last.clip_scale >= 1 ? 'not clipped' : `scaled by ${fmtValue(last.clip_scale, 3)}`,
+  'last step');
+  stat('lr', fmtValue(last.lr), 'learning rate');
+  if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`, 'optimizer time (GPU)');
+  // Data seen: B * T tokens a step; passes over the training text (/api/corpus train tokens).
+  const corpus = state.trainTokens;
+  if (config && corpus) {
+    const seen = last.step * config.batch_size * config.seq_len;
+    const totalTokens = corpus.reduce((a, s) => a + s.n, 0);
+    const least = corpus.reduce((a, s) => (s.n < a.n ? s : a));   // if rows spread evenly
+    stat('data', `${(seen / totalTokens).toFixed(2)} passes over the corpus, ` +
+      `${(seen / corpus.length / least.n).toFixed(1)} over ${least.name}`, 'data read', true);
+  }
+}
+
+/** The run as the API or the watch socket says it is (GET /api/runs/{id}, a `run` message). */
+export function showRun(state, run) {
+  const { runId } = state;
+  const config = run.config;
+  state.config = config;
+  state.charts?.setConfig(config);
+  if (run.checkpoint?.last_step) {
+    stat('last checkpoint', `step ${run.checkpoint.last_step}`, 'last checkpoint', 'setup');
+    const a = $('checkpoint-model');
+    a.href = `/api/runs/${runId}/model.safetensors?step=${run.checkpoint.last_step}`;
+    a.textContent = `model.safetensors (step ${run.checkpoint.last_step})`;
+    a.hidden = false;
+  }
+  $('resume-run').hidden = !run.can_resume;
+  $('branch').hidden = !(run.status === 'failed' && run.checkpoint?.last_step);
+  if (!$('branch').hidden) {
+    $('branch-step').textContent = String(run.checkpoint.last_step);
+    if (!$('branch-lr').value) $('branch-lr').value = String(config.lr / 2);
+    $('branch-run').onclick = () => branchHere(state, run);
+  }
+  if (config.parent) {
+    const a = $('parent');
+    a.href = `/runs/${config.parent.run}`;
+    a.textContent = `branched from ${config.parent.run} at step ${config.parent.step}`;
+    a.hidden = false;
+  }
+  state.status = run.status;
+  if (state.watching) {
+    state.viewed = run;
+    state.trainerHere = run.connected;
+    state.stepAtRun = run.last_step ?? 0;
+    showViewedStatus(state);
+  } else {
+    // Trained here: an `abandoned` run is being taken by this tab, its message is no news.
+    const why = run.message && run.status !== 'abandoned' && EXPLAINED.includes(run.status);
+    $('why').textContent = why ? `: ${run.message}` : '';
+  }
+  if (run.name) {
+    $('run-name').textContent = run.name;
+    document.title = `${run.name} · Andrea`;
+    if (!$('edit-name').matches(':focus')) $('edit-name').value = run.name;
+  }
+  if (run.tags) {
+    $('tags').replaceChildren(...run.tags.map((t) => Object.assign(document.createElement('span'),
+      { className: 'tag', textContent: t })));
+    if (!$('edit-tags').matches(':focus')) $('edit-tags').value = run.tags.join(', ');
+  }
+  if (run.notes !== undefined && !$('edit-notes').matches(':focus')) $('edit-notes').value = run.notes ?? '';
+  if (run.has_weights) showModelLink();
+  stat('preset', run.model_name ?? config.preset, 'model', 'setup');
+  if (!state.trainTokens) {
+    fetchJson(`/api/corpus?vocab_size=${config.vocab_size}`).then((c) => {
+      // Only the run's sources feed it (config.sources; null: every one).
+      state.trainTokens = c.sources.filter((s) => !config.sources || config.sources.includes(s.name))
+        .map((s) => ({ name: s.name, n: s.train_tokens }));
+    }).catch(() => {});
+  }
+  stat('sources', config.sources?.join(', ') ?? 'all', 'sources', 'setup');
+  stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''), 'optimizer', 'setup');
+  stat('optimizer state', fmtBytes(run.state_bytes), 'optimizer state', 'setup');
+  stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off', 'clipping', 'setup');
+  stat('batch', `${config.batch_size} × ${config.seq_len} tokens`, 'batch', 'setup');
+  if (run.adapter) {
+    stat('adapter', `${run.adapter.vendor} ${run.adapter.architecture}`.trim() +
+      (run.adapter.software ? ' (software)' : ''), 'adapter', 'setup');
+  }
+  body.dataset.status = run.status;
+  if ((ENDED.includes(run.status) || run.status === 'abandoned') && !state.series.length) {
+    state.charts?.setPlaceholder(run.status === 'abandoned'
+      ? 'Never started: no training tab took this run.' : 'No steps were recorded.');
+  }
+  showLast(state);
+}
+
+/** A watched run's state in words (run_status.js): "never started", "no training tab", ... */
+function showViewedStatus(state) {
+  const run = state.viewed;
+  const label = statusLabel(run, state.trainerHere);
+  const cls = { 'never started': 'bad', 'no training tab': 'bad', failed: 'bad' }[label] ?? '';
+  setStatus(label, cls);
+  $('why').textContent = statusNote(run, state.trainerHere);
+  $('mode').textContent = run.status === 'abandoned' ? '' : '(watching)';
+  body.dataset.shownStatus = label;
+  showLast(state);
+}
+
+/** The edit form and the resume button. */
+export function bindActions(state) {
+  $('edit').addEventListener('submit', (event) => saveEdit(state, event));
+  $('resume-run').onclick = () => resumeHere(state);
+}
+
+/** Name, tags and notes (PATCH /api/runs/{id}: no token needed, see server/routes/runs.py). */
+async function saveEdit(state, event) {
+  event.preventDefault();
+  const tags = $('edit-tags').value.split(',').map((t) => t.trim()).filter(Boolean);
+  let out;
+  try {
+    out = await fetchJson(`/api/runs/${state.runId}`, jsonBody('PATCH',
+      { name: $('edit-name').value, tags, notes: $('edit-notes').value }));
+  } catch (e) {
+    $('edit-status').textContent = `Not saved: ${e.message}`;
+    return;
+  }
+  $('edit-status').textContent = 'Saved.';
+  showRun(state, { ...out, has_weights: undefined });
+}
+
+/** Takes the run over in this tab from its last checkpoint (a new write token; the tab that
+ *  trained it before, if it comes back, is refused). */
+async function resumeHere(state) {
+  $('resume-run').disabled = true;
+  try {
+    const { token } = await fetchJson(`/api/runs/${state.runId}/resume`, { method: 'POST' });
+    saveToken(state.runId, token);
+  } catch (e) {
+    showError(`Cannot resume: ${e.message}`);
+    $('resume-run').disabled = false;
+    return;
+  }
+  location.reload();
+}
+
+/** A failed run continues as a NEW run from its last checkpoint, with another learning rate;
+ *  the new run records its parent (run and step). */
+async function branchHere(state, run) {
+  const lr = Number($('branch-lr').value);
+  let out;
+  try {
+    const schema = await fetchJson('/api/run_config');   // RunConfig's own fields
+    const cfg = Object.fromEntries(Object.entries(run.config)
+      .filter(([k]) => k in schema.properties && k !== 'parent'));
+    out = await fetchJson('/api/runs', jsonBody('POST',
+      { ...cfg, lr, parent: { run: state.runId, step: run.checkpoint.last_step } }));
+  } catch (e) {
+    showError(`Cannot branch: ${e.message}`);
+    return;
+  }
+  saveToken(out.id, out.token);
+  location.href = `/runs/${out.id}`;
+}

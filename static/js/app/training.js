@@ -1,0 +1,147 @@
+// Training the run in this tab, the one that holds its write token (api.js): the engine's
+// Trainer on this GPU (engine/trainer.js), its records, samples and status to the server over
+// the trainer socket (telemetry.js), its checkpoints uploaded as they come, pause, resume and
+// stop, and at the end the trained weights uploaded.
+import { createContext } from '../engine/context.js';
+import { fetchLoader } from '../engine/shaders.js';
+import { Trainer } from '../engine/trainer.js';
+import { fetchJson, fetchRetrying, forgetToken, responseDetail } from './api.js';
+import { SHADER_BASE } from './assets.js';
+import { $, addRecords, addSample, setStatus, showError, showModelLink, stat } from './run_view.js';
+import { TrainerSocket } from './telemetry.js';
+import { utf8Decoder } from './text.js';
+
+const body = document.body;
+
+/** Trains `run` here until it finishes, stops or fails (-> body.dataset.done); throws when it
+ *  cannot start (no WebGPU, a GPU too small, a refused checkpoint). */
+export async function train(state, run, token) {
+  const { runId, config } = state;
+  $('mode').textContent = '(training in this tab)';
+  const socket = new TrainerSocket(runId, token, {
+    onState: (s, why) => { body.dataset.socket = s; if (s === 'refused') showError(`Server refused: ${why}`); },
+  });
+  state.socket = socket;
+  const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
+    onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
+  const { info, software } = ctx;
+  const adapter = { vendor: info.vendor, architecture: info.architecture,
+    description: info.description, software };
+  stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`, 'adapter', 'setup');
+  const [layout, maps, tok] = await Promise.all([
+    fetchJson(`/api/runs/${runId}/layout`),
+    fetchJson('/api/optimizer/maps'),
+    fetchJson(`/api/tokenizer/${config.vocab_size}`),
+  ]);
+  const fetchBody = (url) => fetchRetrying(url).then((r) => r.arrayBuffer());
+  // A resumed (or branched) run continues from its last checkpoint: the state after step K.
+  const from = run.checkpoint?.last_step ?? null;
+  let resume = null;
+  if (from !== null) {
+    setStatus(`Loading the checkpoint of step ${from}…`);
+    const res = await fetchRetrying(`/api/runs/${runId}/checkpoints/${from}`,
+      { headers: { authorization: `Bearer ${token}` } });
+    resume = { step: from, data: await res.arrayBuffer() };
+  }
+  setStatus(from === null ? 'Compiling kernels and initialising weights…'
+    : `Compiling kernels; resuming from step ${from}…`);
+  state.charts.setPlaceholder('Compiling kernels: the first step appears here soon…');
+  const uploader = new CheckpointUploader(runId, token, socket);
+  const trainer = await Trainer.create({
+    ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume,
+    loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
+    loadValBatch: (i) => fetchBody(`/api/runs/${runId}/val_batches/${i}`),
+    on: {
+      checkpoint: (ckpt) => uploader.upload(ckpt),
+      record: (r) => {
+        socket.push(r);
+        addRecords(state, [r]);
+        state.charts.phaseSeen(r.phase);
+      },
+      sample: (step, text) => { socket.send({ type: 'sample', step, text }); addSample(step, text); },
+      status: (status, message) => {
+        body.dataset.status = status;
+        state.status = status;
+        socket.send({ type: 'status', status, ...(message ? { message } : {}),
+          ...(status === 'running' ? { adapter } : {}) });
+        setStatus(`${status}${message ? `: ${message}` : ''}`, status === 'failed' ? 'bad' : 'ok');
+      },
+    },
+  });
+  window.andreaTrainer = trainer;   // tests and the headless CLI read trainer.stats
+  $('trainer-controls').hidden = false;
+  $('pause').onclick = () => { trainer.pause(); $('pause').hidden = true; $('resume').hidden = false; };
+  $('resume').onclick = () => { trainer.resume(); $('pause').hidden = false; $('resume').hidden = true; };
+  $('stop').onclick = () => trainer.stop();
+  // The weights and optimizer state live only on this tab's GPU: leaving would end the run.
+  const stay = (e) => { e.preventDefault(); e.returnValue = ''; };
+  window.addEventListener('beforeunload', stay);
+  let final;
+  try {
+    final = await trainer.run();
+  } catch (e) {
+    showError(`Training failed: ${e.message}`);
+    final = 'failed';
+  }
+  $('trainer-controls').hidden = true;   // nothing left to pause or stop
+  if (final === 'finished' || final === 'stopped') await saveWeights(runId, trainer, token);
+  trainer.destroy();   // weights saved (or the run failed): free the GPU memory
+  const lastStep = state.series.last?.step ?? 0;
+  await socket.committed(lastStep);
+  await socket.sync();
+  window.removeEventListener('beforeunload', stay);   // weights saved, every record committed
+  body.dataset.committed = String(lastStep);
+  $('mode').textContent = '(trained in this tab)';
+  stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`,
+    'readback ring waits', true);
+  socket.close();
+  forgetToken(runId);  // a reload must not train it again
+  body.dataset.done = final;
+}
+
+/** Uploads the trainer's checkpoints (the complete training state) to the server, one at a time.
+ *  A failed upload (a full disk, a restarting server) is shown and retried with the next
+ *  checkpoint; training goes on meanwhile. */
+class CheckpointUploader {
+  constructor(runId, token, socket) {
+    Object.assign(this, { runId, token, socket });
+  }
+
+  async upload(ckpt) {
+    const t0 = performance.now();
+    try {
+      // Record K first: a checkpoint of step K is only useful with steps 1..K committed (the
+      // server resumes only from such a checkpoint).
+      await this.socket.committed(ckpt.step);
+      const res = await fetch(`/api/runs/${this.runId}/checkpoints/${ckpt.step}`, {
+        method: 'PUT', body: new Blob(ckpt.parts),
+        headers: { authorization: `Bearer ${this.token}`, 'content-type': 'application/octet-stream',
+          'x-andrea-chunk-sha256': ckpt.chunkSha256.join(',') } });
+      if (!res.ok) throw new Error(`${res.status} ${await responseDetail(res)}`);
+      const ms = performance.now() - t0;
+      stat('checkpoint', `step ${ckpt.step} (${(ckpt.bytes / 2 ** 20).toFixed(1)} MiB, ` +
+        `read ${ckpt.readMs.toFixed(0)} ms, upload ${ms.toFixed(0)} ms)`);
+      body.dataset.checkpoint = String(ckpt.step);
+      $('checkpoint-error').hidden = true;
+    } catch (e) {
+      $('checkpoint-error').textContent = `Checkpoint of step ${ckpt.step} not saved ` +
+        `(${e.message}); training goes on and the next checkpoint tries again.`;
+      $('checkpoint-error').hidden = false;
+      throw e;   // the trainer counts it as not saved (a stop checkpoint is then tried again)
+    }
+  }
+}
+
+/** Upload the trained weights (W, table order) so the run can be exported to PyTorch. */
+async function saveWeights(runId, trainer, token) {
+  try {
+    const w = await trainer.model.getParams();
+    const res = await fetch(`/api/runs/${runId}/weights`, { method: 'PUT', body: w,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' } });
+    if (!res.ok) throw new Error(`${res.status} ${await responseDetail(res)}`);
+    showModelLink();
+    body.dataset.weights = 'saved';
+  } catch (e) {
+    showError(`Could not save the trained weights: ${e.message}`);
+  }
+}

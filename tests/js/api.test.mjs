@@ -1,0 +1,68 @@
+// The pages' fetch helpers and token storage (static/js/app/api.js): FastAPI's error `detail`
+// in words, retries that stop at a 4xx, and the sessionStorage key the server names.
+import assert from 'node:assert/strict';
+import { afterEach, test } from 'node:test';
+import {
+  HttpError, detailText, fetchJson, fetchRetrying, forgetToken, responseDetail, saveToken,
+  savedToken, tokenKey,
+} from '../../static/js/app/api.js';
+
+const realFetch = globalThis.fetch;
+afterEach(() => {
+  globalThis.fetch = realFetch;
+  delete globalThis.document;
+  delete globalThis.sessionStorage;
+});
+
+const json = (status, body) => new Response(JSON.stringify(body), { status,
+  headers: { 'content-type': 'application/json' } });
+
+test('detail in words: a string, validation errors by field, nothing', () => {
+  assert.equal(detailText('the run is finished'), 'the run is finished');
+  const errors = [{ loc: ['body', 'name'], msg: 'too long' }, { loc: ['body'], msg: 'bad shape' }];
+  assert.equal(detailText(errors), 'name: too long; bad shape');
+  assert.equal(detailText(errors, 'config'), 'name: too long; config: bad shape');
+  assert.equal(detailText([{ loc: ['body', 'tags', 0], msg: 'empty' }]), 'tags.0: empty');
+  assert.equal(detailText(undefined), null);
+  assert.equal(detailText(null), null);
+});
+
+test('why a response failed: its detail, else its text, else its status', async () => {
+  assert.equal(await responseDetail(json(409, { detail: 'busy' })), 'busy');
+  assert.equal(await responseDetail(new Response('plain words', { status: 500 })), 'plain words');
+  assert.equal(await responseDetail(new Response('', { status: 404, statusText: 'Not Found' })),
+    '404 Not Found');
+  assert.equal(await responseDetail(json(422, {})), '422');
+});
+
+test('fetchJson answers the body, or throws the status and the detail', async () => {
+  globalThis.fetch = async (url) => (url === '/ok' ? json(200, { a: 1 })
+    : json(422, { detail: [{ loc: ['body'], msg: 'no' }] }));
+  assert.deepEqual(await fetchJson('/ok'), { a: 1 });
+  await assert.rejects(fetchJson('/bad', undefined, 'config'),
+    (e) => e instanceof HttpError && e.status === 422 && e.message === 'config: no');
+});
+
+test('fetchRetrying retries 5xx and network errors, and stops at a 4xx with its detail', async () => {
+  const answers = [() => { throw new TypeError('offline'); }, () => json(503, {}), () => json(200, 'x')];
+  globalThis.fetch = async () => answers.shift()();
+  assert.equal((await fetchRetrying('/b', {}, 5)).status, 200);
+  globalThis.fetch = async () => json(403, { detail: 'token revoked' });
+  await assert.rejects(fetchRetrying('/c'), { message: '/c: 403 token revoked' });
+});
+
+test('the token key is the prefix the page was rendered with', () => {
+  const store = new Map();
+  globalThis.document = { documentElement: { dataset: { runTokenKey: 'pre.' } } };
+  globalThis.sessionStorage = { getItem: (k) => store.get(k) ?? null, setItem: (k, v) => store.set(k, v),
+    removeItem: (k) => store.delete(k) };
+  assert.equal(tokenKey('r1'), 'pre.r1');
+  assert.equal(savedToken('r1'), null);
+  saveToken('r1', 'secret');
+  assert.deepEqual(JSON.parse(store.get('pre.r1')), { token: 'secret' });
+  assert.equal(savedToken('r1'), 'secret');
+  forgetToken('r1');
+  assert.equal(savedToken('r1'), null);
+  globalThis.document.documentElement.dataset = {};
+  assert.throws(() => tokenKey('r1'), /data-run-token-key/);
+});
