@@ -14,17 +14,19 @@ STEPS = 30
 TIMEOUT = 300_000
 
 
+def fill(page, **fields):
+    """The new-run form's number inputs, by name."""
+    for name, value in fields.items():
+        page.fill(f"input[name={name}]", str(value))
+
+
 def start_run(page, live_server, optimizer):
     page.goto(live_server + "/")
     page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
     page.select_option("#preset", "tiny")
     page.check(f"input[name=optimizer][value={optimizer}]")
-    page.fill("input[name=batch_size]", "4")
-    page.fill("input[name=steps]", str(STEPS))
-    page.fill("input[name=warmup_steps]", "3")
-    page.fill("input[name=lr]", "0.004")
-    page.fill("input[name=eval_every]", "10")
-    page.fill("input[name=sample_every]", "15")
+    fill(page, batch_size=4, steps=STEPS, warmup_steps=3, lr=0.004, eval_every=10,
+         sample_every=15)
     page.wait_for_function("!document.getElementById('start').disabled")
     page.click("#start")
     page.wait_for_url("**/runs/*")
@@ -143,10 +145,7 @@ def test_form_leaves_defaults_to_the_server(page, live_server):
     page.click("#start")
     assert "Learning rate is required" in page.inner_text("#form-error")
     assert page.url.rstrip("/") == live_server       # nothing was sent
-    page.fill("input[name=lr]", "0.003")
-    page.fill("input[name=steps]", "5")
-    page.fill("input[name=eval_every]", "0")
-    page.fill("input[name=sample_every]", "0")
+    fill(page, lr=0.003, steps=5, eval_every=0, sample_every=0)
     page.click("#start")
     page.wait_for_url("**/runs/*")
     run = httpx.get(f"{live_server}/api/runs/{page.url.rsplit('/', 1)[1]}").json()

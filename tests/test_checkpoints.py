@@ -517,6 +517,17 @@ def live(tmp_path):
 
 
 
+def only_checkpoint_1(url: str, run: dict, good: bytes, ckdir) -> None:
+    """The run's one checkpoint is step 1, whole: listed, served byte for byte, on disk alone
+    (no part file, no step 2)."""
+    assert [c["step"] for c in httpx.get(f"{url}/api/runs/{run['id']}/checkpoints").json()] \
+        == [1]
+    got = httpx.get(f"{url}/api/runs/{run['id']}/checkpoints/1", headers=headers(run["token"]),
+                    timeout=60)
+    assert got.status_code == 200 and got.content == good
+    assert sorted(os.listdir(ckdir)) == ["000000001.ckpt", "000000001.json"]
+
+
 def test_a_server_killed_mid_upload_keeps_the_previous_checkpoint(tmp_path):
     data = tmp_path / "data"
     proc, url = start_server(data)
@@ -547,12 +558,7 @@ def test_a_server_killed_mid_upload_keeps_the_previous_checkpoint(tmp_path):
     assert any(p.name.endswith(".part") for p in ckdir.iterdir())    # what the crash left
     proc, url = start_server(data)                                    # the same data dir
     try:
-        assert sorted(os.listdir(ckdir)) == ["000000001.ckpt", "000000001.json"]
-        listed = httpx.get(f"{url}/api/runs/{run['id']}/checkpoints").json()
-        assert [c["step"] for c in listed] == [1]
-        got = httpx.get(f"{url}/api/runs/{run['id']}/checkpoints/1",
-                        headers=headers(run["token"]), timeout=60)
-        assert got.status_code == 200 and got.content == good
+        only_checkpoint_1(url, run, good, ckdir)
         assert httpx.get(f"{url}/api/runs/{run['id']}").json()["checkpoint"]["last_step"] == 1
     finally:
         stop_server(proc)
@@ -576,12 +582,7 @@ def test_a_full_disk_answers_507_and_keeps_the_previous_checkpoint(tmp_path):
         assert r.status_code == 507, r.text
         assert "EFBIG" in r.json()["detail"] and "previous checkpoints are kept" in \
             r.json()["detail"]
-        assert [c["step"] for c in httpx.get(f"{url}/api/runs/{run['id']}/checkpoints").json()] \
-            == [1]
-        got = httpx.get(f"{url}/api/runs/{run['id']}/checkpoints/1",
-                        headers=headers(run["token"]))
-        assert got.status_code == 200 and got.content == good
-        assert sorted(os.listdir(folder(data, run))) == ["000000001.ckpt", "000000001.json"]
+        only_checkpoint_1(url, run, good, folder(data, run))
     finally:
         stop_server(proc)
 

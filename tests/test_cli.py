@@ -271,32 +271,26 @@ def test_a_run_the_page_could_not_train_is_failed_not_left_created(server, monke
     assert (run["status"], run["message"]) == ("failed", result["error"])
 
 
-def test_a_browser_that_fails_after_the_run_exists_fails_the_run(server, monkeypatch, capsys):
+@pytest.mark.parametrize("raised, said", [
+    ("browser", "the browser went away: Target crashed"),        # the browser fails
+    ("bug", "unexpected ZeroDivisionError: division by zero"),   # a defect of ours
+])
+def test_a_failure_after_the_run_exists_is_one_line_and_fails_the_run(server, monkeypatch,
+                                                                        capsys, raised, said):
     import httpx
 
     from andrea.chromium import BrowserError
 
-    class Crashing(PageThatCannotTrain):
-        drive_raises = BrowserError("the browser went away: Target crashed")
+    class Failing(PageThatCannotTrain):
+        drive_raises = BrowserError("the browser went away: Target crashed") \
+            if raised == "browser" else ZeroDivisionError("division by zero")
 
-    code, result, _ = train_in_process(monkeypatch, capsys, Crashing, "--server", server,
-                                       "--steps", "2")
-    assert code == 1 and result["status"] == "failed" and "Target crashed" in result["error"]
-    run = httpx.get(f"{server}/api/runs/{result['run_id']}").json()
-    assert (run["status"], run["message"]) == ("failed", result["error"])
-
-
-def test_an_unexpected_error_is_one_line_and_fails_the_run(server, monkeypatch, capsys):
-    import httpx
-
-    class Buggy(PageThatCannotTrain):
-        drive_raises = ZeroDivisionError("division by zero")
-
-    code, result, err = train_in_process(monkeypatch, capsys, Buggy, "--server", server,
+    code, result, err = train_in_process(monkeypatch, capsys, Failing, "--server", server,
                                          "--steps", "2")
-    assert code == 1 and result["error"] == "unexpected ZeroDivisionError: division by zero"
+    assert code == 1 and result["status"] == "failed" and result["error"] == said
     assert "Traceback" not in err
-    assert httpx.get(f"{server}/api/runs/{result['run_id']}").json()["status"] == "failed"
+    run = httpx.get(f"{server}/api/runs/{result['run_id']}").json()
+    assert (run["status"], run["message"]) == ("failed", said)
 
 
 def test_a_resumed_run_that_never_trained_stays_resumable(server):

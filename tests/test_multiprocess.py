@@ -26,6 +26,7 @@ from andrea.data.spec import BatchSpec
 from andrea.launch import free_port, start_server, stop_server
 from tests.redis_server import INSTALL, redis_binary, redis_server
 from tests.test_hardening import new_run, record, ws_url
+from tests.trainer_client import send_records
 
 STEPS, PER = 400, 8                    # 8 records per message, a message every 20 ms
 KILL_AFTER = 150                       # A dies once this step is acknowledged
@@ -80,15 +81,8 @@ class Trainer(threading.Thread):
                     if welcome["type"] != "welcome":
                         raise ConnectionError(welcome.get("message"))
                     self.acked = welcome["last_committed_step"]
-                    step = (self.acked or 0) + 1
-                    while step <= STEPS:
-                        batch = [record(s) for s in range(step, min(step + PER, STEPS + 1))]
-                        ws.send(json.dumps({"type": "metrics", "records": batch}))
-                        ack = json.loads(ws.recv(timeout=10))
-                        assert ack["type"] == "ack", ack
-                        self.acked = ack["step"]
-                        step = batch[-1]["step"] + 1
-                        time.sleep(0.02)
+                    send_records(ws, (self.acked or 0) + 1, STEPS, PER, record, 0.02,
+                                 lambda step: setattr(self, "acked", step))
             except (OSError, ConnectionClosed, TimeoutError, ConnectionError):
                 # A killed process: the next one. "another trainer holds this run": the dead
                 # process's claim expires within seconds; try again.

@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 
 from andrea.launch import free_port, start_server, stop_server
 from tests.test_hardening import raw_ws, record, rss_mib
+from tests.trainer_client import send_records
 
 RUNS, STEPS, PER = 3, 24_000, 250          # 250 records every ~0.2 s per trainer
 SILENT, SLOW, FAST = 12, 3, 6
@@ -28,7 +29,7 @@ class Trainer(threading.Thread):
         self.url, self.info, self.acked, self.error = url, run, None, None
 
     def run(self):
-        next_step, deadline = 1, time.monotonic() + 110
+        deadline = time.monotonic() + 110
         while (self.acked or 0) < STEPS and time.monotonic() < deadline:
             try:
                 with connect(self.url.replace("http", "ws") + f"/ws/runs/{self.info['id']}",
@@ -39,16 +40,9 @@ class Trainer(threading.Thread):
                     assert welcome["type"] == "welcome", welcome
                     committed = welcome["last_committed_step"] or 0
                     self.acked = committed
-                    next_step = committed + 1           # resend what was not committed
-                    while next_step <= STEPS:
-                        batch = [record(s) for s in range(next_step, min(next_step + PER,
-                                                                          STEPS + 1))]
-                        ws.send(json.dumps({"type": "metrics", "records": batch}))
-                        ack = json.loads(ws.recv(timeout=10))
-                        assert ack["type"] == "ack", ack
-                        self.acked = ack["step"]
-                        next_step = batch[-1]["step"] + 1
-                        time.sleep(0.2)
+                    # Resend what was not committed.
+                    send_records(ws, committed + 1, STEPS, PER, record, 0.2,
+                                 lambda step: setattr(self, "acked", step))
             except (OSError, ConnectionClosed, TimeoutError):
                 time.sleep(0.3)                         # the server restarts: come back
             except AssertionError as e:
