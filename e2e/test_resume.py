@@ -160,6 +160,10 @@ def test_the_old_tab_is_refused_after_a_resume(chromium, live_server):
     page.wait_for_function("document.getElementById('error').hidden === false",
                            timeout=300_000)
     assert "resumed elsewhere" in page.inner_text("#error")
+    # ... and ends (what `andrea train` waits for) rather than waiting on its socket forever.
+    page.wait_for_function("document.body.dataset.done", timeout=120_000)
+    assert page.evaluate("document.body.dataset.done") == "failed"
+    assert "resumed elsewhere" in page.inner_text("#error")
     browser.close()
 
 

@@ -2,7 +2,9 @@
 uvicorn, the websocket, SQLite on disk, the charts, a second viewer tab, the compare page."""
 
 import json
+import re
 import sqlite3
+import time
 
 import httpx
 import pytest
@@ -239,3 +241,53 @@ def test_a_closed_training_tab_reads_no_training_tab(browser, live_server):
     assert cell.inner_text().startswith("no training tab · resumable from step"), \
         cell.inner_text()
     viewer.context.close()
+
+
+def test_a_tab_whose_run_was_taken_over_stops_and_says_why(browser, live_server):
+    """The run is resumed elsewhere while its tab is cut off from the server (POST .../resume: a
+    new token). When the tab gets through again, the server refuses its old token for good
+    (1008): the tab stops training, shows the server's reason and ends (body.dataset.done, what
+    `andrea train` waits for) instead of waiting on its socket forever; the run's committed
+    records are as the resume left them."""
+    run = httpx.post(f"{live_server}/api/runs", json={
+        "preset": "tiny", "steps": 200, "batch_size": 2, "checkpoint_every": 2,
+        "eval_every": 0, "sample_every": 0}).json()
+    cut = {"off": False, "live": []}
+
+    def trainer_socket(ws):   # the page's trainer socket, through to the server unless cut off
+        if cut["off"]:
+            ws.close(code=4000, reason="cut off by the test")   # the page retries
+            return
+        cut["live"].append((ws, ws.connect_to_server()))
+
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.route_web_socket(re.compile(r"/ws/runs/[^/?]+$"), trainer_socket)
+    page.add_init_script(token_init_script(run["id"], run["token"]))
+    page.goto(f"{live_server}/runs/{run['id']}")
+    page.wait_for_function("Number(document.body.dataset.checkpoint || 0) >= 2", timeout=TIMEOUT)
+    cut["off"] = True
+    for ws, server in cut["live"]:
+        server.close()
+        ws.close(code=4000, reason="cut off by the test")
+    deadline = time.monotonic() + 60
+    while not httpx.get(f"{live_server}/api/runs/{run['id']}").json()["can_resume"]:
+        assert time.monotonic() < deadline, "the server never let the tab's socket go"
+        page.wait_for_timeout(100)   # Playwright serves the page's reconnects meanwhile
+    taken = httpx.post(f"{live_server}/api/runs/{run['id']}/resume")
+    assert taken.status_code == 200, taken.text
+    step = taken.json()["step"]
+    committed = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics").json()
+    cut["off"] = False        # the tab's next reconnect reaches the server with its old token
+    page.wait_for_function("document.body.dataset.done", timeout=120_000)
+    assert page.evaluate("document.body.dataset.done") == "failed"
+    assert page.locator("#error").is_visible()
+    assert "resumed elsewhere" in page.inner_text("#error")
+    assert "revoked" in page.evaluate("document.body.dataset.refused")
+    assert page.locator("#trainer-controls").is_hidden()
+    after = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics").json()
+    assert [m["step"] for m in after] == list(range(1, step + 1))
+    assert after == committed     # the old tab wrote nothing more
+    info = httpx.get(f"{live_server}/api/runs/{run['id']}").json()
+    assert info["status"] == "created" and not info["has_weights"], info
+    ctx.close()

@@ -202,8 +202,11 @@ class Chromium:
         """Opens the run page with the write token in sessionStorage (never in the URL), so the
         page trains the run; watches it until done, failing fast on page and asset errors and on
         what `tick` (called twice a second; it polls the server) returns as an error.
-        Returns {done, errors, error_text, stats, interrupted}; done is None when the page never
-        said (then errors say why), and after Ctrl-C when the page could not stop the run."""
+        Returns {done, errors, error_text, stats, interrupted, refused}; done is None when the
+        page never said (then errors say why), and after Ctrl-C when the page could not stop the
+        run; refused is the server's reason when it refused the page's trainer socket for good
+        (a revoked token, another trainer: the page then ends `failed` at once, error_text
+        saying why)."""
         run_id = run["id"]
         origin = urllib.parse.urlparse(url)
         errors: list[str] = []
@@ -221,7 +224,7 @@ class Chromium:
                 errors.append(f"GET {u.path} failed: {request.failure}")
 
         state = {"done": None, "errors": errors, "error_text": None, "stats": None,
-                 "interrupted": False}
+                 "interrupted": False, "refused": None}
         try:
             context = self._browser.new_context()
         except self._error as e:
@@ -249,6 +252,7 @@ class Chromium:
                     " ? document.getElementById('error').textContent : null")
                 state["stats"] = page.evaluate(
                     "window.andreaTrainer ? window.andreaTrainer.stats : null")
+                state["refused"] = page.evaluate("document.body?.dataset.refused ?? null")
         except self._error:
             pass
         try:

@@ -145,19 +145,22 @@ def _train(args, config: dict, result: dict, secret: dict, browser: Chromium) ->
     progress(f"run {run['id']} on {url} ({how}): {run['config']['preset']}, "
              f"{run['config']['optimizer']}, {run['config']['steps']} steps")
     try:
-        code = _train_in_page(args, browser, url, run, result)
+        code = _train_in_page(args, browser, url, run, result, secret)
     except (TrainError, BrowserError) as e:
         _settle_untrained(result, secret, str(e), resumed=bool(args.resume))
         raise
     except Exception as e:
         _settle_untrained(result, secret, unexpected(e), resumed=bool(args.resume))
         raise
-    if code == EXIT_FAILED:
+    # Refused for good (the run was resumed elsewhere, another trainer holds it): its token has
+    # nothing left to tell the server, and the run is someone else's now.
+    if code == EXIT_FAILED and not secret.get("refused"):
         _settle_untrained(result, secret, result["error"], resumed=bool(args.resume))
     return code
 
 
-def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict) -> int:
+def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
+                   secret: dict) -> int:
     steps = run["config"]["steps"]
     unanswered = {"since": None}
 
@@ -175,7 +178,8 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict) -
         page = browser.drive(url, run, args.timeout, tick)
     except KeyboardInterrupt:   # Ctrl-C again while the page was stopping
         page = {"done": None, "errors": [], "error_text": None, "stats": None,
-                "interrupted": True}
+                "interrupted": True, "refused": None}
+    secret["refused"] = page.get("refused")
     if page["interrupted"]:
         if page["done"] is None:   # the page could not stop it: the server is told directly
             _stop_by_socket(result, run["token"], "interrupted from the command line")

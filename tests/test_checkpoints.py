@@ -613,3 +613,96 @@ def test_resume_and_branch_pick_their_checkpoint_by_one_rule():
     assert checkpoints.newest_usable(metas, 4) is None
     assert checkpoints.newest_usable(metas, None) is None
     assert checkpoints.newest_usable([], 9) is None
+
+
+# ---- a delete that races a resume or an upload -----------------------------------------------
+
+
+def test_a_resume_racing_a_delete_is_404(client, data_dir, monkeypatch):
+    """The delete takes the run's lock first: the resume that waited for it finds no run."""
+    from contextlib import asynccontextmanager
+
+    from andrea.routes import checkpoints as routes
+
+    run = new_run(client)
+    train_some(client, run, 6, "stopped")
+    assert put(client, run, 6, state(run)).status_code == 201
+    store, real = client.app.state.store, routes.no_trainer
+
+    @asynccontextmanager
+    async def deleted_first(fanout, run_id, busy):
+        store.delete_run(run_id)            # what a DELETE does under the same lock
+        async with real(fanout, run_id, busy):
+            yield
+
+    monkeypatch.setattr(routes, "no_trainer", deleted_first)
+    r = client.post(f"/api/runs/{run['id']}/resume")
+    assert r.status_code == 404 and "deleted" in r.json()["detail"], r.text
+
+
+def _upload_then_delete(url: str, data, kind: str):
+    """A PUT of the run's weights or checkpoint 1 whose body stops halfway until the run has
+    been deleted: (the DELETE's answer, the PUT's answer)."""
+    run = httpx.post(url + "/api/runs", json={"preset": "tiny", "steps": 50}).json()
+    if kind == "weights":
+        body = bytes(4 * run["layout"]["total_numel"])
+        path, h = f"/api/runs/{run['id']}/weights", headers(run["token"])
+    else:
+        body = state(run)
+        path, h = f"/api/runs/{run['id']}/checkpoints/1", headers(run["token"], body)
+    deleted, half = threading.Event(), len(body) // 2
+
+    def gen():
+        yield body[:half]
+        deleted.wait(30)
+        yield body[half:]
+    answer = {}
+
+    def upload():
+        answer["put"] = httpx.put(url + path, content=gen(), timeout=60,
+                                  headers={**h, "content-length": str(len(body))})
+    t = threading.Thread(target=upload)
+    t.start()
+    deadline = time.time() + 30     # the upload has begun: its file is on disk
+    while not any((data / "runs" / run["id"]).rglob("*.part*")) and time.time() < deadline:
+        time.sleep(0.02)
+    gone = httpx.delete(f"{url}/api/runs/{run['id']}", timeout=60)
+    deleted.set()
+    t.join(60)
+    return run, gone, answer["put"]
+
+
+@pytest.mark.parametrize("kind", ["weights", "checkpoint"])
+def test_a_delete_during_an_upload_is_clean(live, kind):
+    url, data = live
+    run, gone, put_answer = _upload_then_delete(url, data, kind)
+    assert gone.status_code == 204, gone.text
+    assert put_answer.status_code == 404, put_answer.text
+    assert "deleted during the upload" in put_answer.json()["detail"]
+    assert not (data / "runs" / run["id"]).exists()
+    assert httpx.get(f"{url}/api/runs/{run['id']}").status_code == 404
+    assert "Traceback" not in (data / "server.log").read_text()
+
+
+def test_a_checkpoint_upload_cut_short_logs_one_quiet_line(live):
+    url, data = live
+    run = httpx.post(url + "/api/runs", json={"preset": "tiny", "steps": 50}).json()
+    body = state(run)
+    host, port = url.removeprefix("http://").split(":")
+    head = (f"PUT /api/runs/{run['id']}/checkpoints/1 HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Bearer {run['token']}\r\n"
+            f"X-Andrea-Chunk-SHA256: {digests(body)}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(head + body[:len(body) // 2])
+        deadline = time.time() + 30     # the upload has begun
+        while not any(folder(data, run).glob("*.part*")) and time.time() < deadline:
+            time.sleep(0.02)
+    log = data / "server.log"
+    deadline = time.time() + 30
+    while "aborted by the client" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.05)
+    text = log.read_text()
+    assert sum("aborted by the client" in line for line in text.splitlines()) == 1, text
+    assert "Traceback" not in text and "ClientDisconnect" not in text, text
+    assert list(folder(data, run).iterdir()) == []      # no part file left

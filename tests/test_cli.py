@@ -293,6 +293,34 @@ def test_a_failure_after_the_run_exists_is_one_line_and_fails_the_run(server, mo
     assert (run["status"], run["message"]) == ("failed", said)
 
 
+def test_a_page_refused_for_good_is_one_line_and_leaves_the_run_to_its_new_trainer(
+        server, monkeypatch, capsys):
+    """The run is taken over (resumed elsewhere) while the page trains it: the server refuses
+    the page's socket for good, the page ends `failed` with the reason (training.js), and
+    `andrea train` exits 1 with that reason as its one error line; the revoked token is not
+    used again to mark the run, which is now the new trainer's."""
+    import httpx
+
+    reason = "this run was resumed elsewhere; this tab's token was revoked"
+
+    class TakenOver(PageThatCannotTrain):
+        def drive(self, url, run, timeout, tick):
+            assert tick() is None
+            said = f"Training stopped: the server refused this tab's trainer ({reason})"
+            return {"done": "failed", "errors": [], "error_text": said, "stats": None,
+                    "interrupted": False, "refused": reason}
+
+    code, result, err = train_in_process(monkeypatch, capsys, TakenOver, "--server", server,
+                                         "--steps", "2")
+    assert code == 1 and not result["ok"], result
+    assert result["error"] == f"Training stopped: the server refused this tab's trainer ({reason})"
+    assert [ln for ln in err.splitlines() if ln.startswith("andrea train:")] == \
+        [f"andrea train: {result['error']}"]
+    assert "could not mark" not in err
+    run = httpx.get(f"{server}/api/runs/{result['run_id']}").json()
+    assert run["status"] == "created", run   # not marked failed with the refused token
+
+
 def test_a_resumed_run_that_never_trained_stays_resumable(server):
     # Failed is final; a resumed run keeps its checkpoint, so it is marked stopped instead.
     import httpx

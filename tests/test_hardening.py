@@ -233,6 +233,20 @@ def test_viewer_after_and_from_resend_only_later_records(client):
         assert v.receive_json()["type"] == "error"
 
 
+@pytest.mark.parametrize("after", ["%C2%B2", "%D9%A1", "-1", "1e3", "12345678901"])
+def test_a_viewer_after_that_is_no_ascii_step_closes_1003(client, after):
+    """"²" passes str.isdigit() but not int(); "١" (Arabic-Indic one) is no step either."""
+    from starlette.websockets import WebSocketDisconnect
+
+    run = client.post("/api/runs", json={"preset": "tiny"}).json()
+    with client.websocket_connect(f"/ws/runs/{run['id']}/watch?after={after}") as v:
+        error = v.receive_json()
+        assert error["type"] == "error" and "after must be a step" in error["message"], error
+        with pytest.raises(WebSocketDisconnect) as closed:
+            v.receive_json()
+        assert closed.value.code == 1003
+
+
 def test_a_big_viewer_message_closes_1009(live_server):
     run = new_run(live_server)
     with connect(ws_url(live_server, f"/ws/runs/{run['id']}/watch"), max_size=None) as ws:

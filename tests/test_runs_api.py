@@ -175,10 +175,67 @@ def test_telemetry_losses_of_unknown_sources_are_refused(client, key):
         ws.send_json({"type": "metrics", "records": [
             {"step": 1, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
              "source_losses": {"0": 5.0, key: 5.0}}]})
-        if key.isdigit():     # a well-formed record is committed before its losses are read
-            assert ws.receive_json()["type"] == "ack"
-        error = ws.receive_json()
+        error = ws.receive_json()     # before anything is committed: no ack
         assert error["type"] == "error" and "source" in error["message"], error
+
+
+@pytest.mark.parametrize("made", [False, True])
+@pytest.mark.parametrize("key", ["99", "3", "1"])
+def test_losses_of_sources_the_run_lacks_are_refused_before_anything_is_stored(client, key,
+                                                                               made):
+    """The corpus has 3 sources, the run picked 0 and 2: "99", "3" and "1" name none of its
+    sources. The message is refused (1003) with nothing committed, whether the run's bandit
+    exists yet or not, and the run goes on serving batches."""
+    from starlette.websockets import WebSocketDisconnect
+
+    names = [s["name"] for s in client.get("/api/corpus?preset=tiny").json()["sources"]]
+    assert len(names) == 3, names
+    run = client.post("/api/runs", json={"preset": "tiny", "data_mode": "bandit",
+                                         "sources": [names[0], names[2]]}).json()
+    rid = run["id"]
+    if made:
+        assert client.get(f"/api/runs/{rid}/batches/0").status_code == 200
+    good = {"step": 1, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3}
+    with client.websocket_connect(f"/ws/runs/{rid}") as ws:
+        ws.send_json({"type": "hello", "token": run["token"]})
+        ws.receive_json()
+        ws.send_json({"type": "metrics", "records": [
+            good, {**good, "step": 2, "source_losses": {"0": 5.0, key: 5.0}}]})
+        error = ws.receive_json()
+        assert error["type"] == "error" and repr(key) in error["message"], error
+        assert "0 (" in error["message"] and "2 (" in error["message"], error
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1003
+    assert client.get(f"/api/runs/{rid}/metrics").json() == []
+    client.app.state.runs.forget(rid)       # as after a restart: the bandit replays the store
+    assert client.get(f"/api/runs/{rid}/batches/0").status_code == 200
+    assert client.get(f"/api/runs/{rid}/data").status_code == 200
+
+
+def test_a_stored_unknown_source_is_skipped_by_the_replay_and_the_run_heals(settings, caplog):
+    """A record committed before the socket checked source indices ("99" of 3 sources): after a
+    restart the bandit replays the rest of it and says what it skipped."""
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from andrea.app import create_app
+
+    with TestClient(create_app(settings)) as c:
+        run = c.post("/api/runs", json={"preset": "tiny", "data_mode": "bandit"}).json()
+        c.app.state.store.add_metrics(run["id"], [
+            {"step": s, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
+             "source_losses": {"0": 5.0, "99": 4.0}} for s in range(1, 30)])
+    with caplog.at_level(logging.WARNING, logger="andrea.data"), \
+            TestClient(create_app(settings)) as c:
+        r = c.get(f"/api/runs/{run['id']}/batches/28")
+        assert r.status_code == 200, r.text
+        data = c.get(f"/api/runs/{run['id']}/data")
+        assert data.status_code == 200, data.text
+        assert data.json()["phases"][0]["index"] == 0
+    said = [r.getMessage() for r in caplog.records if run["id"] in r.getMessage()]
+    assert len(said) == 1 and "'99'" in said[0] and "29 stored source losses" in said[0], said
 
 
 def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):

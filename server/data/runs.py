@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from andrea.data.bandit import SourceBandit
 from andrea.data.spec import BatchSpec
+
+log = logging.getLogger("andrea.data")
 
 MAX_AD_HOC = 64                     # bounded: each holds a spec
 MAX_AD_HOC_BANDITS = 8              # and of those, bandits (phases and reports: up to ~2 MB)
@@ -116,11 +119,19 @@ class RunRegistry:
 
     def _replay(self, run_id: str, bandit: SourceBandit, after: int | None) -> None:
         """The committed records after `after` reported to the bandit (reports are idempotent),
-        page by page: a long run is never in memory at once."""
+        page by page: a long run is never in memory at once. A stored key that names no source
+        of the run (committed before the socket checked them) is skipped, and said once per
+        replay: the rest of the record still counts, so such a run is never stuck on it."""
+        skipped: list[tuple[int, str]] = []
         while page := self._store.metrics_page(run_id, after, REPLAY_PAGE):
             for rec in page:
-                _report(bandit, rec["step"], rec.get("source_losses") or {})
+                _report(bandit, rec["step"], rec.get("source_losses") or {}, skipped)
             after = page[-1]["step"]
+        if skipped:
+            step, key = skipped[0]
+            log.warning("run %s: %d stored source loss%s skipped in the bandit's replay, the "
+                        "first at step %d: %s", run_id, len(skipped),
+                        "es" * (len(skipped) > 1), step, _why_not(bandit, key))
 
     def report_losses(self, run_id: str, step: int, losses: Mapping[str, float]) -> bool:
         """THE way per-source training losses reach a bandit: {source index: mean loss} at
@@ -142,11 +153,40 @@ class RunRegistry:
             self._bandits.pop(run_id, None)
 
 
-def _report(bandit: SourceBandit, step: int, losses: Mapping[str, float]) -> None:
-    bad = sorted(k for k in losses if not (k.isdigit() and int(k) < len(bandit.sources)))
-    if bad:
-        known = ", ".join(f"{i} ({name})" for i, name in enumerate(bandit.sources))
-        raise ValueError(f"unknown sources {bad}: give source indices; known: {known}")
+def source_index(key: str, n_sources: int, active: Sequence[bool] | None = None) -> int | None:
+    """The corpus index a source_losses key names, or None: not an ASCII decimal, past the
+    corpus's `n_sources`, or a source the run did not pick (`active`, per corpus source)."""
+    if not (key.isascii() and key.isdecimal()):
+        return None
+    i = int(key)
+    if i >= n_sources or (active is not None and not active[i]):
+        return None
+    return i
+
+
+def sources_text(names: Sequence[str], active: Sequence[bool] | None = None) -> str:
+    """The run's sources as a message lists them: "0 (name), 2 (name)"."""
+    return ", ".join(f"{i} ({name})" for i, name in enumerate(names)
+                     if active is None or active[i])
+
+
+def _why_not(bandit: SourceBandit, key: str) -> str:
+    return (f"{key[:8]!r} is not the index of one of the run's sources "
+            f"({sources_text(bandit.sources, bandit.active)})")
+
+
+def _report(bandit: SourceBandit, step: int, losses: Mapping[str, float],
+            skipped: list[tuple[int, str]] | None = None) -> None:
+    """Reports `losses` at `step`. ValueError for a key that names no source of the run, unless
+    `skipped` is given (a replay): then such a key is left out and listed there."""
+    active = bandit.active.tolist()
+    bad = sorted(k for k in losses if source_index(k, len(bandit.sources), active) is None)
+    if bad and skipped is None:
+        raise ValueError(f"unknown sources {bad}: give the indices of the run's sources: "
+                         f"{sources_text(bandit.sources, active)}")
+    for key in bad:
+        skipped.append((step, key))
     for source, loss in losses.items():
-        bandit.report(step, int(source), loss)
+        if source not in bad:
+            bandit.report(step, int(source), loss)
     bandit.mark_reported(step)

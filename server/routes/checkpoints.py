@@ -11,11 +11,15 @@ tab (or `andrea train --resume`) takes a run over from the newest one with a new
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import shutil
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from andrea import checkpoints
 from andrea.auth import new_token, token_hash
@@ -42,11 +46,14 @@ from andrea.deps import (
 from andrea.fanout import Fanout
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
+from andrea.paths import run_dir
 from andrea.run_info import RESUMABLE
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
+from andrea.store import StoreUnavailable
 from andrea.telemetry.lifecycle import current_run, no_trainer, watch_resumed
 
 router = APIRouter(prefix="/api", tags=["checkpoints"])
+log = logging.getLogger("andrea.checkpoints")
 
 FLUSH_BYTES = 4 << 20      # body bytes gathered before one write+hash in a worker thread
 Step = Annotated[int, Path(ge=0)]
@@ -96,7 +103,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     expected = sum(s["bytes"] for s in sections)
     declared = request.headers.get("content-length")
     if declared is not None:        # refused before reading a byte of a wrong-sized body
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdecimal()):
             raise HTTPException(400, f"bad Content-Length {declared[:40]!r}")
         _check_length(int(declared), expected, cfg, sections)
     try:
@@ -105,20 +112,42 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
         upload = await asyncio.to_thread(ckpts.begin, run_id, step, expected, digests, chunk)
     except (CheckpointError, OSError) as e:
         raise _http(e) or e
+    meta = None
     try:
         await _receive(request, upload, expected, cfg, sections)
         async with fanout.run_lock(run_id):
-            # A resume may have revoked this token while the body streamed in.
+            # The run may have been deleted, or a resume revoked this token, while the body
+            # streamed in.
+            await gone_meanwhile(store, ckpts.data_dir, run_id, "checkpoint")
             await check_write_token(store, run_id, bearer(request))
             meta = await asyncio.to_thread(ckpts.commit, run_id, upload, cfg["optimizer"],
                                            sections)
             newest = await asyncio.to_thread(ckpts.latest, run_id)
             await store.run(store.set_checkpoint_step, run_id, newest and newest["step"])
+    except ClientDisconnect:
+        log.warning("run %s: the upload of checkpoint %d (%d bytes) was aborted by the client "
+                    "before its end; nothing was stored", run_id, step, expected)
+        raise HTTPException(400, "the client went away during the upload; nothing was stored") \
+            from None
     except (CheckpointError, OSError) as e:
         raise _http(e) or e
     finally:
         await asyncio.to_thread(ckpts.discard, upload)     # a no-op once committed
+        if meta is None:    # refused: a delete meanwhile leaves no folder made by begin()
+            with contextlib.suppress(HTTPException, StoreUnavailable):
+                await gone_meanwhile(store, ckpts.data_dir, run_id, "checkpoint")
     return {"step": meta["step"], "bytes": meta["bytes"], "sha256": meta["sha256"]}
+
+
+async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
+    """404, the run's folder removed again (an upload that began after the delete made it
+    anew), when the run was deleted while `what` was uploaded. Under the run's lock: a delete
+    takes it too, so a run that is there now stays there until the upload is committed."""
+    if await store.run(store.get_run, run_id) is not None:
+        return
+    await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
+    raise HTTPException(404, f"run {run_id} was deleted during the upload of its {what}; "
+                             "nothing was stored")
 
 
 async def _receive(request: Request, upload: Upload, expected: int, cfg: dict,
@@ -176,17 +205,23 @@ async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: Che
     token = new_token()
     busy = ("a trainer is connected to this run (another tab is training it): stop it there, "
             "or wait until it is gone")
+    gone = f"run {run_id} was deleted"
     async with no_trainer(fanout, run_id, busy):    # no hello, commit or other resume between
         run = await store.run(store.get_run, run_id)
+        if run is None:     # a delete came first (it holds the same lock)
+            raise HTTPException(404, gone)
         if run["status"] not in RESUMABLE:
             raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
         step = await usable_checkpoint(store, ckpts, run_id)
         why = await store.run(store.resume_run, run_id, step, token_hash(token), RESUMABLE)
         if why:
-            raise HTTPException(409, f"cannot resume: {why}")
+            raise HTTPException(404 if why.startswith("unknown run") else 409,
+                                f"cannot resume: {why}")
     runs.forget(run_id)       # its bandit replays the records that are left
-    watch_resumed(store, fanout, settings.trainer_grace_s, run_id)
     info = await current_run(store, fanout, run_id)
+    if info is None:        # deleted right after the resume
+        raise HTTPException(404, gone)
+    watch_resumed(store, fanout, settings.trainer_grace_s, run_id)
     fanout.publish(run_id, {"type": "resumed", "step": step})
     fanout.publish(run_id, {"type": "run", "run": info})
     return {"token": token, "step": step, "run": info}

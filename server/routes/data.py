@@ -64,7 +64,7 @@ def _vocab_of(key: str) -> int:
     """A preset name ("tiny") or a vocabulary size a run may have ("512")."""
     if key in PRESETS:
         return PRESETS[key].vocab_size
-    if key.isdigit() and int(key) in VOCAB_SIZES:
+    if key.isascii() and key.isdecimal() and int(key) in VOCAB_SIZES:
         return int(key)
     raise HTTPException(404, f"unknown tokenizer {key!r}: give a preset ({', '.join(PRESETS)}) "
                              f"or a run's vocab size ({', '.join(map(str, VOCAB_SIZES))})")

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from andrea.auth import new_token, token_hash
 from andrea.data.spec import BatchSpec
@@ -42,7 +43,7 @@ from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
-from andrea.routes.checkpoints import link_parent
+from andrea.routes.checkpoints import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
 from andrea.run_info import abandoned_message, checkpoint_info, public_run
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
@@ -309,18 +310,30 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")
     size = 0
-    with open(tmp, "wb") as f:   # streamed to disk off the event loop, never held whole
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > expected:
-                break
-            await asyncio.to_thread(f.write, chunk)
-    if size != expected:
-        tmp.unlink(missing_ok=True)
-        raise HTTPException(413 if size > expected else 400,
-                            f"weights must be exactly {expected} bytes (got {size}"
-                            f"{' or more' if size > expected else ''})")
-    tmp.replace(dest)   # atomic: a reader never sees half a file
+    try:
+        with open(tmp, "wb") as f:   # streamed to disk off the event loop, never held whole
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > expected:
+                    break
+                await asyncio.to_thread(f.write, chunk)
+        if size != expected:
+            raise HTTPException(413 if size > expected else 400,
+                                f"weights must be exactly {expected} bytes (got {size}"
+                                f"{' or more' if size > expected else ''})")
+        async with fanout.run_lock(run_id):     # a delete takes it too: not between the two
+            await gone_meanwhile(store, settings.data_dir, run_id, "weights")
+            tmp.replace(dest)   # atomic: a reader never sees half a file
+    except ClientDisconnect:
+        log.warning("run %s: the weights upload was aborted by the client after %d of %d bytes; "
+                    "nothing was stored", run_id, size, expected)
+        raise HTTPException(400, "the client went away during the upload; nothing was stored") \
+            from None
+    except FileNotFoundError:   # the run's folder went with a delete while the body streamed
+        await gone_meanwhile(store, settings.data_dir, run_id, "weights")
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)     # (gone once it replaced the weights)
     # Viewers show the model link now, without a reload.
     await publish_run(store, fanout, run_id, has_weights=True)
 

@@ -4,6 +4,8 @@ the close codes, and how both sockets accept (the Origin check), read and close.
 Trainer (`/ws/runs/{id}`, trainer.py), client -> server:
   {"type": "hello", "token": str, "last_acked_step": int | null}   first message, always
   {"type": "metrics", "records": [Record, ...]}                     batched, ~every 250 ms
+      (a record's source_losses keys are indices of the run's sources, checked before any
+      record of the message is committed: 1003 otherwise)
   {"type": "status", "status": "running" | "paused" | "finished" | "stopped" | "failed",
    "message"?: str, "adapter"?: {...}}
   {"type": "sample", "step": int, "text": str}                      generated text

@@ -11,8 +11,9 @@ import logging
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from andrea.broker import BrokerUnavailable
-from andrea.data.runs import RunRegistry
-from andrea.deps import REVOKED, FanoutDep, RunsDep, SettingsDep, StoreDep
+from andrea.data.hub import DataHub
+from andrea.data.runs import RunRegistry, source_index, sources_text
+from andrea.deps import REVOKED, DataDep, FanoutDep, RunsDep, SettingsDep, StoreDep
 from andrea.metrics import Record
 from andrea.run_info import public_run
 from andrea.store import StoreUnavailable
@@ -55,13 +56,40 @@ def _check_steps(steps: int, *values: int | None) -> None:
         raise ProtocolError(1003, f"step {max(bad)} is beyond this run's {steps} steps")
 
 
+class _RunSources:
+    """Which source_losses keys a run's records may carry: the corpus indices of the run's
+    sources (its `sources`, every corpus source by default). Checked before a record is
+    committed, since a bandit replays the committed records (data/runs.py)."""
+
+    def __init__(self, data: DataHub, config: dict):
+        self.data, self.picked = data, config.get("sources")
+        self.names: list[str] | None = None      # read on the first record with losses
+        self.active: list[bool] = []
+
+    async def check(self, records: list[Record]) -> None:
+        for r in records:
+            if not r.source_losses:
+                continue
+            if self.names is None:      # (read from disk the first time: off the loop)
+                self.names = [s.name for s in await asyncio.to_thread(self.data.sources)]
+                self.active = [not self.picked or n in self.picked for n in self.names]
+            bad = sorted(k for k in r.source_losses
+                         if source_index(k, len(self.names), self.active) is None)
+            if bad:
+                raise ProtocolError(1003, f"source_losses of step {r.step}: unknown source"
+                                          f"{'s' * (len(bad) > 1)} {bad}; give the indices "
+                                          "of the run's sources: "
+                                          f"{sources_text(self.names, self.active)}. "
+                                          "Nothing of this message was stored")
+
+
 async def _receive(ws: WebSocket):
     return await receive(ws, TrainerMessage, MAX_MESSAGE_BYTES)
 
 
 @router.websocket("/ws/runs/{run_id}")
 async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
-                         runs: RunsDep, settings: SettingsDep):
+                         runs: RunsDep, settings: SettingsDep, data: DataDep):
     connected = False
     if not await accept(ws, settings, TRAINER_FRAME_BYTES):
         return
@@ -85,6 +113,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             # A tab back after a dropped connection: its viewers said "no training tab".
             fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
         steps = run["config"]["steps"]
+        sources = _RunSources(data, run["config"])
         _check_steps(steps, hello.last_acked_step)
         await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
                             "last_committed_step": run["last_step"]})
@@ -92,6 +121,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
+                await sources.check(msg.records)    # before anything is committed
                 inserted, last = await store.add_metrics_grouped(
                     run_id, [r.row() for r in msg.records])
                 await ws.send_json({"type": "ack", "step": last})

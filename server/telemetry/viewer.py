@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
@@ -164,7 +165,8 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
     if not await accept(ws, settings, VIEWER_MESSAGE_BYTES):
         return
     raw_after = ws.query_params.get("after")
-    if raw_after is not None and not (raw_after.isdigit() and len(raw_after) <= 10):
+    # ASCII digits alone: str.isdigit() also takes "²", which int() refuses.
+    if raw_after is not None and not re.fullmatch(r"[0-9]{1,10}", raw_after):
         await close(ws, 1003, f"after must be a step (a non-negative integer), got "
                               f"{raw_after[:20]!r}")
         return

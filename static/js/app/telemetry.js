@@ -6,13 +6,29 @@
 // Viewer sockets receive committed records (backlog first) and reconnect on their own, asking
 // only for the records after the last one they have. A full disk on the server closes the
 // trainer socket with 1013 and a message: the records stay unacked here and are resent.
+// A final refusal (1008: a revoked token, another trainer; 1003: bad data) ends the socket for
+// good: every promise a caller waits on (committed, sync, and any made later) rejects with a
+// SocketRefused carrying the server's reason, and onState says 'refused'.
 
 const FLUSH_MS = 250;
 const wsUrl = (path) => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${path}`;
 
+/** The server refused this tab's trainer socket for good: `code` (1008, 1003) and `reason`
+ *  (its error message, else the close frame's reason). */
+export class SocketRefused extends Error {
+  constructor(code, reason) {
+    super(`the server refused this tab's trainer socket (${code}): ${reason}`);
+    Object.assign(this, { name: 'SocketRefused', code, reason });
+  }
+}
+
 export class TrainerSocket {
-  constructor(runId, token, { onState = () => {} } = {}) {
-    Object.assign(this, { runId, token, onState });
+  /** `WebSocket` and `url` (default: this page's origin) are there for tests. */
+  constructor(runId, token, { onState = () => {}, WebSocket: WS = globalThis.WebSocket,
+    url = null } = {}) {
+    Object.assign(this, { runId, token, onState, WS, url });
+    this.failed = null;       // a SocketRefused once the server refused this socket for good
+    this.lastError = null;    // the server's last error message (sent before it closes)
     this.unacked = [];        // records in step order, not yet committed
     this.control = [];        // status / sample messages, sent in order once connected
     this.lastAcked = null;
@@ -29,9 +45,11 @@ export class TrainerSocket {
   }
 
   connect() {
-    const ws = new WebSocket(wsUrl(`/ws/runs/${this.runId}`));
+    if (this.closed || this.failed) return;
+    const ws = new this.WS(this.url ?? wsUrl(`/ws/runs/${this.runId}`));
     this.ws = ws;
     this.ready = false;
+    this.lastError = null;
     ws.onopen = () => ws.send(JSON.stringify({ type: 'hello', token: this.token,
       last_acked_step: this.lastAcked }));
     ws.onmessage = (ev) => this.handle(JSON.parse(ev.data));
@@ -41,8 +59,10 @@ export class TrainerSocket {
       // This tab's previous socket may still count as the run's trainer for a moment after a
       // network drop: "another trainer" is retried a few times before it is final.
       const busy = ev.code === 1008 && /another trainer/.test(ev.reason) && this.busyRetries++ < 8;
-      if (this.closed || ((ev.code === 1008 || ev.code === 1003) && !busy)) {
-        if (!this.closed) this.onState('refused', `${ev.code} ${ev.reason}`);
+      if (this.closed) return;
+      if ((ev.code === 1008 || ev.code === 1003) && !busy) {
+        // The close frame's reason is cut at 123 bytes: the error message before it is whole.
+        this.fail(new SocketRefused(ev.code, this.lastError || ev.reason || 'no reason given'));
         return;
       }
       setTimeout(() => this.connect(), this.retry);
@@ -63,8 +83,9 @@ export class TrainerSocket {
     } else if (msg.type === 'ack') {
       this.markAcked(msg.step);
     } else if (msg.type === 'pong') {
-      this.pongWaiters.splice(0).forEach((resolve) => resolve());
+      this.pongWaiters.splice(0).forEach(([resolve]) => resolve());
     } else if (msg.type === 'error') {
+      this.lastError = msg.message;
       this.onState('error', msg.message);
     }
   }
@@ -76,6 +97,18 @@ export class TrainerSocket {
     this.ackWaiters = this.ackWaiters.filter(([s, resolve]) => (s <= this.lastAcked ? resolve() : true));
   }
 
+  /** Refused for good: no more reconnects or flushes, every waiter rejected with `error`. */
+  fail(error) {
+    if (this.failed) return;
+    this.failed = error;
+    this.ready = false;
+    clearInterval(this.timer);
+    const waiters = [...this.ackWaiters.splice(0).map(([, , reject]) => reject),
+      ...this.pongWaiters.splice(0).map(([, reject]) => reject)];
+    waiters.forEach((reject) => reject(error));
+    this.onState('refused', error.reason);
+  }
+
   push(record) { this.unacked.push(record); }
 
   send(message) {
@@ -84,7 +117,7 @@ export class TrainerSocket {
   }
 
   flush() {
-    if (!this.ready || this.ws.readyState !== WebSocket.OPEN) return;
+    if (!this.ready || this.ws.readyState !== (this.WS.OPEN ?? 1)) return;
     while (this.control.length) this.ws.send(JSON.stringify(this.control.shift()));
     const fresh = this.unacked.filter((r) => this.sentUpTo === null || r.step > this.sentUpTo);
     for (let i = 0; i < fresh.length; i += this.perMessage) {
@@ -93,16 +126,20 @@ export class TrainerSocket {
     if (fresh.length) this.sentUpTo = fresh[fresh.length - 1].step;
   }
 
-  /** Resolves once every record up to `step` is committed. */
+  /** Resolves once every record up to `step` is committed; rejects (SocketRefused) if the
+   *  server refuses this socket for good first. */
   committed(step) {
     if (this.lastAcked !== null && this.lastAcked >= step) return Promise.resolve();
-    return new Promise((resolve) => this.ackWaiters.push([step, resolve]));
+    if (this.failed) return Promise.reject(this.failed);
+    return new Promise((resolve, reject) => this.ackWaiters.push([step, resolve, reject]));
   }
 
-  /** Resolves when the server has processed everything sent before (a ping's pong). */
+  /** Resolves when the server has processed everything sent before (a ping's pong); rejects
+   *  (SocketRefused) if the server refuses this socket for good first. */
   sync() {
-    return new Promise((resolve) => {
-      this.pongWaiters.push(resolve);
+    if (this.failed) return Promise.reject(this.failed);
+    return new Promise((resolve, reject) => {
+      this.pongWaiters.push([resolve, reject]);
       this.send({ type: 'ping' });
     });
   }

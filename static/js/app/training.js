@@ -8,18 +8,29 @@ import { Trainer } from '../engine/trainer.js';
 import { fetchJson, fetchRetrying, forgetToken, responseDetail } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { $, addRecords, addSample, setStatus, showError, showModelLink, stat } from './run_view.js';
-import { TrainerSocket } from './telemetry.js';
+import { SocketRefused, TrainerSocket } from './telemetry.js';
 import { utf8Decoder } from './text.js';
 
 const body = document.body;
 
 /** Trains `run` here until it finishes, stops or fails (-> body.dataset.done); throws when it
- *  cannot start (no WebGPU, a GPU too small, a refused checkpoint). */
+ *  cannot start (no WebGPU, a GPU too small, a refused checkpoint, a refused trainer socket).
+ *  The server refusing the trainer socket for good (a revoked token: the run was resumed
+ *  elsewhere; another trainer holds it; bad data) stops the training: nothing more can be
+ *  committed or saved with this token, so the page shows the server's reason in #error and
+ *  ends `failed` (body.dataset.refused: that reason), without waiting on the socket again. */
 export async function train(state, run, token) {
   const { runId, config } = state;
   $('mode').textContent = '(training in this tab)';
+  let trainer = null;
   const socket = new TrainerSocket(runId, token, {
-    onState: (s, why) => { body.dataset.socket = s; if (s === 'refused') showError(`Server refused: ${why}`); },
+    onState: (s, why) => {
+      body.dataset.socket = s;
+      if (s !== 'refused') return;
+      body.dataset.refused = why;
+      showError(refusedText(socket.failed));
+      trainer?.stop(`the server refused this tab's trainer socket: ${why}`);
+    },
   });
   state.socket = socket;
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
@@ -47,7 +58,7 @@ export async function train(state, run, token) {
     : `Compiling kernels; resuming from step ${from}…`);
   state.charts.setPlaceholder('Compiling kernels: the first step appears here soon…');
   const uploader = new CheckpointUploader(runId, token, socket);
-  const trainer = await Trainer.create({
+  trainer = await Trainer.create({
     ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume,
     loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
     loadValBatch: (i) => fetchBody(`/api/runs/${runId}/val_batches/${i}`),
@@ -68,6 +79,10 @@ export async function train(state, run, token) {
       },
     },
   });
+  if (socket.failed) {   // refused while the trainer was being built: it never starts
+    trainer.destroy();
+    throw socket.failed;
+  }
   window.andreaTrainer = trainer;   // tests and the headless CLI read trainer.stats
   $('trainer-controls').hidden = false;
   $('pause').onclick = () => { trainer.pause(); $('pause').hidden = true; $('resume').hidden = false; };
@@ -84,19 +99,36 @@ export async function train(state, run, token) {
     final = 'failed';
   }
   $('trainer-controls').hidden = true;   // nothing left to pause or stop
-  if (final === 'finished' || final === 'stopped') await saveWeights(runId, trainer, token);
+  // Refused for good: this token can neither commit records nor save weights any more.
+  if ((final === 'finished' || final === 'stopped') && !socket.failed) {
+    await saveWeights(runId, trainer, token);
+  }
   trainer.destroy();   // weights saved (or the run failed): free the GPU memory
   const lastStep = state.series.last?.step ?? 0;
-  await socket.committed(lastStep);
-  await socket.sync();
+  try {
+    await socket.committed(lastStep);
+    await socket.sync();
+    body.dataset.committed = String(lastStep);
+  } catch (e) {
+    if (!(e instanceof SocketRefused)) throw e;
+    final = 'failed';   // records after the last committed one are lost: the run did not end here
+    setStatus(`failed: ${e.reason}`, 'bad');
+    body.dataset.status = 'failed';
+    showError(refusedText(e));
+  }
   window.removeEventListener('beforeunload', stay);   // weights saved, every record committed
-  body.dataset.committed = String(lastStep);
   $('mode').textContent = '(trained in this tab)';
   stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`,
     'readback ring waits', true);
   socket.close();
   forgetToken(runId);  // a reload must not train it again
   body.dataset.done = final;
+}
+
+/** The page's words for a final refusal of the trainer socket (#error; `andrea train` prints
+ *  them as its error line). */
+function refusedText(refused) {
+  return `Training stopped: the server refused this tab's trainer (${refused.reason})`;
 }
 
 /** Uploads the trainer's checkpoints (the complete training state) to the server, one at a time.
@@ -124,6 +156,7 @@ class CheckpointUploader {
       body.dataset.checkpoint = String(ckpt.step);
       $('checkpoint-error').hidden = true;
     } catch (e) {
+      if (this.socket.failed) throw e;   // the page says why (#error): no retry is coming
       $('checkpoint-error').textContent = `Checkpoint of step ${ckpt.step} not saved ` +
         `(${e.message}); training goes on and the next checkpoint tries again.`;
       $('checkpoint-error').hidden = false;

@@ -1,0 +1,133 @@
+// The trainer socket (static/js/app/telemetry.js) against a stand-in WebSocket: records are
+// resent after a drop, and a final refusal (1008, 1003) rejects every waiter with the server's
+// reason, now and later, instead of leaving the training page waiting forever.
+import assert from 'node:assert/strict';
+import { afterEach, test } from 'node:test';
+import { SocketRefused, TrainerSocket } from '../../static/js/app/telemetry.js';
+
+/** A WebSocket the test drives: open(), receive(msg), close(code, reason). */
+class FakeSocket {
+  static OPEN = 1;
+  static made = [];
+  constructor(url) {
+    Object.assign(this, { url, readyState: 0, sent: [] });
+    FakeSocket.made.push(this);
+  }
+  send(data) { this.sent.push(JSON.parse(data)); }
+  open() { this.readyState = 1; this.onopen?.(); }
+  receive(msg) { this.onmessage?.({ data: JSON.stringify(msg) }); }
+  close(code = 1000, reason = '') {
+    if (this.readyState === 3) return;
+    this.readyState = 3;
+    this.onclose?.({ code, reason });
+  }
+}
+
+const sockets = [];
+afterEach(() => {
+  sockets.splice(0).forEach((s) => s.close());
+  FakeSocket.made = [];
+});
+
+function trainerSocket() {
+  const states = [];
+  const s = new TrainerSocket('r1', 'tok', { WebSocket: FakeSocket, url: 'ws://test/ws/runs/r1',
+    onState: (state, why) => states.push([state, why]) });
+  sockets.push(s);
+  return { s, states, ws: () => FakeSocket.made.at(-1) };
+}
+
+const settled = (p) => p.then((v) => ['resolved', v], (e) => ['rejected', e]);
+const tick = () => new Promise((r) => setTimeout(r, 0));
+
+test('hello with the token, records after the welcome, waiters resolve on ack and pong', async () => {
+  const { s, ws } = trainerSocket();
+  ws().open();
+  assert.deepEqual(ws().sent, [{ type: 'hello', token: 'tok', last_acked_step: null }]);
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 2 });
+  s.push({ step: 1 }); s.push({ step: 2 }); s.push({ step: 3 });
+  const acked = s.committed(3);
+  const synced = s.sync();
+  s.flush();
+  assert.deepEqual(ws().sent.slice(1).map((m) => m.type), ['ping', 'metrics', 'metrics']);
+  ws().receive({ type: 'ack', step: 3 });
+  ws().receive({ type: 'pong' });
+  assert.deepEqual(await settled(acked), ['resolved', undefined]);
+  assert.deepEqual(await settled(synced), ['resolved', undefined]);
+});
+
+test('a revoked token rejects every waiter with the reason, and those made later too', async () => {
+  const { s, states, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: 0, records_per_message: 10 });
+  s.push({ step: 1 });
+  s.flush();
+  const waiting = [s.committed(1), s.committed(5), s.sync()].map(settled);
+  // The server's error message (whole), then the close (its reason cut at 120 characters).
+  const reason = 'this run was resumed elsewhere; this tab\'s token was revoked';
+  ws().receive({ type: 'error', message: reason });
+  ws().close(1008, reason.slice(0, 20));
+  for (const [how, e] of await Promise.all(waiting)) {
+    assert.equal(how, 'rejected');
+    assert.ok(e instanceof SocketRefused);
+    assert.equal(e.code, 1008);
+    assert.equal(e.reason, reason);
+    assert.match(e.message, /resumed elsewhere/);
+  }
+  assert.equal(s.failed.reason, reason);
+  assert.deepEqual(states.at(-1), ['refused', reason]);
+  // Nothing waits on a refused socket: new waiters reject at once, and it does not reconnect.
+  assert.equal((await settled(s.committed(9)))[0], 'rejected');
+  assert.equal((await settled(s.sync()))[0], 'rejected');
+  await new Promise((r) => setTimeout(r, 700));   // past the first retry's 500 ms
+  assert.equal(FakeSocket.made.length, 1);
+});
+
+test('bad data (1003) is final too; the close frame\'s reason when no error message came', async () => {
+  const { s, ws } = trainerSocket();
+  const acked = settled(s.committed(1));
+  ws().open();
+  ws().close(1003, 'records must be objects');
+  const [how, e] = await acked;
+  assert.equal(how, 'rejected');
+  assert.equal(e.code, 1003);
+  assert.equal(e.reason, 'records must be objects');
+});
+
+test('a dropped connection is retried and its waiters keep waiting', async () => {
+  const { s, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 10 });
+  s.push({ step: 1 });
+  s.flush();
+  let done = false;
+  const acked = s.committed(1).then(() => { done = true; });
+  ws().close(1006, '');
+  await tick();
+  assert.equal(done, false);
+  assert.equal(s.failed, null);
+  await new Promise((r) => setTimeout(r, 600));   // the first retry after 500 ms
+  assert.equal(FakeSocket.made.length, 2);
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 10 });
+  assert.deepEqual(ws().sent.at(-1), { type: 'metrics', records: [{ step: 1 }] });   // resent
+  ws().receive({ type: 'ack', step: 1 });
+  await acked;
+  assert.equal(done, true);
+});
+
+test('"another trainer" is retried a few times before it is final', async () => {
+  const { s, ws } = trainerSocket();
+  const acked = settled(s.committed(1));
+  ws().open();
+  ws().close(1008, 'another trainer holds this run');
+  await tick();
+  assert.equal(s.failed, null);   // this tab's own previous socket may still be counted
+  s.busyRetries = 8;              // the retries spent
+  s.connect();
+  ws().open();
+  ws().close(1008, 'another trainer holds this run');
+  const [how, e] = await acked;
+  assert.equal(how, 'rejected');
+  assert.equal(e.reason, 'another trainer holds this run');
+});
