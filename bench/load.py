@@ -4,6 +4,8 @@ telemetry protocol as the page does (server/telemetry/protocol.py, static/js/app
     python bench/load.py --trainers 5 --viewers 50 --duration 20 --warmup 5
     python bench/load.py --trainers 100 --viewers 1000 --duration 120 --procs 4 --out r.json
     python bench/load.py --server http://127.0.0.1:8000 --server-pid 1234 --trainers 20
+    (a server of your own: all clients share one address, so start it with
+    ANDREA_RUN_BURST and ANDREA_MAX_CONNECTIONS_PER_CLIENT above the trainers and sockets)
     python bench/load.py --server http://127.0.0.1:8001 --server http://127.0.0.1:8002 \\
         --server-pid 111 --server-pid 222 --trainers 40 --viewers 400
 
@@ -401,7 +403,11 @@ def serve_own(args: argparse.Namespace):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
     log(f"starting a server (data in {data})")
-    proc, url = start_server(data, timeout=120)
+    # Every simulated laptop here has the one address 127.0.0.1: the per-address bounds of a
+    # workshop (new runs, open connections) would count them all as one participant.
+    proc, url = start_server(data, timeout=120, env={
+        "ANDREA_RUN_BURST": str(args.trainers + 10),
+        "ANDREA_MAX_CONNECTIONS_PER_CLIENT": str(2 * (args.trainers + args.viewers) + 64)})
     return proc, url, data
 
 

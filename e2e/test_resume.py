@@ -188,3 +188,61 @@ def test_branch_continues_a_run_as_a_new_run_with_another_lr(chromium, live_serv
     assert got[:EVERY] == before[:EVERY]            # the parent's steps up to the checkpoint
     # then its own learning rate (the parent's schedule peaks at its default 3e-3)
     assert got[EVERY]["lr"] <= 0.001 < before[EVERY - 1]["lr"]
+
+
+def test_a_resume_link_takes_the_runs_token_to_another_browser(playwright, tmp_path):
+    """On a workshop's server (a LAN name: every change needs the run's token), the run page
+    of the browser that holds the token offers its resume link; a browser opened from that
+    link keeps the token (and drops it from the address bar) and may then rename the run; one
+    without it is told why it may not."""
+    from websockets.sync.client import connect
+
+    from andrea.launch import start_server, stop_server
+
+    proc, url = start_server(tmp_path / "data", env={"ANDREA_ALLOWED_HOSTS": "workshop.lan"})
+    port = url.rsplit(":", 1)[1]
+    lan = f"http://workshop.lan:{port}"
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--headless=new", *QUIET_FLAGS, "--host-resolver-rules=MAP workshop.lan 127.0.0.1"])
+    try:
+        run = create(url, config("adamw", seed=15))
+        with connect(url.replace("http", "ws", 1) + f"/ws/runs/{run['id']}") as ws:   # stopped
+            ws.send(json.dumps({"type": "hello", "token": run["token"]}))
+            assert json.loads(ws.recv(timeout=15))["type"] == "welcome"
+            ws.send(json.dumps({"type": "status", "status": "stopped"}))
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=15)) == {"type": "pong"}
+        owner = browser.new_context().new_page()
+        owner.add_init_script(token_init_script(run["id"], run["token"]))
+        owner.goto(f"{lan}/runs/{run['id']}")
+        owner.wait_for_selector("#copy-link:not([hidden])")
+        shown = []      # no clipboard on a plain-http LAN page: the link is shown to copy
+        owner.on("dialog", lambda d: (shown.append(d.default_value), d.dismiss()))
+        owner.click("#copy-link")
+        deadline = time.monotonic() + 10
+        while not shown and time.monotonic() < deadline:
+            owner.wait_for_timeout(50)
+        assert shown == [f"{lan}/runs/{run['id']}#token={run['token']}"]
+
+        page = browser.new_context().new_page()
+        page.goto(shown[0])
+        page.wait_for_selector("#copy-link:not([hidden])")
+        assert page.url == f"{lan}/runs/{run['id']}"             # the token left the bar
+        page.fill("#edit-name", "renamed elsewhere")
+        page.click("#edit-save")
+        page.wait_for_function("document.getElementById('edit-status').textContent === 'Saved.'")
+        assert httpx.get(f"{url}/api/runs/{run['id']}").json()["name"] == "renamed elsewhere"
+
+        stranger = browser.new_context().new_page()
+        stranger.goto(f"{lan}/runs/{run['id']}")
+        stranger.wait_for_selector("#edit-name")
+        assert stranger.is_hidden("#copy-link")
+        stranger.fill("#edit-name", "pwned")
+        stranger.click("#edit-save")
+        stranger.wait_for_function(
+            "document.getElementById('edit-status').textContent.startsWith('Not saved')")
+        assert "Authorization: Bearer" in stranger.inner_text("#edit-status")
+        assert httpx.get(f"{url}/api/runs/{run['id']}").json()["name"] == "renamed elsewhere"
+    finally:
+        browser.close()
+        stop_server(proc)

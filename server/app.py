@@ -21,6 +21,9 @@ from andrea.config import Settings, host_of
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
+from andrea.limits import BodyLimits
+from andrea.origin_check import OriginCheck
+from andrea.quotas import RateLimiter
 from andrea.routes import checkpoints, data, health, pages, presets, runs
 from andrea.store import Store, StoreUnavailable
 
@@ -75,9 +78,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     fanout.on_reset = app.state.runs.forget     # resumed or deleted on another process
     app.state.checkpoints = CheckpointStore(settings.data_dir, settings.checkpoints_kept,
                                             shared=settings.broker_url is not None)
+    # New runs per client address (quotas.py: each process counts its own).
+    app.state.run_limiter = RateLimiter(settings.run_burst, settings.run_rate_per_s)
+    # Another site's page may not POST, PUT, PATCH or DELETE here (a text/plain form needs no
+    # CORS preflight).
+    app.add_middleware(OriginCheck, settings=settings)
     # Outermost: a request for a host name this server does not answer to (a DNS-rebinding
     # page) is refused before any route sees it.
     app.add_middleware(HostCheck, hosts=settings.hosts)
+    # Before anything reads a byte: bodies over max_body_bytes get 413, stalled transfers are
+    # dropped. Added last, so outermost: it needs uvicorn's own receive to cut a connection.
+    app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes,
+                       idle_timeout_s=settings.idle_timeout_s)
     for router in (health.router, pages.router, presets.router, data.router, runs.router,
                    checkpoints.router, telemetry.router):
         app.include_router(router)

@@ -55,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
                   "viewers on one process must hear the records committed on another",
                   file=sys.stderr)
             return 2
+        settings, made_token = _with_admin_token(settings)   # before any worker: one for all
         app = create_app(settings)
         sources = app.state.data.sources()   # reads every source now: bad text fails here
     except CorpusError as e:
@@ -73,10 +74,16 @@ def _serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     print(f"Andrea {__version__}: open http://{settings.host}:{port}/ in Chrome "
           f"(data in {settings.data_dir})", flush=True)
+    if made_token:
+        print(f"Andrea: operator token (resume, rename, delete or branch any run from another "
+              f"machine: Authorization: Bearer ..., or ANDREA_ADMIN_TOKEN to keep one): "
+              f"{made_token}", flush=True)
     if args.workers > 1:
         return _serve_workers(settings, sock, args.workers)
+    from andrea.uvicorn_limits import bound_to
     server = uvicorn.Server(uvicorn.Config(app, log_level="info",
-                                           ws_per_message_deflate=settings.ws_compression))
+                                           ws_per_message_deflate=settings.ws_compression,
+                                           http=bound_to(settings), **_connection_limits(settings)))
     server.run(sockets=[sock])
     return 0
 
@@ -96,10 +103,32 @@ def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int
         elif not isinstance(value, str):
             value = json.dumps(value)       # numbers, and corpora as a JSON list
         os.environ[f"ANDREA_{name.upper()}"] = value
+    # (The protocol class by name: each worker reads the settings from ANDREA_*, set above.)
     config = uvicorn.Config("andrea.app:create_app", factory=True, workers=workers,
-                            log_level="info", ws_per_message_deflate=settings.ws_compression)
+                            log_level="info", ws_per_message_deflate=settings.ws_compression,
+                            http="andrea.uvicorn_limits:LimitedHTTPProtocol",
+                            **_connection_limits(settings))
     Multiprocess(config, sockets=[sock]).run()
     return 0
+
+
+def _connection_limits(settings: Settings) -> dict:
+    """uvicorn's own bounds (the header timeout and the per-client cap are uvicorn_limits.py's):
+    503 past max_connections open connections or running requests; 5 s between keep-alive
+    requests (uvicorn's default); heads as big as uvicorn_limits allows under h11 too."""
+    from andrea.uvicorn_limits import MAX_HEAD_BYTES
+    return {"limit_concurrency": settings.max_connections, "timeout_keep_alive": 5,
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
+
+
+def _with_admin_token(settings: Settings) -> tuple[Settings, str | None]:
+    """A server other machines can reach needs an operator token (deps.authorize): one is
+    made when ANDREA_ADMIN_TOKEN gives none, and returned to be printed once."""
+    if settings.loopback_only or settings.admin_token:
+        return settings, None
+    import secrets
+    token = secrets.token_urlsafe(24)
+    return settings.model_copy(update={"admin_token": token}), token
 
 
 def _given(args: argparse.Namespace, *names: str) -> dict:

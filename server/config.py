@@ -83,6 +83,38 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
 
+    # --- A workshop's server (README "A workshop on one server"): who may change what, and
+    # the bounds no participant can push the server past. ---
+    # The operator's token (ANDREA_ADMIN_TOKEN): accepted wherever a run's write token is
+    # (resume, delete, rename, branch, checkpoint reads). A server bound beyond loopback without
+    # one makes one at start and prints it once (`andrea serve`).
+    admin_token: str | None = None
+    # Every JSON (or other non-upload) request body: refused with 413 before it is read past
+    # this. Checkpoint and weights uploads have their own exact sizes (the run's layout).
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    # A connection that has not sent a whole request head within this many seconds is closed;
+    # one whose upload or download moves no byte for idle_timeout_s is dropped.
+    header_timeout_s: float = Field(10.0, gt=0)
+    idle_timeout_s: float = Field(30.0, gt=0)
+    # Open connections per client address (the rest are closed at once), and in all (uvicorn's
+    # limit_concurrency: 503 past it).
+    max_connections_per_client: int = Field(64, ge=1)
+    max_connections: int = Field(2048, ge=1)
+    # New runs: a burst of run_burst per client address, then one per 1/run_rate_per_s seconds
+    # (429 with Retry-After past it); max_runs in all (507: delete some).
+    run_burst: int = Field(30, ge=1)
+    run_rate_per_s: float = Field(0.5, gt=0)
+    max_runs: int = Field(10_000, ge=1)
+    # Per run: samples stored and their bytes (past them new samples are dropped, the trainer
+    # told once), and metric records per second (past it the server reads the trainer's socket
+    # more slowly: nothing is lost, the tab waits).
+    max_samples_per_run: int = Field(2000, ge=1)
+    max_sample_bytes_per_run: int = Field(16 << 20, ge=1024)
+    metrics_rate_per_s: float = Field(5000.0, gt=0)
+    # Free space the data dir keeps: a new run, checkpoint or weights upload that would leave
+    # less is refused with 507.
+    min_free_bytes: int = Field(256 << 20, ge=0)
+
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split(cls, v):
@@ -102,6 +134,11 @@ class Settings(BaseSettings):
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def loopback_only(self) -> bool:
+        """Bound to a loopback address alone: no other machine can reach this server."""
+        return self.host.lower() in LOOPBACK_HOSTS
 
     @property
     def hosts(self) -> tuple[str, ...]:

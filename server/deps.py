@@ -1,8 +1,11 @@
 """Typed dependencies: how routes and websocket handlers get the app's objects. create_app
-(app.py) makes each once and keeps it on app.state; handlers ask here, never app.state."""
+(app.py) makes each once and keeps it on app.state; handlers ask here, never app.state. And who
+may change a run: its write token, the operator's token, or (on a loopback-only server) the
+machine's own user (authorize)."""
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -10,10 +13,11 @@ from fastapi.requests import HTTPConnection
 from fastapi.templating import Jinja2Templates
 
 from andrea.checkpoints import CheckpointStore
-from andrea.config import Settings
+from andrea.config import LOOPBACK_HOSTS, Settings, host_of
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
+from andrea.quotas import RateLimiter
 from andrea.store import Store
 
 
@@ -31,6 +35,7 @@ RunsDep = Annotated[RunRegistry, _app_state("runs")]         # batch specs and b
 FanoutDep = Annotated[Fanout, _app_state("fanout")]          # live viewers and trainers
 TemplatesDep = Annotated[Jinja2Templates, _app_state("templates")]
 CheckpointsDep = Annotated[CheckpointStore, _app_state("checkpoints")]   # checkpoint files
+RunLimiterDep = Annotated[RateLimiter, _app_state("run_limiter")]   # new runs per client
 
 
 async def get_existing_run(run_id: str, store: StoreDep) -> dict:
@@ -71,3 +76,68 @@ async def get_written_run(run: RunDep, request: Request, store: StoreDep) -> dic
 
 
 WritableRunDep = Annotated[dict, Depends(get_written_run)]
+
+
+# ---- who may change a run --------------------------------------------------------------------
+# A loopback-only server's local requests are its machine's owner: they may resume, rename,
+# delete and branch any run without a token (today's convenience). Every other request (a
+# server bound beyond loopback, or a name of ANDREA_ALLOWED_HOSTS) shows the run's write token
+# or the operator's (ANDREA_ADMIN_TOKEN), checked before the run is even looked up: a request
+# without one learns nothing about the run.
+
+NO_TOKEN = ("this server needs the run's write token or the operator's token for this: send "
+            "`Authorization: Bearer <token>` (the run page's \"Copy resume link\" carries the "
+            "run's token; `andrea train --token`, ANDREA_TOKEN)")
+WRONG_TOKEN = ("this token is not the run's write token nor the operator's: nothing was "
+               "changed; use the run's resume link or ask the operator")
+
+
+def request_is_local(conn: HTTPConnection, settings: Settings) -> bool:
+    """A request from this machine's own user: the server is reachable from loopback alone and
+    the request names a loopback host (not a name of ANDREA_ALLOWED_HOSTS)."""
+    name, _ = host_of(conn.headers.get("host", ""))
+    return settings.loopback_only and name in LOOPBACK_HOSTS
+
+
+def is_admin(settings: Settings, token: str) -> bool:
+    """The operator's token (constant-time: a guess learns nothing from the time it takes)."""
+    admin = settings.admin_token
+    return bool(admin and token) and hmac.compare_digest(token.encode(), admin.encode())
+
+
+async def authorize(conn: HTTPConnection, settings: Settings, store: Store, run_id: str,
+                    local_ok: bool = True) -> None:
+    """Nothing for the run's owner: a local request (when `local_ok`), the run's current write
+    token or the operator's. Else 401 (no token) or 403 (a wrong or revoked one), the same for
+    a run that does not exist."""
+    if local_ok and request_is_local(conn, settings):
+        return
+    token = bearer(conn)
+    if not token:
+        raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+    if is_admin(settings, token):
+        return
+    verdict = await store.run(store.check_token, run_id, token)
+    if verdict == "revoked":
+        raise HTTPException(403, REVOKED)
+    if verdict != "ok":     # wrong, or no such run: the same answer
+        raise HTTPException(403, WRONG_TOKEN)
+
+
+async def get_owned_run(run_id: str, request: Request, settings: SettingsDep,
+                        store: StoreDep) -> dict:
+    """The path's run, for its owner (authorize first, then 404 for an unknown run)."""
+    await authorize(request, settings, store, run_id)
+    return await get_existing_run(run_id, store)
+
+
+async def get_token_run(run_id: str, request: Request, settings: SettingsDep,
+                        store: StoreDep) -> dict:
+    """The path's run, for a request with its write token or the operator's, local or not
+    (checkpoint reads: the training state is the token holder's alone)."""
+    await authorize(request, settings, store, run_id, local_ok=False)
+    return await get_existing_run(run_id, store)
+
+
+OwnedRunDep = Annotated[dict, Depends(get_owned_run)]
+TokenRunDep = Annotated[dict, Depends(get_token_run)]

@@ -10,8 +10,11 @@ them into a complete Hugging Face checkpoint that `AutoModelForCausalLM.from_pre
   special_tokens_map.json  the same special tokens, for older loaders
   README.md                a model card: what was trained, on what, how far (model_card.py)
 
-Everything is a pure function of the run, its metrics and the files in the data dir, with no
-clock or path in it: the same run exported twice, or through a server, gives the same bytes.
+Everything is a pure function of the run, the summary of its metrics and the files in the data
+dir, with no clock or path in it: the same run exported twice, or through a server, gives the
+same bytes. model.safetensors is written as a stream (safetensors_stream: its header, then each
+tensor read from the weights in pieces), so a download needs no copy on disk and no run is
+ever held whole in memory.
 transformers is not imported here (it is no runtime dependency): the JSON is written as
 transformers 5.24 writes it itself (tests/test_export.py loads the result with it).
 """
@@ -19,15 +22,18 @@ transformers 5.24 writes it itself (tests/test_export.py loads the result with i
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import struct
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from andrea.data.tokenizer import EOT, EOT_ID, tokenizer_dir
 from andrea.model import run_layout, run_model
-from andrea.model_card import corpus_meta, model_card
+from andrea.model_card import corpus_meta, model_card, summary
 from andrea.paths import weights_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -92,51 +98,91 @@ def tensors(layout: dict, flat: np.ndarray) -> dict[str, np.ndarray]:
             for p in layout["params"]}
 
 
-def load_weights(run: dict, data_dir: Path, layout: dict, step: int | None = None) -> np.ndarray:
-    """W: the final upload, or with `step`, the first section of that checkpoint (verified
-    against its recorded SHA-256 first)."""
+SAFETENSORS_PIECE = 1 << 20     # bytes read and sent at a time: a download holds no more
+
+
+def open_weights(run: dict, data_dir: Path, layout: dict, step: int | None = None):
+    """W as an open file positioned at its first float: the final upload, or with `step`, the
+    first section of that checkpoint (verified against its recorded SHA-256 first).
+    FileNotFoundError when there is none, ValueError when it is damaged or of the wrong size."""
+    size = 4 * layout["total_numel"]
     if step is not None:
-        return checkpoint_weights(run, data_dir, layout, step)
+        from andrea.checkpoints import CheckpointError, CheckpointStore
+
+        store = CheckpointStore(data_dir)    # a reader: it keeps no count, it never commits
+        try:
+            meta, f = store.open_verified(run["id"], step)
+        except CheckpointError as e:
+            raise (FileNotFoundError if e.status == 404 else ValueError)(str(e)) from None
+        first = meta["sections"][0]
+        if first["name"] != "W" or first["bytes"] != size:
+            f.close()
+            raise ValueError(f"checkpoint {step} of run {run['id']} does not start with W of "
+                             f"{layout['total_numel']} weights")
+        f.seek(0)
+        return f
     src = weights_path(data_dir, run["id"])
-    if not src.exists():
-        raise FileNotFoundError(f"run {run['id']} has no saved weights (it has not ended in a "
-                                "browser that uploaded them)")
-    flat = np.fromfile(src, dtype="<f4")
-    if flat.size != layout["total_numel"]:
-        raise ValueError(f"{src} holds {flat.size} floats, the layout {layout['total_numel']}")
-    return flat
-
-
-def checkpoint_weights(run: dict, data_dir: Path, layout: dict, step: int) -> np.ndarray:
-    from andrea.checkpoints import CheckpointError, CheckpointStore
-
-    store = CheckpointStore(data_dir)    # a reader: it keeps no count, it never commits
     try:
-        meta = store.get(run["id"], step)
-        if meta is None:
-            raise CheckpointError(404, f"run {run['id']} has no checkpoint at step {step}")
-        if meta["sections"][0]["name"] != "W":
-            raise ValueError(f"checkpoint {step} of run {run['id']} does not start with W")
-        raw = store.read_section(run["id"], step, 0)
-    except CheckpointError as e:
-        raise (FileNotFoundError if e.status == 404 else ValueError)(str(e)) from None
-    flat = np.frombuffer(raw, dtype="<f4")
-    if flat.size != layout["total_numel"]:
-        raise ValueError(f"checkpoint {step} of run {run['id']} holds {flat.size} weights, "
-                         f"the layout {layout['total_numel']}")
-    return flat
+        f = open(src, "rb")     # a later upload replaces the file: this one stays whole
+    except FileNotFoundError:
+        raise FileNotFoundError(f"run {run['id']} has no saved weights (it has not ended in a "
+                                "browser that uploaded them)") from None
+    got = os.fstat(f.fileno()).st_size
+    if got != size:
+        f.close()
+        raise ValueError(f"{src} holds {got // 4} floats, the layout {layout['total_numel']}")
+    return f
+
+
+def safetensors_header(layout: dict) -> bytes:
+    """The first bytes of model.safetensors as safetensors' save_file writes them: the header's
+    length, then its JSON (one metadata key; tensors by name, the order save_file stores them
+    in) padded with spaces to 8 bytes."""
+    entries, at = {}, 0
+    for p in sorted(layout["params"], key=lambda p: p["name"]):
+        entries[p["name"]] = {"dtype": "F32", "shape": list(p["shape"]),
+                              "data_offsets": [at, at + 4 * p["numel"]]}
+        at += 4 * p["numel"]
+    header = json.dumps({"__metadata__": {"format": "pt"}, **entries},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header
+
+
+def safetensors_stream(run: dict, data_dir: Path, step: int | None = None
+                       ) -> tuple[int, Iterator[bytes]]:
+    """model.safetensors (the same bytes as save_file of `tensors`) as (its size, its pieces):
+    the header, then each tensor read from the weights file a piece at a time, so neither a
+    copy on disk nor the whole W in memory. One metadata key only: save_file writes
+    __metadata__ from a hash map whose order varies, and the same weights must give the same
+    bytes (a download equals a CLI export). Errors (open_weights') come before the first
+    piece."""
+    layout = run_layout(run["config"])
+    f = open_weights(run, data_dir, layout, step)
+    head = safetensors_header(layout)
+
+    def pieces() -> Iterator[bytes]:
+        with f:
+            yield head
+            for p in sorted(layout["params"], key=lambda p: p["name"]):
+                start, end = 4 * p["offset"], 4 * (p["offset"] + p["numel"])
+                for at in range(start, end, SAFETENSORS_PIECE):
+                    f.seek(at)
+                    piece = f.read(min(SAFETENSORS_PIECE, end - at))
+                    if len(piece) != min(SAFETENSORS_PIECE, end - at):
+                        raise ValueError(f"the weights of run {run['id']} ended early")
+                    yield piece
+    # (The table may pad between entries: the file holds the entries alone.)
+    return len(head) + 4 * sum(p["numel"] for p in layout["params"]), pieces()
 
 
 def write_weights(run: dict, data_dir: Path, out: Path, step: int | None = None) -> Path:
-    """model.safetensors alone (the browser's download); `step`: from that checkpoint."""
-    from safetensors.numpy import save_file
-
-    layout = run_layout(run["config"])
-    flat = load_weights(run, data_dir, layout, step)
+    """model.safetensors alone (safetensors_stream into a file); `step`: from that checkpoint."""
+    _, pieces = safetensors_stream(run, data_dir, step)
     out.mkdir(parents=True, exist_ok=True)
-    # One metadata key only: safetensors writes __metadata__ from a hash map whose order varies
-    # per call, and the same weights must give the same bytes (a download equals a CLI export).
-    save_file(tensors(layout, flat), str(out / "model.safetensors"), metadata={"format": "pt"})
+    with open(out / "model.safetensors", "wb") as dst:
+        for piece in pieces:
+            dst.write(piece)
     return out / "model.safetensors"
 
 
@@ -165,14 +211,13 @@ def _clear_tokenizer(out: Path) -> None:
 
 
 def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
-               metrics: list[dict] | None = None, step: int | None = None) -> Path:
+               records: dict | None = None, step: int | None = None) -> Path:
     """The whole checkpoint in `out`; without a tokenizer, the weights, configs and card only.
-    `metrics`: the run's step records (Store.metrics), for the model card. `step`: the weights
-    of that training checkpoint, and the card tells of the steps up to it."""
+    `records`: the summary of the run's records up to `step` for the model card
+    (Store.card_summary; model_card.summary of a list is the same). `step`: the weights of
+    that training checkpoint, and the card tells of the steps up to it."""
     layout = run_layout(run["config"])
     write_weights(run, data_dir, out, step)
-    if step is not None:
-        metrics = [m for m in metrics or [] if m["step"] <= step]
     _write_json(out / "config.json", {**hf_config(layout["config"]), "andrea_run": run["id"]})
     seq_len = run["config"]["seq_len"]
     _write_json(out / "generation_config.json", generation_config(seq_len))
@@ -180,7 +225,7 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
     if tokenizer is not None:
         write_tokenizer(tokenizer, seq_len, out)
     corpus = corpus_meta(data_dir, run)
-    (out / "README.md").write_text(model_card(run, layout, metrics or [], corpus, step),
+    (out / "README.md").write_text(model_card(run, layout, records or summary([]), corpus, step),
                                    encoding="utf-8")
     return out
 
@@ -204,10 +249,10 @@ def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None
         run = store.get_run(run_id)
         if run is None:
             raise UsageError(f"unknown run {run_id!r} in {data_dir}")
-        metrics = store.metrics(run_id)
+        records = store.card_summary(run_id, step)
     finally:
         store.close()
-    return export_run(run, data_dir, tokenizer_path(data_dir, run), Path(out), metrics, step)
+    return export_run(run, data_dir, tokenizer_path(data_dir, run), Path(out), records, step)
 
 
 def fetch_export(server: str, run_id: str, out: Path, step: int | None = None) -> Path:

@@ -56,10 +56,11 @@ MESSAGE_MAX = 2000      # a run's status message (server/telemetry/protocol.py)
 
 # ---- HTTP ----------------------------------------------------------------------------------------
 
-def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) -> dict:
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 30,
+          token: str | None = None) -> dict:
     """The server's JSON answer; a refusal of what was asked exits 2, anything else 1."""
     try:
-        return http_client.request(method, url, body, timeout)
+        return http_client.request(method, url, body, timeout, token=token)
     except http_client.ServerError as e:
         code = EXIT_USAGE if e.status in (400, 404, 409, 422) else EXIT_FAILED
         raise TrainError(str(e), code) from None
@@ -71,7 +72,8 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) 
 
 def train(args: argparse.Namespace) -> int:
     result: dict = {"ok": False, "run_id": None, "server": args.server, "data_dir": None}
-    secret: dict = {}   # the run's write token: used, never printed
+    # The run's write token: used, and printed only inside the run's resume link.
+    secret: dict = {}
     code = 0
     proc = None
     browser = Chromium(gpu=args.gpu)
@@ -130,20 +132,24 @@ def _start_server(args, result: dict):
 def _train(args, config: dict, result: dict, secret: dict, browser: Chromium) -> int:
     url = result["server"]
     if args.resume:   # a new write token; the tab that trained it before is refused from now on
-        resumed = _http("POST", f"{url}/api/runs/{args.resume}/resume")
+        resumed = _http("POST", f"{url}/api/runs/{args.resume}/resume", token=args.token)
         run = {"id": args.resume, "token": resumed["token"], "config": resumed["run"]["config"]}
         how = f"resumed from step {resumed['step']}"
     elif args.branch:
         config = _branch_config(url, args.branch, config)
-        run = _http("POST", url + "/api/runs", config)
+        run = _http("POST", url + "/api/runs", config, token=args.token)   # the parent's
         how = f"branched from {config['parent']['run']} at step {config['parent']['step']}"
     else:
         run = _http("POST", url + "/api/runs", config)
         how = "new"
     result["run_id"] = run["id"]
     secret["token"] = run["token"]
+    # Another browser or `andrea train --resume --token` takes the run over with it.
+    result["resume_link"] = resume_link(url, run["id"], run["token"])
     progress(f"run {run['id']} on {url} ({how}): {run['config']['preset']}, "
              f"{run['config']['optimizer']}, {run['config']['steps']} steps")
+    progress(f"resume link (holds the run's write token: share it only with who may change "
+             f"the run): {result['resume_link']}")
     try:
         code = _train_in_page(args, browser, url, run, result, secret)
     except (TrainError, BrowserError) as e:
@@ -205,6 +211,12 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
             f"the run ended {page['done']}"
         return EXIT_FAILED
     return 0
+
+
+def resume_link(url: str, run_id: str, token: str) -> str:
+    """The run page with the token in its fragment, which never reaches a server: the page
+    keeps it as its creator's tab does (static/js/app/api.js)."""
+    return f"{url}/runs/{run_id}#token={token}"
 
 
 def _branch_config(url: str, branch: str, changes: dict) -> dict:

@@ -40,12 +40,15 @@ class _LocalError(Exception):
 
 
 def request(method: str, url: str, body: Any = None, timeout: float = 30,
-            into: IO[bytes] | None = None) -> Any:
+            into: IO[bytes] | None = None, token: str | None = None) -> Any:
     """The answer's JSON; with `into`, its body is written there instead (returns None). A
-    failed write into `into` raises its own OSError."""
+    failed write into `into` raises its own OSError. `token`: sent as `Authorization: Bearer`
+    (a run's write token or the operator's)."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             if into is None:

@@ -1,8 +1,9 @@
 """The README.md of an exported checkpoint: a Hugging Face model card that says what was trained
 (the model, its parameter count and shape), how far (steps, tokens, the last and the best
 losses), how (optimizer, schedule, seed) and on what (the corpus's sources and their sizes), and
-how to use it. A pure function of the run, its metrics and the corpus's meta.json, with no clock
-or path in it (export.py writes it beside the weights).
+how to use it. A pure function of the run, the summary of its metrics (`summary`: four facts, so
+a run of 1M records is never read whole: the store computes the same by query, card_summary) and
+the corpus's meta.json, with no clock or path in it (export.py writes it beside the weights).
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
     ]
 
 
-def training_rows(run: dict, metrics: list[dict],
-                  step: int | None = None) -> list[tuple[str, str]]:
-    cfg, s = run["config"], summary(metrics)
+def training_rows(run: dict, s: dict, step: int | None = None) -> list[tuple[str, str]]:
+    """`s`: summary() of the records up to `step` (Store.card_summary)."""
+    cfg = run["config"]
     tokens = s["steps"] * cfg["batch_size"] * cfg["seq_len"]
     status = run.get("status") or "unknown"
     return [
@@ -148,8 +149,9 @@ def training_rows(run: dict, metrics: list[dict],
     ]
 
 
-def model_card(run: dict, layout: dict, metrics: list[dict], corpus: dict | None,
+def model_card(run: dict, layout: dict, records: dict, corpus: dict | None,
                step: int | None = None) -> str:
+    """`records`: summary() of the run's records up to `step` (Store.card_summary)."""
     cfg = run["config"]
     made_with = f"andrea export {run['id']}" + (f" --step {step}" if step else "") + " --out DIR"
     return "\n".join([
@@ -158,7 +160,7 @@ def model_card(run: dict, layout: dict, metrics: list[dict], corpus: dict | None
         f"A small Llama-style causal language model (`{model_name(cfg)}`) trained from "
         "scratch in a web browser with WebGPU by Andrea, exported as a Hugging Face checkpoint.",
         "", "## Model", "", _table(model_rows(layout, cfg)), "",
-        "## Training", "", _table(training_rows(run, metrics, step)), "",
+        "## Training", "", _table(training_rows(run, records, step)), "",
         "Losses are mean token cross-entropy in nats.", "",
         "## Data", "", data_text(cfg, corpus), "",
         USAGE,

@@ -7,6 +7,7 @@ before any browser or server starts. A bad one is a TrainError with the usage ex
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from pathlib import Path
@@ -71,6 +72,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a NEW run that continues RUN_ID from its checkpoint STEP (default: "
                              "its last), with RUN_ID's config changed by the config flags given "
                              "(e.g. a failed run again with a lower --lr)")
+    parser.add_argument("--token", default=os.environ.get("ANDREA_TOKEN") or None,
+                        help="the write token of the run to --resume, or of the --branch parent "
+                             "(or the operator's): a server other machines reach asks for it "
+                             "(default: ANDREA_TOKEN; a run's resume link ends in #token=...)")
     parser.add_argument("--server", help="an Andrea server URL (default: start one for this run)")
     parser.add_argument("--data-dir", type=Path,
                         help="data dir of the server started for this run "

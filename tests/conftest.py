@@ -5,6 +5,8 @@ from andrea.app import create_app
 from andrea.config import Settings
 from tests import pg
 
+LOCAL = "http://127.0.0.1"     # TestClient's base_url for a request from this machine's user
+
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
@@ -13,7 +15,8 @@ def settings(tmp_path) -> Settings:
 
 @pytest.fixture
 def client(settings) -> TestClient:
-    with TestClient(create_app(settings)) as c:
+    # Host 127.0.0.1: a local request, which may change runs without a token (deps.authorize).
+    with TestClient(create_app(settings), base_url=LOCAL) as c:
         yield c
 
 

@@ -222,7 +222,7 @@ def test_wrong_token_unknown_run_and_steps_out_of_range(client):
     assert r.status_code == 409 and "1..10" in r.json()["detail"]
     assert put(client, run, 10, body).status_code == 201
     assert download(client, run, 10, token="guess").status_code == 403
-    assert client.get(f"/api/runs/{run['id']}/checkpoints/10").status_code == 403
+    assert client.get(f"/api/runs/{run['id']}/checkpoints/10").status_code == 401  # no token
     assert download(client, run, 9).status_code == 404
 
 
@@ -318,8 +318,10 @@ def test_a_resume_whose_tab_never_comes_can_be_resumed_again(tmp_path):
 
     from andrea.app import create_app
     from andrea.config import Settings
+    from tests.conftest import LOCAL
 
-    with TestClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))) as c:
+    with TestClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3)),
+                    base_url=LOCAL) as c:
         run = new_run(c)
         train_some(c, run, 2, "paused")
         assert put(c, run, 2, state(run)).status_code == 201

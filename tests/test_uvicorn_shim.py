@@ -1,7 +1,9 @@
 """andrea.telemetry.uvicorn_shim against the installed uvicorn, served as `andrea serve` serves
 (cli.py: uvicorn.Config's defaults, `ws="auto"`, with and without per-message deflate). The shim
 itself degrades to doing nothing when uvicorn's internals change under it; these tests fail
-instead: the protocol object behind `receive`, its `conn.max_message_size` and `transport`."""
+instead: the protocol object behind `receive`, its `conn.max_message_size` and `transport`.
+And andrea.uvicorn_limits: the transport behind an HTTP request's `receive`, and its subclass of
+uvicorn's HTTP protocol (the hooks it overrides: heads, keep-alive, upgrade, per-client cap)."""
 
 from __future__ import annotations
 
@@ -11,23 +13,25 @@ import socket
 
 import pytest
 import uvicorn
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from andrea.config import Settings
 from andrea.telemetry.uvicorn_shim import abort, limit_frames, protocol_of
+from andrea.uvicorn_limits import bound_to, transport_of
 from tests.aio import run
 
 LIMIT = 1000
 
 
 @contextlib.asynccontextmanager
-async def served(app: FastAPI, compression: bool):
+async def served(app: FastAPI, compression: bool, **config):
     """`app` on a real uvicorn server on a loopback port (this event loop); yields its ws URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                           ws_per_message_deflate=compression))
+                                           ws_per_message_deflate=compression, **config))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
         while not server.started:
@@ -114,3 +118,89 @@ def test_abort_drops_the_connection_without_a_close(compression):
 
     assert run(main()) is None      # no close frame: the TCP connection was cut
     assert after and after[0]["type"] == "websocket.disconnect"
+
+
+# ---- uvicorn_limits: the HTTP protocol subclass and the transport behind `receive` ----------
+
+
+def limited(**settings):
+    """The protocol class `andrea serve` passes to uvicorn, with these settings."""
+    return bound_to(Settings(**settings))
+
+
+async def exchange(port: int, raw: bytes, then: bytes = b"", pause: float = 0.0) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    if then:
+        await asyncio.sleep(pause)
+        writer.write(then)
+    got = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return got
+
+
+def test_the_transport_behind_an_http_receive_is_reachable():
+    seen = {}
+    app = FastAPI()
+
+    @app.get("/t")
+    async def endpoint(request: Request):
+        seen["transport"] = transport_of(request.receive)
+        return {}
+
+    async def main():
+        async with served(app, False, http=limited()) as url:
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            await exchange(port, b"GET /t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+
+    run(main())
+    assert seen["transport"] is not None, "uvicorn_limits.transport_of no longer finds it"
+    assert callable(seen["transport"].abort)
+
+
+def test_the_protocol_subclass_times_heads_keeps_alive_and_upgrades():
+    """Keep-alive requests are served; a second head that trickles is closed with 408; a
+    websocket upgrade goes through and gives its per-client count back when it closes."""
+    app = FastAPI()
+    app.get("/t")(lambda: {"ok": True})
+    protocol = limited(header_timeout_s=0.5, max_connections_per_client=4)
+
+    async def echo(ws: WebSocket):
+        await ws.accept()
+        await ws.send_text(await ws.receive_text())
+    app.websocket("/ws")(echo)
+
+    async def main():
+        async with served(app, False, http=protocol) as url:
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            get = b"GET /t HTTP/1.1\r\nHost: x\r\n\r\n"
+            two = await exchange(port, get, get.replace(b"\r\n\r\n", b"\r\nConnection: close"
+                                                          b"\r\n\r\n"), pause=0.2)
+            slow = await exchange(port, get, b"GET /t HTTP/1.1\r\n", pause=0.2)
+            async with connect(url) as client:
+                assert protocol.open_per_client == {"127.0.0.1": 1}
+                await client.send("hi")
+                assert await client.recv() == "hi"
+            await asyncio.sleep(0.1)
+            return two, slow
+
+    two, slow = run(main())
+    assert two.count(b"HTTP/1.1 200") == 2
+    assert slow.count(b"HTTP/1.1 200") == 1 and b"HTTP/1.1 408" in slow
+    assert protocol.open_per_client == {}       # every connection, the websocket's too, released
+
+
+def test_the_protocol_subclass_closes_connections_past_the_per_client_cap():
+    app = FastAPI()
+    protocol = limited(header_timeout_s=5, max_connections_per_client=2)
+
+    async def main():
+        async with served(app, False, http=protocol) as url:
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+            extra = await exchange(port, b"")
+            for _, writer in held:
+                writer.close()
+            return extra
+
+    assert run(main()).startswith(b"HTTP/1.1 503")

@@ -28,6 +28,8 @@ freezes phase k. So an uninterrupted run, a run resumed from a checkpoint and a 
 mid-run (which replays the committed reports) all serve the same bytes for the same (run, step).
 A one-phase gap (at least 7 steps) keeps the wait rare: those reports left the GPU long ago.
 Bandits without telemetry (ad hoc batch requests) pass no `wait_s` and decide with what they have.
+The HTTP route never blocks a thread on that wait: it asks `needs(step)` and `reported_to`, waits
+on the event loop, and calls phase_at only once the phase can be decided (routes/data.py).
 """
 
 from __future__ import annotations
@@ -183,6 +185,30 @@ class SourceBandit:
                 last_mean[i] = m
         return q
 
+    @property
+    def reported_to(self) -> int:
+        """Steps 1..this have all been reported."""
+        return self._reported_to
+
+    def _need(self, j: int) -> int:
+        # Phase j depends on every step before phase j - 1 starts (records are 1-based).
+        return self.schedule.phase(j - 1)[0] - 1 if j >= 2 else 0
+
+    def needs(self, step: int) -> int:
+        """The last step whose report deciding `step`'s phase waits for (0: none; always 0
+        once it is decided, or for a bandit that does not wait): phase_at(step) waits for
+        nothing once reported_to reaches it. (Costs a schedule extension up to `step`.)"""
+        k = self.schedule.locate(step)[0]
+        if self.wait_s is None or len(self._phases) > k:
+            return 0
+        return self._need(k)        # the most any phase up to k needs: needs grow with j
+
+    def refill_to(self, step: int) -> None:
+        """Reads the reports up to `step` from the store if they have not all arrived (those
+        another server process received), before a wait."""
+        if self.wait_s is not None and self._reported_to < step and self.refill:
+            self.refill(self._reported_to)
+
     def phase_at(self, step: int) -> Phase:
         """The phase holding `step`, deciding it (and those before) if needed. NotReady if
         the reports it depends on do not arrive within wait_s."""
@@ -191,8 +217,7 @@ class SourceBandit:
             while len(self._phases) <= k:
                 j = len(self._phases)
                 start, length = self.schedule.phase(j)
-                # Phase j depends on every step before phase j - 1 starts (records are 1-based).
-                need = self.schedule.phase(j - 1)[0] - 1 if j >= 2 else 0
+                need = self._need(j)
                 if self.wait_s is not None and self._reported_to < need and self.refill:
                     self.refill(self._reported_to)
                 if self.wait_s is not None and not self._cond.wait_for(

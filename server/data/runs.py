@@ -30,6 +30,13 @@ REPLAY_PAGE = 2000                  # committed records read at a time when a ba
 # How long a batch request waits for the telemetry its bandit phase depends on; past that it
 # answers 503 and the page retries (the reports are a few hundred milliseconds behind at most).
 REPORT_WAIT_S = 10.0
+# Batch requests of one run that may wait for its reports at once (each waits on the event loop,
+# holding no thread); past this they are answered 503 with Retry-After at once.
+MAX_WAITING = 8
+# Steps: a batch whose phase needs reports further ahead than this of those arrived is answered
+# at once, not after REPORT_WAIT_S: a trainer asks a few steps ahead of its last report (its
+# prefetch, a few messages of records in flight), never thousands.
+MAX_REPORT_LAG = 4096
 
 
 class RunStore(Protocol):
@@ -47,6 +54,7 @@ class RunRegistry:
         self._specs: dict[str, BatchSpec] = {}
         self._ad_hoc: OrderedDict[str, None] = OrderedDict()
         self._bandits: dict[str, SourceBandit] = {}
+        self._waiting: dict[str, int] = {}          # run -> its batch requests waiting now
         self._lock = threading.Lock()
         self._ad_hoc_key = secrets.token_bytes(32)     # this process's; see ad_hoc_token
 
@@ -110,6 +118,25 @@ class RunRegistry:
                     bandit.refill = lambda after: self._replay(run_id, bandit, after)
                 self._bandits[run_id] = bandit
             return self._bandits[run_id]
+
+    def start_waiting(self, run_id: str) -> bool:
+        """Takes one of the run's MAX_WAITING places for a batch request that waits for its
+        reports; False when they are all taken (answer at once). Give it back: stop_waiting."""
+        with self._lock:
+            if self._waiting.get(run_id, 0) >= MAX_WAITING:
+                return False
+            self._waiting[run_id] = self._waiting.get(run_id, 0) + 1
+            return True
+
+    def stop_waiting(self, run_id: str) -> None:
+        with self._lock:
+            left = self._waiting.pop(run_id, 1) - 1
+            if left:
+                self._waiting[run_id] = left
+
+    def waiting(self, run_id: str) -> int:
+        """The run's batch requests waiting for its reports now."""
+        return self._waiting.get(run_id, 0)
 
     def has_bandit(self, run_id: str) -> bool:
         """Whether reports for the run have a bandit to go to now. Telemetry skips the thread

@@ -4,8 +4,10 @@ tab (or `andrea train --resume`) takes a run over from the newest one with a new
   PUT  /api/runs/{id}/checkpoints/{step}   body = the sections (optim.checkpoint_sections),
                                            X-Andrea-Chunk-SHA256 = one digest per chunk
   GET  /api/runs/{id}/checkpoints          the committed ones, newest last (public)
-  GET  /api/runs/{id}/checkpoints/{step}   the sections, verified first (write token)
+  GET  /api/runs/{id}/checkpoints/{step}   the sections, verified first (the run's write token
+                                           or the operator's, even from this machine)
   POST /api/runs/{id}/resume               a new token; metrics after the checkpoint dropped
+                                           (by the run's owner: deps.authorize)
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from andrea.checkpoints import (
 from andrea.deps import (
     CheckpointsDep,
     FanoutDep,
+    OwnedRunDep,
     RunDep,
     RunsDep,
     SettingsDep,
     StoreDep,
+    TokenRunDep,
     WritableRunDep,
     bearer,
     check_write_token,
@@ -47,6 +51,7 @@ from andrea.fanout import Fanout
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
 from andrea.paths import run_dir
+from andrea.quotas import check_disk_floor
 from andrea.run_info import RESUMABLE
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
 from andrea.store import StoreUnavailable
@@ -93,7 +98,8 @@ def _check_length(got: int, expected: int, cfg: dict, sections: list[dict],
 
 @router.put("/runs/{run_id}/checkpoints/{step}", status_code=201)
 async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, store: StoreDep,
-                         fanout: FanoutDep, ckpts: CheckpointsDep) -> CheckpointStored:
+                         fanout: FanoutDep, ckpts: CheckpointsDep,
+                         settings: SettingsDep) -> CheckpointStored:
     """The complete training state after `step` steps. On any error the previous checkpoints
     stay as they were."""
     run_id, cfg = run["id"], run["config"]
@@ -101,6 +107,8 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
         raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
     sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"])
     expected = sum(s["bytes"] for s in sections)
+    await asyncio.to_thread(check_disk_floor, ckpts.data_dir, settings.min_free_bytes, expected,
+                            f"checkpoint {step}")
     declared = request.headers.get("content-length")
     if declared is not None:        # refused before reading a byte of a wrong-sized body
         if not (declared.isascii() and declared.isdecimal()):
@@ -177,7 +185,7 @@ async def list_checkpoints(run: RunDep, ckpts: CheckpointsDep) -> list[Checkpoin
 
 @router.get("/runs/{run_id}/checkpoints/{step}", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}}})
-async def get_checkpoint(step: Step, run: WritableRunDep, ckpts: CheckpointsDep):
+async def get_checkpoint(step: Step, run: TokenRunDep, ckpts: CheckpointsDep):
     """The sections, after checking the whole file against its recorded SHA-256."""
     try:
         meta, f = await asyncio.to_thread(ckpts.open_verified, run["id"], step)
@@ -197,8 +205,8 @@ async def _stream(f) -> AsyncIterator[bytes]:
 
 
 @router.post("/runs/{run_id}/resume")
-async def resume_run(run: RunDep, store: StoreDep, fanout: FanoutDep, ckpts: CheckpointsDep,
-                     runs: RunsDep, settings: SettingsDep) -> RunResumed:
+async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
+                     ckpts: CheckpointsDep, runs: RunsDep, settings: SettingsDep) -> RunResumed:
     """Take a run over from its newest checkpoint: a new write token (the old one is refused
     from now on), the metrics and events after the checkpoint deleted, status `created`."""
     run_id = run["id"]

@@ -8,6 +8,11 @@ the same code; their responses carry the ad hoc run's write token (X-Andrea-Toke
 POST /api/runs/{id}/source_losses, which, as every write, needs `Authorization: Bearer`. The
 body format is in server/data/wire.py.
 
+No batch request holds a thread while it waits: a bandit run's batch whose phase needs
+training losses still in flight waits on the event loop (_wait_for_reports), at most
+MAX_WAITING of them per run, and one that asks far ahead of the reports is answered at once
+(503, Retry-After). The batch itself is made on Starlette's thread pool once it can be.
+
 Every request's work is bounded: tokenizers exist for the presets' vocab sizes only, ad hoc
 batches are at most what a run of the preset could ask (batch size, context, steps), and an
 ad hoc bandit run is at most AD_HOC_BANDIT_STEPS long (its phases are decided from step 0).
@@ -21,13 +26,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from andrea.data import tokenizer as tk
 from andrea.data import wire
-from andrea.data.bandit import NotReady
+from andrea.data.bandit import NotReady, SourceBandit
 from andrea.data.batches import CorpusMismatch, make_batch
 from andrea.data.hub import DataHub, PreparedCorpus
-from andrea.data.runs import RunRegistry
+from andrea.data.runs import MAX_REPORT_LAG, MAX_WAITING, RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token
@@ -99,13 +105,54 @@ def tokenizer_json(hub: DataDep, key: str) -> FileResponse:
     return FileResponse(_prepare(hub, _vocab_of(key)).tokenizer_path, media_type="application/json")
 
 
-def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int, split) -> Response:
-    spec = runs.get(run_id)
+REPORTS_POLL_S = 0.02       # how often a waiting batch request looks at the reports arrived
+
+
+def _not_ready(detail: str) -> HTTPException:
+    return HTTPException(503, detail, headers={"Retry-After": "1"})
+
+
+async def _wait_for_reports(runs: RunRegistry, run_id: str, bandit: SourceBandit,
+                            step: int) -> None:
+    """Returns once `step`'s bandit phase can be decided without waiting: on the event loop,
+    holding no thread, up to the bandit's wait_s; 503 with Retry-After at once for a step far
+    ahead of the reports, or when MAX_WAITING requests of the run already wait."""
+    need = await run_in_threadpool(bandit.needs, step)
+    if bandit.reported_to >= need:
+        return
+    await run_in_threadpool(bandit.refill_to, need)     # reports another process received
+    behind = f"steps 1..{bandit.reported_to} have arrived"
+    if need - bandit.reported_to > MAX_REPORT_LAG:
+        raise _not_ready(f"step {step} is too far ahead of the training: its bandit phase needs "
+                         f"the training losses of steps 1..{need}, and {behind}; ask for a "
+                         "step once the steps before it have been trained and reported")
+    if not runs.start_waiting(run_id):
+        raise _not_ready(f"{MAX_WAITING} batch requests of run {run_id} already wait for its "
+                         f"training losses (step {step} needs steps 1..{need}, and {behind}); "
+                         "retry in a second")
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bandit.wait_s
+        while bandit.reported_to < need:
+            if loop.time() >= deadline:
+                raise _not_ready(f"step {step}'s bandit phase waits for the training losses of "
+                                 f"steps 1..{need}; steps 1..{bandit.reported_to} have arrived")
+            await asyncio.sleep(REPORTS_POLL_S)
+    finally:
+        runs.stop_waiting(run_id)
+
+
+async def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int,
+                          split) -> Response:
+    spec = await run_in_threadpool(runs.get, run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
-    corpus = _prepare(hub, spec.vocab_size)
+    corpus = await run_in_threadpool(_prepare, hub, spec.vocab_size)
     try:
-        batch = make_batch(corpus, spec, step, split, runs.bandit(run_id, corpus.source_names))
+        bandit = await run_in_threadpool(runs.bandit, run_id, corpus.source_names)
+        if bandit is not None and split == "train" and step < spec.total_steps:
+            await _wait_for_reports(runs, run_id, bandit, step)
+        batch = await run_in_threadpool(make_batch, corpus, spec, step, split, bandit)
     except CorpusMismatch as e:
         raise HTTPException(409, str(e)) from e
     except NotReady as e:           # telemetry still in flight: the page retries
@@ -115,19 +162,20 @@ def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: int, spl
     headers = {"X-Andrea-Run": run_id, "X-Andrea-Sources": ",".join(corpus.source_names)}
     if run_id.startswith("adhoc-"):
         headers["X-Andrea-Token"] = runs.ad_hoc_token(run_id)
-    return Response(wire.encode(batch), media_type=wire.MEDIA_TYPE, headers=headers)
+    body = await run_in_threadpool(wire.encode, batch)
+    return Response(body, media_type=wire.MEDIA_TYPE, headers=headers)
 
 
 @router.get("/runs/{run_id}/batches/{step}", response_class=Response, responses=BATCH)
-def run_batch(hub: DataDep, runs: RunsDep, run_id: str, step: Step) -> Response:
+async def run_batch(hub: DataDep, runs: RunsDep, run_id: str, step: Step) -> Response:
     """B x (T + 1) training tokens for `step`: the same bytes for the same (run, step)."""
-    return _batch_response(hub, runs, run_id, step, "train")
+    return await _batch_response(hub, runs, run_id, step, "train")
 
 
 @router.get("/runs/{run_id}/val_batches/{index}", response_class=Response, responses=BATCH)
-def run_val_batch(hub: DataDep, runs: RunsDep, run_id: str, index: Index) -> Response:
+async def run_val_batch(hub: DataDep, runs: RunsDep, run_id: str, index: Index) -> Response:
     """Validation batch `index`, from the held-out tail of every source."""
-    return _batch_response(hub, runs, run_id, index, "val")
+    return await _batch_response(hub, runs, run_id, index, "val")
 
 
 @router.get("/runs/{run_id}/data")
@@ -230,12 +278,14 @@ def _ad_hoc_run(hub: DataHub, runs: RunRegistry, q: AdHocQuery) -> str:
 
 
 @router.get("/batches/{step}", response_class=Response, responses=BATCH)
-def ad_hoc_batch(hub: DataDep, runs: RunsDep, step: Step,
-                 q: Annotated[AdHocQuery, Query()]) -> Response:
-    return _batch_response(hub, runs, _ad_hoc_run(hub, runs, q), step, "train")
+async def ad_hoc_batch(hub: DataDep, runs: RunsDep, step: Step,
+                       q: Annotated[AdHocQuery, Query()]) -> Response:
+    run_id = await run_in_threadpool(_ad_hoc_run, hub, runs, q)
+    return await _batch_response(hub, runs, run_id, step, "train")
 
 
 @router.get("/val_batches/{index}", response_class=Response, responses=BATCH)
-def ad_hoc_val_batch(hub: DataDep, runs: RunsDep, index: Index,
-                     q: Annotated[AdHocQuery, Query()]) -> Response:
-    return _batch_response(hub, runs, _ad_hoc_run(hub, runs, q), index, "val")
+async def ad_hoc_val_batch(hub: DataDep, runs: RunsDep, index: Index,
+                           q: Annotated[AdHocQuery, Query()]) -> Response:
+    run_id = await run_in_threadpool(_ad_hoc_run, hub, runs, q)
+    return await _batch_response(hub, runs, run_id, index, "val")

@@ -2,10 +2,17 @@
 checkpoint), list, read, rename/tag/annotate, delete, export metrics and weights (the final
 upload or a checkpoint's).
 
-PATCH (name, tags, notes) and DELETE need no write token: the server binds to loopback (and
-checks Host and Origin), and the token lives only in the training tab, which must not be the
-only place a run can be renamed or removed. DELETE refuses (409) a run whose trainer is
-connected: stop it first."""
+Who may change a run (deps.authorize): PATCH (name, tags, notes), DELETE and a branch (POST with
+a `parent`: the parent's token) need the run's write token or the operator's
+(ANDREA_ADMIN_TOKEN), as `Authorization: Bearer`, checked before the run is looked up; on a
+loopback-only server a request that names a loopback host is the machine's own user and needs
+none. Every state-changing request from a page of another origin is refused first
+(origin_check.py; HostCheck refuses unknown Host names). The weights upload needs the run's
+own token (checked again at the end of the body: a resume meanwhile revokes it). Reads stay
+public, the weights' exports included (model.safetensors, export.zip, also `?step=K` of a
+checkpoint): they are the dashboard's download links; a checkpoint's whole training state is
+not (routes/checkpoints.py). DELETE refuses (409)
+a run whose trainer is connected: stop it first."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
@@ -32,17 +40,23 @@ from andrea.deps import (
     CheckpointsDep,
     DataDep,
     FanoutDep,
+    OwnedRunDep,
     RunDep,
+    RunLimiterDep,
     RunsDep,
     SettingsDep,
     StoreDep,
     WritableRunDep,
+    authorize,
+    bearer,
+    check_write_token,
 )
-from andrea.export import export_run, tokenizer_path, write_weights, zip_folder
+from andrea.export import export_run, safetensors_stream, tokenizer_path, zip_folder
 from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
+from andrea.quotas import check_disk_floor
 from andrea.routes.checkpoints import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
 from andrea.run_info import abandoned_message, checkpoint_info, public_run
@@ -78,10 +92,14 @@ def get_run_layout(run: RunDep) -> LayoutWithState:
 
 
 @router.post("/runs", status_code=201)
-async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: RunsDep,
-                     fanout: FanoutDep, ckpts: CheckpointsDep,
-                     settings: SettingsDep) -> RunCreated:
-    """A new run; with `parent`, a branch that starts after the parent's checkpoint."""
+async def create_run(config: RunConfig, request: Request, store: StoreDep, data: DataDep,
+                     runs: RunsDep, fanout: FanoutDep, ckpts: CheckpointsDep,
+                     settings: SettingsDep, limiter: RunLimiterDep) -> RunCreated:
+    """A new run; with `parent`, a branch that starts after the parent's checkpoint (by the
+    parent's owner: its checkpoint becomes the branch's, readable with the branch's token)."""
+    if config.parent is not None:
+        await authorize(request, settings, store, config.parent.run)
+    await _run_quotas(request, limiter, store, settings)
     run_id = secrets.token_hex(6)
     token = new_token()
     # The run is tied to this server's corpus: a restart on other text answers 409, not
@@ -108,6 +126,19 @@ async def create_run(config: RunConfig, store: StoreDep, data: DataDep, runs: Ru
               "tokenizer": f"/api/tokenizer/{layout['config']['vocab_size']}",
               "spec": spec.to_dict()},
         checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]))
+
+
+async def _run_quotas(request: Request, limiter, store, settings) -> None:
+    """A new run's quotas: the client's rate (429), the runs stored in all and the data dir's
+    free-space floor (507)."""
+    limiter.check(request.client.host if request.client else "", "new runs")
+    count = await store.run(store.count_runs)
+    if count >= settings.max_runs:
+        raise HTTPException(507, f"this server holds {count} runs, its limit (ANDREA_MAX_RUNS):"
+                                 " delete runs you no longer need (the runs page, or DELETE "
+                                 "/api/runs/{id}), then create this one again")
+    await asyncio.to_thread(check_disk_floor, settings.data_dir, settings.min_free_bytes, 0,
+                            "a new run")
 
 
 def _picked_sources(picked: list[str], names: list[str]) -> list[str]:
@@ -143,8 +174,10 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
                                  f"{committed}: branch from a checkpoint at or before it")
     await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
     name = f"{parent['name']} · branch at {step}"[:120]
-    try:
-        await store.run(store.create_branch, run_id, cfg, token_sha256, parent_id, step, name)
+    try:   # the copy goes in pages: trainers' commits go on between them
+        why_not = await store.branch(run_id, cfg, token_sha256, parent_id, step, name)
+        if why_not:
+            raise HTTPException(409, f"{why_not}; nothing of the branch was kept")
     except BaseException:
         await asyncio.to_thread(ckpts.remove_run, run_id)
         raise
@@ -206,11 +239,42 @@ def _read(run: dict, fanout, grace_s: float) -> dict:
     return public_run(run, connected)
 
 
+# GET /api/runs: runs per page by default, and at most.
+RUNS_PAGE, RUNS_PAGE_MAX = 100, 500
+
+
+def _cursor(run: dict) -> str:
+    """Where the next page starts: after this run (repr: the float exactly)."""
+    return f"{run['created_at']!r}:{run['id']}"
+
+
+def _parse_cursor(before: str) -> tuple[float, str]:
+    created_at, _, run_id = before.partition(":")
+    try:
+        at = float(created_at)
+    except ValueError:
+        at = float("nan")
+    if not run_id or at != at or at in (float("inf"), float("-inf")):
+        raise HTTPException(400, f"bad cursor before={before[:80]!r}: follow the Link header "
+                                 "(rel=\"next\") of the previous page")
+    return at, run_id
+
+
 @router.get("/runs")
-async def list_runs(store: StoreDep, fanout: FanoutDep, settings: SettingsDep) -> list[Run]:
-    """The newest runs (their rows alone: reading them costs the same however many records
-    they hold); nothing is written."""
-    return [_read(r, fanout, settings.start_grace_s) for r in await store.run(store.list_runs)]
+async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
+                    settings: SettingsDep,
+                    limit: Annotated[int, Query(ge=1, le=RUNS_PAGE_MAX)] = RUNS_PAGE,
+                    before: Annotated[str | None, Query(max_length=200)] = None) -> list[Run]:
+    """A page of runs, newest first: `limit` of them, those after the cursor `before`. A
+    `Link: <...>; rel="next"` header names the next page while there may be more, and
+    X-Total-Count says how many are stored. Their rows alone (reading them costs the same
+    however many records they hold); nothing is written."""
+    rows = await store.run(store.list_runs, limit, before and _parse_cursor(before))
+    response.headers["X-Total-Count"] = str(await store.run(store.count_runs))
+    if len(rows) == limit:
+        response.headers["Link"] = (f"</api/runs?limit={limit}&before="
+                                    f"{quote(_cursor(rows[-1]), safe='')}>; rel=\"next\"")
+    return [_read(r, fanout, settings.start_grace_s) for r in rows]
 
 
 @router.get("/runs/{run_id}")
@@ -222,9 +286,9 @@ async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
 
 
 @router.patch("/runs/{run_id}")
-async def update_run(update: RunUpdate, run: RunDep, store: StoreDep,
+async def update_run(update: RunUpdate, run: OwnedRunDep, store: StoreDep,
                      fanout: FanoutDep) -> Run:
-    """Rename a run, set its tags or notes (no token needed: see the module's docstring)."""
+    """Rename a run, set its tags or notes (by its owner: see the module's docstring)."""
     fields = update.model_dump(exclude_unset=True, exclude_none=True)
     if "name" in fields:
         fields["name"] = fields["name"].strip()
@@ -240,7 +304,7 @@ async def update_run(update: RunUpdate, run: RunDep, store: StoreDep,
 
 
 @router.delete("/runs/{run_id}", status_code=204)
-async def delete_run(run: RunDep, store: StoreDep, fanout: FanoutDep, runs: RunsDep,
+async def delete_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep, runs: RunsDep,
                      settings: SettingsDep) -> Response:
     """The run, its metrics, events, checkpoints and weights. 409 while a trainer is
     connected (the tab training it would go on writing): stop it there first."""
@@ -306,6 +370,12 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
     total_numel floats, authorised by the run's write token (Authorization: Bearer ...)."""
     run_id = run["id"]
     expected = 4 * run_layout(run["config"])["total_numel"]
+    await asyncio.to_thread(check_disk_floor, settings.data_dir, settings.min_free_bytes,
+                            expected, "the weights")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdecimal() and int(declared) > expected:   # unread
+        raise HTTPException(413, f"weights must be exactly {expected} bytes (the body is "
+                                 f"{declared}); nothing was stored")
     dest = weights_path(settings.data_dir, run_id)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")
@@ -323,6 +393,8 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
                                 f"{' or more' if size > expected else ''})")
         async with fanout.run_lock(run_id):     # a delete takes it too: not between the two
             await gone_meanwhile(store, settings.data_dir, run_id, "weights")
+            # A resume (which takes this lock) may have revoked the token while the body came.
+            await check_write_token(store, run_id, bearer(request))
             tmp.replace(dest)   # atomic: a reader never sees half a file
     except ClientDisconnect:
         log.warning("run %s: the weights upload was aborted by the client after %d of %d bytes; "
@@ -344,18 +416,18 @@ CheckpointStep = Annotated[int | None, Query(ge=1, description="a checkpoint's s
 
 @router.get("/runs/{run_id}/model.safetensors")
 async def get_model(run: RunDep, settings: SettingsDep, step: CheckpointStep = None):
-    """The run's trained weights as a Hugging Face safetensors file (HF names, [out, in])."""
+    """The run's trained weights as a Hugging Face safetensors file (HF names, [out, in]),
+    streamed from the weights file piece by piece: a download held open keeps no copy on disk
+    and no more than a piece in memory."""
     run_id = run["id"]
-    out = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=settings.data_dir))
     try:
-        await asyncio.to_thread(write_weights, run, settings.data_dir, out, step)
+        size, pieces = await asyncio.to_thread(safetensors_stream, run, settings.data_dir, step)
     except (FileNotFoundError, ValueError) as e:   # nothing uploaded; a damaged checkpoint
-        shutil.rmtree(out, ignore_errors=True)
         raise HTTPException(404 if isinstance(e, FileNotFoundError) else 500, str(e)) from e
     name = f"andrea-{run_id}" + (f"-step{step}" if step else "")
-    return FileResponse(out / "model.safetensors", media_type="application/octet-stream",
-                        filename=f"{name}.safetensors",
-                        background=BackgroundTask(shutil.rmtree, out, ignore_errors=True))
+    return StreamingResponse(pieces, media_type="application/octet-stream", headers={
+        "content-length": str(size),
+        "content-disposition": f'attachment; filename="{name}.safetensors"'})
 
 
 @router.get("/runs/{run_id}/export.zip")
@@ -365,12 +437,14 @@ async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep,
     `andrea export --server` unpacks it. Without the run's tokenizer built yet, the zip holds
     the weights, configs and card only, as a local export does."""
     run_id, data_dir = run["id"], settings.data_dir
-    metrics = await store.run(store.metrics, run_id)
+    # The card's four facts by query, on a reader thread: no run is read whole.
+    records = await store.read(store.card_summary, run_id, step)
     tmp = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=data_dir))
     try:
         await asyncio.to_thread(export_run, run, data_dir, tokenizer_path(data_dir, run),
-                                tmp / "hf", metrics, step)
+                                tmp / "hf", records, step)
         await asyncio.to_thread(zip_folder, tmp / "hf", tmp / "export.zip")
+        await asyncio.to_thread(shutil.rmtree, tmp / "hf")   # one copy held while it is sent
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, FileNotFoundError):   # no weights uploaded yet, no such checkpoint

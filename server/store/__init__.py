@@ -42,3 +42,10 @@ class Store(Connections, Schema, Runs, Metrics, Events):
     """The store: Store(path) for SQLite, Store(url=...) for PostgreSQL, Store.open(settings'
     database URL or None, the SQLite path) to pick. Its methods do blocking I/O: call them
     through `await store.run(store.method, ...)` on the event loop."""
+
+    # The methods that only read: run() sends them to the reader threads (engine.py), chosen
+    # here by name so that every caller, whoever wrote it, gets them off the writer. Token
+    # checks and last_step are left on the writer: they must see the writes queued before them.
+    READS = frozenset({"get_run", "list_runs", "checkpoint_steps", "metrics", "metrics_page",
+                       "records_page_json", "card_summary", "events", "events_page",
+                       "first_resume_after"})

@@ -1,6 +1,8 @@
 """Where the store's SQL runs: SQLite (one connection per store thread, WAL) or PostgreSQL (a
 pool), one transaction at a time (Connections._tx), on the store's threads (Connections.run:
-one writer for SQLite, a small pool for PostgreSQL), never on the event loop; and what a
+one writer for SQLite, a small pool for PostgreSQL; the methods the Store names READS go to
+their own reader threads and connections, so a long read never queues a trainer's commit),
+never on the event loop; and what a
 database that refuses means (StoreUnavailable: full disk, read-only data dir, a file that
 cannot be opened, a server out of reach)."""
 
@@ -54,8 +56,13 @@ def unavailable(e: BaseException, where: Path | str) -> StoreUnavailable | None:
 
 
 # PostgreSQL handles concurrency itself: this many store threads and pooled connections (and
-# as many again for callers off those threads: the run registry, the CLI).
+# as many again for the reader threads, and for callers off those threads: the run registry,
+# the CLI).
 PG_WORKERS = 4
+# Reader threads (each with its own connection; WAL lets SQLite readers run beside the writer):
+# reads of whole runs (exports, CSV pages, viewers' backlogs) never wait for the writer, nor it
+# for them.
+READ_WORKERS = 4
 # Rows per INSERT in add_metrics on SQLite: a whole batch (telemetry.MAX_RECORDS) in one.
 _INSERT_PAGE = 2500
 
@@ -79,7 +86,10 @@ class Connections:
         the settings."""
         self.path = path
         self._pool: ThreadPoolExecutor | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
+        self._readers: list[tuple] = []     # the reader threads' (sqlite3, SQLAlchemy) pairs
+        self._readers_lock = threading.Lock()
         # The group commit's queue (metrics.Metrics.add_metrics_grouped).
         self._waiting: list[tuple[str, list[dict], asyncio.Future]] = []
         self._committing = False
@@ -99,7 +109,7 @@ class Connections:
         self.where = u.render_as_string(hide_password=True)
         self._threads, self._row_lock = PG_WORKERS, " FOR UPDATE"
         self._engine = create_engine(
-            u, pool_size=PG_WORKERS, max_overflow=PG_WORKERS, pool_pre_ping=True,
+            u, pool_size=PG_WORKERS + READ_WORKERS, max_overflow=PG_WORKERS, pool_pre_ping=True,
             connect_args={"connect_timeout": 10})
         try:
             self._open()
@@ -121,7 +131,9 @@ class Connections:
         """This thread's sqlite3 connection (autocommit: transactions are begun explicitly)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            # (Not tied to its thread: close() closes the reader threads' connections.)
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                   check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
@@ -136,6 +148,9 @@ class Connections:
             engine = create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool,
                                    insertmanyvalues_page_size=_INSERT_PAGE)
             held = self._local.db = (raw, engine.connect())
+            if threading.current_thread().name.startswith("store-read"):
+                with self._readers_lock:
+                    self._readers.append(held)
         return held[1]
 
     @contextmanager
@@ -153,14 +168,32 @@ class Connections:
             with self._engine.begin() as db:
                 yield db
 
+    # Names of the methods that only read (the Store sets them): run() sends them to the
+    # reader threads. A token check is no such read: it must see the writes queued before it.
+    READS: frozenset[str] = frozenset()
+
     async def run(self, fn, *args):
-        """Run a store method on the store's threads, off the event loop. StoreUnavailable
-        when the disk refuses (full, read-only) or the database server is out of reach."""
+        """Run a store method on the store's threads, off the event loop: a method in READS on
+        the reader threads, any other on the writer's (see read). StoreUnavailable when the
+        disk refuses (full, read-only) or the database server is out of reach."""
+        if getattr(fn, "__self__", None) is self and fn.__name__ in self.READS:
+            return await self.read(fn, *args)
         if self._pool is None:      # opened on first use, again after close()
             self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix=(
                 "postgres" if self.postgres else "sqlite"))
+        return await self._on(self._pool, fn, *args)
+
+    async def read(self, fn, *args):
+        """Run a function that only reads on the reader threads, each with its own connection:
+        it never queues behind the writer (a trainer's commit), nor the writer behind it."""
+        if self._read_pool is None:
+            self._read_pool = ThreadPoolExecutor(max_workers=READ_WORKERS,
+                                                 thread_name_prefix="store-read")
+        return await self._on(self._read_pool, fn, *args)
+
+    async def _on(self, pool: ThreadPoolExecutor, fn, *args):
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except (sqlite3.Error, OSError, DBAPIError) as e:
             refused = unavailable(e, self.where)
             if refused is None:
@@ -174,6 +207,14 @@ class Connections:
             if self._engine is None:
                 pool.submit(self._close_conn).result()
             pool.shutdown(wait=True)
+        readers, self._read_pool = self._read_pool, None
+        if readers is not None:
+            readers.shutdown(wait=True)
+        with self._readers_lock:
+            held, self._readers = self._readers, []
+        for raw, db in held:        # (their threads are gone: closed from here)
+            db.close()
+            raw.close()
         if self._engine is not None:
             self._engine.dispose()
 

@@ -42,6 +42,15 @@ class Events:
             ).mappings().all()
         return [{"step": r["step"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
+    def sample_usage(self, run_id: str) -> tuple[int, int]:
+        """The run's stored samples: how many, and their bytes as stored (their JSON, which is
+        ASCII: length() counts bytes in both databases). What its sample quota starts from."""
+        with self._tx() as db:
+            count, size = db.execute(text(
+                "SELECT COUNT(*), COALESCE(SUM(length(data)), 0) FROM events"
+                " WHERE run_id = :id AND kind = 'sample'"), {"id": run_id}).one()
+        return int(count), int(size)
+
     def first_resume_after(self, run_id: str, step: int) -> int | None:
         """The lowest step < `step` that the run was resumed from (None: none): a viewer
         that had records up to `step` may hold stale ones after it."""

@@ -130,9 +130,28 @@ class Metrics:
                               {"id": run_id}).scalar()
 
     def metrics(self, run_id: str, after: int | None = None) -> list[dict]:
-        """Every record after `after`: only for what needs them all at once (the export);
-        anything serving requests pages with metrics_page."""
+        """Every record after `after`: for tests and small runs only; anything serving
+        requests pages with metrics_page (a run of 1M records is ~700 MB as dicts)."""
         return self.metrics_page(run_id, after, None)
+
+    def card_summary(self, run_id: str, up_to: int | None = None) -> dict:
+        """model_card.summary of the run's records up to step `up_to` (all: None), by four
+        indexed queries instead of reading every record: the export's card costs the same
+        for 10 records or 1M."""
+        cap = {"id": run_id, "up_to": 2**62 if up_to is None else up_to}
+        where = "FROM metrics WHERE run_id = :id AND step <= :up_to"
+
+        def pair(column: str, order: str):
+            row = db.execute(text(f"SELECT step, {column} {where} AND {column} IS NOT NULL "
+                                  f"ORDER BY {order} LIMIT 1"), cap).first()
+            return None if row is None else (row[0], row[1])
+        with self._tx() as db:
+            steps = db.execute(text(f"SELECT MAX(step) {where}"), cap).scalar()
+            return {"steps": steps or 0,
+                    "loss": pair("loss", "step DESC"),
+                    "eval": pair("eval_loss", "step DESC"),
+                    # min() over the records in step order keeps the first of equal losses
+                    "best_eval": pair("eval_loss", "eval_loss, step")}
 
     def metrics_page(self, run_id: str, after: int | None, limit: int | None) -> list[dict]:
         """Up to `limit` records with step > after, in step order."""

@@ -13,16 +13,32 @@ from sqlalchemy import Connection, Text, bindparam, text
 from andrea.auth import token_hash, token_matches
 from andrea.metrics import COLUMNS
 from andrea.model import model_name, with_shape
+from andrea.store import summary
 from andrea.store.events import PUT_EVENT
 from andrea.store.summary import OWN, REFRESH_RUN
 
+# A branch copies its parent's rows up to its step a page at a time, each page its own short
+# write transaction, going on after the last row it copied (the branch's own newest).
 # CAST: PostgreSQL cannot type a bare parameter in a SELECT list.
-_COPY_METRICS = text(f"INSERT INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
-                     f" SELECT CAST(:run_id AS TEXT), {', '.join(COLUMNS)}, extra FROM metrics"
-                     " WHERE run_id = :parent AND step <= :step")
-_COPY_EVENTS = text("INSERT INTO events (run_id, step, kind, data)"
-                    " SELECT CAST(:run_id AS TEXT), step, kind, data FROM events"
-                    " WHERE run_id = :parent AND step <= :step AND kind != 'resumed'")
+BRANCH_PAGE = 20_000
+_COPY_METRICS = text(
+    f"INSERT INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
+    f" SELECT CAST(:run_id AS TEXT), {', '.join(COLUMNS)}, extra FROM metrics"
+    " WHERE run_id = :parent AND step > :after AND step <= :step ORDER BY step LIMIT :limit")
+# The rows a page copied (after the branch's step :after), for the branch's summary.
+_PAGE = "FROM metrics WHERE run_id = :run_id AND step > :after"
+_PAGE_FIRST = text(f"SELECT step, time {_PAGE} ORDER BY step LIMIT 1")
+_PAGE_LAST = text(f"SELECT step, loss, time {_PAGE} ORDER BY step DESC LIMIT 1")
+_PAGE_EVAL = text(f"SELECT step, eval_loss {_PAGE} AND eval_loss IS NOT NULL"
+                  " ORDER BY step DESC LIMIT 1")
+_PAGE_BEST = text(f"SELECT MIN(eval_loss) {_PAGE}")
+_LAST_EVENT = text("SELECT step, kind FROM events WHERE run_id = :run_id"
+                   " ORDER BY step DESC, kind DESC LIMIT 1")
+_COPY_EVENTS = text(
+    "INSERT INTO events (run_id, step, kind, data)"
+    " SELECT CAST(:run_id AS TEXT), step, kind, data FROM events"
+    " WHERE run_id = :parent AND step <= :step AND kind != 'resumed'"
+    " AND (step, kind) > (:after_step, :after_kind) ORDER BY step, kind LIMIT :limit")
 _ABANDON = text(
     "UPDATE runs SET status = 'abandoned', message = :message WHERE status = 'created'"
     " AND updated_at < :before AND checkpoint_step IS NULL"
@@ -30,7 +46,7 @@ _ABANDON = text(
     " AND id NOT IN :connected RETURNING id"
 ).bindparams(bindparam("connected", expanding=True, type_=Text))
 # What is never shown of a run's row: the token's hash, its number, the summary's own columns.
-_HIDDEN = ("token_sha256", "number", *OWN)
+_HIDDEN = ("token_sha256", "number", "copying_from", *OWN)
 
 
 class Runs:
@@ -61,12 +77,25 @@ class Runs:
                              {"id": run_id}).mappings().first()
         return run_dict(row) if row else None
 
-    def list_runs(self, limit: int = 200) -> list[dict]:
-        """The newest `limit` runs: their rows alone, whatever records they hold."""
+    def list_runs(self, limit: int = 200,
+                  before: tuple[float, str] | None = None) -> list[dict]:
+        """The newest `limit` runs, newest first (created_at, then id); `before`: those after
+        the (created_at, id) of the last run of the previous page. Their rows alone, read by
+        the index on (created_at, id), whatever records they hold. A branch still being made
+        is not listed."""
+        after = "" if before is None else " AND (created_at, id) < (:created_at, :id)"
         with self._tx() as db:
-            rows = db.execute(text("SELECT * FROM runs ORDER BY created_at DESC LIMIT :limit"),
-                              {"limit": limit}).mappings().all()
+            rows = db.execute(text(
+                f"SELECT * FROM runs WHERE copying_from IS NULL{after}"
+                " ORDER BY created_at DESC, id DESC LIMIT :limit"),
+                {"limit": limit, "created_at": before and before[0],
+                 "id": before and before[1]}).mappings().all()
         return [run_dict(r) for r in rows]
+
+    def count_runs(self) -> int:
+        """Every stored run (branches being made too): what Settings.max_runs bounds."""
+        with self._tx() as db:
+            return db.execute(text("SELECT count(*) FROM runs")).scalar()
 
     def update_run(self, run_id: str, fields: dict) -> bool:
         """Sets the given name, tags (a list) and notes; False for an unknown run."""
@@ -174,20 +203,121 @@ class Runs:
             db.execute(REFRESH_RUN, {"id": run_id})
         return None
 
+    # A branch: a new run that starts after the parent's step `step`, the parent's metrics and
+    # events up to it copied (charts and the bandit's replay go on from there), a `resumed`
+    # event naming the parent, its checkpoint step set. The copy goes a page (BRANCH_PAGE
+    # rows) at a time, each its own short write transaction, so trainers' commits go on between
+    # pages (SQLite: every call is its own job on the store's one thread); the row, marked
+    # `copying_from`, is listed once the last transaction finds the parent unchanged.
     def create_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
-                      step: int, name: str | None = None) -> None:
-        """A new run that starts after the parent's step `step`: the parent's metrics and
-        events up to it copied (charts and the bandit's replay go on from there), a
-        `resumed` event naming the parent, its checkpoint step set. One transaction."""
+                      step: int, name: str | None = None) -> str | None:
+        """The branch, made on the calling thread. Returns why not (the parent unknown,
+        deleted or resumed meanwhile; nothing of the branch is left), else None."""
+        mark = self.begin_branch(run_id, config, token_sha256, parent_id, step, name)
+        if mark is None:
+            return f"unknown run {parent_id!r}"
+        try:
+            while self.copy_branch_page(run_id, parent_id, step):
+                pass
+            reason = self.end_branch(run_id, parent_id, step, mark)
+        except BaseException:
+            while self.drop_branch_page(run_id):
+                pass
+            raise
+        while reason and self.drop_branch_page(run_id):
+            pass
+        return reason
+
+    async def branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
+                     step: int, name: str | None = None) -> str | None:
+        """create_branch from the event loop: each transaction a job of its own on the
+        store's threads, other work between them."""
+        mark = await self.run(self.begin_branch, run_id, config, token_sha256, parent_id, step,
+                              name)
+        if mark is None:
+            return f"unknown run {parent_id!r}"
+        try:
+            while await self.run(self.copy_branch_page, run_id, parent_id, step):
+                pass
+            reason = await self.run(self.end_branch, run_id, parent_id, step, mark)
+        except BaseException:
+            while await self.run(self.drop_branch_page, run_id):
+                pass
+            raise
+        while reason and await self.run(self.drop_branch_page, run_id):
+            pass
+        return reason
+
+    def begin_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
+                     step: int, name: str | None = None) -> str | None:
+        """The branch's row, not listed yet (copying_from). Returns the parent's token hash
+        now (a resume changes it: end_branch compares), or None for an unknown parent."""
         with self._tx(write=True) as db:
-            self._lock_run(db, parent_id)   # a resume of the parent waits for the copy
+            parent = self._lock_run(db, parent_id, "token_sha256")
+            if parent is None:
+                return None
             self._insert_run(db, run_id, config, token_sha256, name, checkpoint_step=step)
-            copy = {"run_id": run_id, "parent": parent_id, "step": step}
-            db.execute(_COPY_METRICS, copy)
-            db.execute(_COPY_EVENTS, copy)
+            db.execute(text("UPDATE runs SET copying_from = :parent WHERE id = :id"),
+                       {"parent": parent_id, "id": run_id})
+        return parent["token_sha256"]
+
+    def copy_branch_page(self, run_id: str, parent_id: str, step: int,
+                         limit: int = BRANCH_PAGE) -> int:
+        """Copies the next page of the parent's metrics up to `step` (the branch's summary
+        gains them as a batch's records would: no step reads all of them), or once they are
+        all copied, of its events. Returns the rows copied: 0 when the copy is complete."""
+        copy = {"run_id": run_id, "parent": parent_id, "step": step, "limit": limit}
+        with self._tx(write=True) as db:
+            after = db.execute(text("SELECT MAX(step) FROM metrics WHERE run_id = :run_id"),
+                               copy).scalar()
+            copy["after"] = -1 if after is None else after
+            n = db.execute(_COPY_METRICS, copy).rowcount
+            if n:
+                first, last = (db.execute(q, copy).first() for q in (_PAGE_FIRST, _PAGE_LAST))
+                evals = db.execute(_PAGE_EVAL, copy).first()
+                db.execute(summary.ADD, {
+                    "now": time.time(), "run_id": run_id, "first_step": first.step,
+                    "first_time": first.time, "last_step": last.step, "last_loss": last.loss,
+                    "last_time": last.time, "eval_step": evals and evals.step,
+                    "eval_loss": evals and evals.eval_loss,
+                    "best_eval": db.execute(_PAGE_BEST, copy).scalar()})
+            else:
+                last = db.execute(_LAST_EVENT, copy).first()
+                n = db.execute(_COPY_EVENTS, {**copy, "after_step": last[0] if last else -1,
+                                              "after_kind": last[1] if last else ""}).rowcount
+        return n
+
+    def end_branch(self, run_id: str, parent_id: str, step: int, mark: str) -> str | None:
+        """The branch made whole and listed, if its parent is as it was when the copy began
+        (`mark`, begin_branch's answer); else why not (the caller drops the branch)."""
+        with self._tx(write=True) as db:
+            parent = self._lock_run(db, parent_id, "token_sha256")
+            if parent is None:
+                return f"run {parent_id} was deleted while the branch copied its records"
+            if parent["token_sha256"] != mark:
+                # A resume deletes the records after its checkpoint, which may be before `step`.
+                return (f"run {parent_id} was resumed while the branch copied its records up to "
+                        f"step {step}, which may have changed them: branch it again")
             db.execute(PUT_EVENT, {"run_id": run_id, "step": step, "kind": "resumed",
                                    "data": json.dumps({"parent": parent_id})})
-            db.execute(REFRESH_RUN, {"id": run_id})
+            db.execute(text("UPDATE runs SET copying_from = NULL WHERE id = :id"),
+                       {"id": run_id})
+        return None
+
+    def drop_branch_page(self, run_id: str, limit: int = BRANCH_PAGE) -> int:
+        """Deletes a page of a failed branch's metrics; once none is left, its events and row.
+        Returns the rows deleted: 0 when the branch is gone."""
+        with self._tx(write=True) as db:
+            n = db.execute(text(
+                "DELETE FROM metrics WHERE run_id = :id AND step IN (SELECT step FROM metrics"
+                " WHERE run_id = :id ORDER BY step LIMIT :limit)"),
+                {"id": run_id, "limit": limit}).rowcount
+            if n == 0:
+                for table in ("events", "revoked_tokens", "runs"):
+                    column = "id" if table == "runs" else "run_id"
+                    n += db.execute(text(f"DELETE FROM {table} WHERE {column} = :id"),
+                                    {"id": run_id}).rowcount
+        return n
 
 
 def run_dict(row) -> dict:

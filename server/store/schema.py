@@ -1,7 +1,8 @@
 """The tables, for both databases, and what opening a database does to them: the missing
-tables are created, and an older database gains the columns it lacks (ALTER TABLE ADD COLUMN,
-typed for its dialect), with the values a new column needs for the rows already there (a run's
-number; the run summary, computed once from the records: summary.py)."""
+tables are created, and an older database gains the columns and indexes it lacks (ALTER TABLE
+ADD COLUMN, typed for its dialect; CREATE INDEX), with the values a new column needs for the
+rows already there (a run's number; the run summary, computed once from the records:
+summary.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy import (
     Connection,
     Double,
     ForeignKey,
+    Index,
     MetaData,
     PrimaryKeyConstraint,
     Table,
@@ -54,7 +56,12 @@ RUNS = Table(
     Column("best_eval_loss", Double),
     Column("first_step", BigInteger),       # the summary's own (summary.OWN): never shown
     Column("last_eval_step", BigInteger),
+    # A branch whose parent's records are still being copied (runs.Runs.branch): the parent's
+    # id; NULL once the run is whole. Such a row is not listed.
+    Column("copying_from", Text),
 )
+# The runs list pages newest first by (created_at, id) (runs.Runs.list_runs).
+Index("runs_by_created", RUNS.c.created_at, RUNS.c.id)
 METRICS = Table(
     "metrics", META,
     Column("run_id", Text, ForeignKey("runs.id"), nullable=False),
@@ -91,8 +98,8 @@ class Schema:
         """Creates the tables that are missing and adds the columns an older database lacks
         (ALTER TABLE ADD COLUMN, typed for its dialect). Nothing is written when none is."""
         with self._tx() as db:
-            missing = _missing(db)
-        if not missing:
+            missing, indexes = _missing(db), _missing_indexes(db)
+        if not missing and not indexes:
             return
         with self._tx(write=True) as db:
             if self.postgres:
@@ -104,6 +111,8 @@ class Schema:
                 if column.table.name in have_tables:
                     db.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN {column.name}"
                                     f" {column.type.compile(db.dialect)}"))
+            for index in _missing_indexes(db):  # (a new table has its own: create_all)
+                index.create(db)
             if "runs" not in have_tables:
                 return
             if RUNS.c.number in missing:
@@ -126,3 +135,12 @@ def _missing(db: Connection) -> list[Column]:
                    if table.name in tables else set())
         missing += [c for c in table.columns if c.name not in present]
     return missing
+
+
+def _missing_indexes(db: Connection) -> list[Index]:
+    """The indexes of META's tables that the database has the table but not the index of."""
+    have = inspect(db)
+    tables = set(have.get_table_names())
+    return [index for table in META.sorted_tables if table.name in tables
+            for index in table.indexes
+            if index.name not in {i["name"] for i in have.get_indexes(table.name)}]

@@ -11,7 +11,10 @@ Trainer (`/ws/runs/{id}`, trainer.py), client -> server:
   {"type": "sample", "step": int, "text": str}                      generated text
   {"type": "ping"}
 server -> client: welcome {last_committed_step, records_per_message}, ack {step}, pong,
-error {message}. A trainer sends at most records_per_message records per metrics message.
+error {message} (then the close), notice {message} (the socket stays open: e.g. the run's
+sample quota is reached, later samples are dropped; once per socket). A trainer sends at most
+records_per_message records per metrics message; past Settings.metrics_rate_per_s records a
+second the server reads its socket more slowly (acks come later, nothing is refused).
 Steps are those of the run: 0 .. its `steps`. A finished or failed run stays so: only
 POST /api/runs/{id}/resume (a checkpoint) or a branch trains it again.
 

@@ -15,6 +15,7 @@ from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry, source_index, sources_text
 from andrea.deps import REVOKED, DataDep, FanoutDep, RunsDep, SettingsDep, StoreDep
 from andrea.metrics import Record
+from andrea.quotas import SampleQuota, TokenBucket
 from andrea.run_info import public_run
 from andrea.store import StoreUnavailable
 from andrea.telemetry.lifecycle import publish_run, watch_trainer_gone
@@ -38,6 +39,8 @@ log = logging.getLogger("andrea.telemetry")
 router = APIRouter()
 
 HELLO_TIMEOUT_S = 30
+# A trainer may send this many seconds' worth of Settings.metrics_rate_per_s at once.
+METRICS_BURST_S = 2
 # Statuses a trainer's message cannot change (only a resume or a branch trains such a run).
 FINAL = ("finished", "failed")
 
@@ -114,6 +117,12 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
         steps = run["config"]["steps"]
         sources = _RunSources(data, run["config"])
+        # Quotas (quotas.py): the run's samples, counted from the store once, then here; its
+        # records' rate, per socket.
+        samples = SampleQuota(*await store.run(store.sample_usage, run_id),
+                              settings.max_samples_per_run, settings.max_sample_bytes_per_run)
+        rate = TokenBucket(settings.metrics_rate_per_s * METRICS_BURST_S,
+                           settings.metrics_rate_per_s)
         _check_steps(steps, hello.last_acked_step)
         await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
                             "last_committed_step": run["last_step"]})
@@ -122,6 +131,10 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
                 await sources.check(msg.records)    # before anything is committed
+                # Past the rate the socket is read more slowly: nothing is refused or lost,
+                # the tab's acks come later.
+                if wait := rate.take(len(msg.records)):
+                    await asyncio.sleep(wait)
                 inserted, last = await store.add_metrics_grouped(
                     run_id, [r.row() for r in msg.records])
                 await ws.send_json({"type": "ack", "step": last})
@@ -143,6 +156,14 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     await store.run(store.get_run, run_id), True)})
             elif isinstance(msg, Sample):
                 _check_steps(steps, msg.step)
+                if not samples.take(msg.text):      # dropped; the trainer is told once
+                    if not samples.told:
+                        samples.told = True
+                        log.warning("run %s: over its sample quota (%d samples, %d bytes); "
+                                    "later samples are dropped", run_id, samples.count,
+                                    samples.size)
+                        await ws.send_json({"type": "notice", "message": samples.notice()})
+                    continue
                 await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
                 fanout.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
             elif isinstance(msg, Ping):

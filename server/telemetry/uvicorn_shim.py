@@ -11,7 +11,8 @@ method of the protocol object, whose `conn` (websockets' ServerProtocol) has
 `max_message_size` and whose `transport` can be aborted. Where that is not so (another server
 or websockets implementation) both functions do nothing: protocol.py still checks every
 message's size once it has arrived. tests/test_uvicorn_shim.py fails if uvicorn changes what
-this relies on.
+this relies on. Its HTTP counterpart is andrea/uvicorn_limits.py (header timeout, per-client
+cap, cutting a stalled download), pinned by the same tests.
 """
 
 from __future__ import annotations

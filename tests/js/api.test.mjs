@@ -3,8 +3,8 @@
 import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
 import {
-  HttpError, detailText, fetchJson, fetchRetrying, forgetToken, responseDetail, saveToken,
-  savedToken, tokenKey,
+  HttpError, detailText, fetchJson, fetchRetrying, forgetToken, heldToken, responseDetail,
+  resumeLink, retireToken, retryDelayMs, saveToken, savedToken, takeLinkToken, tokenKey, withToken,
 } from '../../static/js/app/api.js';
 
 const realFetch = globalThis.fetch;
@@ -51,6 +51,16 @@ test('fetchRetrying retries 5xx and network errors, and stops at a 4xx with its 
   await assert.rejects(fetchRetrying('/c'), { message: '/c: 403 token revoked' });
 });
 
+test('a retry waits for the Retry-After the server asks for, else the backoff', () => {
+  const busy = (after) => new Response('', { status: 503, headers: after === null ? {} : { 'retry-after': after } });
+  assert.equal(retryDelayMs(busy('1'), 4000), 1000);
+  assert.equal(retryDelayMs(busy('0'), 4000), 0);
+  assert.equal(retryDelayMs(busy('3600'), 250), 30000);
+  assert.equal(retryDelayMs(busy(null), 250), 250);
+  assert.equal(retryDelayMs(busy('soon'), 500), 500);
+  assert.equal(retryDelayMs(null, 2000), 2000);
+});
+
 test('the token key is the prefix the page was rendered with', () => {
   const store = new Map();
   globalThis.document = { documentElement: { dataset: { runTokenKey: 'pre.' } } };
@@ -65,4 +75,28 @@ test('the token key is the prefix the page was rendered with', () => {
   assert.equal(savedToken('r1'), null);
   globalThis.document.documentElement.dataset = {};
   assert.throws(() => tokenKey('r1'), /data-run-token-key/);
+});
+
+test('a trained run\'s token still authorizes; a resume link hands it over and leaves the bar', () => {
+  const store = new Map();
+  globalThis.document = { documentElement: { dataset: { runTokenKey: 'pre.' } } };
+  globalThis.sessionStorage = { getItem: (k) => store.get(k) ?? null, setItem: (k, v) => store.set(k, v),
+    removeItem: (k) => store.delete(k) };
+  assert.deepEqual(withToken('r1', { method: 'DELETE' }), { method: 'DELETE' });   // none held
+  saveToken('r1', 'secret');
+  retireToken('r1');
+  assert.equal(savedToken('r1'), null);          // not trained again on a reload
+  assert.equal(heldToken('r1'), 'secret');
+  assert.deepEqual(withToken('r1', { method: 'PATCH', headers: { 'content-type': 'application/json' } }),
+    { method: 'PATCH', headers: { 'content-type': 'application/json', authorization: 'Bearer secret' } });
+  const link = resumeLink('http://workshop.lan:8000', 'r2', 'a+b/c');
+  assert.equal(link, 'http://workshop.lan:8000/runs/r2#token=a%2Bb%2Fc');
+  const url = new URL(link);
+  const replaced = [];
+  const hist = { state: null, replaceState: (s, t, u) => replaced.push(u) };
+  assert.equal(takeLinkToken('r2', url, hist), true);
+  assert.equal(savedToken('r2'), 'a+b/c');
+  assert.deepEqual(replaced, ['/runs/r2']);
+  assert.equal(takeLinkToken('r3', new URL('http://x/runs/r3'), hist), false);
+  assert.equal(heldToken('r3'), null);
 });

@@ -50,8 +50,18 @@ export function jsonBody(method, body) {
   return { method, headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) };
 }
 
+/** How long to wait before retrying `res` (null: a network error): the server's Retry-After in
+ *  seconds when it says one (a 503 for a batch whose training losses are in flight, or for a
+ *  run whose waiting places are taken), at most 30 s; else the backoff. */
+export function retryDelayMs(res, backoffMs) {
+  const after = Number(res?.headers?.get('retry-after'));
+  return res?.headers?.has('retry-after') && Number.isFinite(after) && after >= 0
+    ? Math.min(after * 1000, 30000) : backoffMs;
+}
+
 /** fetch() that rides out a server restart: network errors and 5xx are retried with backoff
- *  (about a minute in all); 4xx is final and reported ("url: status detail"). */
+ *  (about a minute in all), or after the Retry-After the server asks for; 4xx is final and
+ *  reported ("url: status detail"). */
 export async function fetchRetrying(url, init = {}, attempts = 12) {
   let wait = 250;
   for (let i = 1; ; i++) {
@@ -64,7 +74,7 @@ export async function fetchRetrying(url, init = {}, attempts = 12) {
     if (res?.ok) return res;
     if (res && res.status < 500) throw new Error(`${url}: ${res.status} ${await responseDetail(res)}`);
     if (i >= attempts) throw new Error(`${url}: ${res ? res.status : 'unreachable'}`);
-    await new Promise((r) => setTimeout(r, wait));
+    await new Promise((r) => setTimeout(r, retryDelayMs(res, wait)));
     wait = Math.min(wait * 2, 8000);
   }
 }
@@ -86,11 +96,50 @@ export function saveToken(runId, token) {
   sessionStorage.setItem(tokenKey(runId), JSON.stringify({ token }));
 }
 
-/** The token this tab keeps for `runId`, or null. */
+/** The token this tab keeps for `runId` to train it, or null (none, or the run was trained
+ *  here already: retireToken). */
 export function savedToken(runId) {
-  return JSON.parse(sessionStorage.getItem(tokenKey(runId)) || 'null')?.token ?? null;
+  const held = JSON.parse(sessionStorage.getItem(tokenKey(runId)) || 'null');
+  return held && !held.trained ? held.token : null;
 }
 
 export function forgetToken(runId) {
   sessionStorage.removeItem(tokenKey(runId));
+}
+
+/** After this tab trained the run: a reload must not train it again, but the token still
+ *  authorizes renaming, deleting, resuming and branching it (heldToken). */
+export function retireToken(runId) {
+  const token = heldToken(runId);
+  if (token !== null) sessionStorage.setItem(tokenKey(runId), JSON.stringify({ token, trained: true }));
+}
+
+/** The token this tab holds for `runId` (to train it or not), or null. */
+export function heldToken(runId) {
+  return JSON.parse(sessionStorage.getItem(tokenKey(runId)) || 'null')?.token ?? null;
+}
+
+/** fetch() options `init` with `Authorization: Bearer` of the token this tab holds for
+ *  `runId`, if any: a server other machines reach asks for it to change the run
+ *  (server/deps.py authorize); without one the request goes as it is, and a refusal says why. */
+export function withToken(runId, init = {}) {
+  const token = heldToken(runId);
+  if (token === null) return init;
+  return { ...init, headers: { ...(init.headers ?? {}), authorization: `Bearer ${token}` } };
+}
+
+/** The link that takes `runId` with its token to another browser: the token rides in the
+ *  fragment, which no request sends to a server (takeLinkToken reads it there). */
+export function resumeLink(origin, runId, token) {
+  return `${origin}/runs/${encodeURIComponent(runId)}#token=${encodeURIComponent(token)}`;
+}
+
+/** A page opened from a resume link (`#token=...`): the token kept as the start page keeps
+ *  it, and the fragment taken out of the address bar and history. True if there was one. */
+export function takeLinkToken(runId, loc = location, hist = history) {
+  const token = new URLSearchParams(loc.hash.slice(1)).get('token');
+  if (!token) return false;
+  saveToken(runId, token);
+  hist.replaceState(hist.state, '', loc.pathname + loc.search);
+  return true;
 }

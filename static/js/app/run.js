@@ -2,7 +2,7 @@
 // this GPU and streams records to the server (training.js); any other tab watches the committed
 // records live. The page's state is the one object below; run_view.js shows it, run_charts.js
 // charts it.
-import { fetchJson, savedToken } from './api.js';
+import { fetchJson, savedToken, takeLinkToken } from './api.js';
 import { RUN_COLUMNS, RunCharts } from './run_charts.js';
 import { $, addRecords, addSample, bindActions, resumedAt, setStatus, showError, showRun } from './run_view.js';
 import { RunSeries, evalLosses } from './series.js';
@@ -49,6 +49,7 @@ function view() {
 
 async function main() {
   const { runId } = state;
+  takeLinkToken(runId);   // opened from a resume link: the token kept, the fragment dropped
   const res = await fetch(`/api/runs/${runId}`);
   if (!res.ok) {
     setStatus(`No run ${runId} here.`, 'bad');

@@ -1,8 +1,9 @@
 // The run page's words and controls: name, tags and links; its status and why; the progress
 // and figures of the latest record; the setup; text samples; the edit form (name, tags, notes)
 // and the actions on a run no tab trains (resume it here, branch it with another learning
-// rate). The functions that need the page's state take it (run.js).
-import { fetchJson, jsonBody, saveToken } from './api.js';
+// rate), each with the run's token when this tab holds it; the run's resume link to copy. The
+// functions that need the page's state take it (run.js).
+import { fetchJson, heldToken, jsonBody, resumeLink, saveToken, withToken } from './api.js';
 import { fmtBytes, fmtCount, fmtDuration, fmtValue } from './format.js';
 import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
 import { progress } from './series.js';
@@ -203,20 +204,38 @@ function showViewedStatus(state) {
   showLast(state);
 }
 
-/** The edit form and the resume button. */
+/** The edit form, the resume button, and the resume link when this tab holds the run's token. */
 export function bindActions(state) {
   $('edit').addEventListener('submit', (event) => saveEdit(state, event));
   $('resume-run').onclick = () => resumeHere(state);
+  $('copy-link').hidden = heldToken(state.runId) === null;
+  $('copy-link').onclick = () => copyResumeLink(state);
 }
 
-/** Name, tags and notes (PATCH /api/runs/{id}: no token needed, see server/routes/runs.py). */
+/** The run's resume link (its page with the token in the fragment) to the clipboard, to take
+ *  the run to another browser (or `andrea train --resume ID --token ...`). The clipboard
+ *  needs a secure page (https or localhost): elsewhere the link is shown to copy by hand. */
+async function copyResumeLink(state) {
+  const token = heldToken(state.runId);
+  if (token === null) return;
+  const link = resumeLink(location.origin, state.runId, token);
+  try {
+    await navigator.clipboard.writeText(link);
+    $('copy-link-status').textContent = 'Copied: it holds the run\'s token, share it only with who may change the run.';
+  } catch {
+    prompt('The run\'s resume link (it holds the run\'s token):', link);
+  }
+}
+
+/** Name, tags and notes (PATCH /api/runs/{id}, with the run's token when this tab holds it:
+ *  a server other machines reach asks for it, see server/routes/runs.py). */
 async function saveEdit(state, event) {
   event.preventDefault();
   const tags = $('edit-tags').value.split(',').map((t) => t.trim()).filter(Boolean);
   let out;
   try {
-    out = await fetchJson(`/api/runs/${state.runId}`, jsonBody('PATCH',
-      { name: $('edit-name').value, tags, notes: $('edit-notes').value }));
+    out = await fetchJson(`/api/runs/${state.runId}`, withToken(state.runId, jsonBody('PATCH',
+      { name: $('edit-name').value, tags, notes: $('edit-notes').value })));
   } catch (e) {
     $('edit-status').textContent = `Not saved: ${e.message}`;
     return;
@@ -230,7 +249,8 @@ async function saveEdit(state, event) {
 async function resumeHere(state) {
   $('resume-run').disabled = true;
   try {
-    const { token } = await fetchJson(`/api/runs/${state.runId}/resume`, { method: 'POST' });
+    const { token } = await fetchJson(`/api/runs/${state.runId}/resume`,
+      withToken(state.runId, { method: 'POST' }));
     saveToken(state.runId, token);
   } catch (e) {
     showError(`Cannot resume: ${e.message}`);
@@ -241,7 +261,7 @@ async function resumeHere(state) {
 }
 
 /** A failed run continues as a NEW run from its last checkpoint, with another learning rate;
- *  the new run records its parent (run and step). */
+ *  the new run records its parent (run and step). The parent's token authorizes it. */
 async function branchHere(state, run) {
   const lr = Number($('branch-lr').value);
   let out;
@@ -249,8 +269,8 @@ async function branchHere(state, run) {
     const schema = await fetchJson('/api/run_config');   // RunConfig's own fields
     const cfg = Object.fromEntries(Object.entries(run.config)
       .filter(([k]) => k in schema.properties && k !== 'parent'));
-    out = await fetchJson('/api/runs', jsonBody('POST',
-      { ...cfg, lr, parent: { run: state.runId, step: run.checkpoint.last_step } }));
+    out = await fetchJson('/api/runs', withToken(state.runId, jsonBody('POST',
+      { ...cfg, lr, parent: { run: state.runId, step: run.checkpoint.last_step } })));
   } catch (e) {
     showError(`Cannot branch: ${e.message}`);
     return;

@@ -1,6 +1,6 @@
 // Runs list: name, tags, status, progress, losses, time; sort and filter; rename and delete;
 // pick runs to compare. It polls the API every few seconds, so it follows runs as they change.
-import { jsonBody, responseDetail } from './api.js';
+import { jsonBody, responseDetail, withToken } from './api.js';
 import { fmtDuration } from './format.js';
 import { statusLabel } from './run_status.js';
 
@@ -9,9 +9,12 @@ const tbody = document.querySelector('#runs tbody');
 const button = document.getElementById('compare');
 const filter = document.getElementById('filter');
 const statusFilter = document.getElementById('status-filter');
+const older = document.getElementById('older');
 const state = {
-  runs: [],                 // GET /api/runs, as last read
+  runs: [],                 // GET /api/runs, as last read (its first `pages` pages)
   lastText: null,           // its text: an unchanged answer leaves the rows alone
+  pages: 1,                 // pages shown: "Show older runs" adds one
+  total: null,              // runs stored (X-Total-Count)
   selected: new Set(),      // ids ticked for Compare
   sort: { key: 'created_at', dir: -1 },
 };
@@ -111,7 +114,8 @@ function render() {
     cell(tbody.insertRow(), state.runs.length ? 'No run matches the filter.'
       : 'No runs yet: start one from New run.').colSpan = 11;
   }
-  document.getElementById('count').textContent = `${shown.length} of ${state.runs.length} runs`;
+  const more = state.total > state.runs.length ? ` (${state.total} stored)` : '';
+  document.getElementById('count').textContent = `${shown.length} of ${state.runs.length} runs${more}`;
   button.disabled = state.selected.size < 2;
   for (const b of document.querySelectorAll('button.sort')) {
     b.textContent = b.textContent.replace(/ [▲▼]$/, '') + (b.dataset.key === state.sort.key ? (state.sort.dir > 0 ? ' ▲' : ' ▼') : '');
@@ -121,7 +125,7 @@ function render() {
 async function renameRun(r) {
   const name = prompt(`New name for ${r.name}`, r.name);
   if (name === null || !name.trim()) return;
-  const res = await fetch(`/api/runs/${r.id}`, jsonBody('PATCH', { name }));
+  const res = await fetch(`/api/runs/${r.id}`, withToken(r.id, jsonBody('PATCH', { name })));
   if (!res.ok) alert(`Not renamed: ${await responseDetail(res)}`);
   state.lastText = null;
   await refresh();
@@ -130,7 +134,7 @@ async function renameRun(r) {
 async function deleteRun(r) {
   if (!confirm(`Delete ${r.name} (${r.id})? Its metrics, samples, checkpoints and weights are ` +
     'removed for good.')) return;
-  const res = await fetch(`/api/runs/${r.id}`, { method: 'DELETE' });
+  const res = await fetch(`/api/runs/${r.id}`, withToken(r.id, { method: 'DELETE' }));
   if (!res.ok && res.status !== 404) {
     alert(`Not deleted: ${await responseDetail(res)}`);
   }
@@ -139,13 +143,33 @@ async function deleteRun(r) {
   await refresh();
 }
 
+/** The URL of a Link header's rel="next" (null: no more pages). */
+const nextPage = (link) => /<([^>]+)>\s*;\s*rel="next"/.exec(link ?? '')?.[1] ?? null;
+
+/** The first `state.pages` pages of the runs list, each page's Link header naming the next. */
+async function readPages() {
+  const texts = [];
+  let url = '/api/runs';
+  let total = null;
+  for (let i = 0; i < state.pages && url; i++) {
+    const res = await fetch(url);
+    if (!res.ok) return null;
+    texts.push(await res.text());
+    total = Number(res.headers.get('X-Total-Count') ?? NaN);
+    url = nextPage(res.headers.get('Link'));
+  }
+  return { texts, total, more: url !== null };
+}
+
 async function refresh() {
-  const res = await fetch('/api/runs');
-  if (!res.ok) return;
-  const text = await res.text();
+  const read = await readPages();
+  if (!read) return;
+  older.hidden = !read.more;
+  const text = read.texts.join('\n');
   if (text === state.lastText) return;   // nothing changed: the rows (and a pending click) stay
   state.lastText = text;
-  state.runs = JSON.parse(text);
+  state.runs = read.texts.flatMap((t) => JSON.parse(t));
+  state.total = Number.isNaN(read.total) ? null : read.total;
   const ids = new Set(state.runs.map((r) => r.id));
   for (const id of [...state.selected]) if (!ids.has(id)) state.selected.delete(id);
   const statuses = [...new Set(state.runs.map((r) => statusLabel(r)))].sort();
@@ -172,6 +196,10 @@ async function main() {
     });
   }
   filter.addEventListener('input', render);
+  older.addEventListener('click', () => {
+    state.pages += 1;
+    refresh().catch(() => {});
+  });
   statusFilter.addEventListener('change', render);
   await refresh();
   document.body.dataset.ready = '1';

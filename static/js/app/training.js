@@ -5,7 +5,7 @@
 import { createContext } from '../engine/context.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { Trainer } from '../engine/trainer.js';
-import { fetchJson, fetchRetrying, forgetToken, responseDetail } from './api.js';
+import { fetchJson, fetchRetrying, responseDetail, retireToken } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { $, addRecords, addSample, setStatus, showError, showModelLink, stat } from './run_view.js';
 import { SocketRefused, TrainerSocket } from './telemetry.js';
@@ -121,7 +121,7 @@ export async function train(state, run, token) {
   stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`,
     'readback ring waits', true);
   socket.close();
-  forgetToken(runId);  // a reload must not train it again
+  retireToken(runId);  // a reload must not train it again (the token still renames, deletes...)
   body.dataset.done = final;
 }
 

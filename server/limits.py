@@ -1,0 +1,137 @@
+"""Bounds on every HTTP request's body and on how long its bytes may stall, as pure ASGI
+middleware: enforced before any route reads a byte.
+
+- A body over Settings.max_body_bytes gets 413 (connection closed): at once when its
+  Content-Length says so; without one (chunked), as soon as the bytes received pass the limit,
+  so no more than the limit is ever handed on. Checkpoint and weights uploads are exempt: their
+  routes know the run's exact size and refuse a byte past it.
+- An upload that moves no byte for Settings.idle_timeout_s gets 408 (connection closed); a
+  download whose peer reads nothing for as long is cut. The app sees a disconnect either way
+  (an upload's route stores nothing).
+Websockets pass through: their messages have their own limits (telemetry/protocol.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from andrea.uvicorn_limits import transport_of
+
+log = logging.getLogger("andrea.limits")
+
+# PUT /api/runs/{id}/checkpoints/{step} and PUT /api/runs/{id}/weights.
+SIZED_UPLOADS = re.compile(r"/api/runs/[^/]+/(checkpoints/[^/]+|weights)")
+DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class BodyLimits:
+    """413 for a body over `max_body_bytes` (sized uploads exempt); 408 or a cut connection
+    for an upload or download that stalls for `idle_timeout_s`."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, idle_timeout_s: float):
+        self.app, self.max_body_bytes, self.idle_timeout_s = app, max_body_bytes, idle_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sized = scope["method"] == "PUT" and SIZED_UPLOADS.fullmatch(scope["path"])
+        limit = None if sized else self.max_body_bytes
+        declared = _content_length(scope)
+        if limit is not None and declared is not None and declared > limit:
+            await _refuse(send, 413, f"the request body is {declared} bytes, over this server's "
+                          f"limit of {limit} bytes (ANDREA_MAX_BODY_BYTES; checkpoint and weights "
+                          "uploads excepted): it was not read and nothing changed. Send less")
+            return
+        await _Exchange(scope, receive, send, limit, self.idle_timeout_s).run(self.app)
+
+
+async def _refuse(send: Send, status: int, detail: str) -> None:
+    """A JSON answer that closes the connection: the rest of the body is never read."""
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Exchange:
+    """One request: its body counted and timed as the app receives it, its answer timed as it
+    is sent. Once this middleware has answered (or cut the connection) the app's own answer
+    goes nowhere."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int | None,
+                 idle_s: float):
+        self.scope, self._receive, self._send, self.limit, self.idle_s = \
+            scope, receive, send, limit, idle_s
+        self.received, self.body_done, self.started, self.done = 0, False, False, False
+
+    async def run(self, app: ASGIApp) -> None:
+        await app(self.scope, self.receive, self.send)
+
+    async def receive(self) -> Message:
+        if self.done:
+            return DISCONNECT
+        if self.body_done:      # waiting for a disconnect while the answer streams: no limit
+            return await self._receive()
+        try:
+            async with asyncio.timeout(self.idle_s):
+                message = await self._receive()
+        except TimeoutError:
+            await self._give_up(408, f"no byte of the request body arrived for {self.idle_s:g} s "
+                                     "(ANDREA_IDLE_TIMEOUT_S): the request was dropped and "
+                                     "nothing was stored. Send it again")
+            return DISCONNECT
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.limit is not None and self.received > self.limit:
+                await self._give_up(413, f"the request body passed this server's limit of "
+                                         f"{self.limit} bytes (ANDREA_MAX_BODY_BYTES; checkpoint "
+                                         "and weights uploads excepted): it was not read further "
+                                         "and nothing changed. Send less")
+                return DISCONNECT
+            self.body_done = not message.get("more_body", False)
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.done:
+            return
+        self.started = self.started or message["type"] == "http.response.start"
+        try:
+            async with asyncio.timeout(self.idle_s):
+                await self._send(message)
+        except TimeoutError:
+            log.info("%s %s: the client read nothing for %g s; connection cut",
+                     self.scope["method"], self.scope["path"], self.idle_s)
+            self._cut()
+
+    async def _give_up(self, status: int, detail: str) -> None:
+        if self.started:    # the app is answering already: all that is left is to hang up
+            self._cut()
+            return
+        self.done = True
+        try:
+            async with asyncio.timeout(self.idle_s):
+                await _refuse(self._send, status, detail)
+        except TimeoutError:
+            self._cut()
+
+    def _cut(self) -> None:
+        """Drops the connection at once (a close would wait for a peer that reads nothing);
+        the app's receive then says the client went away."""
+        self.done = True
+        transport = transport_of(self._receive)
+        if transport is not None:
+            transport.abort()
