@@ -101,6 +101,7 @@ class Connections:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._open()
+                self._start_readers()
             except (sqlite3.Error, OSError, DBAPIError) as e:
                 self._close_conn()
                 raise unavailable(e, path) or e from e
@@ -187,9 +188,23 @@ class Connections:
         """Run a function that only reads on the reader threads, each with its own connection:
         it never queues behind the writer (a trainer's commit), nor the writer behind it."""
         if self._read_pool is None:
-            self._read_pool = ThreadPoolExecutor(max_workers=READ_WORKERS,
-                                                 thread_name_prefix="store-read")
+            self._start_readers()
         return await self._on(self._read_pool, fn, *args)
+
+    def _start_readers(self) -> None:
+        """Every reader thread and its connection at once (SQLite), not one by one as reads
+        come: the server's threads and open files are what they will stay from the start."""
+        self._read_pool = pool = ThreadPoolExecutor(max_workers=READ_WORKERS,
+                                                    thread_name_prefix="store-read")
+        if self._engine is None:
+            barrier = threading.Barrier(READ_WORKERS)   # holds each thread until all exist
+
+            def open_reader() -> None:
+                self._sqlite()
+                barrier.wait(timeout=30)
+
+            for f in [pool.submit(open_reader) for _ in range(READ_WORKERS)]:
+                f.result()
 
     async def _on(self, pool: ThreadPoolExecutor, fn, *args):
         try:
