@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # tokenized lazily, on first use, so page loads and tests stay fast.
     app.state.data = DataHub(settings.data_dir, settings.corpora, settings.only_corpus)
     app.state.store = store = Store.open(settings.database_url, settings.db_path)
-    app.state.runs = RunRegistry(store)
+    app.state.runs = RunRegistry(store, settings.batch_wait_s)
     broker = RedisBroker(settings.broker_url) if settings.broker_url else None
     app.state.fanout = fanout = Fanout(settings.viewer_queue_bytes, broker)
     fanout.on_reset = app.state.runs.forget     # resumed or deleted on another process

@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     max_samples_per_run: int = Field(2000, ge=1)
     max_sample_bytes_per_run: int = Field(16 << 20, ge=1024)
     metrics_rate_per_s: float = Field(5000.0, gt=0)
+    # Seconds a bandit run's batch request may wait for the training losses its phase needs
+    # (on the event loop, holding no thread) before it is answered 503 and retried.
+    batch_wait_s: float = Field(10.0, gt=0)
     # Free space the data dir keeps: a new run, checkpoint or weights upload that would leave
     # less is refused with 507.
     min_free_bytes: int = Field(256 << 20, ge=0)

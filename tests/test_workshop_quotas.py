@@ -263,13 +263,17 @@ def test_a_branch_copies_up_to_its_step_in_pages_while_other_commits_go_on(big_s
     async def branch_while_committing() -> tuple[str | None, int, int]:
         made = asyncio.create_task(store.branch("b", CFG, "hb", "p", K))
         commits = partway = 0
+        def commit_and_look(step: int) -> bool:
+            """Another run's commit, then whether the branch had some of its rows and not yet
+            its last one: one call on the writer's threads, between the copy's pages (looked
+            at from a reader thread, a loaded machine let the copy end before the look)."""
+            store.add_metrics("other", [_store_rec(step)])
+            return (bool(store.metrics_page("b", None, 1))
+                    and not store.metrics_page("b", K - 1, 1))
+
         while not made.done():
-            await store.run(store.add_metrics, "other", [_store_rec(commits + 1)])
+            partway += await store.run(commit_and_look, commits + 1)
             commits += 1
-            # Committed while the branch had some of its rows and not yet its last one.
-            first = await store.run(store.metrics_page, "b", None, 1)
-            last = await store.run(store.metrics_page, "b", K - 1, 1)
-            partway += bool(first) and not last
         return await made, commits, partway
 
     why_not, commits, partway = asyncio.run(branch_while_committing())

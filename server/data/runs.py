@@ -29,6 +29,7 @@ MAX_AD_HOC_BANDITS = 8              # and of those, bandits (phases and reports:
 REPLAY_PAGE = 2000                  # committed records read at a time when a bandit is rebuilt
 # How long a batch request waits for the telemetry its bandit phase depends on; past that it
 # answers 503 and the page retries (the reports are a few hundred milliseconds behind at most).
+# The default of Settings.batch_wait_s.
 REPORT_WAIT_S = 10.0
 # Batch requests of one run that may wait for its reports at once (each waits on the event loop,
 # holding no thread); past this they are answered 503 with Retry-After at once.
@@ -49,8 +50,9 @@ class RunStore(Protocol):
 
 
 class RunRegistry:
-    def __init__(self, store: RunStore | None = None):
+    def __init__(self, store: RunStore | None = None, wait_s: float = REPORT_WAIT_S):
         self._store = store
+        self._wait_s = wait_s           # how long a batch may wait for its phase's reports
         self._specs: dict[str, BatchSpec] = {}
         self._ad_hoc: OrderedDict[str, None] = OrderedDict()
         self._bandits: dict[str, SourceBandit] = {}
@@ -110,7 +112,7 @@ class RunRegistry:
                 # lacks is refused with the batch (400), or the corpus mismatch first (409).
                 active = [not spec.sources or n in spec.sources for n in source_names]
                 bandit = SourceBandit(spec.seed, source_names,
-                                      wait_s=REPORT_WAIT_S if real else None, active=active)
+                                      wait_s=self._wait_s if real else None, active=active)
                 if real:
                     self._replay(run_id, bandit, None)
                     # Reports it waits for may have gone to another server process (its
