@@ -19,6 +19,7 @@ from websockets.sync.client import connect
 
 from andrea.launch import start_server, stop_server
 from andrea.store import Store
+from tests import aio
 from tests.test_hardening import hello, record, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def test_a_branch_copies_up_to_its_step_in_pages_while_other_commits_go_on(big_s
             commits += 1
         return await made, commits, partway
 
-    why_not, commits, partway = asyncio.run(branch_while_committing())
+    why_not, commits, partway = aio.run(branch_while_committing())
     assert why_not is None
     assert partway >= 1, "no commit of another run completed while the copy was partway"
     assert [r["step"] for r in store.metrics("other")] == list(range(1, commits + 1))

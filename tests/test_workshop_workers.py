@@ -26,6 +26,7 @@ from andrea.data.runs import MAX_WAITING
 from andrea.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.store import Store
+from tests import aio
 from tests.test_hardening import hello, new_run, record, rss_mib, ws_url
 
 # Enough connections from this one client for the crowd below (the per-client cap is another
@@ -103,7 +104,7 @@ def test_waiting_batch_requests_hold_no_worker(tmp_path, live):
             # And the same bytes as a request made now (nothing else was decided).
             again = await c.get(get + str(step))
             assert again.content == served[0].content
-    asyncio.run(crowd())
+    aio.run(crowd())
 
 
 def send_steps(url: str, run: dict, first: int, last: int) -> None:
