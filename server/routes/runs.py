@@ -1,6 +1,6 @@
 """Runs: create (config -> id, write token, layout, data info; or a branch of another run's
-checkpoint), list, read, rename/tag/annotate, delete, export metrics and weights (the final
-upload or a checkpoint's).
+checkpoint), list, read, rename/tag/annotate, delete, and the final weights upload (exports are
+in exports.py).
 
 Who may change a run (deps.authorize): PATCH (name, tags, notes), DELETE and a branch (POST with
 a `parent`: the parent's token) need the run's write token or the operator's
@@ -17,21 +17,15 @@ a run whose trainer is connected: stop it first."""
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
-import json
 import logging
 import secrets
 import shutil
-import tempfile
 import time
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import FileResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from andrea.auth import new_token, token_hash
@@ -51,8 +45,6 @@ from andrea.deps import (
     bearer,
     check_write_token,
 )
-from andrea.export import export_run, safetensors_stream, tokenizer_path, zip_folder
-from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
@@ -66,7 +58,6 @@ from andrea.telemetry.lifecycle import no_trainer, publish_run
 router = APIRouter(prefix="/api", tags=["runs"])
 log = logging.getLogger("andrea.runs")
 
-METRICS_PAGE = 2000         # records read (and sent) at a time: a big run is never held whole
 SAMPLES_SHOWN = 100         # the newest samples in GET /api/runs/{id} (up to 20k chars each)
 
 
@@ -319,50 +310,6 @@ async def delete_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep, runs:
     return Response(status_code=204)
 
 
-@router.get("/runs/{run_id}/metrics", response_model=list[StoredRecord],
-            responses={200: {"content": {"text/csv": {}}}})
-async def get_metrics(run: RunDep, store: StoreDep,
-                      format: Annotated[Literal["json", "csv"], Query()] = "json") -> Response:
-    """Every committed step record, oldest first: JSON (fields a step did not report are
-    left out) or CSV (one column per numeric field of the record). `time` is when the server
-    committed the row (Unix seconds)."""
-    run_id = run["id"]
-    if format == "json":
-        return StreamingResponse(_json_pages(store, run_id), media_type="application/json",
-                                 headers={"content-disposition":
-                                          f'inline; filename="andrea-{run_id}.json"'})
-    return StreamingResponse(_csv_pages(store, run_id), media_type="text/csv", headers={
-        "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
-
-
-async def _pages(store, run_id: str):
-    after = None
-    while page := await store.run(store.metrics_page, run_id, after, METRICS_PAGE):
-        yield page
-        after = page[-1]["step"]
-
-
-async def _json_pages(store, run_id: str):
-    sep = "["
-    async for page in _pages(store, run_id):
-        yield sep + json.dumps(page, ensure_ascii=False, allow_nan=False,
-                               separators=(",", ":"))[1:-1]
-        sep = ","
-    yield "[]" if sep == "[" else "]"
-
-
-async def _csv_pages(store, run_id: str):
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
-    writer.writeheader()
-    async for page in _pages(store, run_id):
-        writer.writerows(page)
-        yield buf.getvalue()
-        buf.seek(0)
-        buf.truncate()
-    yield buf.getvalue()
-
-
 @router.put("/runs/{run_id}/weights", status_code=204)
 async def put_weights(request: Request, run: WritableRunDep, settings: SettingsDep,
                       store: StoreDep, fanout: FanoutDep):
@@ -408,52 +355,3 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
         tmp.unlink(missing_ok=True)     # (gone once it replaced the weights)
     # Viewers show the model link now, without a reload.
     await publish_run(store, fanout, run_id, has_weights=True)
-
-
-# ?step=K: the weights of checkpoint K instead of the final upload.
-CheckpointStep = Annotated[int | None, Query(ge=1, description="a checkpoint's step")]
-
-
-@router.get("/runs/{run_id}/model.safetensors")
-async def get_model(run: RunDep, settings: SettingsDep, step: CheckpointStep = None):
-    """The run's trained weights as a Hugging Face safetensors file (HF names, [out, in]),
-    streamed from the weights file piece by piece: a download held open keeps no copy on disk
-    and no more than a piece in memory."""
-    run_id = run["id"]
-    try:
-        size, pieces = await asyncio.to_thread(safetensors_stream, run, settings.data_dir, step)
-    except (FileNotFoundError, ValueError) as e:   # nothing uploaded; a damaged checkpoint
-        raise HTTPException(404 if isinstance(e, FileNotFoundError) else 500, str(e)) from e
-    name = f"andrea-{run_id}" + (f"-step{step}" if step else "")
-    return StreamingResponse(pieces, media_type="application/octet-stream", headers={
-        "content-length": str(size),
-        "content-disposition": f'attachment; filename="{name}.safetensors"'})
-
-
-@router.get("/runs/{run_id}/export.zip")
-async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep,
-                     step: CheckpointStep = None):
-    """The whole Hugging Face checkpoint (`andrea export` writes the same files) as one zip;
-    `andrea export --server` unpacks it. Without the run's tokenizer built yet, the zip holds
-    the weights, configs and card only, as a local export does."""
-    run_id, data_dir = run["id"], settings.data_dir
-    # The card's four facts by query, on a reader thread: no run is read whole.
-    records = await store.read(store.card_summary, run_id, step)
-    tmp = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=data_dir))
-    try:
-        await asyncio.to_thread(export_run, run, data_dir, tokenizer_path(data_dir, run),
-                                tmp / "hf", records, step)
-        await asyncio.to_thread(zip_folder, tmp / "hf", tmp / "export.zip")
-        await asyncio.to_thread(shutil.rmtree, tmp / "hf")   # one copy held while it is sent
-    except Exception as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, FileNotFoundError):   # no weights uploaded yet, no such checkpoint
-            raise HTTPException(404, str(e)) from e
-        if isinstance(e, ValueError):          # weights of the wrong size, a foreign tokenizer,
-                                               # a damaged checkpoint
-            raise HTTPException(500, str(e)) from e
-        raise
-    name = f"andrea-{run_id}" + (f"-step{step}" if step else "")
-    return FileResponse(tmp / "export.zip", media_type="application/zip",
-                        filename=f"{name}.zip",
-                        background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
