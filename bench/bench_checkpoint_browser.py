@@ -10,7 +10,7 @@ import httpx
 from playwright.sync_api import sync_playwright
 
 from andrea.auth import token_init_script
-from bench.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS, served
+from bench.browser import BROWSER_ARGS, CHROMIUM, served
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     args = ap.parse_args()
     with served() as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=["--headless=new", *QUIET_FLAGS, *WEBGPU_FLAGS])
+                                    args=BROWSER_ARGS)
         for optimizer in ("adamw", "adamw_8bit"):
             run = httpx.post(f"{url}/api/runs", json={
                 "preset": "tiny", "optimizer": optimizer, "steps": args.steps,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from andrea.launch import served  # noqa: F401  (bench scripts import it from here)
-from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
+from tests.browser import BROWSER_ARGS, CHROMIUM
 
 
 @contextlib.contextmanager
@@ -13,7 +13,7 @@ def lab_page(url: str):
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=["--headless=new", *QUIET_FLAGS, *WEBGPU_FLAGS])
+                                    args=BROWSER_ARGS)
         page = browser.new_page()
         page.set_default_timeout(600_000)
         page.goto(url + "/lab")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from andrea.headless import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.chromium import CHROMIUM, QUIET, SWIFTSHADER
 from andrea.launch import served
 
 OUT = Path(__file__).with_name("run-page.png")

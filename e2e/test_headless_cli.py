@@ -63,7 +63,7 @@ def test_cli_fails_without_a_webgpu_adapter_before_creating_a_run(live_server, t
 
     import httpx
 
-    from andrea.headless import CHROMIUM
+    from andrea.chromium import CHROMIUM
 
     wrapper = tmp_path / "chromium-without-webgpu"
     wrapper.write_text(NO_WEBGPU)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from andrea.auth import token_init_script
-from tests.browser import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS
+from tests.browser import BROWSER_ARGS, CHROMIUM, QUIET_FLAGS
 
 STEPS, KILL_AFTER, EVERY = 60, 25, 10
 FIELDS = ("loss", "grad_norm", "clip_scale", "lr")
@@ -70,7 +70,7 @@ def assert_same_run(live_server: str, got: str, want: str) -> None:
 def chromium(playwright):
     def launch():
         return playwright.chromium.launch(executable_path=CHROMIUM,
-                                          args=["--headless=new", *QUIET_FLAGS, *WEBGPU_FLAGS])
+                                          args=BROWSER_ARGS)
     return launch
 
 

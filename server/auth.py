@@ -30,6 +30,8 @@ TOKEN_STORAGE_PREFIX = "andrea.run."
 
 def token_init_script(run_id: str, token: str) -> str:
     """A page init script (Playwright's add_init_script) that leaves `run_id`'s write token
-    where the start page leaves it, so the run page opened next trains the run."""
+    where the start page leaves it, so the run page opened next trains the run. Only once: a
+    reload after the page took a new token (its resume button) keeps the new one."""
     key = json.dumps(TOKEN_STORAGE_PREFIX + run_id)
-    return f"sessionStorage.setItem({key}, {json.dumps(json.dumps({'token': token}))});"
+    return (f"if (sessionStorage.getItem({key}) === null) "
+            f"sessionStorage.setItem({key}, {json.dumps(json.dumps({'token': token}))});")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import sys
 import urllib.parse
@@ -34,7 +35,24 @@ QUIET = ["--no-sandbox", "--disable-background-networking", "--disable-component
          "--disable-sync", "--no-first-run"]
 SWIFTSHADER = ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
                "--use-webgpu-adapter=swiftshader"]
-GPU = ["--enable-unsafe-webgpu", "--enable-features=Vulkan", "--ignore-gpu-blocklist"]
+# The machine's GPU through Vulkan. Without --enable-gpu and ANGLE on Vulkan, headless Chromium
+# on a Linux server with no display (an H200 with /dev/nvidia* and no /dev/dri) offers no
+# adapter at all. The crash limit is lifted so that a GPU process that crashes comes back every
+# time: `andrea train` resumes the run (a bounded number of times), never a software fallback.
+GPU = ["--enable-unsafe-webgpu", "--ignore-gpu-blocklist", "--disable-gpu-sandbox", "--enable-gpu",
+       "--use-angle=vulkan", "--enable-features=Vulkan,VulkanFromANGLE,DefaultANGLEVulkan",
+       "--disable-gpu-process-crash-limit"]
+
+
+def extra_args() -> list[str]:
+    """ANDREA_CHROMIUM_ARGS: more browser flags, as a shell would split them (for instance
+    --enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia)."""
+    return shlex.split(os.environ.get("ANDREA_CHROMIUM_ARGS", ""))
+
+
+def webgpu_args(gpu: bool) -> list[str]:
+    """Every flag a browser that trains is launched with: here, the e2e tests and the benches."""
+    return ["--headless=new", *QUIET, *(GPU if gpu else SWIFTSHADER), *extra_args()]
 
 NO_DOWNLOAD = "Playwright's own browser download is not needed"
 STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit
@@ -122,6 +140,17 @@ _PROBE = """async (timeoutMs) => {
 }"""
 
 
+def software_adapter(found: dict) -> bool:
+    """SwiftShader, llvmpipe and their kind: what a browser offers when it finds no GPU."""
+    text = " ".join(str(found.get(k, "")) for k in ("vendor", "architecture", "description"))
+    return bool(found.get("fallback")) or bool(
+        re.search(r"swiftshader|llvmpipe|lavapipe|software", text, re.IGNORECASE))
+
+
+def adapter_words(found: dict) -> str:
+    return " ".join(filter(None, (found.get("vendor"), found.get("architecture")))) or "an adapter"
+
+
 class Chromium:
     """Playwright and one Chromium for the command's lifetime:
     check() (no process started), launch(), probe() (a WebGPU adapter), drive() (the run page),
@@ -153,7 +182,7 @@ class Chromium:
             self._browser = self._playwright.chromium.launch(
                 executable_path=self.path, handle_sigint=False, handle_sigterm=False,
                 handle_sighup=False,
-                args=["--headless=new", *QUIET, *(GPU if self.gpu else SWIFTSHADER)])
+                args=webgpu_args(self.gpu))
         except Exception as e:
             raise BrowserError(_launch_failure(e, self.path)) from None
         self.version = self._browser.version
@@ -190,6 +219,11 @@ class Chromium:
                                f"Vulkan (--gpu); the GPU or its driver may be missing or "
                                f"blocklisted; without --gpu it trains on SwiftShader, Chromium's "
                                f"software adapter (slow but correct)")
+        if self.gpu and software_adapter(found):
+            raise BrowserError(f"no GPU adapter: the browser at {where} offered only "
+                               f"{adapter_words(found)}, a software one, through Vulkan (--gpu); "
+                               f"the GPU or its driver may be missing or blocklisted; without "
+                               f"--gpu it trains on SwiftShader on purpose")
         if error == "no-adapter":
             raise BrowserError(f"no WebGPU adapter: the browser at {where} offered none, not even "
                                f"SwiftShader, its software one (started with "
@@ -224,7 +258,7 @@ class Chromium:
                 errors.append(f"GET {u.path} failed: {request.failure}")
 
         state = {"done": None, "errors": errors, "error_text": None, "stats": None,
-                 "interrupted": False, "refused": None}
+                 "interrupted": False, "refused": None, "lost": None}
         try:
             context = self._browser.new_context()
         except self._error as e:
@@ -237,6 +271,8 @@ class Chromium:
             page.on("response", on_response)
             page.on("requestfailed", on_failed)
             page.add_init_script(token_init_script(run_id, run["token"]))
+            if self.gpu:   # the page refuses a software adapter rather than train on it
+                page.add_init_script("window.andreaGpuOnly = true;")
             page.goto(f"{url}/runs/{run_id}")
             state["done"] = self._watch(page, errors, timeout, tick)
         except KeyboardInterrupt:
@@ -253,6 +289,7 @@ class Chromium:
                 state["stats"] = page.evaluate(
                     "window.andreaTrainer ? window.andreaTrainer.stats : null")
                 state["refused"] = page.evaluate("document.body?.dataset.refused ?? null")
+                state["lost"] = page.evaluate("document.body?.dataset.deviceLost ?? null")
         except self._error:
             pass
         try:
@@ -288,6 +325,12 @@ class Chromium:
         except (self._error, KeyboardInterrupt):
             pass
         return None
+
+    def crash_gpu_process(self) -> None:
+        """Crashes the browser's GPU process (DevTools' Browser.crashGpuProcess, as a
+        chrome://gpucrash tab would): every page's WebGPU device is lost. For tests and the GPU
+        bench: what a driver reset does to a run."""
+        self._browser.new_browser_cdp_session().send("Browser.crashGpuProcess")
 
     def close(self) -> None:
         for close in (getattr(self._browser, "close", None),

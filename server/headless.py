@@ -24,14 +24,7 @@ from pathlib import Path
 
 from andrea import http_client
 from andrea.checkpoints import newest_usable
-from andrea.chromium import (  # noqa: F401  (tests/browser.py imports the browser from here)
-    CHROMIUM,
-    GPU,
-    QUIET,
-    SWIFTSHADER,
-    BrowserError,
-    Chromium,
-)
+from andrea.chromium import BrowserError, Chromium
 from andrea.train_args import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -52,6 +45,7 @@ from andrea.train_output import (
 CONNECT_S = 5           # a server that does not answer within this is reported, not waited for
 SERVER_GONE_S = 10      # a server that stops answering mid-run for this long ends the run
 MESSAGE_MAX = 2000      # a run's status message (server/telemetry/protocol.py)
+MAX_DEVICE_LOSSES = 3   # resumes after a lost GPU device before the command gives up
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------
@@ -180,11 +174,26 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         progress_bar(info.get("last_step") or 0, steps, info.get("last_loss"))
         return None
 
-    try:
-        page = browser.drive(url, run, args.timeout, tick)
-    except KeyboardInterrupt:   # Ctrl-C again while the page was stopping
-        page = {"done": None, "errors": [], "error_text": None, "stats": None,
-                "interrupted": True, "refused": None}
+    losses = 0
+    while True:
+        try:
+            page = browser.drive(url, run, args.timeout, tick)
+        except KeyboardInterrupt:   # Ctrl-C again while the page was stopping
+            page = {"done": None, "errors": [], "error_text": None, "stats": None,
+                    "interrupted": True, "refused": None, "lost": None}
+        if not page.get("lost") or page["interrupted"] or page["errors"]:
+            break
+        # The GPU device was lost (a driver reset, a crashed GPU process): the page kept every
+        # record and stopped; the run goes on from its last checkpoint on a fresh device.
+        losses += 1
+        result["device_losses"] = losses
+        if losses > MAX_DEVICE_LOSSES:
+            page["errors"].append(f"{page['lost']} ({losses} times; gave up after "
+                                  f"{MAX_DEVICE_LOSSES} resumes)")
+            break
+        run = _resume_after_loss(url, run, page["lost"], losses)
+        secret["token"] = run["token"]
+        result["resume_link"] = resume_link(url, run["id"], run["token"])
     secret["refused"] = page.get("refused")
     if page["interrupted"]:
         if page["done"] is None:   # the page could not stop it: the server is told directly
@@ -199,6 +208,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         "final_loss": final["loss"] if final else None,
         "final_grad_norm": final["grad_norm"] if final else None,
         "median_step_ms": step_ms[len(step_ms) // 2] if step_ms else None,
+        "adapter": info.get("adapter"),
         "readback": page["stats"]})
     if page["interrupted"]:
         result["error"] = "interrupted"
@@ -211,6 +221,29 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
             f"the run ended {page['done']}"
         return EXIT_FAILED
     return 0
+
+
+def _resume_after_loss(url: str, run: dict, lost: str, losses: int) -> dict:
+    """The run resumed from its last checkpoint with a new write token, once the lost page's
+    trainer socket is gone (the server refuses a resume while a trainer holds the run)."""
+    info = _http("GET", f"{url}/api/runs/{run['id']}", timeout=CONNECT_S)
+    step = (info.get("checkpoint") or {}).get("last_step")
+    if not step:
+        raise TrainError(f"{lost}; no checkpoint was saved before it, so the run cannot resume")
+    progress(f"{lost}; resuming from the checkpoint of step {step} "
+             f"({losses} of at most {MAX_DEVICE_LOSSES})")
+    deadline = time.monotonic() + SERVER_GONE_S
+    while True:
+        try:
+            resumed = http_client.request("POST", f"{url}/api/runs/{run['id']}/resume",
+                                          token=run["token"])
+            return {**run, "token": resumed["token"]}
+        except http_client.ServerError as e:
+            if e.status != 409 or time.monotonic() > deadline:
+                raise TrainError(f"{lost}; the resume was refused: {e}") from None
+        except http_client.Unreachable as e:
+            raise TrainError(str(e)) from None
+        time.sleep(0.25)
 
 
 def resume_link(url: str, run_id: str, token: str) -> str:

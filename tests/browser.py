@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-# The same Chromium and flags as `andrea train` (server/headless.py).
-from andrea.headless import CHROMIUM, GPU, QUIET, SWIFTSHADER
+# The same Chromium and flags as `andrea train` (server/chromium.py).
+from andrea.chromium import CHROMIUM, QUIET, webgpu_args
 from andrea.launch import served
 
 QUIET_FLAGS = QUIET
-# ANDREA_GPU_BROWSER=1: on a machine with a real GPU, Chrome picks it through Vulkan.
-WEBGPU_FLAGS = GPU if os.environ.get("ANDREA_GPU_BROWSER") else SWIFTSHADER
+# ANDREA_GPU_BROWSER=1: on a machine with a real GPU, the flags of `andrea train --gpu`.
+GPU_BROWSER = bool(os.environ.get("ANDREA_GPU_BROWSER"))
+BROWSER_ARGS = webgpu_args(GPU_BROWSER)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +32,7 @@ def live_server(server_data_dir) -> str:
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": CHROMIUM,
-            "args": ["--headless=new", *QUIET_FLAGS, *WEBGPU_FLAGS]}
+            "args": BROWSER_ARGS}
 
 
 @pytest.fixture

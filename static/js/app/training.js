@@ -36,6 +36,12 @@ export async function train(state, run, token) {
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
     onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
   const { info, software } = ctx;
+  // `andrea train --gpu` trains on the GPU or not at all: never on a software fallback.
+  if (window.andreaGpuOnly && software) {
+    ctx.destroy();
+    throw new Error(`the browser offered only a software WebGPU adapter (${info.vendor} ` +
+      `${info.architecture}), and this run was asked to train on the GPU`);
+  }
   const adapter = { vendor: info.vendor, architecture: info.architecture,
     description: info.description, software };
   stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`, 'adapter', 'setup');
@@ -84,6 +90,7 @@ export async function train(state, run, token) {
     throw socket.failed;
   }
   window.andreaTrainer = trainer;   // tests and the headless CLI read trainer.stats
+  trainer.stats.uploads = uploader.log;
   $('trainer-controls').hidden = false;
   $('pause').onclick = () => { trainer.pause(); $('pause').hidden = true; $('resume').hidden = false; };
   $('resume').onclick = () => { trainer.resume(); $('pause').hidden = false; $('resume').hidden = true; };
@@ -99,8 +106,9 @@ export async function train(state, run, token) {
     final = 'failed';
   }
   $('trainer-controls').hidden = true;   // nothing left to pause or stop
-  // Refused for good: this token can neither commit records nor save weights any more.
-  if ((final === 'finished' || final === 'stopped') && !socket.failed) {
+  // Refused for good: this token can neither commit records nor save weights any more. A lost
+  // device has no weights left to read.
+  if ((final === 'finished' || final === 'stopped') && !socket.failed && !trainer.lost) {
     await saveWeights(runId, trainer, token);
   }
   trainer.destroy();   // weights saved (or the run failed): free the GPU memory
@@ -117,12 +125,25 @@ export async function train(state, run, token) {
     showError(refusedText(e));
   }
   window.removeEventListener('beforeunload', stay);   // weights saved, every record committed
+  if (trainer.lost && final === 'stopped') deviceLost(trainer, run, lastStep);
   $('mode').textContent = '(trained in this tab)';
   stat('ring waits', `${trainer.stats.ringWaits} (GPU starved ${trainer.stats.gpuStarved})`,
     'readback ring waits', true);
   socket.close();
   retireToken(runId);  // a reload must not train it again (the token still renames, deletes...)
   body.dataset.done = final;
+}
+
+/** The device was lost mid-run: the records committed so far stay, the run is `stopped`, and
+ *  the resume button continues it from its last checkpoint in a fresh device (`andrea train`
+ *  presses it by itself: body.dataset.deviceLost). */
+function deviceLost(trainer, run, lastStep) {
+  const from = trainer.ckpt.saved ?? run.checkpoint?.last_step ?? null;
+  body.dataset.deviceLost = trainer.lost;
+  showError(`${trainer.lost}. The records up to step ${lastStep} are kept; ` + (from
+    ? `resume to continue from the checkpoint of step ${from}.`
+    : 'no checkpoint was saved before the loss, so the run cannot be resumed.'));
+  $('resume-run').hidden = !from;
 }
 
 /** The page's words for a final refusal of the trainer socket (#error; `andrea train` prints
@@ -137,6 +158,7 @@ function refusedText(refused) {
 class CheckpointUploader {
   constructor(runId, token, socket) {
     Object.assign(this, { runId, token, socket });
+    this.log = [];   // [{step, mib, readMs, uploadMs}] of the uploads that succeeded
   }
 
   async upload(ckpt) {
@@ -151,6 +173,7 @@ class CheckpointUploader {
           'x-andrea-chunk-sha256': ckpt.chunkSha256.join(',') } });
       if (!res.ok) throw new Error(`${res.status} ${await responseDetail(res)}`);
       const ms = performance.now() - t0;
+      this.log.push({ step: ckpt.step, mib: ckpt.bytes / 2 ** 20, readMs: ckpt.readMs, uploadMs: ms });
       stat('checkpoint', `step ${ckpt.step} (${(ckpt.bytes / 2 ** 20).toFixed(1)} MiB, ` +
         `read ${ckpt.readMs.toFixed(0)} ms, upload ${ms.toFixed(0)} ms)`);
       body.dataset.checkpoint = String(ckpt.step);

@@ -23,7 +23,8 @@ export async function createContext({ gpu, load, onError = null, onLost = null,
   const ctx = { ...acquired, allocatedBytes: 0, liveBuffers: 0 };
   countBuffers(ctx);
   ctx.lib = new ShaderLibrary(ctx.device, load);
-  ctx.destroy = () => ctx.device.destroy();
+  ctx.closing = false;   // set by destroy(): the device's loss then is ours, not a failure
+  ctx.destroy = () => { ctx.closing = true; ctx.device.destroy(); };
   return ctx;
 }
 

@@ -117,6 +117,14 @@ export class Trainer {
     // periodic one is due at, recent step times (every === null) and live staging buffers.
     this.ckpt = { inFlight: null, taken: null, saved: null, next: Infinity, stepMs: [],
       staging: new Set(), lastError: null };
+    // A device lost under us (a driver reset, a crashed GPU process, a GPU switched away) stops
+    // the run: what was read back is kept, nothing more can be. ctx.destroy() is not a loss.
+    this.lost = null;
+    ctx.device.lost?.then((info) => {
+      if (ctx.closing) return;
+      this.lost = `GPU device lost (${info.reason})${info.message ? `: ${info.message}` : ''}`;
+      this.stop(this.lost);
+    });
   }
 
   get variant() {
@@ -375,6 +383,9 @@ export class Trainer {
             this.stop(`the loss became non-finite at step ${rec.step}`);
           }
         });
+        // A read back that fails (a lost device) surfaces where it is awaited, not as an
+        // unhandled rejection before that.
+        slot.pending.catch(() => {});
         prevSlot = slot;
         this.maybeCheckpoint();   // after this step's submit, before the next: exactly its state
         t = lap(prof, 'checkpointMs', t);
@@ -386,15 +397,25 @@ export class Trainer {
       await Promise.all(this.ring.map((s) => s.pending));
       const failed = this.stopReason?.startsWith('the loss became non-finite');
       // Stop: the state is saved (on.checkpoint's promise awaited) before the status says so.
-      if (this.state === 'stopping' && !failed) await this.checkpointNow();
+      // A lost device has no state left to save: the last checkpoint is where it resumes.
+      if (this.lost) { /* nothing to read back */ }
+      else if (this.state === 'stopping' && !failed) await this.checkpointNow();
       // The end: a periodic checkpoint that came due while another was in flight is taken now.
       else if (!failed) await this.checkpointIfDue();
       // Any end: no checkpoint is left in flight (its staging buffers are freed).
       while (this.ckpt.inFlight) await this.ckpt.inFlight;
     } catch (e) {
-      this.state = 'failed';
-      this.on.status('failed', e.message || String(e));
-      throw e;
+      // A lost device fails every read back in flight: that is the loss, not a second failure.
+      if (!this.lost) {
+        this.state = 'failed';
+        this.on.status('failed', e.message || String(e));
+        throw e;
+      }
+    }
+    if (this.lost) {   // stopped, not failed: the run resumes from its last checkpoint
+      this.state = 'stopped';
+      this.on.status('stopped', this.lost);
+      return this.state;
     }
     const failed = this.stopReason?.startsWith('the loss became non-finite');
     this.state = this.state === 'stopping' ? (failed ? 'failed' : 'stopped') : 'finished';

@@ -1,0 +1,136 @@
+"""A lost GPU device does not lose the run. The browser's GPU process is crashed mid-run (DevTools'
+Browser.crashGpuProcess: what a driver reset or chrome://gpucrash does), on SwiftShader here and
+on the GPU with ANDREA_GPU_BROWSER=1: the page says so, keeps every committed record, stops the
+run resumably, and its resume button continues it from the last checkpoint to the end, the
+steps recomputed after the checkpoint equal to the ones recorded before the loss; `andrea
+train` resumes by itself. Also: `andrea train --gpu` never trains on a software adapter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+
+from andrea.auth import token_init_script
+from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER
+
+STEPS, EVERY, CRASH_AFTER = 50, 10, 22
+FIELDS = ("loss", "grad_norm", "clip_scale", "lr")
+PRESET = "12m" if GPU_BROWSER else "tiny"
+
+
+def config(seed: int) -> dict:
+    return {"preset": PRESET, "optimizer": "adamw", "steps": STEPS, "batch_size": 2,
+            "seed": seed, "checkpoint_every": EVERY, "eval_every": 20, "sample_every": 0}
+
+
+def run_info(url: str, run_id: str) -> dict:
+    return httpx.get(f"{url}/api/runs/{run_id}").json()
+
+
+def metrics(url: str, run_id: str) -> list[dict]:
+    return httpx.get(f"{url}/api/runs/{run_id}/metrics").json()
+
+
+def test_a_lost_device_stops_the_run_resumably_and_the_page_resumes_it(playwright, live_server):
+    run = httpx.post(f"{live_server}/api/runs", json=config(seed=41)).json()
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    try:
+        page = browser.new_context().new_page()
+        page.add_init_script(token_init_script(run["id"], run["token"]))
+        page.goto(f"{live_server}/runs/{run['id']}")
+        page.wait_for_function(f"Number(document.body.dataset.checkpoint || 0) >= {2 * EVERY}"
+                               f" && window.andreaTrainer?.done >= {CRASH_AFTER}",
+                               timeout=600_000, polling=50)
+        browser.new_browser_cdp_session().send("Browser.crashGpuProcess")
+        page.wait_for_function("document.body.dataset.done", timeout=120_000)
+
+        assert page.evaluate("document.body.dataset.done") == "stopped"
+        lost = page.evaluate("document.body.dataset.deviceLost")
+        assert lost.startswith("GPU device lost"), lost
+        assert page.locator("#error").is_visible()
+        assert "are kept; resume to continue from the checkpoint of step" in \
+            page.inner_text("#error")
+        info = run_info(live_server, run["id"])
+        assert info["status"] == "stopped" and info["message"].startswith("GPU device lost")
+        before = metrics(live_server, run["id"])
+        kept = len(before)
+        assert kept >= CRASH_AFTER - 4 and kept < STEPS   # what was read back, committed
+        assert [m["step"] for m in before] == list(range(1, kept + 1))
+        checkpoint = info["checkpoint"]["last_step"]
+        assert checkpoint >= 2 * EVERY
+
+        with page.expect_navigation():   # the tab resumes it on a fresh device
+            page.locator("#resume-run").click()
+        page.wait_for_function("document.body.dataset.done", timeout=600_000)
+        assert page.evaluate("document.body.dataset.done") == "finished", \
+            page.inner_text("#error")
+    finally:
+        browser.close()
+    after = metrics(live_server, run["id"])
+    assert [m["step"] for m in after] == list(range(1, STEPS + 1))   # every step once
+    # The steps before the loss, those recomputed after the checkpoint included, are unchanged.
+    for x, y in zip(before, after[:kept]):
+        assert {k: x[k] for k in FIELDS} == {k: y[k] for k in FIELDS}, x["step"]
+    assert run_info(live_server, run["id"])["status"] == "finished"
+
+
+# `andrea train` whose browser's GPU process crashes once, after the step-EVERY checkpoint.
+CRASHING_TRAIN = """
+import sys
+from andrea import chromium, cli
+watch = chromium.Chromium._watch
+crashed = []
+def crashing_watch(self, page, errors, timeout, tick):
+    def tick_then_crash():
+        if not crashed and page.evaluate("Number(document.body.dataset.checkpoint || 0)") >= %d:
+            crashed.append(True)
+            self.crash_gpu_process()
+        return tick()
+    return watch(self, page, errors, timeout, tick_then_crash)
+chromium.Chromium._watch = crashing_watch
+sys.exit(cli.main(sys.argv[1:]))
+""" % EVERY
+
+
+def test_andrea_train_resumes_after_a_lost_device_by_itself(live_server):
+    args = ["train", "--server", live_server, "--preset", PRESET, "--steps", str(STEPS),
+            "--batch-size", "2", "--checkpoint-every", str(EVERY), "--sample-every", "0",
+            "--seed", "42", "--json", *(["--gpu"] if GPU_BROWSER else [])]
+    r = subprocess.run([sys.executable, "-c", CRASHING_TRAIN, *args], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert result["ok"] and result["status"] == "finished", result
+    assert result["device_losses"] == 1
+    assert "GPU device lost" in r.stderr and "resuming from the checkpoint of step" in r.stderr
+    assert [m["step"] for m in metrics(live_server, result["run_id"])] == \
+        list(range(1, STEPS + 1))
+
+
+# A browser whose GPU is off: WebGPU falls back to SwiftShader, whatever other flags it gets.
+SOFTWARE_ONLY = """#!/bin/sh
+exec "$ANDREA_REAL_CHROMIUM" "$@" --disable-gpu
+"""
+
+
+def test_andrea_train_gpu_refuses_a_software_adapter_before_creating_a_run(live_server,
+                                                                           tmp_path):
+    wrapper = tmp_path / "chromium-software-only"
+    wrapper.write_text(SOFTWARE_ONLY)
+    wrapper.chmod(0o755)
+    before = httpx.get(f"{live_server}/api/runs").headers["x-total-count"]
+    r = subprocess.run([sys.executable, "-m", "andrea", "train", "--gpu", "--preset", "tiny",
+                        "--steps", "2", "--server", live_server, "--json"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ANDREA_CHROMIUM": str(wrapper),
+                            "ANDREA_REAL_CHROMIUM": CHROMIUM})
+    assert r.returncode == 1, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert result["error"].startswith("no GPU adapter: the browser at ANDREA_CHROMIUM="), result
+    assert "swiftshader" in result["error"] and result["run_id"] is None
+    assert r.stderr.strip() == f"andrea train: {result['error']}"
+    assert httpx.get(f"{live_server}/api/runs").headers["x-total-count"] == before
