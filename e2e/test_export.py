@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.browser import GPU_BROWSER
 from tests.lab import b64, call
 
 # A preset, and a shape of the run's own (every field off the preset's, a vocabulary of its own).
@@ -22,7 +23,8 @@ def test_trained_run_exports_to_hf_and_matches_the_engine(live_server, server_da
                                                            lab_session, tmp_path, shape):
     flags = [a for k, v in SHAPES[shape].items() for a in ("--" + k.replace("_", "-"), str(v))]
     r = subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", "--preset", "tiny",
-                        *flags, "--steps", "6", "--batch-size", "2", "--server", live_server,
+                        *flags, *(["--gpu"] if GPU_BROWSER else []), "--steps", "6",
+                        "--batch-size", "2", "--server", live_server,
                         "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = json.loads(r.stdout.strip().splitlines()[-1])["run_id"]
