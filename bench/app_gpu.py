@@ -126,6 +126,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50, help="back-to-back steps timed")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--smoke", action="store_true", help="tiny, on SwiftShader")
+    ap.add_argument("--data-dir", type=Path, help="the server's (default: a new temporary one)")
     args = ap.parse_args()
     runs, gpu = (SMOKE_RUNS, False) if args.smoke else (RUNS, True)
     lines: list[str] = []
@@ -134,7 +135,7 @@ def main() -> None:
         print(s, flush=True)
         lines.append(s)
 
-    with tempfile.TemporaryDirectory() as data, served(Path(data)) as url:
+    with tempfile.TemporaryDirectory() as tmp, served(args.data_dir or Path(tmp)) as url:
         results = {run: train(url, *run, args.steps, gpu) for run in runs}
         b2b, kernels = in_browser(url, args.iters, runs, gpu)
     first = next(iter(results.values()))
