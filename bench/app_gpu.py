@@ -152,6 +152,16 @@ def main() -> None:
         say(f"{' '.join(map(str, run)):<24}{r['record_median_ms']:>12.2f}"
             f"{r['record_mean_ms']:>9.2f}{b2b[run]:>9.2f}{ratio:>9.3f}{r['wall_s']:>8.0f}")
     say()
+    say("the page's loop per step (ms, trainer.stats.loop: waits for a batch and a ring slot, "
+        "GPU busy and idle between steps by timestamp-query)")
+    for run, r in results.items():
+        loop = (r.get("readback") or {}).get("loop") or {}
+        n = max(loop.get("steps", 0), 1)
+        say(f"  {' '.join(map(str, run)):<22}" + "  ".join(
+            f"{k.removesuffix('Ms')} {loop.get(k, 0) / n:.2f}"
+            for k in ("batchWaitMs", "ringWaitMs", "uploadMs", "encodeMs", "mapMs", "gpuBusyMs",
+                      "gpuIdleMs")))
+    say()
     say("checkpoints in the browser (read back from the GPU, then PUT to the server)")
     for run, r in results.items():
         for u in (r.get("readback") or {}).get("uploads", []):

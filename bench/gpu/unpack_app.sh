@@ -41,12 +41,17 @@ fi
 # The browser's launchers: its libraries for the browser alone (never for python).
 R=$A/root
 mkdir -p $A/bin $A/app
+# Its fonts: the bundle's (a CUDA image has none, and with none the browser crashes on a page).
+cat > $A/fonts.conf <<XML
+<?xml version="1.0"?>
+<fontconfig><dir>$R/usr/share/fonts</dir><dir>/usr/share/fonts</dir><cachedir>$A/fontcache</cachedir></fontconfig>
+XML
 for name in chromium-headless-shell chromium; do
   [ -x $R/usr/lib/chromium/$name ] || continue
   cat > $A/bin/$name <<SH
 #!/bin/sh
 export LD_LIBRARY_PATH="$R/usr/lib/chromium:$R/usr/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu/pulseaudio:$R/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-export FONTCONFIG_PATH="$R/etc/fonts"
+export FONTCONFIG_FILE="$A/fonts.conf"
 nv=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 if [ -z "\${VK_DRIVER_FILES:-}" ] && [ -f "\$nv" ]; then export VK_DRIVER_FILES="\$nv"; fi
 exec "$R/usr/lib/chromium/$name" "\$@"

@@ -192,7 +192,9 @@ class CheckpointUploader {
 async function saveWeights(runId, trainer, token) {
   try {
     const w = await trainer.model.getParams();
-    const res = await fetch(`/api/runs/${runId}/weights`, { method: 'PUT', body: w,
+    // A Blob, not the array itself: Chrome's renderer crashes sending an ArrayBuffer body of
+    // hundreds of MB (120m: 478 MB), and streams a Blob.
+    const res = await fetch(`/api/runs/${runId}/weights`, { method: 'PUT', body: new Blob([w]),
       headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' } });
     if (!res.ok) throw new Error(`${res.status} ${await responseDetail(res)}`);
     showModelLink();
