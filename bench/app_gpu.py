@@ -127,8 +127,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--smoke", action="store_true", help="tiny, on SwiftShader")
     ap.add_argument("--data-dir", type=Path, help="the server's (default: a new temporary one)")
+    ap.add_argument("--only", help="only the runs of this preset (12m, 120m)")
     args = ap.parse_args()
     runs, gpu = (SMOKE_RUNS, False) if args.smoke else (RUNS, True)
+    runs = [r for r in runs if args.only in (None, r[0])]
     lines: list[str] = []
 
     def say(s: str = "") -> None:
