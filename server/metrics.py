@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
+MAX_BATCH = 1024      # the most rows a batch has (RunConfig.batch_size's bound)
 
 
 class Record(BaseModel):
@@ -38,6 +39,10 @@ class Record(BaseModel):
     # Mean training loss per data source this step ({source index: loss}), for the bandit.
     source_losses: dict[Annotated[str, Field(pattern=r"^[0-9]{1,3}$")], Finite] | None = Field(
         default=None, max_length=64)
+    # Mean training loss of each row of the batch, in batch order (None: not finite), to 7
+    # significant digits: the rows far above the step's loss are its outlier candidates. As many
+    # as the run's batch_size (checked against the run by the trainer socket).
+    row_losses: list[NonNegative | None] | None = Field(default=None, max_length=MAX_BATCH)
 
     def row(self) -> dict:
         """What is stored and sent to viewers: the sent fields, plus the required ones."""

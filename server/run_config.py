@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from andrea.metrics import MAX_BATCH
 from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
 
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -29,7 +30,7 @@ class RunConfig(BaseModel):
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
     f16_mirror: bool = False          # forward/backward matmuls read an f16 copy of the weights
     steps: int = Field(200, ge=1, le=1_000_000)
-    batch_size: int = Field(8, ge=1, le=1024)
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH)
     seq_len: int | None = Field(None, ge=2, le=8192, description=(
         "default: the preset's context; longer lengthens the model's context"))
     # The model's own shape instead of the preset's (server/model.py run_model): each left out

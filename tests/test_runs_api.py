@@ -3,7 +3,7 @@ import contextlib
 import pytest
 
 from andrea.metrics import COLUMNS
-from andrea.telemetry import RECORDS_PER_MESSAGE
+from andrea.telemetry import MAX_MESSAGE_BYTES, RECORDS_PER_MESSAGE
 
 
 @contextlib.contextmanager
@@ -136,7 +136,8 @@ def test_server_restart_keeps_runs_metrics_and_batches(settings):
         with c2.websocket_connect(f"/ws/runs/{run['id']}") as ws:
             ws.send_json({"type": "hello", "token": run["token"], "last_acked_step": 0})
             assert ws.receive_json() == {"type": "welcome", "last_committed_step": 1,
-                                         "records_per_message": RECORDS_PER_MESSAGE}
+                                         "records_per_message": RECORDS_PER_MESSAGE,
+                                         "max_message_bytes": MAX_MESSAGE_BYTES}
 
 
 def test_telemetry_source_losses_steer_the_bandit(client):

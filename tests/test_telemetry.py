@@ -9,7 +9,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.telemetry import MAX_RECORDS, RECORDS_PER_MESSAGE
+from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS, RECORDS_PER_MESSAGE
 
 
 def ws_url(live_server, path):
@@ -47,7 +47,8 @@ def test_reconnect_and_resend_lose_nothing_and_duplicate_nothing(live_server, se
     url = ws_url(live_server, f"/ws/runs/{run['id']}")
     with connect(url) as ws:
         assert hello(ws, run["token"]) == {"type": "welcome", "last_committed_step": None,
-                                           "records_per_message": RECORDS_PER_MESSAGE}
+                                           "records_per_message": RECORDS_PER_MESSAGE,
+                                           "max_message_bytes": MAX_MESSAGE_BYTES}
         assert send_metrics(ws, [record(s) for s in range(1, 6)]) == {"type": "ack", "step": 5}
         ws.send(json.dumps({"type": "metrics", "records": [record(s) for s in range(6, 9)]}))
         # Drop the connection before reading the ack: the client cannot know 6..8 landed.
@@ -115,7 +116,27 @@ BAD = {
     "unknown-type": (json.dumps({"type": "launch"}), 1003),
     "negative-time": (json.dumps({"type": "metrics", "records": [{**record(1), "opt_ms": -1}]}),
                       1003),
+    # row_losses: one mean loss per row of the run's batch (tiny's default: 8 rows).
+    "row-losses-wrong-length": (json.dumps({"type": "metrics", "records": [
+        record(2), {**record(3), "row_losses": [4.5] * 3}]}), 1003),
+    "row-losses-negative": (json.dumps({"type": "metrics", "records": [
+        {**record(2), "row_losses": [4.5] * 7 + [-0.5]}]}), 1003),
+    "row-losses-not-numbers": (json.dumps({"type": "metrics", "records": [
+        {**record(2), "row_losses": "4.5"}]}), 1003),
+    "row-losses-too-long": (json.dumps({"type": "metrics", "records": [
+        {**record(2), "row_losses": [4.5] * 1025}]}), 1003),
 }
+
+
+def test_row_losses_are_stored_served_and_kept_with_non_finite_rows(live_server):
+    run = new_run(live_server, batch_size=4)
+    with connect(ws_url(live_server, f"/ws/runs/{run['id']}")) as ws:
+        hello(ws, run["token"])
+        rows = [4.5, 6.25, None, 3.0]   # a row whose loss was not finite is None
+        assert send_metrics(ws, [{**record(1), "row_losses": rows}, record(2)]) == \
+            {"type": "ack", "step": 2}
+    got = metrics(live_server, run["id"])
+    assert got[0]["row_losses"] == rows and "row_losses" not in got[1]
 
 
 @pytest.mark.parametrize("payload,code", list(BAD.values()), ids=list(BAD))

@@ -86,6 +86,15 @@ class _RunSources:
                                           "Nothing of this message was stored")
 
 
+def _check_rows(batch_size: int, records: list[Record]) -> None:
+    """row_losses, where sent, has one number per row of the run's batch."""
+    for r in records:
+        if r.row_losses is not None and len(r.row_losses) != batch_size:
+            raise ProtocolError(1003, f"row_losses of step {r.step}: {len(r.row_losses)} numbers"
+                                      f" for a batch of {batch_size} rows; give one per row. "
+                                      "Nothing of this message was stored")
+
+
 async def _receive(ws: WebSocket):
     return await receive(ws, TrainerMessage, MAX_MESSAGE_BYTES)
 
@@ -125,11 +134,13 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                            settings.metrics_rate_per_s)
         _check_steps(steps, hello.last_acked_step)
         await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
+                            "max_message_bytes": MAX_MESSAGE_BYTES,
                             "last_committed_step": run["last_step"]})
         while True:
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
+                _check_rows(run["config"]["batch_size"], msg.records)
                 await sources.check(msg.records)    # before anything is committed
                 # Past the rate the socket is read more slowly: nothing is refused or lost,
                 # the tab's acks come later.

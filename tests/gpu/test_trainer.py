@@ -101,3 +101,39 @@ def test_loop_profile_accounts_for_every_step(lab_session):
         assert all(x is not None and x > 0 for x in out["opt"])
     else:
         assert loop["gpuSteps"] == 0 and loop["gpuBusyMs"] == 0
+
+
+def test_row_losses_are_each_rows_mean_cross_entropy_as_torch_computes_it(lab_session, live_server):
+    """The record's row_losses: the mean token cross-entropy of each row of the step's batch, as
+    torch's cross_entropy(reduction='none') averaged per row gives it for the same weights (the
+    Hugging Face model) and batch; their mean is the step's loss."""
+    import httpx
+    import numpy as np
+    import torch
+
+    from andrea.data import wire
+    from tests import reference as ref
+
+    out = call(lab_session, SETUP + """
+        const w = await trainer.model.getParams();   // the weights step 1 runs with
+        const state = await trainer.run();
+        trainer.destroy();
+        return {state, w, rec: records[0]};
+    """, {"steps": 1})
+    assert out["state"] == "finished"
+    rec = out["rec"]
+    batch = wire.decode(httpx.get(f"{live_server}/api/batches/0",
+                                  params={"preset": "tiny", "batch_size": 2, "steps": 1}).content)
+    layout = httpx.get(f"{live_server}/api/presets/tiny/layout").json()
+    tokens = batch.tokens.astype(np.int64)
+    with torch.no_grad():
+        logits = ref.hf_model(layout, out["w"])(input_ids=torch.from_numpy(tokens[:, :-1])).logits
+        per_token = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), torch.from_numpy(tokens[:, 1:]).reshape(-1),
+            reduction="none").reshape(tokens.shape[0], -1)
+    want = per_token.mean(dim=1).numpy()
+    got = np.array(rec["row_losses"], dtype=np.float64)
+    print(f"\nrow losses {got} vs torch {want}")
+    assert got.shape == (2,)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert np.mean(got) == pytest.approx(rec["loss"], rel=1e-5)

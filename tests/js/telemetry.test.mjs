@@ -131,3 +131,18 @@ test('"another trainer" is retried a few times before it is final', async () => 
   assert.equal(how, 'rejected');
   assert.equal(e.reason, 'another trainer holds this run');
 });
+
+test('records go in messages under half the server\'s byte limit, each whole, in order', async () => {
+  const { s, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 100,
+    max_message_bytes: 4000 });
+  const rows = Array.from({ length: 64 }, (_, i) => 4 + i / 7);   // ~1.2 kB a record
+  for (let step = 1; step <= 6; step++) s.push({ step, row_losses: rows });
+  s.flush();
+  const metrics = ws().sent.filter((m) => m.type === 'metrics');
+  assert.ok(metrics.length >= 3, `${metrics.length} messages`);
+  for (const m of metrics) assert.ok(JSON.stringify(m).length <= 2000 + 100);
+  assert.deepEqual(metrics.flatMap((m) => m.records.map((r) => r.step)), [1, 2, 3, 4, 5, 6]);
+  assert.deepEqual(metrics[0].records[0].row_losses, rows);
+});

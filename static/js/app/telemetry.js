@@ -34,6 +34,7 @@ export class TrainerSocket {
     this.lastAcked = null;
     this.sentUpTo = null;     // highest step sent on the current connection
     this.perMessage = null;   // records per metrics message, from the server's welcome
+    this.maxBytes = null;     // the server's limit on a message's bytes, from its welcome
     this.ws = null;
     this.closed = false;
     this.retry = 500;
@@ -76,6 +77,7 @@ export class TrainerSocket {
       this.retry = 500;
       this.busyRetries = 0;
       this.perMessage = msg.records_per_message;
+      this.maxBytes = msg.max_message_bytes ?? 1 << 20;
       this.markAcked(msg.last_committed_step);
       this.sentUpTo = this.lastAcked;   // resend everything after the committed step
       this.onState('connected');
@@ -120,9 +122,22 @@ export class TrainerSocket {
     if (!this.ready || this.ws.readyState !== (this.WS.OPEN ?? 1)) return;
     while (this.control.length) this.ws.send(JSON.stringify(this.control.shift()));
     const fresh = this.unacked.filter((r) => this.sentUpTo === null || r.step > this.sentUpTo);
-    for (let i = 0; i < fresh.length; i += this.perMessage) {
-      this.ws.send(JSON.stringify({ type: 'metrics', records: fresh.slice(i, i + this.perMessage) }));
+    // At most perMessage records and half the server's byte limit a message (a big batch's
+    // row_losses make records of kilobytes).
+    let parts = [];
+    let bytes = 0;
+    const send = () => {
+      if (parts.length) this.ws.send(`{"type":"metrics","records":[${parts.join(',')}]}`);
+      parts = [];
+      bytes = 0;
+    };
+    for (const r of fresh) {
+      const text = JSON.stringify(r);
+      if (parts.length >= this.perMessage || bytes + text.length > this.maxBytes / 2) send();
+      parts.push(text);
+      bytes += text.length + 1;
     }
+    send();
     if (fresh.length) this.sentUpTo = fresh[fresh.length - 1].step;
   }
 

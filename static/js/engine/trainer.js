@@ -431,11 +431,14 @@ export class Trainer {
     const [norm, clip] = [data[4], data[5]];
     const optMs = this.queries ? this.gpuTimes(range) : null;
     const tok = SLOT_HEAD / 4;   // first per-token loss
-    // Per-source mean training loss from the per-token losses, for the source bandit.
+    // Per-source mean training loss from the per-token losses, for the source bandit, and each
+    // row's mean (7 significant digits, about f32's), whose outliers a spike points at.
     const sums = {};
+    const rows = new Array(this.B);
     for (let b = 0; b < this.B; b++) {
       let s = 0;
       for (let t = 0; t < this.T; t++) s += data[tok + b * this.T + t];
+      rows[b] = Number.isFinite(s) ? Number((s / this.T).toPrecision(7)) : null;
       const k = String(batch.sources[b]);
       sums[k] = sums[k] ?? [0, 0];
       sums[k][0] += s;
@@ -448,6 +451,7 @@ export class Trainer {
       tokens_per_s: (N * 1000) / ms, step_ms: ms, ...(optMs !== null ? { opt_ms: optMs } : {}),
       source_losses: Object.fromEntries(Object.entries(sums)
         .map(([k, [s, n]]) => [k, s / n]).filter(([, v]) => Number.isFinite(v))),
+      row_losses: rows,
     };
     if (batch.phase !== null) rec.phase = batch.phase;
     if (evalLoss !== null && evalLoss !== undefined && Number.isFinite(evalLoss)) rec.eval_loss = evalLoss;
