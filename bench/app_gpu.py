@@ -66,6 +66,69 @@ async ({preset, B, variant, iters}) => {
 }
 """
 
+# What the app's step adds to the back-to-back one, each alone (--variants): the trainer's three
+# timestamps a step, a new real batch written each step (the server's batches for the preset),
+# and the per-token losses copied out for the readback ring. GPU ms a step, back to back.
+VARIANTS = """
+async ({preset, B, iters}) => {
+  const { Model } = await import('/static/js/engine/model.js');
+  const { Optimizer } = await import('/static/js/engine/optimizer.js');
+  const { parseBatch } = await import('/static/js/engine/batches.js');
+  const ctx = window.andrea.lab.ctx;
+  const { device } = ctx;
+  const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
+  const maps = await (await fetch('/api/optimizer/maps')).json();
+  const model = new Model(ctx, layout);
+  await model.init(0);
+  const optim = await Optimizer.create(ctx, layout, { variant: 'adamw', W: model.W, G: model.G,
+    maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0,
+      clip: true } });
+  const T = layout.config.seq_len, V = layout.config.vocab_size, N = B * T;
+  const plan = await model.plan(B, T);
+  const synthetic = [Uint32Array.from({ length: N }, (_, i) => (i * 7919 + 13) % V),
+    Uint32Array.from({ length: N }, (_, i) => (i * 104729 + 1) % V)];
+  const q = `preset=${preset}&batch_size=${B}&steps=1000`;
+  const real = [];
+  for (let s = 0; s < 8; s++) {
+    real.push(parseBatch(await (await fetch(`/api/batches/${s}?${q}`)).arrayBuffer()));
+  }
+  const stamps = device.features.has('timestamp-query')
+    ? device.createQuerySet({ type: 'timestamp', count: 3 }) : null;
+  const sink = device.createBuffer({ size: N * 4 + 64, usage: GPUBufferUsage.COPY_DST });
+  const time = async (opts) => {
+    model.writeBatch(plan, ...synthetic);
+    const step = (s) => {
+      if (opts.batches) model.writeBatch(plan, real[s % 8].inputs, real[s % 8].targets);
+      optim.setStep(s, 1e-4);
+      const enc = device.createCommandEncoder();
+      model.encodeStep(enc, plan, opts.stamps && stamps
+        ? { timestampWrites: { querySet: stamps, beginningOfPassWriteIndex: 0 } } : null);
+      optim.encode(enc, opts.stamps && stamps ? { timestampWrites: { querySet: stamps,
+        beginningOfPassWriteIndex: 1, endOfPassWriteIndex: 2 } } : {});
+      if (opts.readback) enc.copyBufferToBuffer(plan.acts.losses, 0, sink, 0, N * 4);
+      device.queue.submit([enc.finish()]);
+    };
+    for (let s = 1; s <= 3; s++) step(s);
+    await device.queue.onSubmittedWorkDone();
+    const t0 = performance.now();
+    for (let s = 4; s < 4 + iters; s++) step(s);
+    await device.queue.onSubmittedWorkDone();
+    return (performance.now() - t0) / iters;
+  };
+  const out = {};
+  for (const [name, opts] of [['plain', {}], ['timestamps', { stamps: true }],
+    ['real batches', { batches: true }], ['readback copy', { readback: true }],
+    ['all three', { stamps: true, batches: true, readback: true }], ['plain again', {}]]) {
+    out[name] = await time(opts);
+  }
+  model.destroy();
+  optim.destroy();
+  stamps?.destroy();
+  sink.destroy();
+  return out;
+}
+"""
+
 KERNEL_ROWS = """() => [...document.querySelectorAll('#kernels tbody tr')]
   .map((tr) => [...tr.cells].map((c) => c.textContent))"""
 
@@ -120,6 +183,21 @@ def in_browser(url: str, iters: int, runs: list, gpu: bool) -> tuple[dict, dict]
     return b2b, kernels
 
 
+def variants(url: str, preset: str, B: int, iters: int, gpu: bool) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(600_000)
+            page.goto(url + "/lab")
+            page.wait_for_function("document.body.dataset.lab !== undefined")
+            return page.evaluate(VARIANTS, {"preset": preset, "B": B, "iters": iters})
+        finally:
+            browser.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
@@ -128,6 +206,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny, on SwiftShader")
     ap.add_argument("--data-dir", type=Path, help="the server's (default: a new temporary one)")
     ap.add_argument("--only", help="only the runs of this preset (12m, 120m)")
+    ap.add_argument("--variants", action="store_true",
+                    help="only what the app's step adds to the back-to-back one, each alone")
     args = ap.parse_args()
     runs, gpu = (SMOKE_RUNS, False) if args.smoke else (RUNS, True)
     runs = [r for r in runs if args.only in (None, r[0])]
@@ -137,6 +217,15 @@ def main() -> None:
         print(s, flush=True)
         lines.append(s)
 
+    if args.variants:
+        with tempfile.TemporaryDirectory() as tmp, served(args.data_dir or Path(tmp)) as url:
+            for preset, B in sorted({(r[0], r[1]) for r in runs}):
+                ms = variants(url, preset, B, args.iters, gpu)
+                say(f"{preset} B {B}, adamw, ms a step back to back: " +
+                    "  ".join(f"{k} {v:.2f}" for k, v in ms.items()))
+        if args.out:
+            args.out.write_text("\n".join(lines) + "\n")
+        return
     with tempfile.TemporaryDirectory() as tmp, served(args.data_dir or Path(tmp)) as url:
         results = {run: train(url, *run, args.steps, gpu) for run in runs}
         b2b, kernels = in_browser(url, args.iters, runs, gpu)
