@@ -31,46 +31,11 @@ SMOKE_RUNS = [("tiny", 4, "adamw"), ("tiny", 4, "adamw_8bit")]
 
 # The trainer's step without the trainer: model and optimizer encoded into one command buffer per
 # step, submitted back to back, nothing read back (bench/dawn.mjs backToBackMs, in the page).
-BACK_TO_BACK = """
-async ({preset, B, variant, iters}) => {
-  const { Model } = await import('/static/js/engine/model.js');
-  const { Optimizer } = await import('/static/js/engine/optimizer.js');
-  const ctx = window.andrea.lab.ctx;
-  const { device } = ctx;
-  const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
-  const maps = await (await fetch('/api/optimizer/maps')).json();
-  const model = new Model(ctx, layout);
-  await model.init(0);
-  const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G, maps,
-    hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true } });
-  const T = layout.config.seq_len, V = layout.config.vocab_size;
-  const plan = await model.plan(B, T);
-  model.writeBatch(plan, Uint32Array.from({ length: B * T }, (_, i) => (i * 7919 + 13) % V),
-    Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V));
-  const step = (s) => {
-    optim.setStep(s, 1e-4);
-    const enc = device.createCommandEncoder();
-    model.encodeStep(enc, plan);
-    optim.encode(enc);
-    device.queue.submit([enc.finish()]);
-  };
-  for (let s = 1; s <= 3; s++) step(s);
-  await device.queue.onSubmittedWorkDone();
-  const t0 = performance.now();
-  for (let s = 4; s < 4 + iters; s++) step(s);
-  await device.queue.onSubmittedWorkDone();
-  const ms = (performance.now() - t0) / iters;
-  model.destroy();
-  optim.destroy();
-  return ms;
-}
-"""
-
-# What the app's step adds to the back-to-back one, each alone (--variants): the trainer's three
+# `kinds` adds, each alone, what the app's step adds to it (--variants): the trainer's three
 # timestamps a step, a new real batch written each step (the server's batches for the preset),
-# and the per-token losses copied out for the readback ring. GPU ms a step, back to back.
-VARIANTS = """
-async ({preset, B, iters}) => {
+# and the per-token losses copied out for the readback ring. -> {kind: ms a step}.
+STEP_TIMES = """
+async ({preset, B, variant, iters, kinds}) => {
   const { Model } = await import('/static/js/engine/model.js');
   const { Optimizer } = await import('/static/js/engine/optimizer.js');
   const { parseBatch } = await import('/static/js/engine/batches.js');
@@ -80,32 +45,31 @@ async ({preset, B, iters}) => {
   const maps = await (await fetch('/api/optimizer/maps')).json();
   const model = new Model(ctx, layout);
   await model.init(0);
-  const optim = await Optimizer.create(ctx, layout, { variant: 'adamw', W: model.W, G: model.G,
-    maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0,
-      clip: true } });
+  const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G, maps,
+    hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true } });
   const T = layout.config.seq_len, V = layout.config.vocab_size, N = B * T;
   const plan = await model.plan(B, T);
   const synthetic = [Uint32Array.from({ length: N }, (_, i) => (i * 7919 + 13) % V),
     Uint32Array.from({ length: N }, (_, i) => (i * 104729 + 1) % V)];
-  const q = `preset=${preset}&batch_size=${B}&steps=1000`;
   const real = [];
-  for (let s = 0; s < 8; s++) {
+  for (let s = 0; s < 8 && kinds.some(([, o]) => o.batches); s++) {
+    const q = `preset=${preset}&batch_size=${B}&steps=1000`;
     real.push(parseBatch(await (await fetch(`/api/batches/${s}?${q}`)).arrayBuffer()));
   }
   const stamps = device.features.has('timestamp-query')
     ? device.createQuerySet({ type: 'timestamp', count: 3 }) : null;
   const sink = device.createBuffer({ size: N * 4 + 64, usage: GPUBufferUsage.COPY_DST });
-  const time = async (opts) => {
+  const time = async (o) => {
     model.writeBatch(plan, ...synthetic);
     const step = (s) => {
-      if (opts.batches) model.writeBatch(plan, real[s % 8].inputs, real[s % 8].targets);
+      if (o.batches) model.writeBatch(plan, real[s % 8].inputs, real[s % 8].targets);
       optim.setStep(s, 1e-4);
       const enc = device.createCommandEncoder();
-      model.encodeStep(enc, plan, opts.stamps && stamps
+      model.encodeStep(enc, plan, o.stamps && stamps
         ? { timestampWrites: { querySet: stamps, beginningOfPassWriteIndex: 0 } } : null);
-      optim.encode(enc, opts.stamps && stamps ? { timestampWrites: { querySet: stamps,
+      optim.encode(enc, o.stamps && stamps ? { timestampWrites: { querySet: stamps,
         beginningOfPassWriteIndex: 1, endOfPassWriteIndex: 2 } } : {});
-      if (opts.readback) enc.copyBufferToBuffer(plan.acts.losses, 0, sink, 0, N * 4);
+      if (o.readback) enc.copyBufferToBuffer(plan.acts.losses, 0, sink, 0, N * 4);
       device.queue.submit([enc.finish()]);
     };
     for (let s = 1; s <= 3; s++) step(s);
@@ -116,11 +80,7 @@ async ({preset, B, iters}) => {
     return (performance.now() - t0) / iters;
   };
   const out = {};
-  for (const [name, opts] of [['plain', {}], ['timestamps', { stamps: true }],
-    ['real batches', { batches: true }], ['readback copy', { readback: true }],
-    ['all three', { stamps: true, batches: true, readback: true }], ['plain again', {}]]) {
-    out[name] = await time(opts);
-  }
+  for (const [name, o] of kinds) out[name] = await time(o);
   model.destroy();
   optim.destroy();
   stamps?.destroy();
@@ -128,6 +88,11 @@ async ({preset, B, iters}) => {
   return out;
 }
 """
+PLAIN = [["plain", {}]]
+VARIANTS = [["plain", {}], ["timestamps", {"stamps": True}], ["real batches", {"batches": True}],
+            ["readback copy", {"readback": True}],
+            ["all three", {"stamps": True, "batches": True, "readback": True}],
+            ["plain again", {}]]
 
 KERNEL_ROWS = """() => [...document.querySelectorAll('#kernels tbody tr')]
   .map((tr) => [...tr.cells].map((c) => c.textContent))"""
@@ -159,18 +124,11 @@ def in_browser(url: str, iters: int, runs: list, gpu: bool) -> tuple[dict, dict]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
         try:
-            page = browser.new_page()
-            page.set_default_timeout(600_000)
-            page.goto(url + "/lab")
-            page.wait_for_function("document.body.dataset.lab !== undefined")
-            b2b = {(pr, B, o): page.evaluate(BACK_TO_BACK, {"preset": pr, "B": B, "variant": o,
-                                                            "iters": iters})
+            page = open_page(browser, url, "/lab")
+            b2b = {(pr, B, o): step_times(page, pr, B, o, iters, PLAIN)["plain"]
                    for pr, B, o in runs}
             page.close()
-            page = browser.new_page()
-            page.set_default_timeout(600_000)
-            page.goto(url + "/kernels")
-            page.wait_for_function("document.body.dataset.profiled")
+            page = open_page(browser, url, "/kernels")
             page.select_option("#preset", runs[-1][0])
             page.fill("#batch", str(runs[-1][1]))
             page.select_option("#optimizer", "adamw")
@@ -183,17 +141,29 @@ def in_browser(url: str, iters: int, runs: list, gpu: bool) -> tuple[dict, dict]
     return b2b, kernels
 
 
+def open_page(browser, url: str, path: str):
+    """/lab once its engine is ready, /kernels once its first profile is done."""
+    page = browser.new_page()
+    page.set_default_timeout(600_000)
+    page.goto(url + path)
+    page.wait_for_function("document.body.dataset.lab !== undefined" if path == "/lab"
+                           else "document.body.dataset.profiled")
+    return page
+
+
+def step_times(page, preset: str, B: int, variant: str, iters: int, kinds: list) -> dict:
+    return page.evaluate(STEP_TIMES, {"preset": preset, "B": B, "variant": variant,
+                                      "iters": iters, "kinds": kinds})
+
+
 def variants(url: str, preset: str, B: int, iters: int, gpu: bool) -> dict:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
         try:
-            page = browser.new_page()
-            page.set_default_timeout(600_000)
-            page.goto(url + "/lab")
-            page.wait_for_function("document.body.dataset.lab !== undefined")
-            return page.evaluate(VARIANTS, {"preset": preset, "B": B, "iters": iters})
+            return step_times(open_page(browser, url, "/lab"), preset, B, "adamw", iters,
+                              VARIANTS)
         finally:
             browser.close()
 
