@@ -24,7 +24,7 @@ from andrea.fanout import Fanout
 from andrea.limits import BodyLimits
 from andrea.origin_check import OriginCheck
 from andrea.quotas import RateLimiter
-from andrea.routes import checkpoints, data, exports, health, pages, presets, runs
+from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
 from andrea.store import Store, StoreUnavailable
 
 
@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes,
                        idle_timeout_s=settings.idle_timeout_s)
     for router in (health.router, pages.router, presets.router, data.router, runs.router,
-                   exports.router, checkpoints.router, telemetry.router):
+                   exports.router, spikes.router, checkpoints.router, telemetry.router):
         app.include_router(router)
     return app
 

@@ -39,6 +39,7 @@ from andrea.train_output import (
     progress,
     progress_bar,
     report,
+    spike_line,
     unexpected,
 )
 
@@ -163,6 +164,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
                    secret: dict) -> int:
     steps = run["config"]["steps"]
     unanswered = {"since": None}
+    spikes = SpikeLog()
 
     def tick() -> str | None:   # progress; a server gone for SERVER_GONE_S ends the watch
         try:
@@ -172,6 +174,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
             return str(e) if time.monotonic() - unanswered["since"] > SERVER_GONE_S else None
         unanswered["since"] = None
         progress_bar(info.get("last_step") or 0, steps, info.get("last_loss"))
+        spikes.poll(url, run["id"])
         return None
 
     losses = 0
@@ -221,6 +224,29 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
             f"the run ended {page['done']}"
         return EXIT_FAILED
     return 0
+
+
+class SpikeLog:
+    """Prints each new gradient spike (GET /api/runs/{id}/spikes, at most every POLL_S) on
+    stderr while the run trains; a failed poll is skipped (the next one catches up)."""
+    POLL_S = 5.0
+
+    def __init__(self):
+        self.after, self.next_poll = 0, 0.0
+
+    def poll(self, url: str, run_id: str) -> None:
+        if time.monotonic() < self.next_poll:
+            return
+        self.next_poll = time.monotonic() + self.POLL_S
+        try:
+            found = http_client.request("GET", f"{url}/api/runs/{run_id}/spikes",
+                                        timeout=CONNECT_S)["spikes"]
+        except (http_client.ServerError, http_client.Unreachable):
+            return
+        for s in found:
+            if s["step"] > self.after:
+                progress(spike_line(s))
+                self.after = s["step"]
 
 
 def _resume_after_loss(url: str, run: dict, lost: str, losses: int) -> dict:

@@ -81,3 +81,20 @@ def progress_bar(done: int, total: int, loss, width: int = 30) -> None:
 def progress_end() -> None:
     if _tty:
         print(file=sys.stderr)
+
+
+def spike_line(s: dict) -> str:
+    """One gradient spike (GET /api/runs/{id}/spikes) in words, for stderr."""
+    norm = "non-finite" if s["grad_norm"] is None else f"{s['grad_norm']:.3g}"
+    parts = [f"spike at step {s['step']}: grad norm {norm} ({'; '.join(s['reasons'])})"]
+    if s.get("boundary"):
+        b = s["boundary"]
+        parts.append(f"{b['steps_after']} step(s) after the data phase {b['previous']} -> "
+                     f"{b['phase']}")
+    for r in s.get("rows", [])[:1]:
+        loss = "non-finite" if r["loss"] is None else f"{r['loss']:.3f}"
+        text = " ".join((r.get("text") or "").split())[:60]
+        parts.append(f"highest row {r['row']} loss {loss}"
+                     + (f" from {r['source']}: {text!r}" if r.get("source") else ""))
+    return "; ".join(parts)
+

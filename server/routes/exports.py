@@ -41,7 +41,8 @@ async def get_metrics(run: RunDep, store: StoreDep,
         "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
 
 
-async def _pages(store, run_id: str):
+async def record_pages(store, run_id: str):
+    """The run's committed records, METRICS_PAGE at a time, oldest first."""
     after = None
     while page := await store.run(store.metrics_page, run_id, after, METRICS_PAGE):
         yield page
@@ -50,7 +51,7 @@ async def _pages(store, run_id: str):
 
 async def _json_pages(store, run_id: str):
     sep = "["
-    async for page in _pages(store, run_id):
+    async for page in record_pages(store, run_id):
         yield sep + json.dumps(page, ensure_ascii=False, allow_nan=False,
                                separators=(",", ":"))[1:-1]
         sep = ","
@@ -61,7 +62,7 @@ async def _csv_pages(store, run_id: str):
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
     writer.writeheader()
-    async for page in _pages(store, run_id):
+    async for page in record_pages(store, run_id):
         writer.writerows(page)
         yield buf.getvalue()
         buf.seek(0)

@@ -1,0 +1,58 @@
+"""A run's gradient spikes: GET /api/runs/{run_id}/spikes. The rule and the detector are in
+andrea/spikes.py; here the committed records are read a page at a time, and each outlier row of
+the newest spikes gets its data source and the start of its text: the row's tokens made again
+from the run's batch spec (the same bytes the trainer got for that step) and decoded with the
+run's tokenizer. A read, open to all, like the metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from andrea import spikes as rule
+from andrea.data import tokenizer as tk
+from andrea.data.batches import make_batch
+from andrea.deps import DataDep, RunDep, RunsDep, StoreDep
+from andrea.routes.exports import record_pages
+
+router = APIRouter(prefix="/api", tags=["runs"])
+
+DETAILED = 50       # the newest spikes whose outlier rows get their source and text
+TEXT_CHARS = 300    # of each row's text
+
+
+@router.get("/runs/{run_id}/spikes")
+async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) -> dict:
+    """The run's spikes, oldest first: step, grad norm, its running level and their ratio, why
+    it counts (reasons), the phase boundary it follows, and its outlier rows (row index, loss,
+    excess over the step's loss, source, text), with the rule that found them."""
+    finder = rule.SpikeFinder()
+    async for page in record_pages(store, run["id"]):
+        for r in page:
+            finder.feed(r)
+    found = finder.spikes
+    newest = [s for s in found[-DETAILED:] if s["rows"]]
+    if newest:
+        await run_in_threadpool(_describe_rows, hub, runs, run["id"], newest)
+    return {"rule": {"window": rule.WINDOW, "factor": rule.FACTOR, "min_history": rule.MIN_HISTORY,
+                     "quiet": rule.QUIET, "boundary": rule.BOUNDARY},
+            "spikes": found}
+
+
+def _describe_rows(hub, runs, run_id: str, found: list[dict]) -> None:
+    """Adds source and text to each spike's rows, where the run's batches can be made here."""
+    spec = runs.get(run_id)
+    if spec is None:
+        return
+    corpus = hub.prepared(spec.vocab_size)
+    bandit = runs.bandit(run_id, corpus.source_names)
+    for s in found:
+        try:
+            batch = make_batch(corpus, spec, s["step"] - 1, "train", bandit)
+        except Exception:   # a corpus changed since, a phase not decided here: rows as they are
+            continue
+        for row in s["rows"]:
+            b = row["row"]
+            if b < len(batch.sources):
+                row["source"] = corpus.source_names[int(batch.sources[b])]
+                row["text"] = tk.decode(corpus.tokenizer, batch.tokens[b][:-1])[:TEXT_CHARS]
