@@ -5,7 +5,9 @@
 import { fetchJson, savedToken, takeLinkToken } from './api.js';
 import { RUN_COLUMNS, RunCharts } from './run_charts.js';
 import { $, addRecords, addSample, bindActions, resumedAt, setStatus, showError, showRun } from './run_view.js';
+import { ENDED } from './run_status.js';
 import { RunSeries, evalLosses } from './series.js';
+import { followSpikes } from './spikes.js';
 import { watch } from './telemetry.js';
 import { train } from './training.js';
 
@@ -66,6 +68,7 @@ async function main() {
     mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
   showRun(state, run);
   bindActions(state);
+  followSpikes(runId, () => ENDED.includes(state.status));
   if (run.config.data_mode === 'bandit') state.charts.loadSources().catch(() => {});
   if (!mine) {
     view();

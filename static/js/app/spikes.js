@@ -1,0 +1,73 @@
+// The run page's spike list: GET /api/runs/{id}/spikes (server/spikes.py says what a spike is),
+// drawn as one <details> per spike, newest first; opening one shows its anatomy: why it counts,
+// the data phase boundary it follows, and the batch rows furthest above the step's loss with
+// their source and text. Refreshed every REFRESH_MS while the run may still change.
+import { fetchJson } from './api.js';
+
+const REFRESH_MS = 10_000;
+const $ = (id) => document.getElementById(id);
+
+/** Shows the run's spikes now and every REFRESH_MS until `ended()` says the run is over. */
+export function followSpikes(runId, ended) {
+  const tick = async () => {
+    try {
+      showSpikes(await fetchJson(`/api/runs/${runId}/spikes`));
+    } catch (e) {
+      $('spikes-rule').textContent = `Spikes unavailable: ${e.message}`;
+    }
+    if (!ended()) setTimeout(tick, REFRESH_MS);
+  };
+  tick();
+}
+
+function showSpikes({ rule, spikes }) {
+  $('spikes-rule').textContent = `A spike: a grad norm ${rule.factor}x the median of the last ` +
+    `${rule.window} steps, a clip after ${rule.quiet} steps without one, or a non-finite norm. ` +
+    `${spikes.length} so far.`;
+  const box = $('spikes');
+  box.dataset.count = String(spikes.length);
+  if (!spikes.length) {
+    box.replaceChildren(Object.assign(document.createElement('p'), { textContent: 'No spikes yet.' }));
+    return;
+  }
+  const open = new Set([...box.querySelectorAll('details[open]')].map((d) => d.dataset.step));
+  box.replaceChildren(...[...spikes].reverse().map((s) => spikeItem(s, open.has(String(s.step)))));
+}
+
+function spikeItem(s, open) {
+  const d = document.createElement('details');
+  d.className = 'spike';
+  d.dataset.step = String(s.step);
+  d.open = open;
+  const norm = s.grad_norm === null ? 'non-finite' : s.grad_norm.toPrecision(3);
+  const ratio = s.ratio === null ? '' : ` (${s.ratio.toFixed(1)}x)`;
+  const sum = document.createElement('summary');
+  sum.textContent = `step ${s.step}: grad norm ${norm}${ratio}` +
+    (s.boundary ? `, ${s.boundary.steps_after} step(s) after a data phase change` : '');
+  d.append(sum, line(s.reasons.join('; ')));
+  if (s.boundary) {
+    d.append(line(`data phase ${s.boundary.previous} -> ${s.boundary.phase}, ` +
+      `${s.boundary.steps_after} step(s) before this one`));
+  }
+  if (s.loss !== null) d.append(line(`step loss ${s.loss.toFixed(4)}, clip scale ${s.clip_scale}`));
+  for (const r of s.rows) {
+    const row = document.createElement('div');
+    row.className = 'spike-row';
+    const loss = r.loss === null ? 'non-finite' : r.loss.toFixed(3);
+    row.append(line(`row ${r.row}: loss ${loss}` +
+      (r.excess === null ? '' : ` (${r.excess >= 0 ? '+' : ''}${r.excess.toFixed(3)})`) +
+      (r.source ? ` from ${r.source}` : '')));
+    if (r.text) {
+      const pre = document.createElement('pre');
+      pre.className = 'samples';
+      pre.textContent = r.text;
+      row.append(pre);
+    }
+    d.append(row);
+  }
+  return d;
+}
+
+function line(text) {
+  return Object.assign(document.createElement('p'), { textContent: text });
+}
