@@ -95,16 +95,22 @@ def test_the_spikes_route_names_each_outlier_rows_source_and_text(client):
     from andrea.data import tokenizer as tk
     from andrea.data import wire
 
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4, "steps": 80}).json()
-    records = [{**r, "row_losses": [round(r["loss"], 3)] * 4} for r in run(n=80)]
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4, "steps": 100}).json()
+    records = [{**r, "row_losses": [round(r["loss"], 3)] * 4} for r in run(n=100)]
     records[59]["grad_norm"] = 9.0                         # step 60: row 1 far above the rest
     records[59]["row_losses"] = [4.0, 11.0, 4.2, 3.9]
     with client.websocket_connect(f"/ws/runs/{made['id']}") as ws:
         ws.send_json({"type": "hello", "token": made["token"]})
         assert ws.receive_json()["type"] == "welcome"
-        ws.send_json({"type": "metrics", "records": records})
+        ws.send_json({"type": "metrics", "records": records[:80]})
         assert ws.receive_json() == {"type": "ack", "step": 80}
-    got = client.get(f"/api/runs/{made['id']}/spikes").json()
+        got = client.get(f"/api/runs/{made['id']}/spikes").json()
+        assert client.get(f"/api/runs/{made['id']}/spikes").json() == got   # (kept)
+        records[89]["grad_norm"] = 8.0                     # a later spike: a new answer
+        ws.send_json({"type": "metrics", "records": records[80:]})
+        assert ws.receive_json() == {"type": "ack", "step": 100}
+        later = client.get(f"/api/runs/{made['id']}/spikes").json()["spikes"]
+        assert [s["step"] for s in later] == [60, 90]
     assert got["rule"]["factor"] == FACTOR
     (s,) = got["spikes"]
     assert s["step"] == 60 and s["rows"][0]["row"] == 1 and s["rows"][0]["loss"] == 11.0

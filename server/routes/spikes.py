@@ -6,6 +6,8 @@ run's tokenizer. A read, open to all, like the metrics."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
@@ -19,6 +21,8 @@ router = APIRouter(prefix="/api", tags=["runs"])
 
 DETAILED = 50       # the newest spikes whose outlier rows get their source and text
 TEXT_CHARS = 300    # of each row's text
+CACHED = 64         # runs whose answer is kept until their last step moves (viewers poll it)
+_answers: OrderedDict[str, tuple[int | None, dict]] = OrderedDict()
 
 
 @router.get("/runs/{run_id}/spikes")
@@ -26,6 +30,10 @@ async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) 
     """The run's spikes, oldest first: step, grad norm, its running level and their ratio, why
     it counts (reasons), the phase boundary it follows, and its outlier rows (row index, loss,
     excess over the step's loss, source, text), with the rule that found them."""
+    kept = _answers.get(run["id"])
+    if kept and kept[0] == run.get("last_step"):
+        _answers.move_to_end(run["id"])
+        return kept[1]
     finder = rule.SpikeFinder()
     async for page in record_pages(store, run["id"]):
         for r in page:
@@ -34,9 +42,14 @@ async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) 
     newest = [s for s in found[-DETAILED:] if s["rows"]]
     if newest:
         await run_in_threadpool(_describe_rows, hub, runs, run["id"], newest)
-    return {"rule": {"window": rule.WINDOW, "factor": rule.FACTOR, "min_history": rule.MIN_HISTORY,
-                     "quiet": rule.QUIET, "boundary": rule.BOUNDARY},
-            "spikes": found}
+    answer = {"rule": {"window": rule.WINDOW, "factor": rule.FACTOR,
+                       "min_history": rule.MIN_HISTORY, "quiet": rule.QUIET,
+                       "boundary": rule.BOUNDARY},
+              "spikes": found}
+    _answers[run["id"]] = (run.get("last_step"), answer)
+    while len(_answers) > CACHED:
+        _answers.popitem(last=False)
+    return answer
 
 
 def _describe_rows(hub, runs, run_id: str, found: list[dict]) -> None:
