@@ -31,6 +31,12 @@ def test_the_spike_list_shows_a_spikes_outlier_row_with_its_source_and_text(page
 
     page.goto(f"{live_server}/runs/{made['id']}")
     page.wait_for_selector("#spikes[data-count='1']")
+    # The grad norm chart marks it: its 'spike' series holds the norm at step 60 alone.
+    page.wait_for_function("window.andreaCharts.norm.plot.data[4]?.filter((v) => v !== null)"
+                           ".length === 1")
+    marked = page.evaluate("""(() => { const d = window.andreaCharts.norm.plot.data;
+        const i = d[4].findIndex((v) => v !== null); return [d[0][i], d[4][i]]; })()""")
+    assert marked == [60, 9.0]
     item = page.locator("#spikes details.spike")
     assert item.get_attribute("data-step") == "60"
     assert "step 60: grad norm 9.00" in item.locator("summary").inner_text()

@@ -34,6 +34,8 @@ export class RunCharts {
     this.dataInfo = null;        // GET /api/runs/{id}/data: the sources and the bandit's phases so far
     this.sourceCharts = null;    // made once the sources are known (loadSources)
     this.resumes = [];           // steps the run was resumed from
+    this.spikeSteps = new Set(); // the run's gradient spikes (spikes.js): setSpikes
+    this.spikeCol = [];          // per row: its grad norm where its step is a spike, else null
     const parent = $('charts');
     const o = { marks: () => this.marks(), placeholder };
     this.charts = {
@@ -41,7 +43,8 @@ export class RunCharts {
         { label: 'eval', color: '#e8710a', points: true }], { ...o, y: 'loss (nats/token)', positive: true }),
       norm: new Chart(parent, 'gradient norm', [{ label: 'grad norm' },
         { label: 'max_norm', color: '#b3261e', dash: [6, 4] },
-        { label: 'clipped', color: '#b3261e', points: true }], { ...o, y: 'global L2 norm', positive: true }),
+        { label: 'clipped', color: '#b3261e', points: true },
+        { label: 'spike', color: '#6a1b9a', points: true }], { ...o, y: 'global L2 norm', positive: true }),
       clip: new Chart(parent, 'clip scale', [{ label: 'clip scale', color: '#0a7d38' }],
         { ...o, y: 'scale (1: not clipped)' }),
       lr: new Chart(parent, 'learning rate', [{ label: 'lr', color: '#8e44ad' }],
@@ -74,6 +77,13 @@ export class RunCharts {
   /** What every chart says while it has no data. */
   setPlaceholder(text) {
     for (const ch of this.all()) ch.setPlaceholder(text);
+  }
+
+  /** The steps that are gradient spikes, marked on the grad norm chart. */
+  setSpikes(steps) {
+    this.spikeSteps = new Set(steps);
+    this.spikeCol = [];
+    this.schedule();
   }
 
   /** Draw on the next animation frame (the series has new rows). */
@@ -110,7 +120,12 @@ export class RunCharts {
     const xs = $('xaxis').value === 'time' ? t : series.steps;
     this.phases.update(series, from);
     charts.loss.setData([xs, c.loss, this.smoothed.loss.update(series, from).out, c.eval_loss]);
-    charts.norm.setData([xs, c.grad_norm, this.maxNormLine.update(series, from), clipped.norm]);
+    this.spikeCol.length = Math.min(this.spikeCol.length, from);
+    for (let i = this.spikeCol.length; i < series.length; i++) {
+      this.spikeCol.push(this.spikeSteps.has(series.steps[i]) ? c.grad_norm[i] : null);
+    }
+    charts.norm.setData([xs, c.grad_norm, this.maxNormLine.update(series, from), clipped.norm,
+      this.spikeCol]);
     charts.clip.setData([xs, c.clip_scale]);
     charts.lr.setData([xs, c.lr]);
     charts.speed.setData([xs, this.smoothed.speed.update(series, from).out]);

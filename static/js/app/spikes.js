@@ -7,11 +7,14 @@ import { fetchJson } from './api.js';
 const REFRESH_MS = 10_000;
 const $ = (id) => document.getElementById(id);
 
-/** Shows the run's spikes now and every REFRESH_MS until `ended()` says the run is over. */
-export function followSpikes(runId, ended) {
+/** Shows the run's spikes now and every REFRESH_MS until `ended()` says the run is over;
+ *  `onSteps(steps)` gets the spikes' steps each time (the grad norm chart marks them). */
+export function followSpikes(runId, ended, onSteps = () => {}) {
   const tick = async () => {
     try {
-      showSpikes(await fetchJson(`/api/runs/${runId}/spikes`));
+      const found = await fetchJson(`/api/runs/${runId}/spikes`);
+      showSpikes(found);
+      onSteps(found.spikes.map((s) => s.step));
     } catch (e) {
       $('spikes-rule').textContent = `Spikes unavailable: ${e.message}`;
     }
