@@ -140,8 +140,15 @@ _PROBE = """async (timeoutMs) => {
 }"""
 
 
+def drive_result(**given) -> dict:
+    """What Chromium.drive returns, as far as it got: `given` on top of nothing yet."""
+    return {"done": None, "errors": [], "error_text": None, "stats": None, "interrupted": False,
+            "refused": None, "lost": None, **given}
+
+
 def software_adapter(found: dict) -> bool:
-    """SwiftShader, llvmpipe and their kind: what a browser offers when it finds no GPU."""
+    """SwiftShader, llvmpipe and their kind: what a browser offers when it finds no GPU (the
+    page asks the same of its adapter: isSoftware in static/js/engine/gpu.js)."""
     text = " ".join(str(found.get(k, "")) for k in ("vendor", "architecture", "description"))
     return bool(found.get("fallback")) or bool(
         re.search(r"swiftshader|llvmpipe|lavapipe|software", text, re.IGNORECASE))
@@ -257,8 +264,7 @@ class Chromium:
             if u.netloc == origin.netloc and u.path.startswith(("/static/", "/shaders/")):
                 errors.append(f"GET {u.path} failed: {request.failure}")
 
-        state = {"done": None, "errors": errors, "error_text": None, "stats": None,
-                 "interrupted": False, "refused": None, "lost": None}
+        state = drive_result(errors=errors)
         try:
             context = self._browser.new_context()
         except self._error as e:

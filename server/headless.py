@@ -24,7 +24,7 @@ from pathlib import Path
 
 from andrea import http_client
 from andrea.checkpoints import newest_usable
-from andrea.chromium import BrowserError, Chromium
+from andrea.chromium import BrowserError, Chromium, drive_result
 from andrea.train_args import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -182,8 +182,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         try:
             page = browser.drive(url, run, args.timeout, tick)
         except KeyboardInterrupt:   # Ctrl-C again while the page was stopping
-            page = {"done": None, "errors": [], "error_text": None, "stats": None,
-                    "interrupted": True, "refused": None, "lost": None}
+            page = drive_result(interrupted=True)
         if not page.get("lost") or page["interrupted"] or page["errors"]:
             break
         # The GPU device was lost (a driver reset, a crashed GPU process): the page kept every

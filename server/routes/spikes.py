@@ -35,9 +35,8 @@ async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) 
         _answers.move_to_end(run["id"])
         return kept[1]
     finder = rule.SpikeFinder()
-    async for page in record_pages(store, run["id"]):
-        for r in page:
-            finder.feed(r)
+    async for page in record_pages(store, run["id"]):   # fed off the event loop
+        await run_in_threadpool(lambda page=page: [finder.feed(r) for r in page])
     found = finder.spikes
     newest = [s for s in found[-DETAILED:] if s["rows"]]
     if newest:

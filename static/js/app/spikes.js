@@ -3,9 +3,9 @@
 // the data phase boundary it follows, and the batch rows furthest above the step's loss with
 // their source and text. Refreshed every REFRESH_MS while the run may still change.
 import { fetchJson } from './api.js';
+import { $ } from './run_view.js';
 
 const REFRESH_MS = 10_000;
-const $ = (id) => document.getElementById(id);
 
 /** Shows the run's spikes now and every REFRESH_MS until `ended()` says the run is over;
  *  `onSteps(steps)` gets the spikes' steps each time (the grad norm chart marks them). */

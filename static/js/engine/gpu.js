@@ -46,6 +46,11 @@ function isSoftware(info) {
   return info.isFallbackAdapter || /swiftshader|llvmpipe|lavapipe|software|cpu/.test(text);
 }
 
+/** A lost device's GPUDeviceLostInfo in words. */
+export function lostMessage(info) {
+  return `GPU device lost (${info.reason})${info.message ? `: ${info.message}` : ''}`;
+}
+
 /**
  * Acquire adapter and device with the adapter's real limits and the optional features it has.
  * Returns { adapter, device, info, features: string[], limits: {name: value}, software: bool,
@@ -84,7 +89,7 @@ export async function acquireDevice(gpu, { powerPreference = 'high-performance',
     else console.error('WebGPU error:', msg);
   });
   device.lost.then((lost) => {
-    const msg = `GPU device lost (${lost.reason}): ${lost.message}`;
+    const msg = lostMessage(lost);
     errors.push(msg);
     if (onLost) onLost(msg);
     else if (lost.reason !== 'destroyed') console.error(msg);

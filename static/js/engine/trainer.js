@@ -16,6 +16,7 @@
 import { Prefetcher, parseBatch } from './batches.js';
 import { asBytes, matchSections, median, nextCheckpointInterval, sectionBytes, snapshotSections,
   writeSections } from './checkpoint.js';
+import { lostMessage } from './gpu.js';
 import { Model, limitProblems } from './model.js';
 import { encodeOps } from './ops.js';
 import { Optimizer } from './optimizer.js';
@@ -122,7 +123,7 @@ export class Trainer {
     this.lost = null;
     ctx.device.lost?.then((info) => {
       if (ctx.closing) return;
-      this.lost = `GPU device lost (${info.reason})${info.message ? `: ${info.message}` : ''}`;
+      this.lost = lostMessage(info);
       this.stop(this.lost);
     });
   }
@@ -398,10 +399,11 @@ export class Trainer {
       const failed = this.stopReason?.startsWith('the loss became non-finite');
       // Stop: the state is saved (on.checkpoint's promise awaited) before the status says so.
       // A lost device has no state left to save: the last checkpoint is where it resumes.
-      if (this.lost) { /* nothing to read back */ }
-      else if (this.state === 'stopping' && !failed) await this.checkpointNow();
-      // The end: a periodic checkpoint that came due while another was in flight is taken now.
-      else if (!failed) await this.checkpointIfDue();
+      if (!this.lost && !failed) {
+        if (this.state === 'stopping') await this.checkpointNow();
+        // The end: a periodic checkpoint that came due while another was in flight is taken now.
+        else await this.checkpointIfDue();
+      }
       // Any end: no checkpoint is left in flight (its staging buffers are freed).
       while (this.ckpt.inFlight) await this.ckpt.inFlight;
     } catch (e) {
