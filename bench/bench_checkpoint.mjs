@@ -39,7 +39,7 @@ const { device } = ctx;
 const model = new Model(ctx, layout);
 await model.init(0);
 const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G,
-  maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true } });
+  maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip_mode: 'global' } });
 if (optim.mirror) {
   optim.initMirror(await model.getParams());
   model.weightsF16 = optim.mirror;

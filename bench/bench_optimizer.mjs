@@ -68,7 +68,7 @@ const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s[s.len
 async function timeVariant(variant, tuning = {}) {
   const opt = await Optimizer.create(ctx, layout, {
     variant, W, G, maps, label: variant, ...tuning,
-    hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true },
+    hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip_mode: 'global' },
   });
   if (opt.mirror) opt.initMirror(w0);
   const iters = args.iters;

@@ -85,7 +85,7 @@ const f = (x, d = 2) => (x === null || x === undefined || Number.isNaN(x) ? '-' 
 function config(optimizer, n, { evalEvery = 0, sampleEvery = 0 } = {}) {
   return { preset: layout.preset ?? 'custom', optimizer, f16_mirror: false, steps: n,
     batch_size: B, seq_len: T, lr: 3e-4, min_lr_ratio: 0.1, warmup_steps: 10, beta1: 0.9,
-    beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: true, max_norm: 1.0, seed: 0,
+    beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip_mode: 'global', max_norm: 1.0, seed: 0,
     data_mode: 'uniform', eval_every: evalEvery, sample_every: sampleEvery };
 }
 

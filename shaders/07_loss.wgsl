@@ -5,12 +5,17 @@
 //   @binding(1) logits  : array<f32> [N, V]     read, then = dlogits in place (when WRITE_GRAD):
 //                                               (softmax - onehot(target)) / N
 //   @binding(2) targets : array<u32> [N]        read
-//   @binding(3) losses  : array<f32> [N + 1]    [n] = lse - logit[target];  [N] = mean (loss_mean)
+//   @binding(3) losses  : array<f32> [3N + 4]   [n] = lse - logit[target];  [N] = mean (loss_mean);
+//                                               [N + 1] = max |logit|, [N + 2] = min softmax
+//                                               denominator (loss_mean); [N + 4 + 2n] = row n's
+//                                               max |logit|, [N + 5 + 2n] = its denominator
+//                                               sum_v exp(logit_v - max_v), in [1, V]: 1 means one
+//                                               token holds all of the row's probability
 //   Dispatch: N workgroups (2-D when over 65535) of WG threads.
 //
 // loss_mean (one workgroup; fixed-order sum, so deterministic)
-//   binds dims and losses only; losses[N] = sum(losses[0..N)) / N
-//   Dispatch: 1 workgroup.
+//   binds dims and losses only; losses[N] = sum(losses[0..N)) / N, and the batch's max |logit|
+//   and min denominator from the rows'. Dispatch: 1 workgroup.
 
 override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 override WRITE_GRAD: bool = true;
@@ -31,14 +36,24 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (row >= dims.N) { return; }
   let base = row * dims.V;
   var m = -3.0e38;
-  for (var v = t; v < dims.V; v = v + WG) { m = max(m, logits[base + v]); }
+  var neg = -3.0e38;   // max of -logit: with m, the row's max |logit|
+  for (var v = t; v < dims.V; v = v + WG) {
+    let x = logits[base + v];
+    m = max(m, x);
+    neg = max(neg, -x);
+  }
   m = reduce_max(t, m);
+  neg = reduce_max(t, neg);
   var s = 0.0;
   for (var v = t; v < dims.V; v = v + WG) { s = s + exp(logits[base + v] - m); }
   s = reduce_sum(t, s);
   let tgt = targets[row];
   let lse = m + log(s);
-  if (t == 0u) { losses[row] = lse - logits[base + tgt]; }
+  if (t == 0u) {
+    losses[row] = lse - logits[base + tgt];
+    losses[dims.N + 4u + 2u * row] = max(m, neg);
+    losses[dims.N + 5u + 2u * row] = s;
+  }
   workgroupBarrier();   // the loss read of logits[target] happens before the overwrite below
   if (WRITE_GRAD) {
     let inv_n = 1.0 / f32(dims.N);
@@ -56,5 +71,17 @@ fn loss_mean(@builtin(local_invocation_index) t: u32) {
   var s = 0.0;
   for (var n = t * chunk; n < min(dims.N, (t + 1u) * chunk); n = n + 1u) { s = s + losses[n]; }
   s = reduce_sum(t, s);
-  if (t == 0u) { losses[dims.N] = s / f32(dims.N); }
+  var big = 0.0;
+  var low = 3.0e38;
+  for (var n = t * chunk; n < min(dims.N, (t + 1u) * chunk); n = n + 1u) {
+    big = max(big, losses[dims.N + 4u + 2u * n]);
+    low = min(low, losses[dims.N + 5u + 2u * n]);
+  }
+  big = reduce_max(t, big);
+  low = -reduce_max(t, -low);
+  if (t == 0u) {
+    losses[dims.N] = s / f32(dims.N);
+    losses[dims.N + 1u] = big;
+    losses[dims.N + 2u] = low;
+  }
 }

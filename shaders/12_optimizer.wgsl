@@ -10,29 +10,49 @@
 // gradient, so a spike never enters m and v. Step order within one compute pass:
 //   reduce_norm_sq (per chunk) -> finalize_grad_stats (1 workgroup) -> adamw_update* (per chunk)
 //
+// Norm segments: every parameter tensor's range [offset, offset + numel) cut at multiples of
+// P = 4*VPT*WG_R elements (the host's table, optimizer.js normSegments). A segment never straddles
+// a tensor or a window (windows are whole multiples of P), so its partial sum covers the same
+// elements however the bindings are split: every norm is bitwise reproducible (no atomics, no
+// float CAS). Padding between tensors is in no segment (it is zero).
+//
 // reduce_norm_sq
-//   @binding(1) cu       : Chunk                    uniform
+//   @binding(1) cu       : Chunk                    uniform (segments [pbase, pbase + nseg))
+//   @binding(12) segs    : vec4<u32> [S]            (start element, end element, tensor, 0)
 //   @binding(5) g4       : vec4<f32> [n4]           read (declared read_write: the update zeroes it)
-//   @binding(3) partials : vec2<f32> [P]            [cu.pbase + w] = (sum of finite g^2, #non-finite)
-//   Dispatch: 2-D, one workgroup w per VPT*WG_R vec4s of the window: P = N / (4*VPT*WG_R) rounded
-//   up over all of G. Thread t sums vec4s (w*VPT + k)*WG_R + t, k = 0..VPT-1, in order, then a
-//   fixed tree: partial w always covers the same elements of G, however the bindings are split,
-//   so the norm is bitwise reproducible (no atomics, no float CAS).
+//   @binding(3) partials : vec2<f32> [S]            [s] = (sum of finite g^2, #non-finite) of segment s
+//   Dispatch: 2-D, one workgroup per segment of the window. Thread t sums the segment's vec4s
+//   k*WG_R + t, k = 0..VPT-1, in order (lanes outside the segment masked), then a fixed tree.
+//
+// finalize_tensor_stats
+//   @binding(13) tsegs   : vec4<u32> [T]            (first segment, end segment, 0, 0) per tensor
+//   @binding(3) partials : vec2<f32> [S]            read
+//   @binding(2) stats    : f32 [4 + 4T]             [4 + 4t] = tensor t's sum of finite g^2, [+1] its
+//                                                   #non-finite
+//   Dispatch: (T, 1, 1), WG_F threads per tensor; its partials summed in a fixed order.
 //
 // finalize_grad_stats
-//   @binding(0) hp       : Hyper                    uniform (max_norm, clip_on)
-//   @binding(3) partials : vec2<f32> [P]            read
-//   @binding(2) stats    : f32 [4]                  = (norm, clip_scale, norm^2, #non-finite)
-//   Dispatch: (1, 1, 1), WG_F threads; partials summed in a fixed order.
-//   clip_scale = min(1, max_norm / max(norm, 1e-6)) when clipping is on, else 1.
+//   @binding(0) hp       : Hyper                    uniform (max_norm, clip_mode)
+//   @binding(2) stats    : f32 [4 + 4T]             reads the tensor sums; writes
+//                                                   [0, 4) = (norm, clip_scale, norm^2, #non-finite),
+//                                                   [4 + 4t + 2] = tensor t's clip scale
+//   Dispatch: (1, 1, 1), WG_F threads; tensor sums added in a fixed order (so norm^2 is their sum).
+//   Clip scales as torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)).
+//   clip_mode CLIP_GLOBAL: clip_scale from the global norm, every tensor's scale 1.
+//   CLIP_PER_TENSOR: each tensor's scale from its own norm (clip_grad_norm_ called once per
+//   tensor); clip_scale = the smallest of them (what the record shows). CLIP_OFF: all 1.
 //
+// scale_tensor_grads (CLIP_PER_TENSOR only; torch's in-place g.mul_(clip_coef) per tensor)
+//   @binding(1) cu, (12) segs, (2) stats, (5) g4: g *= its tensor's scale, segment by segment
+//   Dispatch: as reduce_norm_sq.
+
 // adamw_update (torch.optim.AdamW, single-tensor path, same arithmetic order)
 //   @binding(0) hp : Hyper  uniform     @binding(1) cu : Chunk  uniform
-//   @binding(2) stats : f32 [4]  read (clip_scale)
+//   @binding(2) stats : f32 [4 + 4T]  read (clip_scale, applied here with CLIP_GLOBAL only)
 //   @binding(4) w4, (5) g4, (6) m4, (7) v4 : vec4<f32> [n4]   w, m, v = updated; g = 0
 //   Dispatch: 2-D (nx, ny) workgroups of WG threads, nx * ny * WG >= n4; one vec4 per thread
 //   (index flat_id(gid, nwg, WG) from lib/common.wgsl).
-//   g = finite(g) * clip; w *= 1 - lr*wd (decay block only); m = lerp(m, g, 1-b1);
+//   g = finite(g) * grad_scale(); w *= 1 - lr*wd (decay block only); m = lerp(m, g, 1-b1);
 //   v = v*b2 + (1-b2)*g*g; w += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps); bc = 1 - beta^t (host f64).
 //
 // adamw_update_f16: adamw_update, plus
@@ -82,19 +102,23 @@ override QTAB_WORDS: u32 = 1024u + BW_M + BW_V;
 struct Hyper {
   beta1: f32, beta2: f32, omb1: f32, omb2: f32,          // omb = 1 - beta, rounded once from f64
   eps: f32, decay: f32, neg_step: f32, bc2_sqrt: f32,    // decay = 1 - lr*wd, neg_step = -lr/bc1
-  max_norm: f32, clip_on: u32, decay_end: u32, lr: f32,
+  max_norm: f32, clip_mode: u32, decay_end: u32, lr: f32,
   q32_step: f32, q32_eps: f32, _p0: f32, _p1: f32,       // bnb f32 state: -lr*sqrt(bc2)/bc1, eps*sqrt(bc2)
 }
 
+const CLIP_OFF = 0u;
+const CLIP_GLOBAL = 1u;
+const CLIP_PER_TENSOR = 2u;
+
 struct Chunk {
-  base: u32, n4: u32, pbase: u32, _p0: u32,   // element window start; vec4s in window; partials base
+  base: u32, n4: u32, pbase: u32, nseg: u32,  // element window start; vec4s in window; segments
   b0: u32, b1: u32, qbase: u32, _p1: u32,     // 8-bit: block range, first 8-bit block in the codes window
   m32: u32, v32: u32, _p2: u32, _p3: u32,     // 8-bit: f32-state planes in `small`
 }
 
 @group(0) @binding(0) var<uniform> hp: Hyper;
 @group(0) @binding(1) var<uniform> cu: Chunk;
-@group(0) @binding(2) var<storage, read_write> stats: array<f32, 4>;
+@group(0) @binding(2) var<storage, read_write> stats: array<f32>;
 @group(0) @binding(3) var<storage, read_write> partials: array<vec2<f32>>;
 @group(0) @binding(4) var<storage, read_write> w4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> g4: array<vec4<f32>>;
@@ -104,6 +128,8 @@ struct Chunk {
 @group(0) @binding(9) var<storage, read_write> codes: array<u32>;
 @group(0) @binding(10) var<storage, read_write> small: array<f32>;
 @group(0) @binding(11) var<storage, read> tables: array<u32>;
+@group(0) @binding(12) var<storage, read> segs: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read> tsegs: array<vec4<u32>>;
 
 //#include "lib/common.wgsl"
 
@@ -120,7 +146,19 @@ fn pack_mirror(w: vec4<f32>) -> vec2<u32> {
   return vec2<u32>(pack2x16float(w.xy), pack2x16float(w.zw));
 }
 
-// ---------------------------------------------------------------- global gradient norm
+// ---------------------------------------------------------------- gradient norms and clip scales
+
+// The multiplier the update applies to g: the global clip scale in CLIP_GLOBAL; 1 otherwise
+// (per-tensor scales were applied to G by scale_tensor_grads).
+fn grad_scale() -> f32 {
+  return select(1.0, stats[1], hp.clip_mode == CLIP_GLOBAL);
+}
+
+// Lanes of vec4 `i4` (absolute) inside [start, end).
+fn lanes_in(i4: u32, start: u32, end: u32) -> vec4<bool> {
+  let e = vec4<u32>(4u * i4) + vec4<u32>(0u, 1u, 2u, 3u);
+  return (e >= vec4<u32>(start)) & (e < vec4<u32>(end));
+}
 
 var<workgroup> red_r: array<vec2<f32>, WG_R>;
 
@@ -129,16 +167,23 @@ fn reduce_norm_sq(@builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
   let w = wid.x + wid.y * nwg.x;
+  if (w >= cu.nseg) { return; }   // uniform per workgroup: the barriers below stay uniform
+  let seg = segs[cu.pbase + w];
+  let first4 = seg.x / 4u;
+  let end4 = (seg.y + 3u) / 4u;
+  let win4 = cu.base / 4u;
   var sum = 0.0;
   var bad = 0u;
   for (var k = 0u; k < VPT; k++) {
-    let i = (w * VPT + k) * WG_R + lid;
-    if (i < cu.n4) {
-      let g = g4[i];
-      let ok = finite4(g);
+    let i4 = first4 + k * WG_R + lid;
+    if (i4 < end4) {
+      let g = g4[i4 - win4];
+      let inside = lanes_in(i4, seg.x, seg.y);
+      let ok = finite4(g) & inside;
       let c = select(vec4<f32>(0.0), g, ok);
       sum += dot(c, c);
-      bad += 4u - dot(select(vec4<u32>(0u), vec4<u32>(1u), ok), vec4<u32>(1u));
+      let nonfinite = inside & !finite4(g);
+      bad += dot(select(vec4<u32>(0u), vec4<u32>(1u), nonfinite), vec4<u32>(1u));
     }
   }
   red_r[lid] = vec2<f32>(sum, f32(bad));
@@ -147,16 +192,18 @@ fn reduce_norm_sq(@builtin(workgroup_id) wid: vec3<u32>,
     if (lid < s) { red_r[lid] += red_r[lid + s]; }
     workgroupBarrier();
   }
-  if (lid == 0u && w * VPT * WG_R < cu.n4) { partials[cu.pbase + w] = red_r[0]; }
+  if (lid == 0u) { partials[cu.pbase + w] = red_r[0]; }
 }
 
 var<workgroup> red_f: array<vec2<f32>, WG_F>;
 
 @compute @workgroup_size(WG_F)
-fn finalize_grad_stats(@builtin(local_invocation_index) lid: u32) {
-  let np = arrayLength(&partials);
+fn finalize_tensor_stats(@builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+  let t = wid.x;
+  let range = tsegs[t];
   var acc = vec2<f32>(0.0);
-  for (var i = lid; i < np; i += WG_F) { acc += partials[i]; }
+  for (var i = range.x + lid; i < range.y; i += WG_F) { acc += partials[i]; }
   red_f[lid] = acc;
   workgroupBarrier();
   for (var s = WG_F / 2u; s > 0u; s >>= 1u) {
@@ -164,12 +211,47 @@ fn finalize_grad_stats(@builtin(local_invocation_index) lid: u32) {
     workgroupBarrier();
   }
   if (lid == 0u) {
+    stats[4u + 4u * t] = red_f[0].x;
+    stats[5u + 4u * t] = red_f[0].y;
+  }
+}
+
+fn clip_coef(norm: f32) -> f32 {
+  return min(1.0, hp.max_norm / (norm + 1e-6));
+}
+
+var<workgroup> red_c: array<f32, WG_F>;
+
+@compute @workgroup_size(WG_F)
+fn finalize_grad_stats(@builtin(local_invocation_index) lid: u32) {
+  let nt = arrayLength(&tsegs);
+  let per_tensor = hp.clip_mode == CLIP_PER_TENSOR && hp.max_norm > 0.0;
+  var acc = vec2<f32>(0.0);
+  var low = 1.0;
+  for (var t = lid; t < nt; t += WG_F) {
+    let sq = stats[4u + 4u * t];
+    acc += vec2<f32>(sq, stats[5u + 4u * t]);
+    var c = 1.0;
+    if (per_tensor) { c = clip_coef(sqrt(sq)); }
+    stats[6u + 4u * t] = c;
+    low = min(low, c);
+  }
+  red_f[lid] = acc;
+  red_c[lid] = low;
+  workgroupBarrier();
+  for (var s = WG_F / 2u; s > 0u; s >>= 1u) {
+    if (lid < s) {
+      red_f[lid] += red_f[lid + s];
+      red_c[lid] = min(red_c[lid], red_c[lid + s]);
+    }
+    workgroupBarrier();
+  }
+  if (lid == 0u) {
     let norm_sq = red_f[0].x;
     let norm = sqrt(norm_sq);
     var clip = 1.0;
-    if (hp.clip_on != 0u && hp.max_norm > 0.0) {
-      clip = min(1.0, hp.max_norm / max(norm, 1e-6));
-    }
+    if (hp.clip_mode == CLIP_GLOBAL && hp.max_norm > 0.0) { clip = clip_coef(norm); }
+    if (per_tensor) { clip = red_c[0]; }
     stats[0] = norm;
     stats[1] = clip;
     stats[2] = norm_sq;
@@ -177,11 +259,32 @@ fn finalize_grad_stats(@builtin(local_invocation_index) lid: u32) {
   }
 }
 
+@compute @workgroup_size(WG_R)
+fn scale_tensor_grads(@builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+  let w = wid.x + wid.y * nwg.x;
+  if (w >= cu.nseg) { return; }
+  let seg = segs[cu.pbase + w];
+  let scale = stats[6u + 4u * seg.z];
+  if (scale == 1.0) { return; }
+  let first4 = seg.x / 4u;
+  let end4 = (seg.y + 3u) / 4u;
+  let win4 = cu.base / 4u;
+  for (var k = 0u; k < VPT; k++) {
+    let i4 = first4 + k * WG_R + lid;
+    if (i4 < end4) {
+      let g = g4[i4 - win4];
+      g4[i4 - win4] = select(g, g * scale, lanes_in(i4, seg.x, seg.y));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- fp32 AdamW (+ f16 mirror)
 
 // One vec4 of the chunk: returns the new weights (written already).
 fn adam4(i: u32) -> vec4<f32> {
-  let g = clean4(g4[i]) * stats[1];
+  let g = clean4(g4[i]) * grad_scale();
   var w = w4[i];
   // decay_end is a multiple of 64: a vec4 never straddles the boundary.
   if (cu.base + 4u * i < hp.decay_end) { w = w * hp.decay; }
@@ -326,7 +429,7 @@ fn finish8(r: In8, t: u32, grp: u32, lid: u32) -> Out8 {
   var m = r.m;
   var v = r.v;
   if (live) {
-    let g = clean4(r.g) * stats[1];
+    let g = clean4(r.g) * grad_scale();
     if (is8) {
       m = dequant_m(r.qm, r.am);
       v = dequant_v(r.qv, r.av);

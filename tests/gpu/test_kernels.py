@@ -145,11 +145,23 @@ def test_swiglu_forward_backward(lab_session):
 @pytest.mark.parametrize("N,V", [(45, 515), (3, 70)])
 def test_cross_entropy_and_dlogits(lab_session, N, V):
     logits = randn(N, V, scale=3.0)
+    logits[N - 1, 1] = 60.0     # a collapsed row: one token holds all of its probability
     targets = rng.integers(0, V, N).astype(np.int32)
     out = op(lab_session, "crossEntropy", logits=logits, targets=targets, N=N, V=V)
     x = T(logits, True)
     loss = torch.nn.functional.cross_entropy(x, torch.from_numpy(targets.astype(np.int64)))
     loss.backward()
-    check("cross_entropy.loss", out["losses"][N:], [loss.detach().item()])
+    check("cross_entropy.loss", out["losses"][N:N + 1], [loss.detach().item()])
     check("cross_entropy.dlogits", out["logits"], x.grad)
+    # The numerical-edge statistics: each row's max |logit| and its max-subtracted softmax
+    # denominator, and the batch's extremes of both.
+    xd = torch.from_numpy(logits)
+    row_max = xd.abs().amax(dim=1)
+    denom = torch.exp(xd - xd.amax(dim=1, keepdim=True)).sum(dim=1)
+    rows = np.asarray(out["losses"][N + 4:], dtype=np.float32).reshape(N, 2)
+    check("cross_entropy.row_max_abs_logit", rows[:, 0], row_max)
+    check("cross_entropy.row_softmax_denominator", rows[:, 1], denom)
+    check("cross_entropy.max_abs_logit", out["losses"][N + 1:N + 2], [row_max.max().item()])
+    check("cross_entropy.min_softmax_denominator", out["losses"][N + 2:N + 3],
+          [denom.min().item()])
 

@@ -32,7 +32,7 @@ CYCLES = """
       const config = {preset: 'tiny', optimizer: variant.replace('_f16', ''),
         f16_mirror: variant.endsWith('_f16'), steps: 3, batch_size: 2, seq_len: 64, lr: 1e-3,
         min_lr_ratio: 0.1, warmup_steps: 1, beta1: 0.9, beta2: 0.95, eps: 1e-8,
-        weight_decay: 0.1, clip: true, max_norm: 1.0, seed: i, data_mode: 'uniform',
+        weight_decay: 0.1, clip_mode: 'global', max_norm: 1.0, seed: i, data_mode: 'uniform',
         eval_every: 2, sample_every: 2};
       const trainer = await Trainer.create({ctx, layout, config, maps,
         loadBatch: (s) => fetch(`/api/batches/${s}?${q}`).then((r) => r.arrayBuffer()),

@@ -73,8 +73,12 @@ def param_mask(layout):
     return mask
 
 
-def reference(layout, w0, grads, optimizer="adamw", clip=True):
-    """torch (or bitsandbytes) on one tensor per table entry, wd on the decay block only."""
+def reference(layout, w0, grads, optimizer="adamw", clip=True, clip_mode=None):
+    """torch (or bitsandbytes) on one tensor per table entry, wd on the decay block only.
+    clip_mode "global" (clip=True): clip_grad_norm_ over all tensors; "per_tensor": called once
+    per tensor; "off" (clip=False): none. Returns (params, optimizer, global norms, clip scales
+    per step: the global one, or the per-tensor ones [steps][T])."""
+    clip_mode = clip_mode or ("global" if clip else "off")
     ps = [torch.nn.Parameter(t) for t in tensors(layout, w0)]
     decay = [q for q, p in zip(ps, layout["params"]) if p["decay"]]
     no_decay = [q for q, p in zip(ps, layout["params"]) if not p["decay"]]
@@ -95,10 +99,14 @@ def reference(layout, w0, grads, optimizer="adamw", clip=True):
     for g in grads:
         for q, t in zip(ps, tensors(layout, g)):
             q.grad = t
-        if clip:
+        if clip_mode == "global":
             norm = float(torch.nn.utils.clip_grad_norm_(ps, MAX_NORM))
             norms.append(norm)
             clips.append(min(1.0, MAX_NORM / (norm + 1e-6)))   # torch's own coefficient
+        elif clip_mode == "per_tensor":
+            own = [float(torch.nn.utils.clip_grad_norm_([q], MAX_NORM)) for q in ps]
+            norms.append(math.sqrt(sum(x * x for x in own)))
+            clips.append([min(1.0, MAX_NORM / (x + 1e-6)) for x in own])
         opt.step()
     return ps, opt, np.array(norms), np.array(clips)
 
@@ -118,7 +126,6 @@ def test_adamw_matches_torch(lab_session, layout, problem):
     print(report("fp32 AdamW vs torch, w", dw))
     assert dw.max() <= 1e-6, report("w", dw)
     np.testing.assert_allclose(out["grad_norms"], norms, rtol=1e-5)
-    # torch clips by max_norm / (norm + 1e-6), the engine by max_norm / max(norm, 1e-6)
     np.testing.assert_allclose(out["clip_scales"], clips, rtol=2e-6)
     assert np.array_equal(out["clip_scales"] == 1, clips == 1)
     m = flatten(layout, [opt.state[q]["exp_avg"] for q in ps])
@@ -199,9 +206,10 @@ def split_blocks(out, layout, p):
     return cm, cv, am, av
 
 
-def emulate_8bit(layout, w0, grads, clip_scales):
+def emulate_8bit(layout, w0, grads, clip_scales, tensor_clip_scales=None):
     """The kernel's arithmetic in numpy: nearest code (ties to the lower code) with the sign fix
-    for m, bnb's formulas, the GPU's own clip scales. Returns the flat weights."""
+    for m, bnb's formulas, the GPU's own clip scales (global per step, or per step and tensor).
+    Returns the flat weights."""
     maps = quantization_maps()
     qm, qv = np.array(maps["signed"], np.float32), np.array(maps["unsigned"], np.float32)
     f32 = np.float32
@@ -226,9 +234,11 @@ def emulate_8bit(layout, w0, grads, clip_scales):
 
     out = w0.copy()
     keep = set(f32_tensors(layout))
-    for p in layout["params"]:
+    for i, p in enumerate(layout["params"]):
         sl = slice(p["offset"], p["offset"] + p["numel"])
         n, w, small = p["numel"], w0[sl].copy(), p["name"] in keep
+        if tensor_clip_scales is not None:
+            clip_scales = [s[i] for s in tensor_clip_scales]
         m, v = np.zeros(n, f32), np.zeros(n, f32)
         cm, cv = np.zeros(n, np.int64), np.zeros(n, np.int64)
         am, av = np.zeros(-(-n // 256), f32), np.zeros(-(-n // 256), f32)
@@ -315,7 +325,7 @@ def test_split_bindings_and_determinism(lab_session, layout, problem):
                           maxBindingBytes=131072)
         assert whole["dispatches"] == 1 and split["dispatches"] > 1, split["dispatches"]
         assert any("split" in n for n in split["notes"])
-        for key in ("params", "mirror", "grad_norms", "clip_scales"):
+        for key in ("params", "mirror", "grad_norms", "clip_scales", "tensor_norm_sq"):
             assert np.array_equal(whole[key], again[key]), f"{variant} {key}: not deterministic"
             assert np.array_equal(whole[key], split[key]), f"{variant} {key}: split differs"
         assert np.array_equal(whole["mirror"].view(np.uint16), f16_bits(whole["params"]))
@@ -329,7 +339,7 @@ def test_8bit_schedules_agree_bit_for_bit(lab_session, layout, problem):
     for tuning in ({"persistent": False, "bpw": 3}, {"bpw": 1, "nwg8": 5}, {"bpw": 2, "nwg8": 7}):
         got = run_steps(lab_session, layout, w0, grads[:3], variant="adamw_8bit_f16",
                         tuning=tuning)
-        for key in ("params", "mirror", "grad_norms", "clip_scales"):
+        for key in ("params", "mirror", "grad_norms", "clip_scales", "tensor_norm_sq"):
             assert np.array_equal(base[key], got[key]), f"{tuning} {key} differs"
 
 
@@ -340,3 +350,79 @@ def test_8bit_maps_come_from_the_server(lab_session, layout, problem):
     out = call(lab_session, "return await lab.optimizerSteps(args);", args)
     assert np.isfinite(out["params"]).all() and out["state"]["codes"].any()
     assert out["state_bytes"] == optimizer_memory(layout)["adamw_8bit"]["state_bytes"]
+
+
+def tensor_slices(layout, flat):
+    return [flat[p["offset"]:p["offset"] + p["numel"]].astype(np.float64) for p in layout["params"]]
+
+
+def test_tensor_norms_match_torch_and_sum_to_the_global_norm(lab_session, layout, problem):
+    """Each tensor's sum of squares (torch.linalg.vector_norm of that gradient), in parameter
+    table order; the global norm is the square root of their sum to f32 rounding; non-finite
+    elements are counted per tensor."""
+    w0, grads = problem
+    bad = [g.copy() for g in grads[:2]]
+    emb = next(i for i, p in enumerate(layout["params"]) if p["name"] == EMBEDDING)
+    last = len(layout["params"]) - 1
+    for t, k in ((emb, 3), (last, 2)):
+        p = layout["params"][t]
+        bad[1][p["offset"] + np.arange(k) * 7] = [np.nan, np.inf, -np.inf][:k]
+    out = run_steps(lab_session, layout, w0, bad)
+    for s, g in enumerate(bad):
+        clean = np.where(np.isfinite(g), g, 0)
+        want = [float(torch.linalg.vector_norm(torch.from_numpy(x)))
+                for x in tensor_slices(layout, clean)]
+        got = np.sqrt(np.array(out["tensor_norm_sq"][s], np.float64))
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        sq = np.array(out["tensor_norm_sq"][s], np.float32)
+        total = math.sqrt(float(np.sum(sq, dtype=np.float64)))
+        assert total == pytest.approx(float(out["grad_norms"][s]), rel=1e-6)
+        counts = [int((~np.isfinite(x)).sum()) for x in tensor_slices(layout, g)]
+        assert out["tensor_nonfinite"][s] == counts
+        assert out["nonfinite"][s] == sum(counts)
+    assert out["tensor_nonfinite"][1][emb] == 3 and out["tensor_nonfinite"][1][last] == 2
+    # Global clipping: every tensor's own scale stays 1 (the global one is applied).
+    assert all(c == 1.0 for step in out["tensor_clip_scales"] for c in step)
+
+
+def test_per_tensor_clipping_matches_torch(lab_session, layout, problem):
+    """clip_mode per_tensor: each gradient scaled by min(1, max_norm / (its norm + 1e-6)), as
+    clip_grad_norm_ called once per parameter, then torch.optim.AdamW. Some tensors clip on some
+    steps, others never; the record's clip scale is the smallest tensor scale."""
+    w0, grads = problem
+    out = run_steps(lab_session, layout, w0, grads, clip_mode="per_tensor")
+    ps, opt, norms, clips = reference(layout, w0, grads, clip_mode="per_tensor")
+    clips = np.array(clips)
+    assert (clips < 1).any() and (clips.min(axis=0) == 1).any(), "some tensors must clip, some not"
+    dw = np.abs(out["params"] - flatten(layout, ps))
+    print(report("fp32 AdamW per-tensor clipping vs torch, w", dw))
+    assert dw.max() <= 1e-6, report("w", dw)
+    np.testing.assert_allclose(np.array(out["tensor_clip_scales"]), clips, rtol=2e-6)
+    assert np.array_equal(np.array(out["tensor_clip_scales"]) == 1, clips == 1)
+    np.testing.assert_allclose(out["clip_scales"], clips.min(axis=1), rtol=2e-6)
+    np.testing.assert_allclose(out["grad_norms"], norms, rtol=1e-5)   # before clipping
+    m = flatten(layout, [opt.state[q]["exp_avg"] for q in ps])
+    np.testing.assert_allclose(out["state"]["m"], m, rtol=1e-5, atol=1e-9)
+    assert not out["grads"].any()
+    glob = run_steps(lab_session, layout, w0, grads)
+    assert np.abs(glob["params"] - out["params"]).max() > 10 * dw.max(), "the modes must differ"
+
+
+def test_per_tensor_clipping_8bit_matches_bitsandbytes(lab_session, layout, problem):
+    """8-bit AdamW after per-tensor clipping against bitsandbytes' AdamW8bit after
+    clip_grad_norm_ per parameter (same bounds as the global-clipping test), and against the exact
+    emulation of the kernel with the GPU's per-tensor scales."""
+    pytest.importorskip("bitsandbytes")
+    w0, grads = problem
+    out = run_steps(lab_session, layout, w0, grads, variant="adamw_8bit", clip_mode="per_tensor")
+    ps, _, _, clips = reference(layout, w0, grads, optimizer="bnb", clip_mode="per_tensor")
+    np.testing.assert_allclose(np.array(out["tensor_clip_scales"]), np.array(clips), rtol=2e-6)
+    mask = param_mask(layout)
+    dw = np.abs(out["params"] - flatten(layout, ps))[mask] / LR
+    summary = (f"8-bit per-tensor clipping vs bitsandbytes, |dw| in lr: median {np.median(dw):.3g},"
+               f" within 0.01 lr {np.mean(dw <= 0.01):.4f}, max {dw.max():.3g}")
+    print(summary)
+    assert np.median(dw) <= 0.003 and np.mean(dw <= 0.01) >= 0.90 and dw.max() <= 2.0, summary
+    de = np.abs(out["params"] - emulate_8bit(layout, w0, grads, None,
+                                             out["tensor_clip_scales"]))[mask] / LR
+    assert np.mean(de <= 1e-4) >= 0.9995, f"emulation: max {de.max():.3g} lr"

@@ -26,8 +26,8 @@ SETUP = """
     const maps = await (await fetch('/api/optimizer/maps')).json();
     const config = {preset: 'tiny', optimizer: args.optimizer, f16_mirror: args.f16,
       steps: args.steps, batch_size: 2, seq_len: 64, lr: 3e-3, min_lr_ratio: 0.1, warmup_steps: 2,
-      beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: true, max_norm: 1.0, seed: 0,
-      data_mode: 'uniform', eval_every: 0, sample_every: 0};
+      beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip_mode: 'global', max_norm: 1.0,
+      seed: 0, data_mode: 'uniform', eval_every: 0, sample_every: 0};
     const q = `preset=tiny&batch_size=2&steps=${args.steps}`;
     const loadBatch = (s) => fetch(`/api/batches/${s}?${q}`).then((r) => r.arrayBuffer());
     const u32 = (parts) => parts.map((p) => new Uint32Array(p));

@@ -9,12 +9,12 @@ from andrea.model import PRESETS, build_layout
 from tests.lab import call
 
 SETUP = """
-    const {Trainer, lrAt} = await import('/static/js/engine/trainer.js');
+    const {Trainer} = await import('/static/js/engine/trainer.js');
     const layout = await (await fetch('/api/presets/tiny/layout')).json();
     const maps = await (await fetch('/api/optimizer/maps')).json();
     const config = {preset: 'tiny', optimizer: 'adamw', f16_mirror: false, steps: args.steps,
       batch_size: 2, seq_len: 64, lr: 3e-3, min_lr_ratio: 0.1, warmup_steps: 2, beta1: 0.9,
-      beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip: true, max_norm: 1.0, seed: 0,
+      beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip_mode: 'global', max_norm: 1.0, seed: 0,
       data_mode: 'uniform', eval_every: 0, sample_every: 0};
     const q = `preset=tiny&batch_size=2&steps=${args.steps}`;
     const records = [], statuses = [];
@@ -27,7 +27,7 @@ SETUP = """
 def test_lr_schedule(lab_session):
     cfg = {"lr": 1e-3, "warmup_steps": 10, "steps": 110, "min_lr_ratio": 0.1}
     out = call(lab_session, """
-        const {lrAt} = await import('/static/js/engine/trainer.js');
+        const {lrAt} = await import('/static/js/engine/schedule.js');
         return {lrs: Array.from({length: 110}, (_, s) => lrAt(s, args.cfg))};
     """, {"cfg": cfg})
     lrs = out["lrs"]
@@ -137,3 +137,45 @@ def test_row_losses_are_each_rows_mean_cross_entropy_as_torch_computes_it(lab_se
     assert got.shape == (2,)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert np.mean(got) == pytest.approx(rec["loss"], rel=1e-5)
+
+
+def test_tensor_grad_norms_and_logit_stats_match_the_hugging_face_model(lab_session, live_server):
+    """The record's tensor_grad_norms: torch.linalg.vector_norm of each parameter's gradient in
+    LlamaForCausalLM for the same weights and batch (within the gradient parity's 1e-4 x the
+    largest), in parameter-table order, their squares summing to grad_norm's to f32 rounding;
+    logit_max and softmax_denom_min: max |logit| and the smallest max-subtracted softmax
+    denominator of torch's logits; no non-finite gradient elements."""
+    import httpx
+    import numpy as np
+    import torch
+
+    from andrea.data import wire
+    from tests import reference as ref
+
+    out = call(lab_session, SETUP + """
+        const w = await trainer.model.getParams();
+        const state = await trainer.run();
+        trainer.destroy();
+        return {state, w, rec: records[0]};
+    """, {"steps": 1})
+    assert out["state"] == "finished"
+    rec = out["rec"]
+    batch = wire.decode(httpx.get(f"{live_server}/api/batches/0",
+                                  params={"preset": "tiny", "batch_size": 2, "steps": 1}).content)
+    layout = httpx.get(f"{live_server}/api/presets/tiny/layout").json()
+    tokens = batch.tokens.astype(np.int64)
+    w = np.asarray(out["w"], dtype=np.float32)
+    _, grads, logits = ref.loss_and_grads(layout, w, tokens[:, :-1], tokens[:, 1:])
+    want = np.array([np.linalg.norm(grads[p["offset"]:p["offset"] + p["numel"]].astype(np.float64))
+                     for p in layout["params"]])
+    got = np.array(rec["tensor_grad_norms"], dtype=np.float64)
+    assert got.shape == (len(layout["params"]),)
+    for p, g, t in zip(layout["params"], got, want):
+        assert abs(g - t) <= 1e-4 * want.max(), f"{p['name']}: {g} vs torch {t}"
+    print(f"\ntensor grad norms: max rel err {np.max(np.abs(got - want) / want):.2e}")
+    assert math.sqrt(np.sum(got ** 2)) == pytest.approx(rec["grad_norm"], rel=2e-6)
+    assert rec["grad_nonfinite"] == 0 and "tensor_nonfinite" not in rec
+    x = torch.from_numpy(logits.reshape(-1, logits.shape[-1]))
+    assert rec["logit_max"] == pytest.approx(float(x.abs().max()), rel=1e-5)
+    denom = torch.exp(x - x.amax(dim=1, keepdim=True)).sum(dim=1)
+    assert rec["softmax_denom_min"] == pytest.approx(float(denom.min()), rel=1e-5)

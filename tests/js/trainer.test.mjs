@@ -1,7 +1,7 @@
-// The learning-rate schedule (trainer.js lrAt): linear warmup, then cosine decay to a floor.
+// The learning-rate schedule (schedule.js lrAt): linear warmup, then cosine decay to a floor.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { evalAt, lrAt, sampleAt } from '../../static/js/engine/trainer.js';
+import { evalAt, lrAt, sampleAt } from '../../static/js/engine/schedule.js';
 
 const cfg = { lr: 1e-3, warmup_steps: 10, steps: 110, min_lr_ratio: 0.1 };
 const close = (a, b, msg) => assert.ok(Math.abs(a - b) <= 1e-15 + 1e-12 * Math.abs(b), `${msg}: ${a} vs ${b}`);
@@ -25,7 +25,7 @@ test('no warmup: the first step runs at lr', () => {
   close(lrAt(109, { ...cfg, warmup_steps: 0 }), 1e-3 * (0.1 + 0.45 * (1 + Math.cos(Math.PI * 109 / 110))), 'last step');
 });
 
-// The eval and sample schedule (trainer.js evalAt, sampleAt): a pure function of (step, config),
+// The eval and sample schedule (schedule.js evalAt, sampleAt): a pure function of (step, config),
 // so a resumed run evaluates and samples exactly where the uninterrupted one did.
 const stepsWhere = (fn, config) => Array.from({ length: config.steps }, (_, i) => i + 1)
   .filter((n) => fn(n, config));

@@ -66,6 +66,10 @@ const WG_ATTENTION_ROWS = 64;   // rows per workgroup of the row attention kerne
 const ATTENTION_TILED_T = 128;
 const ATTENTION_BLOCK = 64;
 
+/** f32 words of the loss buffer of N tokens (07_loss.wgsl): per-token losses, the mean, the
+ *  batch's max |logit| and min softmax denominator (at N + 1, N + 2), then per-token pairs. */
+export const lossFloats = (N) => 3 * N + 4;
+
 /** u32 words of tokenBuckets for N tokens of a V-token vocabulary. */
 export const tokenBucketsNumel = (N, V) => V + 1 + N;
 
@@ -328,7 +332,8 @@ export class Kernels {
       grid1d(cdiv(N * F, WG_ELEMENT)), 'swiglu_backward');
   }
 
-  /** losses[N + 1]: per-row CE and the mean at [N]; logits become dlogits when writeGrad */
+  /** losses[lossFloats(N)]: per-row CE, the mean at [N], logit stats (07_loss.wgsl); logits
+   *  become dlogits when writeGrad */
   crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
     const c = { WG: WG_ROW, WRITE_GRAD: writeGrad ? 1 : 0 };
     return Promise.all([

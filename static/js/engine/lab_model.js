@@ -3,7 +3,7 @@
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import {
-  Kernels, attentionDsNumel, gainPartialNumel, ropeTable, tokenBuckets, weightGradPartNumel,
+  Kernels, attentionDsNumel, gainPartialNumel, lossFloats, ropeTable, tokenBuckets, weightGradPartNumel,
 } from './kernels.js';
 import { createModel } from './model.js';
 import { encodeOps, releaseOps } from './ops.js';
@@ -71,7 +71,7 @@ export function labEntries(ctx) {
     swigluBackward: ({ gu, dh, N, F }) => runOps(ctx, { gu, dh }, { dgu: N * 2 * F },
       (b) => k.swigluBackward({ ...b, N, F })),
     crossEntropy: ({ logits, targets, N, V }) => runOps(ctx, { targets: u32(targets) },
-      { logits, losses: N + 1 }, (b) => k.crossEntropy({ ...b, N, V })),
+      { logits, losses: lossFloats(N) }, (b) => k.crossEntropy({ ...b, N, V })),
   };
 
   return {

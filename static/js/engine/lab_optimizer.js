@@ -16,12 +16,15 @@ export function labEntries(ctx) {
     /**
      * One optimizer step per entry of `grads` (each Float32Array [total_numel]) starting from
      * `params` [total_numel] with zero state. `lr` is a number or one per step.
-     * Returns {params, grads (G after the last step), grad_norms, clip_scales, nonfinite, mirror?,
+     * clip_mode 'global' | 'per_tensor' | 'off' (clip: false is 'off').
+     * Returns {params, grads (G after the last step), grad_norms, clip_scales, nonfinite,
+     *          tensor_norm_sq, tensor_nonfinite, tensor_clip_scales ([steps][T] each), mirror?,
      *          state_bytes, dispatches, notes, state}; state is {m, v} (fp32 variants) or
      *          {codes, small, blocks, m32, v32, q_blocks} (8-bit variants, see 12_optimizer.wgsl).
      */
     async optimizerSteps({ variant = 'adamw', layout, params, grads, lr = 1e-3, beta1 = 0.9,
-      beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_norm = 1.0, clip = true, maps = null,
+      beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_norm = 1.0, clip = true,
+      clip_mode = clip ? 'global' : 'off', maps = null,
       maxBindingBytes = null, tuning = {} }) {
       const { device } = ctx;
       const n = layout.total_numel;
@@ -33,26 +36,30 @@ export function labEntries(ctx) {
         variant, W, G, maxBindingBytes, ...tuning,
         label: `lab.${variant}`,
         maps: is8 ? (maps || await fetchMaps()) : null,
-        hyper: { beta1, beta2, eps, weight_decay, max_norm, clip },
+        hyper: { beta1, beta2, eps, weight_decay, max_norm, clip_mode },
       });
       if (opt.mirror) opt.initMirror(params);
       const steps = grads.length;
-      const statsAll = storageBuffer(device, 16 * steps, { label: 'lab.stats' });
+      const sb = opt.statsBytes;
+      const statsAll = storageBuffer(device, sb * steps, { label: 'lab.stats' });
       for (let s = 0; s < steps; s++) {
         if (grads[s].length !== n) throw new Error(`grads[${s}] has ${grads[s].length} elements`);
         device.queue.writeBuffer(G, 0, grads[s]);
         opt.setStep(s + 1, Array.isArray(lr) || ArrayBuffer.isView(lr) ? lr[s] : lr);
         const enc = device.createCommandEncoder();
         opt.encode(enc);
-        enc.copyBufferToBuffer(opt.stats, 0, statsAll, 16 * s, 16);
+        enc.copyBufferToBuffer(opt.stats, 0, statsAll, sb * s, sb);
         device.queue.submit([enc.finish()]);
       }
       const stats = new Float32Array(await readBuffer(device, statsAll));
-      const pick = (k) => Float32Array.from({ length: steps }, (_, s) => stats[4 * s + k]);
+      const pick = (k) => Float32Array.from({ length: steps }, (_, s) => stats[sb / 4 * s + k]);
+      const perTensor = (k) => Array.from({ length: steps }, (_, s) => Array.from(
+        { length: opt.tensors }, (__, t) => stats[sb / 4 * s + 4 + 4 * t + k]));
       const out = {
         params: new Float32Array(await readBuffer(device, W)),
         grads: new Float32Array(await readBuffer(device, G)),
         grad_norms: pick(0), clip_scales: pick(1), nonfinite: pick(3),
+        tensor_norm_sq: perTensor(0), tensor_nonfinite: perTensor(1), tensor_clip_scales: perTensor(2),
         state_bytes: opt.stateBytes, dispatches: opt.updateDispatches, notes: opt.notes,
       };
       if (opt.mirror) out.mirror = new Uint32Array(await readBuffer(device, opt.mirror, n * 2));

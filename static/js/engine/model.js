@@ -7,7 +7,7 @@
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import {
-  Kernels, attentionDsNumel, gainPartialNumel, ropeTable, tokenBuckets, tokenBucketsNumel,
+  Kernels, attentionDsNumel, gainPartialNumel, lossFloats, ropeTable, tokenBuckets, tokenBucketsNumel,
   weightGradPartNumel,
 } from './kernels.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
@@ -38,7 +38,7 @@ export function activationShapes(config, B, T, limits = null) {
     ['h', N * F, L],                                  // [N, F] silu(gate) * up
     ['nf', N * C, null], ['rstdf', N, null],          // final norm
     ['logits', N * V, null],                          // [N, V], then dlogits in place
-    ['losses', N + 1, null],                          // [N] per token + mean
+    ['losses', lossFloats(N), null],                  // 07_loss.wgsl's layout
     ['rope', T * (C / H), null],                      // [T, D/2, 2] cos, sin
     ['dres', N * C, null], ['dn', N * C, null], ['datt', N * C, null],   // backward scratch
     ['dqkv', N * 3 * C, null], ['delta', B * H * T, null],

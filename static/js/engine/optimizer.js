@@ -1,11 +1,14 @@
-// The optimizer phase of a training step (12_optimizer.wgsl): global grad norm -> clip scale ->
-// AdamW over the whole mega-buffer, encoded into the caller's command encoder.
+// The optimizer phase of a training step (12_optimizer.wgsl): per-tensor and global grad norms ->
+// clip scales (global, per tensor or off) -> AdamW over the whole mega-buffer, encoded into the
+// caller's command encoder.
 //
 //   const opt = await Optimizer.create(ctx, layout, {variant, W, G, maps, ...});
 //   each step:  opt.setStep(step, lr);   // queue.writeBuffer of 64 bytes, before the submit
 //               opt.encode(encoder);     // or opt.encodeInPass(pass) inside an open compute pass
-//   opt.stats   GPUBuffer f32[4] = (grad_norm, clip_scale, grad_norm^2, #non-finite grad elements),
-//               STORAGE | COPY_SRC: copy it into the trainer's readback ring after encode().
+//   opt.stats   GPUBuffer f32 [4 + 4T] = (grad_norm, clip_scale, grad_norm^2, #non-finite grad
+//               elements), then per tensor t of layout.params (sum of g^2, #non-finite, clip
+//               scale, 0); STORAGE | COPY_SRC: copy opt.statsBytes of it into the trainer's
+//               readback ring after encode(). readStats() decodes such a copy.
 //   opt.mirror  (f16 variants) u32 [total_numel / 2]: element i of W as f16 in half i % 2 of word
 //               i / 2, low half first; the tensor at element offset o starts at byte 2 * o.
 //   opt.destroy()  frees every buffer it created (the mirror too, unless it was handed in).
@@ -14,6 +17,7 @@
 
 import { align, checked } from './gpu.js';
 import { buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './optimizer_tables.js';
+import { normSegments, windowSegments } from './norm_segments.js';
 import { bindGroup } from './shaders.js';
 
 const FILE = '12_optimizer.wgsl';
@@ -25,8 +29,10 @@ export const ENTRY = {   // the update's entry point per variant
 // What each entry point binds, by the names 12_optimizer.wgsl declares (which give the binding
 // numbers and types of its pipeline layout); the f16 variants' updates bind `mirror` as well.
 const BINDINGS = {
-  reduce_norm_sq: ['cu', 'partials', 'g4'],
-  finalize_grad_stats: ['hp', 'stats', 'partials'],
+  reduce_norm_sq: ['cu', 'segs', 'partials', 'g4'],
+  finalize_tensor_stats: ['tsegs', 'partials', 'stats'],
+  finalize_grad_stats: ['hp', 'stats', 'tsegs'],
+  scale_tensor_grads: ['cu', 'segs', 'stats', 'g4'],
   adamw: ['hp', 'cu', 'stats', 'w4', 'g4', 'm4', 'v4'],
   adamw_8bit: ['hp', 'cu', 'stats', 'w4', 'g4', 'codes', 'small', 'tables'],
 };
@@ -34,7 +40,8 @@ const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU def
 const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
 const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
                                  // are what costs on CPU adapters)
-const WG_FINAL = 256;            // finalize_grad_stats threads (one workgroup)
+const WG_FINAL = 256;            // finalize_* threads (a workgroup per tensor, then one)
+export const CLIP_MODES = { off: 0, global: 1, per_tensor: 2 };   // 12_optimizer.wgsl CLIP_*
 // 8-bit: threads per block, 4 elements each, so the server's blocksize must be 256: the kernel's
 // layout (WG8 = 64 * BPW there, in WGSL; tests/js/shaders.test.mjs holds the two equal).
 export const BLOCK_THREADS = 64;
@@ -56,8 +63,9 @@ export class Optimizer {
    *                 layout.optimizer_state.adamw_8bit (f32_tensors: the tensors that keep f32
    *                 state, q_blocks, f32_numel), as GET /api/presets/{name}/layout sends it
    *   mirror        optional u32 buffer for the f16 mirror (else one is created)
-   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip} (changeable with setHyper;
-   *                 any left out is RunConfig's default)
+   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip_mode} (changeable with
+   *                 setHyper; any left out is RunConfig's default). clip_mode 'global' | 'per_tensor'
+   *                 | 'off'; the older {clip: false} means 'off'.
    *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
    *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning; none changes a result bit (the
    *                 optimizer test checks). Defaults come from the context: ctx.limits bounds the
@@ -105,7 +113,8 @@ export class Optimizer {
     }
     // RunConfig's defaults (server/run_config.py; tests/test_page_facts.py holds them equal), for
     // a caller that leaves some out (the kernels page, the lifetime test); the trainer passes all.
-    this.hyper = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip: true };
+    this.hyper = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0,
+      clip_mode: 'global' };
     this.setHyper(hyper);
     this._hpData = new ArrayBuffer(64);
     this._hpF = new Float32Array(this._hpData);
@@ -126,8 +135,12 @@ export class Optimizer {
     return this.ctx.software ? Math.min(SOFTWARE_GROUPS, filled) : filled;
   }
 
-  setHyper(h) {
-    Object.assign(this.hyper, h);
+  setHyper({ clip, ...h }) {
+    for (const [k, v] of Object.entries(h)) if (v !== undefined) this.hyper[k] = v;
+    if (clip === false && h.clip_mode === undefined) this.hyper.clip_mode = 'off';
+    if (!(this.hyper.clip_mode in CLIP_MODES)) {
+      throw new Error(`unknown clip_mode ${this.hyper.clip_mode} (${Object.keys(CLIP_MODES).join(', ')})`);
+    }
   }
 
   /** Storage buffers the update dispatch binds: fp32 stats, W, G, M, V; 8-bit stats, W, G, codes,
@@ -159,23 +172,31 @@ export class Optimizer {
       this.notes.push(`mega-buffer of ${this.n * 4} B split into ${this.windows.length} bindings ` +
         `(maxStorageBufferBindingSize ${this.windowElems * 4} B)`);
     }
-    this.stats = this._buffer(16, 'stats');
+    this.tensors = this.layout.params.length;
+    this.statsBytes = 16 + 16 * this.tensors;
+    this.stats = this._buffer(this.statsBytes, 'stats');
     this.uHyper = d.createBuffer({ label: `${this.label}.hyper`, size: 64,
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
 
-    // Norm partials: one per partialElems elements of G, summed in index order by finalize.
+    // Norm partials: one per segment (norm_segments.js), summed per tensor in index order.
+    const plan = normSegments(this.layout, this.partialElems);
     for (const win of this.windows) {
-      win.pbase = win.base / this.partialElems;
-      const groups = Math.ceil(win.len / this.partialElems);
+      [win.pbase, win.pend] = windowSegments(plan.segs, plan.count, win.base, win.len);
+      const groups = Math.max(win.pend - win.pbase, 1);
       const x = Math.min(groups, MAX_GRID);
       win.gridR = [x, Math.ceil(groups / x)];
     }
-    this.partials = this._buffer(Math.ceil(this.n / this.partialElems) * 8, 'partials');
+    this.segs = this._buffer(plan.segs.byteLength, 'segs', plan.segs);
+    this.tsegs = this._buffer(plan.tsegs.byteLength, 'tsegs', plan.tsegs);
+    this.partials = this._buffer(Math.max(plan.count, 1) * 8, 'partials');
 
+    const reduceConsts = { WG_R: wgReduce, VPT: VEC4_PER_THREAD };
     const pipes = [
-      this.lib.pipeline(FILE, 'reduce_norm_sq', { WG_R: wgReduce, VPT: VEC4_PER_THREAD },
-        BINDINGS.reduce_norm_sq),
+      this.lib.pipeline(FILE, 'reduce_norm_sq', reduceConsts, BINDINGS.reduce_norm_sq),
+      this.lib.pipeline(FILE, 'finalize_tensor_stats', { WG_F: WG_FINAL },
+        BINDINGS.finalize_tensor_stats),
       this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: WG_FINAL }, BINDINGS.finalize_grad_stats),
+      this.lib.pipeline(FILE, 'scale_tensor_grads', reduceConsts, BINDINGS.scale_tensor_grads),
     ];
     if (this.is8) {
       if (!this.maps) {
@@ -215,16 +236,21 @@ export class Optimizer {
       this.mirror = this._buffer(this.n * 2, 'mirror');
       this._ownsMirror = true;
     }
-    [this.pReduce, this.pFinal, this.pUpdate] = await Promise.all(pipes);
+    [this.pReduce, this.pTensor, this.pFinal, this.pScale, this.pUpdate] = await Promise.all(pipes);
 
     // Per-window chunk uniforms and bind groups (once).
     await checked(d, `optimizer ${this.variant} bind groups`, () => {
-      this.reduceGroups = this.windows.map((win) => this._group(this.pReduce, {
-        cu: this._chunk({ base: win.base, n4: win.len / 4, pbase: win.pbase }),
-        partials: this.partials, g4: this._range(this.G, win.base, win.len, 4),
-      }));
+      for (const win of this.windows) {
+        const seg = { cu: this._chunk({ base: win.base, n4: win.len / 4, pbase: win.pbase,
+          nseg: win.pend - win.pbase }), segs: this.segs,
+        g4: this._range(this.G, win.base, win.len, 4) };
+        win.reduceGroup = this._group(this.pReduce, { ...seg, partials: this.partials });
+        win.scaleGroup = this._group(this.pScale, { ...seg, stats: this.stats });
+      }
+      this.tensorGroup = this._group(this.pTensor,
+        { tsegs: this.tsegs, partials: this.partials, stats: this.stats });
       this.finalGroup = this._group(this.pFinal,
-        { hp: this.uHyper, stats: this.stats, partials: this.partials });
+        { hp: this.uHyper, stats: this.stats, tsegs: this.tsegs });
       this.updates = this.is8 ? this._plan8(bpw, persistent, nwg8) : this._planFp32(wg);
     });
   }
@@ -309,7 +335,7 @@ export class Optimizer {
 
   _chunk(fields) {
     const u = new Uint32Array(12);
-    const order = ['base', 'n4', 'pbase', '', 'b0', 'b1', 'qbase', '', 'm32', 'v32'];
+    const order = ['base', 'n4', 'pbase', 'nseg', 'b0', 'b1', 'qbase', '', 'm32', 'v32'];
     order.forEach((k, i) => { if (k) u[i] = fields[k] ?? 0; });
     const b = this.device.createBuffer({ label: `${this.label}.chunk`, size: 48,
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
@@ -332,14 +358,15 @@ export class Optimizer {
    * computed here in f64 and rounded to f32 once, as torch does with its Python floats.
    */
   setStep(step, lr) {
-    const { beta1, beta2, eps, weight_decay: wd, max_norm: maxNorm, clip } = this.hyper;
+    const { beta1, beta2, eps, weight_decay: wd, max_norm: maxNorm, clip_mode: mode } = this.hyper;
     const bc1 = 1 - beta1 ** step;
     const bc2 = 1 - beta2 ** step;
     const f = this._hpF;
     const u = this._hpU;
     f[0] = beta1; f[1] = beta2; f[2] = 1 - beta1; f[3] = 1 - beta2;
     f[4] = eps; f[5] = 1 - lr * wd; f[6] = -(lr / bc1); f[7] = Math.sqrt(bc2);
-    f[8] = maxNorm; u[9] = clip && maxNorm > 0 ? 1 : 0; u[10] = this.layout.decay_numel; f[11] = lr;
+    f[8] = maxNorm; u[9] = maxNorm > 0 ? CLIP_MODES[mode] : 0; u[10] = this.layout.decay_numel;
+    f[11] = lr;
     f[12] = -lr * Math.sqrt(bc2) / bc1; f[13] = eps * Math.sqrt(bc2); f[14] = 0; f[15] = 0;
     this.device.queue.writeBuffer(this.uHyper, 0, this._hpData);
   }
@@ -358,17 +385,37 @@ export class Optimizer {
     this.encodeUpdate(pass);
   }
 
-  /** Phase 1: per-window partial sums of g^2, then grad_norm and clip_scale into `stats`. */
+  /** Phase 1: per-segment sums of g^2, per-tensor sums, then grad_norm and the clip scales
+   *  into `stats`; with per-tensor clipping, G scaled by each tensor's own. */
   encodeNorm(pass) {
-    pass.setPipeline(this.pReduce.pipeline);
-    for (let k = 0; k < this.windows.length; k++) {
-      pass.setBindGroup(0, this.reduceGroups[k]);
-      const g = this.windows[k].gridR;
-      pass.dispatchWorkgroups(g[0], g[1]);
-    }
+    this._perWindow(pass, this.pReduce, 'reduceGroup');
+    pass.setPipeline(this.pTensor.pipeline);
+    pass.setBindGroup(0, this.tensorGroup);
+    pass.dispatchWorkgroups(this.tensors);
     pass.setPipeline(this.pFinal.pipeline);
     pass.setBindGroup(0, this.finalGroup);
     pass.dispatchWorkgroups(1);
+    if (this.hyper.clip_mode === 'per_tensor') this._perWindow(pass, this.pScale, 'scaleGroup');
+  }
+
+  _perWindow(pass, p, group) {
+    pass.setPipeline(p.pipeline);
+    for (const win of this.windows) {
+      pass.setBindGroup(0, win[group]);
+      pass.dispatchWorkgroups(win.gridR[0], win.gridR[1]);
+    }
+  }
+
+  /** {grad_norm, clip_scale, nonfinite, tensor_sq: Float64Array [T], tensor_nonfinite: [T]}
+   *  from opt.statsBytes bytes of `stats` at byte `offset` of `buffer` (an ArrayBuffer). */
+  readStats(buffer, offset = 0) {
+    const f = new Float32Array(buffer, offset, this.statsBytes / 4);
+    const T = this.tensors;
+    return {
+      grad_norm: f[0], clip_scale: f[1], nonfinite: f[3],
+      tensor_sq: Float64Array.from({ length: T }, (_, t) => f[4 + 4 * t]),
+      tensor_nonfinite: Float64Array.from({ length: T }, (_, t) => f[5 + 4 * t]),
+    };
   }
 
   /** Phase 2: the AdamW update (reads clip_scale from `stats`, zeroes G). */
@@ -408,7 +455,7 @@ export class Optimizer {
 
   /** Free the optimizer's buffers (the mirror too, unless it was handed in). */
   destroy() {
-    for (const b of [this.stats, this.uHyper, this.partials, this.M, this.V, this.codes, this.small,
+    for (const b of [this.stats, this.uHyper, this.partials, this.segs, this.tsegs, this.M, this.V, this.codes, this.small,
       this.tables, ...this._chunks, this._ownsMirror ? this.mirror : null]) {
       b?.destroy();
     }

@@ -14,68 +14,20 @@
 // `resume.step` and continues bit-identically to the uninterrupted run.
 
 import { Prefetcher, parseBatch } from './batches.js';
-import { asBytes, matchSections, median, nextCheckpointInterval, sectionBytes, snapshotSections,
-  writeSections } from './checkpoint.js';
+import { asBytes, matchSections, sectionBytes, writeSections } from './checkpoint.js';
 import { lostMessage } from './gpu.js';
 import { Model, limitProblems } from './model.js';
 import { encodeOps } from './ops.js';
 import { Optimizer } from './optimizer.js';
+import { addGpuTimes, lap, newLoopProfile } from './loop_profile.js';
 import { generate } from './sampler.js';
+import { evalAt, lrAt, sampleAt } from './schedule.js';
+import { RING, STAMPS, slotLayout, stepRecord } from './step_record.js';
+import { checkpointMethods } from './trainer_checkpoints.js';
 
-const RING = 4;          // readback slots: how many steps the CPU may run ahead of the GPU
-// Readback slot head, bytes: [0, 4) mean loss, [16, 32) optimizer stats (norm, clip, norm^2, bad),
-// [32, 56) the step's begin, the optimizer pass's begin and its end timestamps (u64 ns, with
-// timestamp-query); then the per-token losses.
-const SLOT_HEAD = 64;
-const STAMPS = 3;           // timestamps per step (per ring slot)
 const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
 const FIRST_AUTO_CHECKPOINT = 20;   // every === null: steps (after the start) to the first one
 const STEP_MS_WINDOW = 16;          // every === null: step time = median of this many records
-
-/** Learning rate at 0-based `step`: linear warmup, then cosine decay to lr * min_lr_ratio. */
-export function lrAt(step, { lr, warmup_steps: warmup, steps, min_lr_ratio: floor }) {
-  if (step < warmup) return lr * (step + 1) / warmup;
-  const span = Math.max(1, steps - warmup);
-  const t = Math.min(1, (step - warmup) / span);
-  return lr * (floor + (1 - floor) * 0.5 * (1 + Math.cos(Math.PI * t)));
-}
-
-/** Whether the step with 1-based number `n` ends with a text sample: every `sample_every` steps,
- *  at the last step, and once early. The early-sample rule: the first sample comes after
- *  min(sample_every, max(1, floor(steps / 4))) steps, so a run shorter than a few
- *  `sample_every` shows its text early (a quarter of the way) and at its end; e.g. 30 steps
- *  with the default 100: steps 7 and 30. sample_every 0: never. A pure function of (n, config),
- *  so a resumed run samples exactly where the uninterrupted one did. */
-export function sampleAt(n, { sample_every: every, steps }) {
-  if (!every) return false;
-  return n % every === 0 || n === steps || n === Math.min(every, Math.max(1, Math.floor(steps / 4)));
-}
-
-/** Whether the step with 1-based number `n` is followed by an eval: every `eval_every` steps and
- *  at the last step, so every finished run has an eval loss. eval_every 0: never. */
-export function evalAt(n, { eval_every: every, steps }) {
-  return Boolean(every) && (n % every === 0 || n === steps);
-}
-
-/** Where the loop's time goes (stats.loop), summed over steps: CPU ms waiting for the batch
- *  (prefetch), for a ring slot (the GPU running ahead), writing the batch and the optimizer's
- *  step uniforms, encoding, submitting, reading a slot back (per-source sums, on.record), and
- *  from mapAsync to its resolution; submitting evals, checkpoint copies and samples (which
- *  drain the ring first); with timestamp-query, the GPU's ms inside training steps (first pass
- *  begin to optimizer end) and between consecutive ones (idle, or running an eval, a sample or
- *  checkpoint copies). bench/bench_trainer.mjs prints it. */
-export function newLoopProfile() {
-  return { steps: 0, batchWaitMs: 0, ringWaitMs: 0, uploadMs: 0, encodeMs: 0, submitMs: 0,
-    readMs: 0, mapMs: 0, evalMs: 0, checkpointMs: 0, sampleMs: 0, gpuSteps: 0, gpuBusyMs: 0,
-    gpuIdleMs: 0 };
-}
-
-/** Adds the ms since `t` to prof[key]; -> now. */
-function lap(prof, key, t) {
-  const now = performance.now();
-  prof[key] += now - t;
-  return now;
-}
 
 export class Trainer {
   /**
@@ -110,6 +62,7 @@ export class Trainer {
     this.done = 0;                 // steps submitted: the state a checkpoint encoded now holds
     this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0, checkpoints: 0, checkpointErrors: 0,
       loop: newLoopProfile() };
+    this.lastGpu = { end: undefined };   // the previous step's GPU end (timestamp ns)
     this.resumeGate = null;
     this.checkpointConfig = checkpoint;
     this.resumeFrom = resume;
@@ -165,7 +118,7 @@ export class Trainer {
     this.opt = await Optimizer.create(ctx, layout, {
       variant: this.variant, W: this.model.W, G: this.model.G, maps: this.maps,
       hyper: { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay,
-        max_norm: c.max_norm, clip: c.clip },
+        max_norm: c.max_norm, clip_mode: c.clip_mode },
     });
     if (served) {
       this.sections = matchSections(served, [...this.model.stateSections(), ...this.opt.stateSections()]);
@@ -194,9 +147,9 @@ export class Trainer {
     this.B = c.batch_size;
     this.T = c.seq_len;
     this.plan = await this.model.plan(this.B, this.T);
-    const N = this.B * this.T;
+    this.slot = slotLayout(this.opt.statsBytes, this.B * this.T);
     this.ring = [...Array(RING)].map((_, i) => ({
-      buf: this.device.createBuffer({ label: `readback${i}`, size: SLOT_HEAD + N * 4,
+      buf: this.device.createBuffer({ label: `readback${i}`, size: this.slot.bytes,
         usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST }),
       pending: null,
       mappedAt: 0,
@@ -211,81 +164,6 @@ export class Trainer {
     this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: 4,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
-  }
-
-  nextMultiple(step) {
-    const { every } = this.checkpointConfig;
-    return (Math.floor(step / every) + 1) * every;
-  }
-
-  /**
-   * The state after the last submitted step, read back: copies into MAP_READ staging are
-   * submitted now (later steps cannot change them), then mapped and copied out in
-   * checkpoint.chunk_bytes parts. -> Promise<{step, parts: ArrayBuffer[], chunkSha256: string[],
-   * bytes, readMs, hashMs}>. Does not call on.checkpoint (the trainer's cadence does).
-   */
-  checkpoint() {
-    if (!this.sections) {
-      throw new Error('no checkpoint sections: create the trainer with checkpoint: {sections, chunk_bytes}');
-    }
-    return snapshotSections(this.device, this.sections, this.checkpointConfig.chunk_bytes,
-      this.ckpt.staging, this.done);
-  }
-
-  /** Takes a checkpoint now and hands it to on.checkpoint; the returned promise (also
-   *  this.ckpt.inFlight until it settles) resolves once on.checkpoint's promise has, and never
-   *  rejects (failures are counted in stats.checkpointErrors and kept in ckpt.lastError). */
-  startCheckpoint() {
-    const k = this.ckpt;
-    const step = this.done;
-    k.taken = step;
-    // This step's record: a checkpoint of a step whose loss was non-finite is not handed over.
-    const record = this.ring[(step - 1 + RING) % RING].pending;
-    const snap = this.checkpoint();
-    k.inFlight = (async () => {
-      try {
-        const ck = await snap;
-        await record;
-        if (this.badStep !== undefined && this.badStep <= step) return;
-        this.stats.checkpoints++;
-        if (this.checkpointConfig.every) {
-          k.next = this.nextMultiple(step);
-        } else {
-          k.next = step + nextCheckpointInterval(ck.readMs + ck.hashMs, median(k.stepMs));
-        }
-        await this.on.checkpoint(ck);
-        k.saved = Math.max(k.saved ?? 0, step);
-      } catch (e) {
-        this.stats.checkpointErrors++;
-        k.lastError = e;
-      } finally {
-        k.inFlight = null;
-      }
-    })();
-    return k.inFlight;
-  }
-
-  /** Periodic: a checkpoint when one is due and none is in flight (a due one waits for that and
-   *  is taken at the first step after it, or at the end of the run). */
-  maybeCheckpoint() {
-    const k = this.ckpt;
-    if (!this.checkpointConfig || k.inFlight || this.done < k.next || k.taken === this.done) return;
-    this.startCheckpoint();
-  }
-
-  /** Once none is in flight, the periodic checkpoint if one is due (the end of a run). */
-  async checkpointIfDue() {
-    if (!this.checkpointConfig) return;
-    while (this.ckpt.inFlight) await this.ckpt.inFlight;
-    if (this.done >= this.ckpt.next && this.ckpt.taken !== this.done) await this.startCheckpoint();
-  }
-
-  /** Pause and stop: once none is in flight, a checkpoint of the current state unless the server
-   *  has it already. Resolves when it has been handed over. */
-  async checkpointNow() {
-    if (!this.checkpointConfig) return;
-    while (this.ckpt.inFlight) await this.ckpt.inFlight;
-    if (this.ckpt.saved !== this.done && this.done > 0) await this.startCheckpoint();
   }
 
   /** Stops submitting; the status turns 'paused' once the steps in flight have landed. */
@@ -350,13 +228,15 @@ export class Trainer {
         this.opt.encode(enc, this.queries ? { timestampWrites: { querySet: this.queries,
           beginningOfPassWriteIndex: q0 + 1, endOfPassWriteIndex: q0 + 2 } } : {});
         const N = this.B * this.T;
-        enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, slot.buf, 0, 4);
-        enc.copyBufferToBuffer(this.opt.stats, 0, slot.buf, 16, 16);
+        const at = this.slot;
+        enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, slot.buf, at.loss, 12);
+        enc.copyBufferToBuffer(this.opt.stats, 0, slot.buf, at.stats, this.opt.statsBytes);
         if (this.queries) {
           enc.resolveQuerySet(this.queries, q0, STAMPS, this.queryBuf, QUERY_STRIDE * slotIndex);
-          enc.copyBufferToBuffer(this.queryBuf, QUERY_STRIDE * slotIndex, slot.buf, 32, 8 * STAMPS);
+          enc.copyBufferToBuffer(this.queryBuf, QUERY_STRIDE * slotIndex, slot.buf, at.stamps,
+            8 * STAMPS);
         }
-        enc.copyBufferToBuffer(this.plan.acts.losses, 0, slot.buf, SLOT_HEAD, N * 4);
+        enc.copyBufferToBuffer(this.plan.acts.losses, 0, slot.buf, at.tokens, N * 4);
         const cmd = enc.finish();
         t = lap(prof, 'encodeMs', t);
         this.device.queue.submit([cmd]);
@@ -426,55 +306,14 @@ export class Trainer {
   }
 
   readSlot(slot, step, lr, batch, ms, evalLoss) {
-    const N = this.B * this.T;
     const range = slot.buf.getMappedRange();
-    const data = new Float32Array(range, 0, SLOT_HEAD / 4 + N);
-    const loss = data[0];
-    const [norm, clip] = [data[4], data[5]];
-    const optMs = this.queries ? this.gpuTimes(range) : null;
-    const tok = SLOT_HEAD / 4;   // first per-token loss
-    // Per-source mean training loss from the per-token losses, for the source bandit, and each
-    // row's mean (7 significant digits, about f32's), whose outliers a spike points at.
-    const sums = {};
-    const rows = new Array(this.B);
-    for (let b = 0; b < this.B; b++) {
-      let s = 0;
-      for (let t = 0; t < this.T; t++) s += data[tok + b * this.T + t];
-      rows[b] = Number.isFinite(s) ? Number((s / this.T).toPrecision(7)) : null;
-      const k = String(batch.sources[b]);
-      sums[k] = sums[k] ?? [0, 0];
-      sums[k][0] += s;
-      sums[k][1] += this.T;
-    }
+    // The last step's end stays out of stats (a BigInt would not serialize to JSON).
+    const optMs = this.queries ? addGpuTimes(this.stats.loop, this.lastGpu,
+      new BigUint64Array(range, this.slot.stamps, STAMPS)) : null;
+    const rec = stepRecord(range, { opt: this.opt, B: this.B, T: this.T, step, lr, batch, ms,
+      optMs, evalLoss });
     slot.buf.unmap();
-    const finite = (x) => (Number.isFinite(x) ? x : null);
-    const rec = {
-      step: step + 1, loss: finite(loss), grad_norm: finite(norm), clip_scale: finite(clip), lr,
-      tokens_per_s: (N * 1000) / ms, step_ms: ms, ...(optMs !== null ? { opt_ms: optMs } : {}),
-      source_losses: Object.fromEntries(Object.entries(sums)
-        .map(([k, [s, n]]) => [k, s / n]).filter(([, v]) => Number.isFinite(v))),
-      row_losses: rows,
-    };
-    if (batch.phase !== null) rec.phase = batch.phase;
-    if (evalLoss !== null && evalLoss !== undefined && Number.isFinite(evalLoss)) rec.eval_loss = evalLoss;
     return rec;
-  }
-
-  /** The optimizer pass's GPU ms from a mapped slot (null when its timestamps are unusable);
-   *  the step's GPU time and the idle gap before it go to stats.loop. */
-  gpuTimes(range) {
-    const [tb, t0, t1] = new BigUint64Array(range, 32, STAMPS);
-    const prof = this.stats.loop;
-    if (tb > 0n && t1 > tb) {
-      // The last step's end stays out of stats (a BigInt would not serialize to JSON).
-      if (this.lastGpuEnd !== undefined && tb > this.lastGpuEnd) {
-        prof.gpuIdleMs += Number(tb - this.lastGpuEnd) / 1e6;
-      }
-      prof.gpuBusyMs += Number(t1 - tb) / 1e6;
-      prof.gpuSteps++;
-      this.lastGpuEnd = t1;
-    }
-    return t1 > t0 ? Number(t1 - t0) / 1e6 : null;
   }
 
   wantEval(step) {
@@ -525,3 +364,5 @@ export class Trainer {
     this.queries?.destroy();
   }
 }
+
+Object.assign(Trainer.prototype, checkpointMethods);
