@@ -46,7 +46,8 @@ async ({preset, B, variant, iters, kinds}) => {
   const model = new Model(ctx, layout);
   await model.init(0);
   const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G, maps,
-    hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip_mode: 'global' } });
+    hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0,
+      clip_mode: 'global' } });
   const T = layout.config.seq_len, V = layout.config.vocab_size, N = B * T;
   const plan = await model.plan(B, T);
   const synthetic = [Uint32Array.from({ length: N }, (_, i) => (i * 7919 + 13) % V),

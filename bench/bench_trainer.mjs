@@ -6,6 +6,7 @@
 //   python -m andrea.optim 12m > .gpu/l12.json
 //   node bench/bench_trainer.mjs .gpu/l12.json --batch 32 [--seq 256] [--steps 40] [--warmup 8]
 //        [--variants adamw,adamw_8bit] [--loops] [--before FILE] [--extras STEPS]
+//        [--clip-mode global|per_tensor|off]
 // --loops adds loops shaped like the trainer's with one cost at a time (batch upload, the
 // readback ring, the per-token losses, timestamps) to tell where a gap comes from; --before FILE
 // also runs another trainer.js (e.g. an older one; it is copied beside the engine to import it).
@@ -28,6 +29,7 @@ const T = Number(opt('--seq', layout.config.seq_len));
 const steps = Number(opt('--steps', 40));
 const warmup = Number(opt('--warmup', 8));
 const variants = opt('--variants', 'adamw,adamw_8bit').split(',');
+const clipMode = opt('--clip-mode', 'global');
 const loops = argv.includes('--loops');
 const beforeFile = opt('--before', null);
 const extras = Number(opt('--extras', 0));
@@ -85,7 +87,7 @@ const f = (x, d = 2) => (x === null || x === undefined || Number.isNaN(x) ? '-' 
 function config(optimizer, n, { evalEvery = 0, sampleEvery = 0 } = {}) {
   return { preset: layout.preset ?? 'custom', optimizer, f16_mirror: false, steps: n,
     batch_size: B, seq_len: T, lr: 3e-4, min_lr_ratio: 0.1, warmup_steps: 10, beta1: 0.9,
-    beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip_mode: 'global', max_norm: 1.0, seed: 0,
+    beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip_mode: clipMode, max_norm: 1.0, seed: 0,
     data_mode: 'uniform', eval_every: evalEvery, sample_every: sampleEvery };
 }
 

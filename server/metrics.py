@@ -1,10 +1,10 @@
 """The step record: the one definition of what a training step reports.
 
 The websocket validates it (telemetry/protocol.py), the store (SQLite or PostgreSQL) keeps a
-column per number and JSON for the rest (andrea.store), the CSV export lists the numbers
-(routes/runs.py). A new metric is a new field here and nowhere else. One column is the
-server's, not the trainer's: `time`, the wall-clock time (Unix seconds) at which the server
-committed the row.
+column per number and JSON for the rest (andrea.store), the CSV export lists the numbers and
+then each tensor's grad norm (routes/exports.py). A new metric is a new field here and nowhere
+else. One column is the server's, not the trainer's: `time`, the wall-clock time (Unix seconds)
+at which the server committed the row.
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
+Count = Annotated[int, Field(ge=0)]
 MAX_BATCH = 1024      # the most rows a batch has (RunConfig.batch_size's bound)
+MAX_LAYERS = 64       # the most layers a model has (RunConfig.n_layer's bound)
+# The most parameter tensors a run has (model.py's table): the embedding, 9 per layer (q, k, v,
+# o, gate, up, down, two norms) and the final norm. tests/test_spikes.py holds it to the table.
+MAX_TENSORS = 1 + 9 * MAX_LAYERS + 1
 
 
 class Record(BaseModel):
@@ -43,6 +48,21 @@ class Record(BaseModel):
     # significant digits: the rows far above the step's loss are its outlier candidates. As many
     # as the run's batch_size (checked against the run by the trainer socket).
     row_losses: list[NonNegative | None] | None = Field(default=None, max_length=MAX_BATCH)
+    # The L2 norm of each parameter tensor's gradient before clipping (non-finite elements
+    # skipped; None: not finite), in the run's parameter-table order, to 7 significant digits:
+    # grad_norm is the root of their sum of squares. As many as the run's layout has tensors
+    # (checked by the trainer socket).
+    tensor_grad_norms: list[NonNegative | None] | None = Field(default=None,
+                                                               max_length=MAX_TENSORS)
+    # Non-finite gradient elements of the step, all tensors; per tensor (same order) only on
+    # steps that have any, summing to the total (checked by the trainer socket).
+    grad_nonfinite: Count | None = None
+    tensor_nonfinite: list[Count] | None = Field(default=None, max_length=MAX_TENSORS)
+    # The loss kernel's view of the batch: the largest |logit|, and the smallest softmax
+    # denominator in max-subtracted form (min over rows of sum_v exp(logit_v - max_v), in
+    # [1, vocab]; near 1: one token takes all of its row's probability, a collapsed softmax).
+    logit_max: NonNegative | None = None
+    softmax_denom_min: NonNegative | None = None
 
     def row(self) -> dict:
         """What is stored and sent to viewers: the sent fields, plus the required ones."""

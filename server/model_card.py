@@ -40,11 +40,16 @@ def _loss(pair: tuple[int, float] | None) -> str:
     return "not recorded" if pair is None else f"{pair[1]:.4f} (step {pair[0]:,})"
 
 
+# How each clip_mode reads in the card (off: nothing said).
+CLIPPING = {"global": ", gradient clipping at norm {norm:g}",
+            "per_tensor": ", per-tensor gradient clipping at norm {norm:g}"}
+
+
 def optimizer_text(cfg: dict) -> str:
     state = ("8-bit AdamW (block-wise quantized moments, bitsandbytes-style)"
              if cfg["optimizer"] == "adamw_8bit" else "AdamW (fp32 moments)")
     mirror = ", matmuls on an f16 mirror of the f32 weights" if cfg.get("f16_mirror") else ""
-    clip = f", gradient clipping at norm {cfg['max_norm']:g}" if cfg["clip"] else ""
+    clip = CLIPPING.get(cfg.get("clip_mode", "global"), "").format(norm=cfg["max_norm"])
     return (f"{state}{mirror}; betas ({cfg['beta1']:g}, {cfg['beta2']:g}), eps {cfg['eps']:g}, "
             f"weight decay {cfg['weight_decay']:g}{clip}")
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from andrea.metrics import MAX_BATCH
+from andrea.metrics import MAX_BATCH, MAX_LAYERS
 from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
 
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -35,7 +35,8 @@ class RunConfig(BaseModel):
         "default: the preset's context; longer lengthens the model's context"))
     # The model's own shape instead of the preset's (server/model.py run_model): each left out
     # is the preset's. Stored runs have every one filled in.
-    n_layer: int | None = Field(None, ge=1, le=64, description="default: the preset's layers")
+    n_layer: int | None = Field(None, ge=1, le=MAX_LAYERS,
+                                description="default: the preset's layers")
     n_embd: int | None = Field(None, ge=8, le=4096, description="default: the preset's width")
     n_head: int | None = Field(None, ge=1, le=64, description="default: the preset's heads")
     ffn_dim: int | None = Field(None, ge=1, le=16384, description=(
@@ -50,7 +51,11 @@ class RunConfig(BaseModel):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: Positive = Field(1e-8, le=1.0)
     weight_decay: float = Field(0.1, ge=0, le=1)
-    clip: bool = True
+    # global: the whole gradient's norm clipped to max_norm; per_tensor: each tensor's own
+    # (torch's clip_grad_norm_ once per parameter); off. Older clients' and stored runs' `clip`
+    # (true/false) is read as global/off (legacy_clip).
+    clip_mode: Literal["global", "per_tensor", "off"] = Field(
+        "global", description="global: the whole gradient's norm; per_tensor: each tensor's own")
     max_norm: Positive = Field(1.0, le=1e6)
     seed: int = Field(0, ge=0, lt=2**31)
     data_mode: Literal["uniform", "bandit"] = "uniform"
@@ -69,6 +74,18 @@ class RunConfig(BaseModel):
     # A branch: a new run that starts from another run's checkpoint (same preset and
     # optimizer). Set by the run page's branch button, never by the new-run form.
     parent: Parent | None = Field(None, json_schema_extra={"form": False})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_clip(cls, data):
+        if isinstance(data, dict) and "clip" in data:
+            if "clip_mode" in data:
+                raise ValueError("give clip_mode, or the older clip, not both")
+            if not isinstance(data["clip"], bool):    # strict, as every other switch
+                raise ValueError("clip must be true or false (or give clip_mode: 'global', "
+                                 "'per_tensor' or 'off')")
+            data = legacy_clip(data)
+        return data
 
     @model_validator(mode="after")
     def _fit_preset(self):
@@ -94,6 +111,15 @@ class RunConfig(BaseModel):
             if twice:
                 raise ValueError(f"sources: {', '.join(map(repr, twice))} listed more than once")
         return self
+
+
+def legacy_clip(config: dict) -> dict:
+    """A config of before clip_mode: its `clip` switch read as clip_mode global (true) or off
+    (false), and dropped. A config without one is returned as it is."""
+    if "clip" not in config:
+        return config
+    rest = {k: v for k, v in config.items() if k != "clip"}
+    return {**rest, "clip_mode": rest.get("clip_mode", "global" if config["clip"] else "off")}
 
 
 class StoredRunConfig(RunConfig):

@@ -1,6 +1,8 @@
 """Gradient spikes in a run's committed records: which steps, how far above the run's own level,
-whether they came right after a bandit phase boundary (a shift of the data), and which rows of
-the batch were furthest above the step's loss (outlier candidates).
+whether they came right after a bandit phase boundary (a shift of the data), which rows of the
+batch were furthest above the step's loss (outlier candidates), and the spike's anatomy
+(spike_anatomy.py): the tensors and the layer that carry its gradient, its non-finite
+elements, and numerical flags (non-finite gradients, a collapsed softmax, grown logits).
 
 A step is a spike when
 - its grad norm is at least FACTOR times the running level: the median of the grad norms of the
@@ -9,15 +11,21 @@ A step is a spike when
   of percent from step to step, so three times its median is far outside that;
 - or the clip fires (clip_scale < 1) after at least QUIET steps without clipping: with clipping
   on, a spike shows as the clip firing where it had stopped, whatever the ratio;
-- or its grad norm is not finite (a NaN or an overflow in the gradients).
+- or its grad norm is not finite (a NaN or an overflow in the gradients);
+- or its gradients hold non-finite elements (grad_nonfinite > 0), even with a finite grad norm:
+  the trainer leaves them out of the norm. A numerical edge case, not the data's doing.
+The logits' running level (for the logit_growth flag) is kept the same way as the grad norm's.
 
-Pure: the route (routes/spikes.py) reads the records and adds each outlier row's source and text.
+Pure: the route (routes/spikes.py) reads the records, passes the run's tensor names (its
+layout's, in order) and adds each outlier row's source and text.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
+
+from andrea.spike_anatomy import anatomy
 
 WINDOW = 50          # steps of the running level
 MIN_HISTORY = 10     # finite norms needed before any ratio is judged
@@ -27,23 +35,49 @@ BOUNDARY = 3         # a spike at most this many steps after a phase change is "
 TOP_ROWS = 3         # outlier candidates kept per spike
 
 
-def find_spikes(records) -> list[dict]:
+def find_spikes(records, names: list[str] | None = None) -> list[dict]:
     """Spikes of `records` (in step order), as SpikeFinder lists them."""
-    finder = SpikeFinder()
+    finder = SpikeFinder(names)
     for r in records:
         finder.feed(r)
     return finder.spikes
 
 
+class RunningMedian:
+    """The median of the last WINDOW values added (None while fewer than MIN_HISTORY)."""
+
+    def __init__(self):
+        self.recent: deque[float] = deque()   # the last WINDOW values, in step order
+        self.ordered: list[float] = []        # the same, sorted
+
+    def __len__(self) -> int:
+        return len(self.ordered)
+
+    def level(self) -> float | None:
+        ordered = self.ordered
+        return ordered[len(ordered) // 2] if len(ordered) >= MIN_HISTORY else None
+
+    def add(self, value: float) -> None:
+        self.recent.append(value)
+        bisect.insort(self.ordered, value)
+        if len(self.recent) > WINDOW:
+            self.ordered.pop(bisect.bisect_left(self.ordered, self.recent.popleft()))
+
+
 class SpikeFinder:
     """Fed a run's records in step order (a page at a time: a big run is never held whole);
     .spikes: {step, grad_norm, level, ratio, reasons, loss, clip_scale,
-    boundary: {phase, previous, steps_after} | None, rows: [{row, loss, excess}]}."""
+    boundary: {phase, previous, steps_after} | None, rows: [{row, loss, excess}],
+    logit_max, softmax_denom_min, numerical: [{flag, text}], and where the record has them
+    tensors: [{index, name, norm, share}], layer: {name, norm, share} | None,
+    nonfinite: {total, affected, tensors: [{index, name, count}]}} (spike_anatomy.py).
+    `names`: the run's parameter tensors' names, in layout order (None: tensors unnamed)."""
 
-    def __init__(self):
+    def __init__(self, names: list[str] | None = None):
+        self.names = names
         self.spikes: list[dict] = []
-        self.recent: deque[float] = deque()   # the last WINDOW finite norms, in step order
-        self.ordered: list[float] = []        # the same, sorted (for the median)
+        self.norms = RunningMedian()           # of the finite grad norms
+        self.logits = RunningMedian()          # of the largest |logit| of each step
         self.last_clip: int | None = None
         self.first_step: int | None = None
         self.last_phase: tuple[int, int] | None = None    # (step, phase) of the last record
@@ -57,14 +91,16 @@ class SpikeFinder:
             if self.last_phase and self.last_phase[0] == step - 1 and self.last_phase[1] != phase:
                 self.changes.append((step, phase, self.last_phase[1]))
             self.last_phase = (step, phase)
-        ordered = self.ordered
-        level = ordered[len(ordered) // 2] if len(ordered) >= MIN_HISTORY else None
+        level = self.norms.level()
         reasons = []
         if norm is None:
             reasons.append("non-finite grad norm")
         elif level and norm >= FACTOR * level:
             reasons.append(f"grad norm {norm / level:.1f}x the median of the last "
-                           f"{len(ordered)} steps")
+                           f"{len(self.norms)} steps")
+        bad = r.get("grad_nonfinite") or 0
+        if bad > 0:
+            reasons.append(f"{bad} non-finite gradient element{'s' * (bad != 1)}")
         clipped = clip is not None and clip < 1
         since = step - (self.last_clip if self.last_clip is not None else self.first_step - 1) - 1
         if clipped and level is not None and since >= QUIET:
@@ -74,14 +110,14 @@ class SpikeFinder:
                 "step": step, "grad_norm": norm, "level": level,
                 "ratio": norm / level if norm is not None and level else None,
                 "reasons": reasons, "loss": r.get("loss"), "clip_scale": clip,
-                "boundary": _boundary(self.changes, step), "rows": outlier_rows(r)})
+                "boundary": _boundary(self.changes, step), "rows": outlier_rows(r),
+                **anatomy(r, self.names, self.logits.level(), len(self.logits))})
         if clipped:
             self.last_clip = step
         if norm is not None:
-            self.recent.append(norm)
-            bisect.insort(ordered, norm)
-            if len(self.recent) > WINDOW:
-                ordered.pop(bisect.bisect_left(ordered, self.recent.popleft()))
+            self.norms.add(norm)
+        if r.get("logit_max") is not None:
+            self.logits.add(r["logit_max"])
 
 
 def _boundary(changes: list[tuple[int, int, int]], step: int) -> dict | None:

@@ -92,6 +92,21 @@ def test_train_flags_cover_every_run_config_field():
         assert flag in out, name
 
 
+def test_train_takes_the_clip_mode_and_refuses_another():
+    import argparse
+
+    from andrea.train_args import add_train_arguments, run_config
+
+    out = " ".join(andrea("train", "--help").stdout.split())
+    assert "--clip-mode {global,per_tensor,off}" in out and "--clip " not in out
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--clip-mode", "per_tensor", "--max-norm", "0.5"])
+    assert run_config(args) == {"clip_mode": "per_tensor", "max_norm": 0.5, "preset": "tiny"}
+    r = andrea("train", "--clip-mode", "sometimes", "--json")
+    assert r.returncode == 2 and "--clip-mode" in r.stderr and "invalid choice" in r.stderr
+
+
 # ---- train: every failure is one stderr line, one JSON object, exit 1, and no run left created --
 
 

@@ -169,6 +169,22 @@ def test_model_card(exported, run):
     assert "| final eval loss | 5.7000 (step 3) |" in card
     assert "| best eval loss | 5.5000 (step 2) |" in card
     assert "AdamW (fp32 moments)" in card and "python-docs" in card
+    assert "weight decay 0.1, gradient clipping at norm 1 |" in card    # clip_mode global
+
+
+CARD_CONFIG = {"optimizer": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+               "weight_decay": 0.1, "max_norm": 0.5}
+
+
+@pytest.mark.parametrize("mode,ending", [
+    ("global", "weight decay 0.1, gradient clipping at norm 0.5"),
+    ("per_tensor", "weight decay 0.1, per-tensor gradient clipping at norm 0.5"),
+    ("off", "weight decay 0.1")])
+def test_model_card_names_the_runs_clipping(mode, ending):
+    from andrea.model_card import optimizer_text
+
+    text = optimizer_text({**CARD_CONFIG, "clip_mode": mode})
+    assert text.endswith(ending) and ("clipping" in text) == (mode != "off")
 
 
 def test_model_card_lists_a_runs_picked_sources():

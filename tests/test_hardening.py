@@ -387,7 +387,8 @@ def test_the_message_limit_counts_bytes(live_server):
 
 
 @pytest.mark.parametrize("bad", [{"steps": "100"}, {"steps": True}, {"steps": 100.0},
-                                 {"clip": 1}, {"lr": "0.1"}, {"seed": False}])
+                                 {"clip": 1}, {"clip_mode": "sometimes"}, {"clip_mode": 1},
+                                 {"clip_mode": None}, {"lr": "0.1"}, {"seed": False}])
 def test_run_config_is_strict(client, bad):
     assert client.post("/api/runs", json={"preset": "tiny", **bad}).status_code == 422
 

@@ -37,16 +37,36 @@ def test_run_status_lists_are_the_servers():
     assert set(ENDED) <= set(typing.get_args(RunStatus)) >= set(EXPLAINED)
 
 
+VALUE = r"('[^']*'|[\w.+-]+)"    # a JS literal: a number, true/false/null, a '...' string
+
+
+def _js_value(text: str):
+    return text[1:-1] if text.startswith("'") else json.loads(text)
+
+
+def _js_defaults(params: str) -> dict:
+    """The `name = literal` defaults of a JS parameter list; one may pick between two strings
+    by an earlier one (`clip_mode = clip ? 'global' : 'off'`)."""
+    out = {}
+    for name, cond, yes, no, literal in re.findall(
+            rf"(\w+) = (?:(\w+) \? ('[^']*') : ('[^']*')|{VALUE})", params):
+        out[name] = _js_value((yes if out[cond] else no) if cond else literal)
+    return out
+
+
 def test_optimizer_defaults_are_run_configs():
     want = {k: RunConfig.model_fields[k].default
-            for k in ("beta1", "beta2", "eps", "weight_decay", "max_norm", "clip")}
-    src = (ENGINE / "optimizer.js").read_text()
-    hyper = re.search(r"this\.hyper = \{(.*?)\};", src, re.S).group(1)
-    got = {k: json.loads(v) for k, v in re.findall(r"(\w+): ([\w.+-]+)", hyper)}
+            for k in ("beta1", "beta2", "eps", "weight_decay", "max_norm", "clip_mode")}
+    src = (ENGINE / "optimizer_hyper.js").read_text()
+    hyper = re.search(r"export const defaultHyper = \(\) => \(\{(.*?)\}\);", src, re.S).group(1)
+    got = {k: _js_value(v) for k, v in re.findall(rf"(\w+): {VALUE}", hyper)}
     assert got == want
+    modes = re.search(r"export const CLIP_MODES = \{(.*?)\};", src).group(1)
+    assert sorted(re.findall(r"(\w+):", modes)) == \
+        sorted(typing.get_args(RunConfig.model_fields["clip_mode"].annotation))
     lab = (ENGINE / "lab_optimizer.js").read_text()
     params = re.search(r"async optimizerSteps\(\{(.*?)\}\)", lab, re.S).group(1)
-    got = {k: json.loads(v) for k, v in re.findall(r"(\w+) = ([\w.+-]+)", params) if k in want}
+    got = {k: v for k, v in _js_defaults(params).items() if k in want}
     assert got == want
 
 

@@ -9,7 +9,13 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from andrea.metrics import COLUMNS, MAX_TENSORS
+from andrea.model import run_layout
 from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS, RECORDS_PER_MESSAGE
+
+# The tiny model's parameter tensors (new_run's default): one per-tensor entry each.
+TENSORS = [p["name"] for p in run_layout({"preset": "tiny"})["params"]]
+N = len(TENSORS)
 
 
 def ws_url(live_server, path):
@@ -128,6 +134,50 @@ BAD = {
 }
 
 
+def bad_record(**fields) -> str:
+    """A metrics message of a good step 2 and a step 3 with `fields` (json.dumps writes NaN)."""
+    return json.dumps({"type": "metrics", "records": [record(2), {**record(3), **fields}]})
+
+
+# The anatomy fields: per-tensor lists one per tensor of the run's layout; tensor_nonfinite
+# only with a grad_nonfinite above 0, adding up to it. Each (message, field named).
+BAD_ANATOMY = {
+    "norms-short": (bad_record(tensor_grad_norms=[0.5] * (N - 1)), "tensor_grad_norms"),
+    "norms-long": (bad_record(tensor_grad_norms=[0.5] * (N + 1)), "tensor_grad_norms"),
+    "norms-past-any-model": (bad_record(tensor_grad_norms=[0.5] * (MAX_TENSORS + 1)),
+                             "tensor_grad_norms"),
+    "norms-negative": (bad_record(tensor_grad_norms=[0.5] * (N - 1) + [-0.5]),
+                       "tensor_grad_norms"),
+    "norms-nan": (bad_record(tensor_grad_norms=[math.nan] + [0.5] * (N - 1)),
+                  "tensor_grad_norms"),
+    "norms-infinite": (bad_record(tensor_grad_norms=[math.inf] + [0.5] * (N - 1)),
+                       "tensor_grad_norms"),
+    "norms-strings": (bad_record(tensor_grad_norms=["0.5"] * N), "tensor_grad_norms"),
+    "norms-not-a-list": (bad_record(tensor_grad_norms=0.5), "tensor_grad_norms"),
+    "nonfinite-negative": (bad_record(grad_nonfinite=-1), "grad_nonfinite"),
+    "nonfinite-float": (bad_record(grad_nonfinite=2.0), "grad_nonfinite"),
+    "nonfinite-bool": (bad_record(grad_nonfinite=True), "grad_nonfinite"),
+    "per-tensor-without-total": (bad_record(tensor_nonfinite=[1] + [0] * (N - 1)),
+                                 "tensor_nonfinite"),
+    "per-tensor-with-zero-total": (bad_record(grad_nonfinite=0,
+                                              tensor_nonfinite=[0] * N), "tensor_nonfinite"),
+    "per-tensor-wrong-sum": (bad_record(grad_nonfinite=3, tensor_nonfinite=[2] + [0] * (N - 1)),
+                             "tensor_nonfinite"),
+    "per-tensor-short": (bad_record(grad_nonfinite=2, tensor_nonfinite=[2] + [0] * (N - 2)),
+                         "tensor_nonfinite"),
+    "per-tensor-negative": (bad_record(grad_nonfinite=1,
+                                       tensor_nonfinite=[2, -1] + [0] * (N - 2)),
+                            "tensor_nonfinite"),
+    "per-tensor-float": (bad_record(grad_nonfinite=1, tensor_nonfinite=[1.0] + [0] * (N - 1)),
+                         "tensor_nonfinite"),
+    "logit-max-negative": (bad_record(logit_max=-1.0), "logit_max"),
+    "logit-max-nan": (bad_record(logit_max=math.nan), "logit_max"),
+    "logit-max-string": (bad_record(logit_max="9"), "logit_max"),
+    "denom-negative": (bad_record(softmax_denom_min=-0.5), "softmax_denom_min"),
+    "denom-infinite": (bad_record(softmax_denom_min=math.inf), "softmax_denom_min"),
+}
+
+
 def test_row_losses_are_stored_served_and_kept_with_non_finite_rows(live_server):
     run = new_run(live_server, batch_size=4)
     with connect(ws_url(live_server, f"/ws/runs/{run['id']}")) as ws:
@@ -176,3 +226,68 @@ def test_metrics_csv_export(live_server):
     csv = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics?format=csv").text.splitlines()
     assert csv[0].startswith("step,loss,grad_norm,clip_scale,lr")
     assert len(csv) == 3 and math.isclose(float(csv[1].split(",")[1]), 4.99)
+
+
+def test_bad_anatomy_fields_close_1003_naming_the_field_and_the_step(live_server):
+    """Each bad message on a socket of its own (one run: new runs are rate-limited): closed
+    1003 with a message that names the field and the step, and nothing of it committed."""
+    run = new_run(live_server)
+    url = ws_url(live_server, f"/ws/runs/{run['id']}")
+    with connect(url) as ws:
+        hello(ws, run["token"])
+        send_metrics(ws, [record(1)])
+    for case, (payload, field) in BAD_ANATOMY.items():
+        with connect(url) as ws:
+            hello(ws, run["token"], last=1)
+            ws.send(payload)
+            msg = json.loads(ws.recv(timeout=10))
+            assert msg["type"] == "error" and field in msg["message"], (case, msg)
+            assert "step 3" in msg["message"], (case, msg)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd.code == 1003, case
+    assert [r["step"] for r in metrics(live_server, run["id"])] == [1]   # not even step 2
+
+
+def anatomy_records():
+    """Step 1 with every anatomy field (a non-finite tensor's norm is None, its elements
+    counted), step 2 with no non-finite element, step 3 without any of them."""
+    norms = [round(0.01 * (i + 1), 7) for i in range(N)]
+    norms[4] = None
+    counts = [0] * N
+    counts[4], counts[N - 1] = 6, 1
+    return [{**record(1), "tensor_grad_norms": norms, "grad_nonfinite": 7,
+             "tensor_nonfinite": counts, "logit_max": 23.5, "softmax_denom_min": 1.0},
+            {**record(2), "tensor_grad_norms": norms[:4] + [0.25] + norms[5:],
+             "grad_nonfinite": 0, "logit_max": 11.0, "softmax_denom_min": 812.5},
+            record(3)]
+
+
+def test_anatomy_fields_are_stored_served_and_exported(live_server, server_data_dir):
+    run = new_run(live_server)
+    assert [p["name"] for p in run["layout"]["params"]] == TENSORS
+    sent = anatomy_records()
+    with connect(ws_url(live_server, f"/ws/runs/{run['id']}")) as ws:
+        hello(ws, run["token"])
+        with connect(ws_url(live_server, f"/ws/runs/{run['id']}/watch")) as viewer:
+            assert json.loads(viewer.recv(timeout=10))["type"] == "run"
+            assert send_metrics(ws, sent) == {"type": "ack", "step": 3}
+            live = json.loads(viewer.recv(timeout=10))["records"]
+    got = metrics(live_server, run["id"])
+    for rows in (got, live):
+        assert [{k: v for k, v in r.items() if k != "time"} for r in rows] == sent
+    # The numbers are columns of their own; the lists are the row's JSON.
+    db = sqlite3.connect(server_data_dir / "andrea.sqlite")
+    assert db.execute("SELECT grad_nonfinite, logit_max, softmax_denom_min FROM metrics WHERE"
+                      " run_id = ? ORDER BY step", (run["id"],)).fetchall() == [
+        (7, 23.5, 1.0), (0, 11.0, 812.5), (None, None, None)]
+    # CSV: the record's numbers, then each tensor's grad norm by its layout name.
+    text = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics?format=csv").text
+    header, *rows = [line.split(",") for line in text.splitlines()]
+    assert header == [*COLUMNS, *(f"grad_norm:{name}" for name in TENSORS)]
+    for row, want in zip(rows, sent):
+        cells = dict(zip(header, row))
+        assert cells["grad_nonfinite"] == str(want.get("grad_nonfinite", ""))
+        norms = [cells[f"grad_norm:{name}"] for name in TENSORS]
+        assert norms == ["" if x is None else repr(x)
+                         for x in want.get("tensor_grad_norms", [None] * N)]

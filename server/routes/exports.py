@@ -20,24 +20,28 @@ from starlette.background import BackgroundTask
 from andrea.deps import RunDep, SettingsDep, StoreDep
 from andrea.export import export_run, safetensors_stream, tokenizer_path, zip_folder
 from andrea.metrics import COLUMNS, StoredRecord
+from andrea.model import run_layout
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
 METRICS_PAGE = 2000         # records read (and sent) at a time: a big run is never held whole
+TENSOR_NORM_COLUMN = "grad_norm:"   # + a tensor's name: the CSV column of its gradient norm
 
 @router.get("/runs/{run_id}/metrics", response_model=list[StoredRecord],
             responses={200: {"content": {"text/csv": {}}}})
 async def get_metrics(run: RunDep, store: StoreDep,
                       format: Annotated[Literal["json", "csv"], Query()] = "json") -> Response:
     """Every committed step record, oldest first: JSON (fields a step did not report are
-    left out) or CSV (one column per numeric field of the record). `time` is when the server
-    committed the row (Unix seconds)."""
+    left out) or CSV (one column per numeric field of the record, then `grad_norm:<name>` per
+    parameter tensor of the run's layout, from tensor_grad_norms: empty where a step did not
+    send it). `time` is when the server committed the row (Unix seconds)."""
     run_id = run["id"]
     if format == "json":
         return StreamingResponse(_json_pages(store, run_id), media_type="application/json",
                                  headers={"content-disposition":
                                           f'inline; filename="andrea-{run_id}.json"'})
-    return StreamingResponse(_csv_pages(store, run_id), media_type="text/csv", headers={
+    names = [p["name"] for p in run_layout(run["config"])["params"]]
+    return StreamingResponse(_csv_pages(store, run_id, names), media_type="text/csv", headers={
         "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
 
 
@@ -58,12 +62,14 @@ async def _json_pages(store, run_id: str):
     yield "[]" if sep == "[" else "]"
 
 
-async def _csv_pages(store, run_id: str):
+async def _csv_pages(store, run_id: str, tensor_names: list[str]):
+    tensor_columns = [TENSOR_NORM_COLUMN + name for name in tensor_names]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=[*COLUMNS, *tensor_columns], extrasaction="ignore")
     writer.writeheader()
     async for page in record_pages(store, run_id):
-        writer.writerows(page)
+        writer.writerows({**r, **dict(zip(tensor_columns, r.get("tensor_grad_norms") or ()))}
+                         for r in page)
         yield buf.getvalue()
         buf.seek(0)
         buf.truncate()

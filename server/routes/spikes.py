@@ -1,8 +1,10 @@
 """A run's gradient spikes: GET /api/runs/{run_id}/spikes. The rule and the detector are in
-andrea/spikes.py; here the committed records are read a page at a time, and each outlier row of
-the newest spikes gets its data source and the start of its text: the row's tokens made again
-from the run's batch spec (the same bytes the trainer got for that step) and decoded with the
-run's tokenizer. A read, open to all, like the metrics."""
+andrea/spikes.py, each spike's anatomy (tensors, layer, non-finite elements, numerical flags) in
+andrea/spike_anatomy.py; here the committed records are read a page at a time, the tensors are
+named from the run's layout, and each outlier row of the newest spikes gets its data source and
+the start of its text: the row's tokens made again from the run's batch spec (the same bytes
+the trainer got for that step) and decoded with the run's tokenizer. A read, open to all, like
+the metrics."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from collections import OrderedDict
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from andrea import spike_anatomy as anatomy
 from andrea import spikes as rule
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
 from andrea.deps import DataDep, RunDep, RunsDep, StoreDep
+from andrea.model import run_layout
 from andrea.routes.exports import record_pages
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -28,13 +32,16 @@ _answers: OrderedDict[str, tuple[int | None, dict]] = OrderedDict()
 @router.get("/runs/{run_id}/spikes")
 async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) -> dict:
     """The run's spikes, oldest first: step, grad norm, its running level and their ratio, why
-    it counts (reasons), the phase boundary it follows, and its outlier rows (row index, loss,
-    excess over the step's loss, source, text), with the rule that found them."""
+    it counts (reasons), the phase boundary it follows, its outlier rows (row index, loss,
+    excess over the step's loss, source, text), and its anatomy: the tensors and the layer with
+    the largest shares of the step's squared gradient norm, its non-finite gradient elements,
+    the loss kernel's largest |logit| and smallest softmax denominator, and numerical flags;
+    with the rule that found them."""
     kept = _answers.get(run["id"])
     if kept and kept[0] == run.get("last_step"):
         _answers.move_to_end(run["id"])
         return kept[1]
-    finder = rule.SpikeFinder()
+    finder = rule.SpikeFinder([p["name"] for p in run_layout(run["config"])["params"]])
     async for page in record_pages(store, run["id"]):   # fed off the event loop
         await run_in_threadpool(lambda page=page: [finder.feed(r) for r in page])
     found = finder.spikes
@@ -43,7 +50,9 @@ async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) 
         await run_in_threadpool(_describe_rows, hub, runs, run["id"], newest)
     answer = {"rule": {"window": rule.WINDOW, "factor": rule.FACTOR,
                        "min_history": rule.MIN_HISTORY, "quiet": rule.QUIET,
-                       "boundary": rule.BOUNDARY},
+                       "boundary": rule.BOUNDARY, "top_tensors": anatomy.TOP_TENSORS,
+                       "collapse_denom": anatomy.COLLAPSE_DENOM,
+                       "logit_factor": anatomy.LOGIT_FACTOR},
               "spikes": found}
     _answers[run["id"]] = (run.get("last_step"), answer)
     while len(_answers) > CACHED:

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Text, bindparam, text
 from andrea.auth import token_hash, token_matches
 from andrea.metrics import COLUMNS
 from andrea.model import model_name, with_shape
+from andrea.run_config import legacy_clip
 from andrea.store import summary
 from andrea.store.events import PUT_EVENT
 from andrea.store.summary import OWN, REFRESH_RUN
@@ -325,7 +326,8 @@ def run_dict(row) -> dict:
     d = dict(row)
     for column in _HIDDEN:
         d.pop(column, None)
-    d["config"] = with_shape(json.loads(d["config"]))
+    # (A run stored before clip_mode reads back with it: run_config.legacy_clip.)
+    d["config"] = with_shape(legacy_clip(json.loads(d["config"])))
     d["adapter"] = json.loads(d["adapter"]) if d["adapter"] else None
     d["tags"] = json.loads(d["tags"]) if d.get("tags") else []
     d["name"] = d.get("name") or f"{model_name(d['config'])} {d['config']['optimizer']}"

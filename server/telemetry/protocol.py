@@ -4,8 +4,10 @@ the close codes, and how both sockets accept (the Origin check), read and close.
 Trainer (`/ws/runs/{id}`, trainer.py), client -> server:
   {"type": "hello", "token": str, "last_acked_step": int | null}   first message, always
   {"type": "metrics", "records": [Record, ...]}                     batched, ~every 250 ms
-      (a record's source_losses keys are indices of the run's sources, checked before any
-      record of the message is committed: 1003 otherwise)
+      (a record's source_losses keys are indices of the run's sources, its row_losses one per
+      row of the run's batch, its tensor_grad_norms and tensor_nonfinite one per tensor of the
+      run's layout (record_checks.py), checked before any record of the message is committed:
+      1003 otherwise, naming the field and the step)
   {"type": "status", "status": "running" | "paused" | "finished" | "stopped" | "failed",
    "message"?: str, "adapter"?: {...}}
   {"type": "sample", "step": int, "text": str}                      generated text
@@ -41,6 +43,7 @@ read-only data dir — the trainer keeps its unacked records and reconnects).
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Literal, Union
 
 from fastapi import WebSocket, WebSocketDisconnect
@@ -51,7 +54,7 @@ from andrea.metrics import Record, Step
 from andrea.run_info import TrainerStatus
 from andrea.telemetry.uvicorn_shim import abort, limit_frames
 
-MAX_MESSAGE_BYTES = 1 << 20      # one metrics batch (UTF-8 bytes); a step record is ~200 bytes
+MAX_MESSAGE_BYTES = 1 << 20      # one metrics batch (UTF-8 bytes); a record: ~200 B + its lists
 # Frames past this are refused by the websocket layer itself (close 1009) where the server
 # lets us set it (uvicorn_shim.py); between the two, the error message comes first.
 TRAINER_FRAME_BYTES = 2 * MAX_MESSAGE_BYTES
@@ -160,8 +163,20 @@ def _parse(adapter: TypeAdapter, text: str):
         return adapter.validate_json(text)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
+        where = ".".join(str(x) for x in first["loc"]) + _step_of(text, first["loc"])
         raise ProtocolError(1003, f"invalid message at {where or 'top level'}: {first['msg']}")
+
+
+def _step_of(text: str, loc: tuple) -> str:
+    """" (step N)" for an error inside record i of a metrics message whose step is a number:
+    the trainer finds the record by it. (Read again only on an error.)"""
+    if len(loc) < 3 or loc[:2] != ("metrics", "records") or not isinstance(loc[2], int):
+        return ""
+    try:
+        step = json.loads(text)["records"][loc[2]]["step"]
+    except (ValueError, LookupError, TypeError):
+        return ""
+    return f" (step {step})" if type(step) is int else ""
 
 
 async def receive(ws: WebSocket, adapter: TypeAdapter, limit: int):

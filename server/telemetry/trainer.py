@@ -34,6 +34,7 @@ from andrea.telemetry.protocol import (
     close,
     receive,
 )
+from andrea.telemetry.record_checks import check_rows, check_tensors, tensor_count
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()
@@ -86,15 +87,6 @@ class _RunSources:
                                           "Nothing of this message was stored")
 
 
-def _check_rows(batch_size: int, records: list[Record]) -> None:
-    """row_losses, where sent, has one number per row of the run's batch."""
-    for r in records:
-        if r.row_losses is not None and len(r.row_losses) != batch_size:
-            raise ProtocolError(1003, f"row_losses of step {r.step}: {len(r.row_losses)} numbers"
-                                      f" for a batch of {batch_size} rows; give one per row. "
-                                      "Nothing of this message was stored")
-
-
 async def _receive(ws: WebSocket):
     return await receive(ws, TrainerMessage, MAX_MESSAGE_BYTES)
 
@@ -126,6 +118,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
         steps = run["config"]["steps"]
         sources = _RunSources(data, run["config"])
+        n_tensors = tensor_count(run["config"])     # the per-tensor lists' length
         # Quotas (quotas.py): the run's samples, counted from the store once, then here; its
         # records' rate, per socket.
         samples = SampleQuota(*await store.run(store.sample_usage, run_id),
@@ -140,7 +133,8 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             msg = await _receive(ws)
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
-                _check_rows(run["config"]["batch_size"], msg.records)
+                check_rows(run["config"]["batch_size"], msg.records)
+                check_tensors(n_tensors, msg.records)
                 await sources.check(msg.records)    # before anything is committed
                 # Past the rate the socket is read more slowly: nothing is refused or lost,
                 # the tab's acks come later.

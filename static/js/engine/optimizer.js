@@ -16,8 +16,9 @@
 // Pipelines are built once, bind groups once; encode() allocates nothing. Nothing here reads back.
 
 import { align, checked } from './gpu.js';
-import { buildBlockPlan, buildQuantTables, packHalf2, stateLayout8 } from './optimizer_tables.js';
+import { chunks8, packHalf2, prepare8 } from './optimizer_tables.js';
 import { normSegments, windowSegments } from './norm_segments.js';
+import { defaultHyper, hyperUniform, mergeHyper } from './optimizer_hyper.js';
 import { bindGroup } from './shaders.js';
 
 const FILE = '12_optimizer.wgsl';
@@ -41,7 +42,6 @@ const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-b
 const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
                                  // are what costs on CPU adapters)
 const WG_FINAL = 256;            // finalize_* threads (a workgroup per tensor, then one)
-export const CLIP_MODES = { off: 0, global: 1, per_tensor: 2 };   // 12_optimizer.wgsl CLIP_*
 // 8-bit: threads per block, 4 elements each, so the server's blocksize must be 256: the kernel's
 // layout (WG8 = 64 * BPW there, in WGSL; tests/js/shaders.test.mjs holds the two equal).
 export const BLOCK_THREADS = 64;
@@ -111,14 +111,8 @@ export class Optimizer {
     if (this.windowElems < this.partialElems) {
       throw new Error(`optimizer: binding limit ${bindLimit} B is too small`);
     }
-    // RunConfig's defaults (server/run_config.py; tests/test_page_facts.py holds them equal), for
-    // a caller that leaves some out (the kernels page, the lifetime test); the trainer passes all.
-    this.hyper = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0,
-      clip_mode: 'global' };
-    this.setHyper(hyper);
+    this.hyper = mergeHyper(defaultHyper(), hyper);
     this._hpData = new ArrayBuffer(64);
-    this._hpF = new Float32Array(this._hpData);
-    this._hpU = new Uint32Array(this._hpData);
     this.notes = [];   // what the optimizer decided (splits), for the UI and logs
     this._passDesc = { label };
     this._chunks = [];   // per-window uniforms, destroyed with the optimizer
@@ -135,12 +129,8 @@ export class Optimizer {
     return this.ctx.software ? Math.min(SOFTWARE_GROUPS, filled) : filled;
   }
 
-  setHyper({ clip, ...h }) {
-    for (const [k, v] of Object.entries(h)) if (v !== undefined) this.hyper[k] = v;
-    if (clip === false && h.clip_mode === undefined) this.hyper.clip_mode = 'off';
-    if (!(this.hyper.clip_mode in CLIP_MODES)) {
-      throw new Error(`unknown clip_mode ${this.hyper.clip_mode} (${Object.keys(CLIP_MODES).join(', ')})`);
-    }
+  setHyper(h) {
+    mergeHyper(this.hyper, h);
   }
 
   /** Storage buffers the update dispatch binds: fp32 stats, W, G, M, V; 8-bit stats, W, G, codes,
@@ -199,27 +189,9 @@ export class Optimizer {
       this.lib.pipeline(FILE, 'scale_tensor_grads', reduceConsts, BINDINGS.scale_tensor_grads),
     ];
     if (this.is8) {
-      if (!this.maps) {
-        throw new Error('8-bit optimizer needs the quantization maps (GET /api/optimizer/maps)');
-      }
-      if (this.maps.blocksize !== BLOCK_ELEMS) {
-        throw new Error(`8-bit optimizer: the kernel runs blocks of ${BLOCK_ELEMS} elements; the ` +
-          `server's blocksize is ${this.maps.blocksize}`);
-      }
-      // Which tensors keep f32 state: the server's list (server/optim.py f32_tensors), sent in
-      // the layout's optimizer_state; the engine never decides it.
-      const served = this.layout.optimizer_state?.adamw_8bit;
-      this.plan = buildBlockPlan(this.layout, this.maps, served?.f32_tensors);
-      if (served.q_blocks !== this.plan.qBlocks || served.f32_numel !== this.plan.f32Numel) {
-        throw new Error(`8-bit optimizer: ${this.plan.qBlocks} 8-bit blocks and ` +
-          `${this.plan.f32Numel} f32 elements here, ${served.q_blocks} and ${served.f32_numel} ` +
-          'in the server\'s plan (server/optim.py block_plan)');
-      }
-      this.quant = buildQuantTables(this.maps);
-      this.state8 = stateLayout8(this.plan);
-      const t = new Uint32Array(this.quant.words.length + this.plan.entries.length);
-      t.set(this.quant.words, 0);
-      t.set(this.plan.entries, this.quant.words.length);
+      let t;
+      ({ plan: this.plan, quant: this.quant, state8: this.state8, tables: t } =
+        prepare8(this.layout, this.maps, BLOCK_ELEMS));
       this.tables = this._buffer(t.byteLength, 'tables', t);
       this.codes = this._buffer(Math.max(this.state8.codesBytes, 4), 'codes');
       this.small = this._buffer(Math.max(this.state8.smallFloats * 4, 16), 'small');
@@ -270,35 +242,11 @@ export class Optimizer {
     });
   }
 
-  // 8-bit chunks: runs of whole blocks whose W/G window and codes window fit one binding each.
+  // 8-bit chunks (optimizer_tables.js chunks8): runs of whole blocks whose W/G window and codes
+  // window fit one binding each.
   _plan8(bpw, persistent, nwg8) {
-    const e = this.plan.entries;
     const blockBytes = 2 * this.plan.blocksize;   // m and v codes of one block
-    const maxCodesBlocks = Math.floor(this.windowElems * 4 / blockBytes);
-    const chunks = [];
-    let cur = null;
-    for (let b = 0; b < this.plan.nBlocks; b++) {
-      const start = e[4 * b];
-      const end = start + e[4 * b + 1];
-      const is8 = (e[4 * b + 3] & 1) === 0;
-      const slot = e[4 * b + 2];
-      if (cur) {
-        const fits = end - cur.base <= this.windowElems &&
-          (!is8 || cur.qbase < 0 || slot + 1 - cur.qbase <= maxCodesBlocks);
-        if (!fits) cur = null;
-      }
-      if (!cur) {
-        cur = { b0: b, b1: b, base: Math.floor(start / WINDOW_ALIGN) * WINDOW_ALIGN, end: start,
-          qbase: -1, qend: 0 };
-        chunks.push(cur);
-      }
-      cur.b1 = b + 1;
-      cur.end = Math.max(cur.end, end);
-      if (is8) {
-        if (cur.qbase < 0) cur.qbase = slot;
-        cur.qend = slot + 1;
-      }
-    }
+    const chunks = chunks8(this.plan, this.windowElems, WINDOW_ALIGN);
     if (chunks.length > 1) this.notes.push(`8-bit update split into ${chunks.length} dispatches`);
     return chunks.map((c) => {
       const len = align(c.end - c.base, 4);
@@ -353,21 +301,9 @@ export class Optimizer {
     return bindGroup(this.device, p, resources, `${this.label}.${p.label}`);
   }
 
-  /**
-   * Hyperparameters of step `step` (1-based) with learning rate `lr`. Bias corrections 1 - beta^t are
-   * computed here in f64 and rounded to f32 once, as torch does with its Python floats.
-   */
+  /** Hyperparameters of step `step` (1-based) with learning rate `lr` (optimizer_hyper.js). */
   setStep(step, lr) {
-    const { beta1, beta2, eps, weight_decay: wd, max_norm: maxNorm, clip_mode: mode } = this.hyper;
-    const bc1 = 1 - beta1 ** step;
-    const bc2 = 1 - beta2 ** step;
-    const f = this._hpF;
-    const u = this._hpU;
-    f[0] = beta1; f[1] = beta2; f[2] = 1 - beta1; f[3] = 1 - beta2;
-    f[4] = eps; f[5] = 1 - lr * wd; f[6] = -(lr / bc1); f[7] = Math.sqrt(bc2);
-    f[8] = maxNorm; u[9] = maxNorm > 0 ? CLIP_MODES[mode] : 0; u[10] = this.layout.decay_numel;
-    f[11] = lr;
-    f[12] = -lr * Math.sqrt(bc2) / bc1; f[13] = eps * Math.sqrt(bc2); f[14] = 0; f[15] = 0;
+    hyperUniform(this.hyper, this.layout.decay_numel, step, lr, this._hpData);
     this.device.queue.writeBuffer(this.uHyper, 0, this._hpData);
   }
 

@@ -201,3 +201,66 @@ export function packHalf2(w) {
   }
   return out;
 }
+
+/**
+ * The 8-bit update's dispatches: runs of whole blocks of `plan` (buildBlockPlan) whose W/G
+ * window (at most windowElems elements from a multiple of `align`) and codes window (m and v
+ * codes of its 8-bit blocks, 2 * blocksize bytes each) each fit one binding.
+ * -> [{b0, b1 (block range), base (element window start), end, qbase, qend (8-bit slots; qbase
+ * -1 when none)}].
+ */
+export function chunks8(plan, windowElems, align) {
+  const e = plan.entries;
+  const maxCodesBlocks = Math.floor(windowElems * 4 / (2 * plan.blocksize));
+  const chunks = [];
+  let cur = null;
+  for (let b = 0; b < plan.nBlocks; b++) {
+    const start = e[4 * b];
+    const end = start + e[4 * b + 1];
+    const is8 = (e[4 * b + 3] & 1) === 0;
+    const slot = e[4 * b + 2];
+    if (cur) {
+      const fits = end - cur.base <= windowElems &&
+        (!is8 || cur.qbase < 0 || slot + 1 - cur.qbase <= maxCodesBlocks);
+      if (!fits) cur = null;
+    }
+    if (!cur) {
+      cur = { b0: b, b1: b, base: Math.floor(start / align) * align, end: start, qbase: -1, qend: 0 };
+      chunks.push(cur);
+    }
+    cur.b1 = b + 1;
+    cur.end = Math.max(cur.end, end);
+    if (is8) {
+      if (cur.qbase < 0) cur.qbase = slot;
+      cur.qend = slot + 1;
+    }
+  }
+  return chunks;
+}
+
+/**
+ * Everything the 8-bit update needs from the server's layout and maps, checked against the
+ * kernel's block size: {plan (buildBlockPlan), quant (buildQuantTables), state8 (stateLayout8),
+ * tables: Uint32Array (the quantization tables, then the block table: the `tables` binding)}.
+ */
+export function prepare8(layout, maps, blockElems) {
+  if (!maps) throw new Error('8-bit optimizer needs the quantization maps (GET /api/optimizer/maps)');
+  if (maps.blocksize !== blockElems) {
+    throw new Error(`8-bit optimizer: the kernel runs blocks of ${blockElems} elements; the ` +
+      `server's blocksize is ${maps.blocksize}`);
+  }
+  // Which tensors keep f32 state: the server's list (server/optim.py f32_tensors), sent in the
+  // layout's optimizer_state; the engine never decides it.
+  const served = layout.optimizer_state?.adamw_8bit;
+  const plan = buildBlockPlan(layout, maps, served?.f32_tensors);
+  if (served.q_blocks !== plan.qBlocks || served.f32_numel !== plan.f32Numel) {
+    throw new Error(`8-bit optimizer: ${plan.qBlocks} 8-bit blocks and ${plan.f32Numel} f32 ` +
+      `elements here, ${served.q_blocks} and ${served.f32_numel} in the server's plan ` +
+      '(server/optim.py block_plan)');
+  }
+  const quant = buildQuantTables(maps);
+  const tables = new Uint32Array(quant.words.length + plan.entries.length);
+  tables.set(quant.words, 0);
+  tables.set(plan.entries, quant.words.length);
+  return { plan, quant, state8: stateLayout8(plan), tables };
+}

@@ -1,0 +1,51 @@
+"""What a metrics message's records must fit that the Record model alone cannot say: the run's
+own sizes. Per-row losses have one number per row of the run's batch; per-tensor gradient
+numbers one per tensor of its parameter table; per-tensor non-finite counts come only with a
+step's non-finite total and add up to it. Checked before anything of the message is committed
+(1003 otherwise, naming the field and the step)."""
+
+from __future__ import annotations
+
+from andrea.metrics import Record
+from andrea.model import build_layout, run_model
+from andrea.telemetry.protocol import ProtocolError
+
+NOTHING_STORED = "Nothing of this message was stored"
+
+
+def tensor_count(config: dict) -> int:
+    """The parameter tensors of a run's model: what its per-tensor lists hold one entry for."""
+    return len(build_layout(run_model(config))["params"])
+
+
+def check_rows(batch_size: int, records: list[Record]) -> None:
+    """row_losses, where sent, has one number per row of the run's batch."""
+    for r in records:
+        if r.row_losses is not None and len(r.row_losses) != batch_size:
+            raise ProtocolError(1003, f"row_losses of step {r.step}: {len(r.row_losses)} numbers"
+                                      f" for a batch of {batch_size} rows; give one per row. "
+                                      + NOTHING_STORED)
+
+
+def check_tensors(n_tensors: int, records: list[Record]) -> None:
+    """tensor_grad_norms and tensor_nonfinite, where sent, have one entry per parameter tensor
+    (GET /api/runs/{id}/layout's params, in order); tensor_nonfinite only on a step whose
+    grad_nonfinite is above 0, and summing to it."""
+    for r in records:
+        for field in ("tensor_grad_norms", "tensor_nonfinite"):
+            values = getattr(r, field)
+            if values is not None and len(values) != n_tensors:
+                raise ProtocolError(1003, f"{field} of step {r.step}: {len(values)} entries for"
+                                          f" a model of {n_tensors} parameter tensors; give one"
+                                          " per tensor of the run's layout, in its order. "
+                                          + NOTHING_STORED)
+        if r.tensor_nonfinite is None:
+            continue
+        if not r.grad_nonfinite:
+            raise ProtocolError(1003, f"tensor_nonfinite of step {r.step}: sent without a "
+                                      "grad_nonfinite above 0; send it only on steps with "
+                                      "non-finite gradient elements. " + NOTHING_STORED)
+        if sum(r.tensor_nonfinite) != r.grad_nonfinite:
+            raise ProtocolError(1003, f"tensor_nonfinite of step {r.step}: adds up to "
+                                      f"{sum(r.tensor_nonfinite)}, not to its grad_nonfinite "
+                                      f"{r.grad_nonfinite}. " + NOTHING_STORED)
