@@ -91,6 +91,11 @@ def spike_line(s: dict) -> str:
         b = s["boundary"]
         parts.append(f"{b['steps_after']} step(s) after the data phase {b['previous']} -> "
                      f"{b['phase']}")
+    if s.get("layer"):
+        top = s["tensors"][0]
+        parts.append(f"mostly {s['layer']['name']} ({100 * s['layer']['share']:.0f}% of the squared "
+                     f"norm; {top['name'] or top['index']} {100 * top['share']:.0f}%)")
+    parts += [f["text"] for f in s.get("numerical", []) if f["flag"] != "nonfinite_grad"]
     for r in s.get("rows", [])[:1]:
         loss = "non-finite" if r["loss"] is None else f"{r['loss']:.3f}"
         text = " ".join((r.get("text") or "").split())[:60]
