@@ -1,12 +1,15 @@
 """The run page's spike list: a run whose records hold a planted spike (through the trainer
 socket, as a training tab sends them) shows it, and opening it shows the anatomy: the reasons,
-and the outlier row with its source and its text from the run's own batch."""
+the outlier row with its source and its text from the run's own batch, and with per-tensor
+records the tensors and the layer that carried it, its non-finite elements and the numerical
+flags."""
 
 import json
 
 import httpx
 from websockets.sync.client import connect
 
+from e2e.tensor_records import layout_names, new_run, send, tensor_records
 from tests.test_spikes import run as synthetic_records
 
 
@@ -45,3 +48,45 @@ def test_the_spike_list_shows_a_spikes_outlier_row_with_its_source_and_text(page
     assert "median of the last" in body
     assert "row 2: loss 12.500" in body and f"from {row['source']}" in body
     assert item.locator("pre").first.text_content() == row["text"]   # its top row first
+
+
+def test_a_spikes_anatomy_names_its_tensor_its_layer_and_its_numerical_flags(page, live_server):
+    made = new_run(live_server, batch_size=4, steps=80)
+    names = layout_names(live_server, made["id"])
+    tensor = "model.layers.1.mlp.down_proj.weight"
+    records = tensor_records(names, spike={"step": 60, "tensor": tensor, "norm": 9.0})
+    records[59]["softmax_denom_min"] = 1.002                # one token takes a row: collapsed
+    q = names.index("model.layers.0.self_attn.q_proj.weight")
+    records[69].update(grad_nonfinite=3,
+                       tensor_nonfinite=[3 if i == q else 0 for i in range(len(names))])
+    send(live_server, made, records)
+    spikes = httpx.get(f"{live_server}/api/runs/{made['id']}/spikes", timeout=300).json()["spikes"]
+    assert [s["step"] for s in spikes] == [60, 70]
+
+    page.goto(f"{live_server}/runs/{made['id']}")
+    page.wait_for_selector("#spikes[data-count='2']")
+    spike = page.locator("#spikes details.spike[data-step='60']")
+    norms = records[59]["tensor_grad_norms"]
+    share = norms[names.index(tensor)] ** 2 / sum(v * v for v in norms)
+    assert spike.locator("summary").inner_text() == (
+        f"step 60: grad norm 9.00 ({spikes[0]['ratio']:.1f}x), mostly {tensor} "
+        f"({share * 100:.1f} %)")
+    spike.locator("summary").click()
+    top = spike.locator("table.spike-tensors tbody tr").first
+    assert top.get_attribute("data-index") == str(names.index(tensor))
+    assert top.locator("td").all_inner_texts()[::2] == [tensor, f"{share * 100:.1f} %"]
+    assert spike.locator(".spike-layer").inner_text().startswith("Layer: layer 1, ")
+    assert spike.locator(".spike-flag[data-flag='softmax_collapse']").inner_text() == \
+        next(f["text"] for f in spikes[0]["numerical"] if f["flag"] == "softmax_collapse")
+    assert spike.locator(".spike-kernel").inner_text() == (
+        f"Loss kernel: largest |logit| {records[59]['logit_max']:.4g}, smallest softmax "
+        "denominator 1.002 (1: one token takes a row)")
+    # Opening it moved the charts to its step.
+    x = page.evaluate("window.andreaCharts.loss.plot.scales.x")
+    assert x["min"] < 60 < x["max"] and x["max"] - x["min"] < 79
+
+    nan = page.locator("#spikes details.spike[data-step='70']")
+    nan.locator("summary").click()
+    assert nan.locator(".spike-nonfinite").inner_text() == \
+        "Non-finite gradient elements: 3 in 1 tensor (model.layers.0.self_attn.q_proj.weight: 3)"
+    assert nan.locator(".spike-flag[data-flag='nonfinite_grad']").is_visible()

@@ -93,8 +93,9 @@ def spike_line(s: dict) -> str:
                      f"{b['phase']}")
     if s.get("layer"):
         top = s["tensors"][0]
-        parts.append(f"mostly {s['layer']['name']} ({100 * s['layer']['share']:.0f}% of the squared "
-                     f"norm; {top['name'] or top['index']} {100 * top['share']:.0f}%)")
+        layer = s["layer"]
+        parts.append(f"mostly {layer['name']} ({100 * layer['share']:.0f}% of the squared norm; "
+                     f"{top['name'] or top['index']} {100 * top['share']:.0f}%)")
     parts += [f["text"] for f in s.get("numerical", []) if f["flag"] != "nonfinite_grad"]
     for r in s.get("rows", [])[:1]:
         loss = "non-finite" if r["loss"] is None else f"{r['loss']:.3f}"

@@ -104,12 +104,13 @@ function groupOf(key) {
  * Options: y (axis title with unit), x ('step' | 'time': elapsed seconds), log (start on a log
  * scale), positive (the values are > 0, so a log scale makes sense), marks (() => xs),
  * group (cursor and zoom shared with the group's other charts), placeholder (shown while
- * there is no data), height.
+ * there is no data), height, customize ((uPlot options) => options: a chart that draws its own
+ * way, such as the heatmap, keeps the group's zoom and cursor).
  */
 export class Chart {
   constructor(parent, title, series, {
     log = false, marks = () => [], height = 220, y = '', x = 'step', positive = false,
-    group = 'page', placeholder = 'No data yet.', zeroLine = false,
+    group = 'page', placeholder = 'No data yet.', zeroLine = false, customize = (o) => o,
   } = {}) {
     const box = document.createElement('div');
     box.className = 'chart';
@@ -121,7 +122,7 @@ export class Chart {
     empty.textContent = placeholder;
     box.append(h, empty);
     parent.append(box);
-    Object.assign(this, { box, empty, title, height, positive, xMode: x, yTitle: y, marks });
+    Object.assign(this, { box, empty, title, height, positive, xMode: x, yTitle: y, marks, customize });
     this.group = groupOf(group);
     this.group.charts.add(this);
     this.groupKey = group;
@@ -140,6 +141,10 @@ export class Chart {
   }
 
   opts() {
+    return this.customize(this.lineOpts());
+  }
+
+  lineOpts() {
     const xTime = this.xMode === 'time';
     const fmtX = xTime ? (v) => fmtDuration(v) : (v) => (v === null ? '–' : String(Math.round(v)));
     return {

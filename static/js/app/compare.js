@@ -1,15 +1,21 @@
 // Compare page: the chosen runs overlaid (loss, eval loss, grad norm, learning rate, step and
 // optimizer time), each run in its own colour and dash; the difference of each run's loss to a
 // baseline run (fp32 AdamW by default, chosen in a select); a summary table and the settings
-// in which the runs differ.
+// in which the runs differ; the gradient norm of one layer (compare_layers.js). While a run may
+// still change the page reads them again every REFRESH_MS, and offers the runs made in this tab
+// that wait for a training tab (compare_train.js).
 import { fetchJson } from './api.js';
 import { COLORS, Chart, DASHES, fmtBytes } from './charts.js';
+import { LayerOverlay } from './compare_layers.js';
+import { showTrainLinks } from './compare_train.js';
 import { smooth } from './series.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const ids = (params.get('ids') || '').split(',').filter(Boolean);
 const tbody = document.querySelector('#summary tbody');
+const REFRESH_MS = 10_000;
+const LIVE = ['created', 'running', 'paused'];     // statuses whose records may still grow
 
 function median(xs) {
   const s = xs.filter((x) => x !== null && x !== undefined).sort((a, b) => a - b);
@@ -33,7 +39,38 @@ function defaultBaseline(found) {
   return (fp32 ?? found[0]).id;
 }
 
-const label = (r) => `${r.run.name} (${r.run.config.optimizer}${r.run.config.f16_mirror ? ' + f16' : ''})`;
+/** A run's legend label; the clip mode too where the runs differ in it (the clipping
+ *  experiment's three runs). */
+function labeller(found) {
+  const clipDiffers = new Set(found.map((r) => r.run.config.clip_mode)).size > 1;
+  const clip = { global: 'clip global', per_tensor: 'clip per tensor', off: 'no clip' };
+  return (r) => `${r.run.name} (${r.run.config.optimizer}${r.run.config.f16_mirror ? ' + f16' : ''}` +
+    `${clipDiffers ? `, ${clip[r.run.config.clip_mode] ?? r.run.config.clip_mode}` : ''})`;
+}
+
+/** Each id's run and its records ({id, run: null, metrics: []} for an unknown run). */
+function fetchRuns() {
+  return Promise.all(ids.map(async (id) => {
+    const [run, metrics] = await Promise.all([
+      fetchJson(`/api/runs/${id}`).catch(() => null),          // "no such run" in the table
+      fetchJson(`/api/runs/${id}/metrics`).catch(() => []),
+    ]);
+    return { id, run, metrics };
+  }));
+}
+
+/** One x axis over the union of steps; per key, each run a column with gaps where it has no
+ *  step. */
+function columns(found) {
+  const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => m.step)))].sort((a, b) => a - b);
+  const at = (r, key) => {
+    const by = new Map(r.metrics.map((m) => [m.step, m[key]]));
+    return steps.map((s) => by.get(s) ?? null);
+  };
+  const cols = Object.fromEntries(['loss', 'eval_loss', 'grad_norm', 'lr', 'step_ms', 'opt_ms']
+    .map((k) => [k, found.map((r) => at(r, k))]));
+  return { steps, cols };
+}
 
 function summary(runs, found, base) {
   const ref = base ? tailMean(finiteLosses(base.metrics)) : null;
@@ -119,25 +156,15 @@ async function main() {
     document.body.dataset.ready = '1';
     return;
   }
-  const runs = await Promise.all(ids.map(async (id) => {
-    const [run, metrics] = await Promise.all([
-      fetchJson(`/api/runs/${id}`).catch(() => null),          // "no such run" in the table
-      fetchJson(`/api/runs/${id}/metrics`).catch(() => []),
-    ]);
-    return { id, run, metrics };
-  }));
-  const found = runs.filter((r) => r.run);
+  let runs = await fetchRuns();
+  const found = runs.filter((r) => r.run);     // the page's runs, as first found (the charts')
+  const label = labeller(found);
   const select = $('baseline');
   for (const r of found) select.append(new Option(label(r), r.id));
   const wanted = params.get('baseline');
   select.value = found.some((r) => r.id === wanted) ? wanted : (found.length ? defaultBaseline(found) : '');
 
-  // One x axis over the union of steps; each run a series with gaps where it has no step.
-  const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => m.step)))].sort((a, b) => a - b);
-  const at = (r, key) => {
-    const by = new Map(r.metrics.map((m) => [m.step, m[key]]));
-    return steps.map((s) => by.get(s) ?? null);
-  };
+  let { steps, cols } = columns(found);
   const style = (r, i) => ({ label: label(r), color: COLORS[i % COLORS.length],
     dash: DASHES[i % DASHES.length] });
   const parent = $('charts');
@@ -154,9 +181,10 @@ async function main() {
     step: new Chart(parent, 'step time', spec, { ...o, y: 'ms per step', positive: true }),
     opt: new Chart(parent, 'optimizer time (GPU)', spec, { ...o, y: 'ms per step', positive: true }),
   };
+  const layers = new LayerOverlay(spec);
+  charts.layer = layers.chart;
   window.andreaCharts = charts;
-  const cols = Object.fromEntries(['loss', 'eval_loss', 'grad_norm', 'lr', 'step_ms', 'opt_ms']
-    .map((k) => [k, found.map((r) => at(r, k))]));
+  await layers.load(found);
   const draw = () => {
     const alpha = Number($('smoothing').value);
     $('smoothing-value').textContent = alpha.toFixed(2);
@@ -175,7 +203,25 @@ async function main() {
     charts.lr.setData([steps, ...cols.lr]);
     charts.step.setData([steps, ...sm('step_ms')]);
     charts.opt.setData([steps, ...sm('opt_ms')]);
+    layers.draw(found, steps, (c) => smooth(c, alpha));
+    showTrainLinks($('train-links'), found);
   };
+  // Runs that may still change: read again (the same runs; a deleted one keeps its last).
+  const refresh = async () => {
+    if (!found.some((r) => LIVE.includes(r.run.status))) return;
+    await new Promise((r) => setTimeout(r, REFRESH_MS));
+    runs = await fetchRuns();
+    for (const r of found) {
+      const fresh = runs.find((x) => x.id === r.id);
+      if (fresh?.run) Object.assign(r, { run: fresh.run, metrics: fresh.metrics });
+    }
+    ({ steps, cols } = columns(found));
+    await layers.load(found);
+    draw();
+    document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed ?? 0) + 1);
+    refresh();
+  };
+  layers.select.addEventListener('change', draw);
   $('smoothing').addEventListener('input', draw);
   $('logscale').addEventListener('change', () => {
     for (const ch of Object.values(charts)) ch.setLog($('logscale').checked);
@@ -195,6 +241,7 @@ async function main() {
   draw();
   parent.dataset.series = String(found.length);
   document.body.dataset.ready = '1';
+  refresh().catch((e) => console.warn('compare: refresh stopped', e));
 }
 
 main();

@@ -3,6 +3,7 @@
 import { acquireDevice } from '../engine/gpu.js';
 import { activationBytes, limitProblems } from '../engine/model.js';
 import { fetchJson, jsonBody, saveToken } from './api.js';
+import { bindClipExperiment } from './clip_experiment.js';
 import { fmtCount } from './format.js';
 
 const $ = (id) => document.getElementById(id);
@@ -162,6 +163,7 @@ async function updateMemory() {
       textContent: `This model cannot be built: ${e.message}` });
     $('memory').append(p);
     $('start').disabled = true;
+    $('clip-experiment').disabled = true;
     return;
   }
   const T = c.seq_len ?? layout.config.seq_len;
@@ -205,6 +207,7 @@ async function updateMemory() {
     $('memory').append(p);
   }
   $('start').disabled = !state.limits || gpuProblems.length > 0;
+  $('clip-experiment').disabled = $('start').disabled;
 }
 
 async function start(event) {
@@ -244,6 +247,10 @@ async function main() {
     $('data-budget').textContent = `Corpus unavailable: ${e.message}`;
   }));
   form.addEventListener('submit', start);
+  bindClipExperiment($('clip-experiment'), { config, problems, fail: (text) => {
+    $('form-error').textContent = text;
+    $('form-error').hidden = false;
+  } });
   await Promise.all([updateMemory(), updateData().catch((e) => {
     $('data-budget').textContent = `Corpus unavailable: ${e.message}`;
   })]);

@@ -68,7 +68,8 @@ async function main() {
     mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
   showRun(state, run);
   bindActions(state);
-  followSpikes(runId, () => ENDED.includes(state.status), (steps) => state.charts.setSpikes(steps));
+  followSpikes(runId, () => ENDED.includes(state.status), (steps) => state.charts.setSpikes(steps),
+    (step) => state.charts.focusStep(step));
   if (run.config.data_mode === 'bandit') state.charts.loadSources().catch(() => {});
   if (!mine) {
     view();

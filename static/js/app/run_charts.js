@@ -3,8 +3,10 @@
 // each source's loss and its sampling weight per phase. Derived columns (smoothing, clip events,
 // the wall-clock axis) extend over the new rows only, and every chart redraws once per
 // animation frame. Marks: the bandit's phase changes and the steps the run was resumed from.
+// Records with per-tensor gradient norms also get the heatmap (heatmap.js), on the same x.
 import { fetchJson } from './api.js';
 import { COLORS, Chart, DASHES } from './charts.js';
+import { GradHeatmap } from './heatmap.js';
 import {
   Derived, clipEvents, elapsedColumn, phaseMarks, rowOf, runningSmooth, sourceColumns,
 } from './series.js';
@@ -29,8 +31,9 @@ export class RunCharts {
     this.phases = phaseMarks();
     this.sources = sourceColumns();
     this.elapsed = elapsedColumn();
+    // Only a global clip's threshold is one for the global norm (per tensor: each tensor's).
     this.maxNormLine = new Derived(() => [],
-      (line) => line.push(this.config?.clip ? this.config.max_norm : null));
+      (line) => line.push(this.config?.clip_mode === 'global' ? this.config.max_norm : null));
     this.dataInfo = null;        // GET /api/runs/{id}/data: the sources and the bandit's phases so far
     this.sourceCharts = null;    // made once the sources are known (loadSources)
     this.resumes = [];           // steps the run was resumed from
@@ -54,6 +57,7 @@ export class RunCharts {
       time: new Chart(parent, 'step time', [{ label: 'step', color: '#5d4037' },
         { label: 'optimizer (GPU)', color: '#c2185b' }], { ...o, y: 'ms', positive: true }),
     };
+    this.heatmap = new GradHeatmap(runId, series);
     window.andreaCharts = this.charts;   // tests read the plots' tick labels
     $('smoothing').addEventListener('input', () => this.redraw());
     $('logscale').addEventListener('change', () => {
@@ -67,7 +71,8 @@ export class RunCharts {
   }
 
   all() {
-    return [...Object.values(this.charts), ...Object.values(this.sourceCharts ?? {})];
+    return [...Object.values(this.charts), ...Object.values(this.sourceCharts ?? {}),
+      ...(this.heatmap.chart ? [this.heatmap.chart] : [])];
   }
 
   setConfig(config) {
@@ -84,6 +89,19 @@ export class RunCharts {
     this.spikeSteps = new Set(steps);
     this.spikeCol = [];
     this.schedule();
+  }
+
+  /** The charts zoomed around `step` with the cursor on it (a spike opened in the list). The
+   *  zoom and the cursor go to the others through the group (charts.js). */
+  focusStep(step) {
+    const plot = this.charts.norm.plot;
+    const xs = plot.data[0];
+    const row = rowOf(this.series, step);
+    if (row < 0 || row >= xs.length) return;
+    const half = Math.max(10, Math.round(xs.length / 40));
+    plot.setScale('x', { min: xs[Math.max(0, row - half)], max: xs[Math.min(xs.length - 1, row + half)] });
+    plot.setCursor({ left: plot.valToPos(xs[row], 'x'), top: plot.bbox.height / devicePixelRatio / 2 },
+      true, true);
   }
 
   /** Draw on the next animation frame (the series has new rows). */
@@ -131,6 +149,7 @@ export class RunCharts {
     charts.speed.setData([xs, this.smoothed.speed.update(series, from).out]);
     charts.time.setData([xs, c.step_ms, c.opt_ms]);
     if (this.sourceCharts) this.drawSources(xs, from);
+    this.heatmap.update(xs, from);
     stat('clipped steps', `${clipped.count} of ${series.length}`);
   }
 

@@ -107,6 +107,12 @@ export function showLast(state) {
   'last step');
   stat('lr', fmtValue(last.lr), 'learning rate');
   if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`, 'optimizer time (GPU)');
+  // What the loss kernel saw and the gradients' non-finite elements (trainers that send them).
+  if (last.logit_max !== undefined) stat('logit max', fmtValue(last.logit_max), 'largest |logit|');
+  if (last.softmax_denom_min !== undefined) {
+    stat('softmax denom min', fmtValue(last.softmax_denom_min), 'smallest softmax denominator');
+  }
+  if (last.grad_nonfinite !== undefined) stat('grad nonfinite', String(last.grad_nonfinite), 'non-finite grad elements');
   // Data seen: B * T tokens a step; passes over the training text (/api/corpus train tokens).
   const corpus = state.trainTokens;
   if (config && corpus) {
@@ -116,6 +122,13 @@ export function showLast(state) {
     stat('data', `${(seen / totalTokens).toFixed(2)} passes over the corpus, ` +
       `${(seen / corpus.length / least.n).toFixed(1)} over ${least.name}`, 'data read', true);
   }
+}
+
+/** The run's clipping in words: config.clip_mode (the server maps an older run's `clip`). */
+export function clipText(config) {
+  if (config.clip_mode === 'global') return `global, max_norm ${config.max_norm}`;
+  if (config.clip_mode === 'per_tensor') return `per tensor, max_norm ${config.max_norm}`;
+  return config.clip_mode ?? '-';
 }
 
 /** The run as the API or the watch socket says it is (GET /api/runs/{id}, a `run` message). */
@@ -178,7 +191,7 @@ export function showRun(state, run) {
   stat('sources', config.sources?.join(', ') ?? 'all', 'sources', 'setup');
   stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''), 'optimizer', 'setup');
   stat('optimizer state', fmtBytes(run.state_bytes), 'optimizer state', 'setup');
-  stat('clipping', config.clip ? `max_norm ${config.max_norm}` : 'off', 'clipping', 'setup');
+  stat('clipping', clipText(config), 'clipping', 'setup');
   stat('batch', `${config.batch_size} × ${config.seq_len} tokens`, 'batch', 'setup');
   if (run.adapter) {
     stat('adapter', `${run.adapter.vendor} ${run.adapter.architecture}`.trim() +

@@ -1,15 +1,24 @@
 // The run page's spike list: GET /api/runs/{id}/spikes (server/spikes.py says what a spike is),
 // drawn as one <details> per spike, newest first; opening one shows its anatomy: why it counts,
 // the data phase boundary it follows, and the batch rows furthest above the step's loss with
-// their source and text. Refreshed every REFRESH_MS while the run may still change.
+// their source and text, and where the server has them the tensors, layer, non-finite elements
+// and numerical flags of the step (spike_anatomy.js). Refreshed every REFRESH_MS while the run
+// may still change; opening a spike moves the charts to its step.
 import { fetchJson } from './api.js';
 import { $ } from './run_view.js';
+import { anatomyParts, topTensorText } from './spike_anatomy.js';
 
 const REFRESH_MS = 10_000;
 
 /** Shows the run's spikes now and every REFRESH_MS until `ended()` says the run is over;
- *  `onSteps(steps)` gets the spikes' steps each time (the grad norm chart marks them). */
-export function followSpikes(runId, ended, onSteps = () => {}) {
+ *  `onSteps(steps)` gets the spikes' steps each time (the grad norm chart marks them), and
+ *  `onOpen(step)` a spike's step when it is opened. */
+export function followSpikes(runId, ended, onSteps = () => {}, onOpen = () => {}) {
+  $('spikes').addEventListener('toggle', (event) => {
+    const d = event.target;
+    if (d.open && d.dataset.step && !d.dataset.restored) onOpen(Number(d.dataset.step));
+    delete d.dataset.restored;
+  }, true);   // (toggle does not bubble)
   const tick = async () => {
     try {
       const found = await fetchJson(`/api/runs/${runId}/spikes`);
@@ -42,10 +51,11 @@ function spikeItem(s, open) {
   d.className = 'spike';
   d.dataset.step = String(s.step);
   d.open = open;
+  if (open) d.dataset.restored = '1';     // open again after a refresh: not the user's click
   const norm = s.grad_norm === null ? 'non-finite' : s.grad_norm.toPrecision(3);
   const ratio = s.ratio === null ? '' : ` (${s.ratio.toFixed(1)}x)`;
   const sum = document.createElement('summary');
-  sum.textContent = `step ${s.step}: grad norm ${norm}${ratio}` +
+  sum.textContent = `step ${s.step}: grad norm ${norm}${ratio}${topTensorText(s)}` +
     (s.boundary ? `, ${s.boundary.steps_after} step(s) after a data phase change` : '');
   d.append(sum, line(s.reasons.join('; ')));
   if (s.boundary) {
@@ -53,6 +63,7 @@ function spikeItem(s, open) {
       `${s.boundary.steps_after} step(s) before this one`));
   }
   if (s.loss !== null) d.append(line(`step loss ${s.loss.toFixed(4)}, clip scale ${s.clip_scale}`));
+  d.append(...anatomyParts(s));
   for (const r of s.rows) {
     const row = document.createElement('div');
     row.className = 'spike-row';

@@ -1,0 +1,89 @@
+"""A planted outlier, found end to end: a user corpus of two sources, one of which hides a
+paragraph of random Greek letters in its plain sentences, trained on `tiny` through the app's
+own page in Chromium (`andrea train`); the gradient spike the outlier causes is listed by
+GET /api/runs/{id}/spikes and on the run page with that row's source and its text."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from andrea.launch import free_port, stop_server
+
+WORDS = ("river stone lantern quiet harbour morning letter garden window silver orchard bell "
+         "meadow candle thread compass anchor feather winter market").split()
+GREEK = "αβγδεζηθικλμνξοπρστυφχψω"
+STEPS = 300
+
+
+def sentences(rng: random.Random, n: int) -> str:
+    return " ".join(" ".join(rng.choice(WORDS) for _ in range(8)) + "." for _ in range(n))
+
+
+def greek_share(text: str) -> float:
+    letters = [c for c in text if not c.isspace()]
+    return sum(c in GREEK for c in letters) / max(1, len(letters))
+
+
+@pytest.fixture(scope="module")
+def outlier_server(tmp_path_factory):
+    """`andrea serve --only-corpus` on `plain` (sentences) and `planted` (sentences with ~600
+    characters of random Greek a third of the way in: inside the training split)."""
+    root = tmp_path_factory.mktemp("outlier")
+    rng = random.Random(7)
+    (root / "plain.txt").write_text(sentences(rng, 1500), encoding="utf-8")
+    outlier = " ".join("".join(rng.choice(GREEK) for _ in range(rng.randint(3, 9)))
+                       for _ in range(100))
+    (root / "planted.txt").write_text(sentences(rng, 500) + "\n\n" + outlier + "\n\n"
+                                      + sentences(rng, 1000), encoding="utf-8")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "andrea", "serve", "--port", str(port), "--data-dir",
+         str(root / "data"), "--only-corpus", "--corpus", f"plain={root / 'plain.txt'}",
+         "--corpus", f"planted={root / 'planted.txt'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        stop_server(proc)
+
+
+def test_a_planted_outlier_is_named_by_its_spike(outlier_server, page, page_errors):
+    r = subprocess.run(
+        [sys.executable, "-m", "andrea", "train", "--preset", "tiny", "--steps", str(STEPS),
+         "--batch-size", "4", "--lr", "0.01", "--eval-every", "0", "--sample-every", "0",
+         "--server", outlier_server, "--json"],
+        capture_output=True, text=True, timeout=900)
+    result = json.loads(r.stdout)
+    assert result["ok"], r.stderr
+    run_id = result["run_id"]
+    with urllib.request.urlopen(f"{outlier_server}/api/runs/{run_id}/spikes", timeout=60) as f:
+        spikes = json.load(f)["spikes"]
+    for s in spikes:
+        rows = [(x.get("source"), x.get("text", "")[:30]) for x in s["rows"]]
+        print(s["step"], s["reasons"], rows)
+    planted = [s for s in spikes if s["rows"] and s["rows"][0].get("source") == "planted"
+               and greek_share(s["rows"][0]["text"]) > 0.5]
+    assert planted, f"no spike names the planted row; spikes: {[s['step'] for s in spikes]}"
+    assert "spike at step" in r.stderr                   # andrea train printed them as they came
+    s = planted[0]
+    page.goto(f"{outlier_server}/runs/{run_id}")
+    item = page.locator(f"#spikes details.spike[data-step='{s['step']}']")
+    item.locator("summary").click()
+    assert "planted" in item.inner_text(timeout=30_000)
+    assert item.locator("pre").first.text_content() == s["rows"][0]["text"]
+    assert not page_errors

@@ -1,0 +1,63 @@
+// The compare page's gradient norm per layer: a select of the layer ("embed", "layer i",
+// "final norm", or the global norm: all layers together) and one line per run, in the compare
+// charts' colours and dashes. A layer's norm comes from each record's tensor_grad_norms and
+// the run's layout (heatmap_data.js); runs recorded without them are listed as such.
+import { fetchJson } from './api.js';
+import { Chart } from './charts.js';
+import { hasTensorNorms, heatRows, layerValues } from './heatmap_data.js';
+
+export const TOTAL = 'all layers total';
+const $ = (id) => document.getElementById(id);
+
+export class LayerOverlay {
+  /** spec: the compare charts' series (one per found run, same order). */
+  constructor(spec) {
+    this.names = new Map();     // run id -> its parameter names (runs with per-tensor norms)
+    this.select = $('layer');
+    this.chart = new Chart($('layer-charts'), 'grad norm of the layer', spec,
+      { group: 'compare', y: 'L2 norm (before clipping)', positive: true, placeholder: 'No steps recorded.' });
+    this.select.append(new Option(TOTAL, TOTAL));
+  }
+
+  /** The layouts of the runs that have per-tensor norms now (each asked once). */
+  async load(found) {
+    await Promise.all(found.map(async (r) => {
+      if (this.names.has(r.id) || !r.metrics.some((m) => hasTensorNorms(m))) return;
+      try {
+        const layout = await fetchJson(`/api/runs/${r.id}/layout`);
+        this.names.set(r.id, layout.params.map((p) => p.name));
+      } catch (e) {
+        console.warn(`no layout for run ${r.id}`, e);
+      }
+    }));
+    // Every layer any run has, in model order (the longest layout's), after the total.
+    const layers = new Set();
+    for (const names of this.names.values()) for (const l of heatRows(names, 'layer').labels) layers.add(l);
+    const order = heatRows([...this.names.values()].flat(), 'layer').labels.filter((l) => layers.has(l));
+    const have = new Set([...this.select.options].map((o) => o.value));
+    for (const l of order) if (!have.has(l)) this.select.append(new Option(l, l));
+    $('layers-card').hidden = false;
+  }
+
+  /** One column per run over `steps` for the chosen layer; `smooth(col)` as the other charts. */
+  draw(found, steps, smooth) {
+    const layer = this.select.value;
+    const missing = [];
+    const cols = found.map((r) => {
+      const names = this.names.get(r.id);
+      let values;
+      if (layer === TOTAL) values = r.metrics.map((m) => m.grad_norm ?? null);
+      else if (!names) {
+        missing.push(r.run.name);
+        values = r.metrics.map(() => null);
+      } else values = layerValues(r.metrics, names, layer);
+      const by = new Map(r.metrics.map((m, i) => [m.step, values[i]]));
+      return smooth(steps.map((s) => by.get(s) ?? null));
+    });
+    this.chart.setData([steps, ...cols]);
+    this.chart.box.dataset.layer = layer;
+    const note = $('layers-missing');
+    note.textContent = missing.length ? `Without per-tensor norms (recorded before them): ${missing.join(', ')}` : '';
+    note.dataset.missing = String(missing.length);
+  }
+}
