@@ -80,11 +80,13 @@ def main() -> None:
     ap.add_argument("--server", default=None)
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--modes", default=",".join(MODES), help="a subset of " + ",".join(MODES))
     args = ap.parse_args()
+    modes = args.modes.split(",")
     with (nullcontext(args.server) if args.server else
           served(args.data_dir or Path(tempfile.mkdtemp(prefix="andrea-")))) as url:
         ids, rows = [], {}
-        for mode in MODES:
+        for mode in modes:
             result = train(url, args, mode)
             ids.append(result["run_id"])
             rows[mode] = summary(url, result["run_id"])
@@ -92,10 +94,10 @@ def main() -> None:
                   f"adapter {result.get('adapter')}", flush=True)
         print(f"\n{args.preset} B {args.batch_size}, {args.steps} steps, seed {args.seed}, "
               f"source bandit, lr {args.lr or 'default'}")
-        keys = list(rows[MODES[0]])
-        print(f"{'':28}" + "".join(f"{m:>22}" for m in MODES))
+        keys = list(rows[modes[0]])
+        print(f"{'':28}" + "".join(f"{m:>22}" for m in modes))
         for k in keys:
-            cells = [rows[m][k] for m in MODES]
+            cells = [rows[m][k] for m in modes]
             fmt = [f"{c:.4g}" if isinstance(c, float) else str(c) for c in cells]
             print(f"{k:28}" + "".join(f"{c:>22}" for c in fmt))
         print(f"\ncompare: {url}/compare?ids={','.join(ids)}")
