@@ -18,16 +18,8 @@ def _ready(page, live_server):
     page.wait_for_function("!document.getElementById('start').disabled")
 
 
-def test_the_clip_mode_select_posts_the_chosen_mode(page, live_server, page_errors):
-    posted = []
-
-    def hold(route):        # the config the form sends, kept from the server
-        if route.request.method != "POST":
-            return route.continue_()
-        posted.append(route.request.post_data_json)
-        return route.fulfill(status=422, json={"detail": "held by the test"})
-
-    page.route("**/api/runs", hold)
+def test_the_clip_mode_select_posts_the_chosen_mode(page, live_server, page_errors, posted_runs):
+    posted = posted_runs
     _ready(page, live_server)
     options = page.eval_on_selector_all("#clip_mode option",
                                         "os => os.map((o) => [o.value, o.selected])")

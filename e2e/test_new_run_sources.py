@@ -4,19 +4,11 @@ it posts carries the checked ones (left out while all are checked: every source)
 import httpx
 
 
-def test_form_shows_the_sources_and_posts_the_choice(page, live_server, page_errors):
+def test_form_shows_the_sources_and_posts_the_choice(page, live_server, page_errors, posted_runs):
+    posted = posted_runs
     names = [s["name"] for s in httpx.get(f"{live_server}/api/corpus?preset=tiny",
                                           timeout=120).json()["sources"]]
     assert len(names) >= 2
-    posted = []
-
-    def hold(route):        # the config the form sends, kept from the server
-        if route.request.method != "POST":
-            return route.continue_()
-        posted.append(route.request.post_data_json)
-        return route.fulfill(status=422, json={"detail": "held by the test"})
-
-    page.route("**/api/runs", hold)
     page.goto(live_server + "/")
     page.wait_for_function("document.body.dataset.ready === '1'", timeout=120_000)
     page.wait_for_function("!document.getElementById('start').disabled")

@@ -9,12 +9,11 @@ import json
 import random
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
-from andrea.launch import free_port, stop_server
+from andrea.launch import start_server, stop_server
 
 WORDS = ("river stone lantern quiet harbour morning letter garden window silver orchard bell "
          "meadow candle thread compass anchor feather winter market").split()
@@ -42,21 +41,10 @@ def outlier_server(tmp_path_factory):
                        for _ in range(100))
     (root / "planted.txt").write_text(sentences(rng, 500) + "\n\n" + outlier + "\n\n"
                                       + sentences(rng, 1000), encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "andrea", "serve", "--port", str(port), "--data-dir",
-         str(root / "data"), "--only-corpus", "--corpus", f"plain={root / 'plain.txt'}",
-         "--corpus", f"planted={root / 'planted.txt'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(root / "data", timeout=300, args=(
+        "--only-corpus", "--corpus", f"plain={root / 'plain.txt'}",
+        "--corpus", f"planted={root / 'planted.txt'}"))
     try:
-        for _ in range(600):
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         yield url
     finally:
         stop_server(proc)

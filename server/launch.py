@@ -33,14 +33,16 @@ def _limit_files(limit: int):
 
 def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
                  warm_data: bool = False, file_limit: int | None = None,
-                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+                 env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """Starts the server (its output appended to data_dir/server.log) and waits until /healthz
     answers; raises RuntimeError if it exits or stays silent. file_limit: the largest file it
-    may write (a full disk, for tests); env: ANDREA_* settings besides the environment's."""
+    may write (a full disk, for tests); env: ANDREA_* settings besides the environment's; args:
+    more `andrea serve` options (`--corpus NAME=PATH`, ...)."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port),
-           "--data-dir", str(data_dir)]
+           "--data-dir", str(data_dir), *args]
     with open(data_dir / "server.log", "a") as log:
         # Its own session: a Ctrl-C meant for the caller (andrea train) must not stop the
         # server that the caller still needs to stop the run cleanly.

@@ -36,6 +36,22 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 @pytest.fixture
+def posted_runs(page):
+    """The run configs the page POSTs to /api/runs, kept from the server (answered 422: nothing
+    is created), for form tests."""
+    posted: list[dict] = []
+
+    def hold(route):
+        if route.request.method != "POST":
+            return route.continue_()
+        posted.append(route.request.post_data_json)
+        return route.fulfill(status=422, json={"detail": "held by the test"})
+
+    page.route("**/api/runs", hold)
+    return posted
+
+
+@pytest.fixture
 def page_errors(page):
     """Console errors and uncaught exceptions of the page, to assert there are none."""
     errors: list[str] = []

@@ -103,31 +103,40 @@ def test_loop_profile_accounts_for_every_step(lab_session):
         assert loop["gpuSteps"] == 0 and loop["gpuBusyMs"] == 0
 
 
-def test_row_losses_are_each_rows_mean_cross_entropy_as_torch_computes_it(lab_session, live_server):
-    """The record's row_losses: the mean token cross-entropy of each row of the step's batch, as
-    torch's cross_entropy(reduction='none') averaged per row gives it for the same weights (the
-    Hugging Face model) and batch; their mean is the step's loss."""
+def first_step(page, server):
+    """A one-step run: (its record, the weights it ran with f32 [total_numel], its batch's
+    tokens int64 [B, T + 1], the tiny layout)."""
     import httpx
     import numpy as np
-    import torch
 
     from andrea.data import wire
-    from tests import reference as ref
 
-    out = call(lab_session, SETUP + """
+    out = call(page, SETUP + """
         const w = await trainer.model.getParams();   // the weights step 1 runs with
         const state = await trainer.run();
         trainer.destroy();
         return {state, w, rec: records[0]};
     """, {"steps": 1})
     assert out["state"] == "finished"
-    rec = out["rec"]
-    batch = wire.decode(httpx.get(f"{live_server}/api/batches/0",
+    batch = wire.decode(httpx.get(f"{server}/api/batches/0",
                                   params={"preset": "tiny", "batch_size": 2, "steps": 1}).content)
-    layout = httpx.get(f"{live_server}/api/presets/tiny/layout").json()
-    tokens = batch.tokens.astype(np.int64)
+    layout = httpx.get(f"{server}/api/presets/tiny/layout").json()
+    return (out["rec"], np.asarray(out["w"], dtype=np.float32), batch.tokens.astype(np.int64),
+            layout)
+
+
+def test_row_losses_are_each_rows_mean_cross_entropy_as_torch_computes_it(lab_session, live_server):
+    """The record's row_losses: the mean token cross-entropy of each row of the step's batch, as
+    torch's cross_entropy(reduction='none') averaged per row gives it for the same weights (the
+    Hugging Face model) and batch; their mean is the step's loss."""
+    import numpy as np
+    import torch
+
+    from tests import reference as ref
+
+    rec, w, tokens, layout = first_step(lab_session, live_server)
     with torch.no_grad():
-        logits = ref.hf_model(layout, out["w"])(input_ids=torch.from_numpy(tokens[:, :-1])).logits
+        logits = ref.hf_model(layout, w)(input_ids=torch.from_numpy(tokens[:, :-1])).logits
         per_token = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), torch.from_numpy(tokens[:, 1:]).reshape(-1),
             reduction="none").reshape(tokens.shape[0], -1)
@@ -145,26 +154,12 @@ def test_tensor_grad_norms_and_logit_stats_match_the_hugging_face_model(lab_sess
     largest), in parameter-table order, their squares summing to grad_norm's to f32 rounding;
     logit_max and softmax_denom_min: max |logit| and the smallest max-subtracted softmax
     denominator of torch's logits; no non-finite gradient elements."""
-    import httpx
     import numpy as np
     import torch
 
-    from andrea.data import wire
     from tests import reference as ref
 
-    out = call(lab_session, SETUP + """
-        const w = await trainer.model.getParams();
-        const state = await trainer.run();
-        trainer.destroy();
-        return {state, w, rec: records[0]};
-    """, {"steps": 1})
-    assert out["state"] == "finished"
-    rec = out["rec"]
-    batch = wire.decode(httpx.get(f"{live_server}/api/batches/0",
-                                  params={"preset": "tiny", "batch_size": 2, "steps": 1}).content)
-    layout = httpx.get(f"{live_server}/api/presets/tiny/layout").json()
-    tokens = batch.tokens.astype(np.int64)
-    w = np.asarray(out["w"], dtype=np.float32)
+    rec, w, tokens, layout = first_step(lab_session, live_server)
     _, grads, logits = ref.loss_and_grads(layout, w, tokens[:, :-1], tokens[:, 1:])
     want = np.array([np.linalg.norm(grads[p["offset"]:p["offset"] + p["numel"]].astype(np.float64))
                      for p in layout["params"]])

@@ -9,6 +9,7 @@ import {
   rowNorm, topTensor,
 } from '../../static/js/app/heatmap_data.js';
 import { RunSeries } from '../../static/js/app/series.js';
+import { rng } from '../../static/js/engine/sampler.js';   // seeded: the same norms every run
 
 /** A Llama layout's parameter names in server/model.py build_layout's table order: the
  *  decayed matrices (embed, then each layer's projections), then the norm gains. */
@@ -23,18 +24,6 @@ function llamaNames(nLayer) {
   }
   out.push('model.norm.weight');
   return out;
-}
-
-/** A deterministic generator (mulberry32): the same norms every run. */
-function rng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
 }
 
 test('a tensor maps to its layer by its name', () => {

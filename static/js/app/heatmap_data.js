@@ -3,7 +3,7 @@
 // each row's norm per record from the record's `tensor_grad_norms` (one per tensor, in
 // parameter-table order), the records binned into at most one column per pixel, and the log
 // colour scale.
-import { Derived } from './series.js';
+import { Derived, lowerBound } from './series.js';
 
 /** The layer a parameter tensor belongs to, from its (Hugging Face) name. */
 export function layerOf(name) {
@@ -63,17 +63,6 @@ export function rowColumns(rows, count) {
     const ok = hasTensorNorms(rec, count);
     rows.members.forEach((m, r) => s.cols[r].push(ok ? rowNorm(rec.tensor_grad_norms, m) : NaN));
   });
-}
-
-/** First index i with xs[i] >= x (xs ascending). */
-function lowerBound(xs, x) {
-  let lo = 0;
-  let hi = xs.length;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (xs[mid] < x) lo = mid + 1; else hi = mid;
-  }
-  return lo;
 }
 
 /** First index i with xs[i] > x (xs ascending). */

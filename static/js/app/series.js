@@ -4,7 +4,7 @@
 // No DOM: tests/js/series.test.mjs runs it under Node.
 
 /** First index i with xs[i] >= x (xs sorted ascending). */
-function lowerBound(xs, x) {
+export function lowerBound(xs, x) {
   let lo = 0;
   let hi = xs.length;
   while (lo < hi) {
