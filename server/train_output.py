@@ -89,8 +89,10 @@ def spike_line(s: dict) -> str:
     parts = [f"spike at step {s['step']}: grad norm {norm} ({'; '.join(s['reasons'])})"]
     if s.get("boundary"):
         b = s["boundary"]
+        moved = ", ".join(f"{w['source']} {w['before']:.2f}->{w['after']:.2f}"
+                          for w in b.get("weights", [])[:3])
         parts.append(f"{b['steps_after']} step(s) after the data phase {b['previous']} -> "
-                     f"{b['phase']}")
+                     f"{b['phase']}" + (f" ({moved})" if moved else ""))
     if s.get("layer"):
         top = s["tensors"][0]
         layer = s["layer"]

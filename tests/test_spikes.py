@@ -147,3 +147,39 @@ def test_the_spike_line_names_the_layer_tensor_and_numerical_flags():
     assert ("mostly layer 0 (99% of the squared norm; model.layers.0.mlp.down_proj.weight 99%)"
             in line)
     assert "softmax collapse" in line and "\n" not in line
+
+
+def test_a_boundary_spike_names_the_sources_whose_weight_changed(client):
+    """A bandit run: records carry their phase and per-source losses through the trainer socket
+    (the bandit learns from them); a spike planted where a phase starts says which sources'
+    sampling weights changed there, from the phases the server decided."""
+    from andrea.data.bandit import PhaseSchedule
+
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4, "steps": 200,
+                                          "data_mode": "bandit", "seed": 3}).json()
+    phases = PhaseSchedule(3).phases_until(200)            # (index, start, length), 0-based
+    phase_of = {s: k for k, start, length in phases for s in range(start, start + length)}
+    k, start, _ = next(p for p in phases if p[1] >= 40)    # a boundary past MIN_HISTORY
+    records = run(n=start + 1)
+    for r in records:
+        r["phase"] = phase_of[r["step"] - 1]
+        r["source_losses"] = {"0": 3.0, "1": 5.0 * 0.98 ** r["step"]}
+    records[-1]["grad_norm"] = 9.0                         # step start + 1: phase k's first
+    with client.websocket_connect(f"/ws/runs/{made['id']}") as ws:
+        ws.send_json({"type": "hello", "token": made["token"]})
+        assert ws.receive_json()["type"] == "welcome"
+        ws.send_json({"type": "metrics", "records": records})
+        assert ws.receive_json() == {"type": "ack", "step": start + 1}
+    assert client.get(f"/api/runs/{made['id']}/batches/{start}").status_code == 200
+    decided = {p["index"]: p["weights"] for p in client.get(
+        f"/api/runs/{made['id']}/data").json()["phases"]}
+    (s,) = client.get(f"/api/runs/{made['id']}/spikes").json()["spikes"]
+    b = s["boundary"]
+    assert (b["phase"], b["previous"], b["steps_after"]) == (k, k - 1, 0)
+    names = client.get("/api/corpus?preset=tiny").json()["sources"]
+    want = [{"source": names[i]["name"], "before": w0, "after": w1}
+            for i, (w0, w1) in enumerate(zip(decided[k - 1], decided[k])) if abs(w1 - w0) > 1e-9]
+    assert want and sorted(b["weights"], key=lambda c: c["source"]) == \
+        sorted(want, key=lambda c: c["source"])
+    assert abs(b["weights"][0]["after"] - b["weights"][0]["before"]) == max(
+        abs(c["after"] - c["before"]) for c in want)

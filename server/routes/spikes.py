@@ -48,6 +48,8 @@ async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) 
     newest = [s for s in found[-DETAILED:] if s["rows"]]
     if newest:
         await run_in_threadpool(_describe_rows, hub, runs, run["id"], newest)
+    if any(s.get("boundary") for s in found):
+        await run_in_threadpool(_describe_boundaries, hub, runs, run["id"], found)
     answer = {"rule": {"window": rule.WINDOW, "factor": rule.FACTOR,
                        "min_history": rule.MIN_HISTORY, "quiet": rule.QUIET,
                        "boundary": rule.BOUNDARY, "top_tensors": anatomy.TOP_TENSORS,
@@ -77,3 +79,24 @@ def _describe_rows(hub, runs, run_id: str, found: list[dict]) -> None:
             if b < len(batch.sources):
                 row["source"] = corpus.source_names[int(batch.sources[b])]
                 row["text"] = tk.decode(corpus.tokenizer, batch.tokens[b][:-1])[:TEXT_CHARS]
+
+
+def _describe_boundaries(hub, runs, run_id: str, found: list[dict]) -> None:
+    """Adds to each phase boundary the sources whose sampling weight changed there:
+    boundary.weights = [{source, before, after}], the largest change first (phases decided here
+    only: an answer never waits for the bandit)."""
+    spec = runs.get(run_id)
+    if spec is None:
+        return
+    bandit = runs.bandit(run_id, hub.prepared(spec.vocab_size).source_names)
+    if bandit is None:
+        return
+    phases = {p.index: p.weights for p in bandit.phases()}
+    for s in found:
+        b = s.get("boundary")
+        if not b or b["phase"] not in phases or b["previous"] not in phases:
+            continue
+        pairs = zip(bandit.sources, phases[b["previous"]], phases[b["phase"]])
+        changed = [{"source": n, "before": w0, "after": w1} for n, w0, w1 in pairs
+                   if abs(w1 - w0) > 1e-9]
+        b["weights"] = sorted(changed, key=lambda c: -abs(c["after"] - c["before"]))

@@ -59,8 +59,11 @@ function spikeItem(s, open) {
     (s.boundary ? `, ${s.boundary.steps_after} step(s) after a data phase change` : '');
   d.append(sum, line(s.reasons.join('; ')));
   if (s.boundary) {
+    const moved = (s.boundary.weights ?? []).map((w) =>
+      `${w.source} ${w.before.toFixed(2)} -> ${w.after.toFixed(2)}`);
     d.append(line(`data phase ${s.boundary.previous} -> ${s.boundary.phase}, ` +
-      `${s.boundary.steps_after} step(s) before this one`));
+      `${s.boundary.steps_after} step(s) before this one` +
+      (moved.length ? `; sampling weights ${moved.join(', ')}` : '')));
   }
   if (s.loss !== null) d.append(line(`step loss ${s.loss.toFixed(4)}, clip scale ${s.clip_scale}`));
   d.append(...anatomyParts(s));
