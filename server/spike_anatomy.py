@@ -8,8 +8,11 @@ running level of the logits it keeps.
   tensors together hold the largest share;
 - nonfinite: the step's count of non-finite gradient elements and the tensors holding most;
 - numerical flags: non-finite gradient elements; a collapsed softmax (a row whose top token
-  holds over 1/COLLAPSE_DENOM of its probability, the degenerate attractor of a softmax);
-  logits grown to LOGIT_FACTOR times their running level.
+  holds over 1/COLLAPSE_DENOM of its probability, the degenerate attractor of a softmax) where
+  the run's rows were not collapsed before (a trained model predicts some rows with certainty
+  all the time: seen on every H200 run, bench/results/clip_experiment_h200.txt; only a new
+  collapse says something about this step); logits grown to LOGIT_FACTOR times their running
+  level.
 """
 
 from __future__ import annotations
@@ -78,10 +81,12 @@ def nonfinite_counts(record: dict, names: list[str] | None) -> dict | None:
                         for i, c in counts[:TOP_TENSORS]]}
 
 
-def numerical_flags(record: dict, logit_level: float | None, history: int) -> list[dict]:
+def numerical_flags(record: dict, logit_level: float | None, history: int,
+                    denom_level: float | None = None) -> list[dict]:
     """[{flag, text}] of what the loss kernel and the gradients show at this step:
     nonfinite_grad, softmax_collapse, logit_growth (`logit_level`: the median largest |logit|
-    of the `history` steps before, None while there are too few)."""
+    of the `history` steps before, None while there are too few; `denom_level`: the median
+    smallest softmax denominator of those steps: a collapse is flagged only where it is new)."""
     flags = []
     bad = record.get("grad_nonfinite") or 0
     if bad > 0:
@@ -89,7 +94,8 @@ def numerical_flags(record: dict, logit_level: float | None, history: int) -> li
             f"{bad} non-finite gradient element{'s' * (bad != 1)} (NaN or infinity), left out "
             "of the grad norm")})
     denom = record.get("softmax_denom_min")
-    if denom is not None and denom < COLLAPSE_DENOM:
+    chronic = denom_level is not None and denom_level < COLLAPSE_DENOM
+    if denom is not None and denom < COLLAPSE_DENOM and not chronic:
         top = 1.0 / max(denom, 1.0)
         flags.append({"flag": "softmax_collapse", "text": (
             f"softmax collapse: a row's top token holds {top:.2%} of its probability "
@@ -103,12 +109,12 @@ def numerical_flags(record: dict, logit_level: float | None, history: int) -> li
 
 
 def anatomy(record: dict, names: list[str] | None, logit_level: float | None,
-            history: int) -> dict:
+            history: int, denom_level: float | None = None) -> dict:
     """What a spike adds from its record: logit_max, softmax_denom_min, numerical, and where
     sent, tensors and layer (tensor_grad_norms) and nonfinite (grad_nonfinite above 0)."""
     out = {"logit_max": record.get("logit_max"),
            "softmax_denom_min": record.get("softmax_denom_min"),
-           "numerical": numerical_flags(record, logit_level, history)}
+           "numerical": numerical_flags(record, logit_level, history, denom_level)}
     if record.get("tensor_grad_norms") is not None:
         out.update(tensor_shares(record["tensor_grad_norms"], names))
     if (nonfinite := nonfinite_counts(record, names)) is not None:

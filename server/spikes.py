@@ -78,6 +78,7 @@ class SpikeFinder:
         self.spikes: list[dict] = []
         self.norms = RunningMedian()           # of the finite grad norms
         self.logits = RunningMedian()          # of the largest |logit| of each step
+        self.denoms = RunningMedian()          # of the smallest softmax denominator
         self.last_clip: int | None = None
         self.first_step: int | None = None
         self.last_phase: tuple[int, int] | None = None    # (step, phase) of the last record
@@ -111,13 +112,16 @@ class SpikeFinder:
                 "ratio": norm / level if norm is not None and level else None,
                 "reasons": reasons, "loss": r.get("loss"), "clip_scale": clip,
                 "boundary": _boundary(self.changes, step), "rows": outlier_rows(r),
-                **anatomy(r, self.names, self.logits.level(), len(self.logits))})
+                **anatomy(r, self.names, self.logits.level(), len(self.logits),
+                          self.denoms.level())})
         if clipped:
             self.last_clip = step
         if norm is not None:
             self.norms.add(norm)
         if r.get("logit_max") is not None:
             self.logits.add(r["logit_max"])
+        if r.get("softmax_denom_min") is not None:
+            self.denoms.add(r["softmax_denom_min"])
 
 
 def _boundary(changes: list[tuple[int, int, int]], step: int) -> dict | None:

@@ -182,3 +182,13 @@ def test_the_spikes_route_names_the_tensors_from_the_runs_layout(client):
     assert s["tensors"][0]["name"] == "model.layers.2.self_attn.q_proj.weight"
     assert s["layer"]["name"] == "layer 2"
     assert [f["flag"] for f in s["numerical"]] == ["softmax_collapse"]
+
+
+def test_a_softmax_collapsed_all_along_is_not_flagged_at_a_spike():
+    """A trained model predicts some rows with certainty at every step (denominator 1.000 on
+    every H200 run): only a collapse that is new at the spike is flagged."""
+    records = healthy(planted={60: {"hot": 2.0}})
+    for r in records:
+        r["softmax_denom_min"] = 1.0
+    (s,) = find_spikes(records, NAMES)
+    assert not [f for f in s["numerical"] if f["flag"] == "softmax_collapse"]
