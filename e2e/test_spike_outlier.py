@@ -6,7 +6,6 @@ GET /api/runs/{id}/spikes and on the run page with that row's source and its tex
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import urllib.request
@@ -14,20 +13,7 @@ import urllib.request
 import pytest
 
 from andrea.launch import start_server, stop_server
-
-WORDS = ("river stone lantern quiet harbour morning letter garden window silver orchard bell "
-         "meadow candle thread compass anchor feather winter market").split()
-GREEK = "αβγδεζηθικλμνξοπρστυφχψω"
-STEPS = 300
-
-
-def sentences(rng: random.Random, n: int) -> str:
-    return " ".join(" ".join(rng.choice(WORDS) for _ in range(8)) + "." for _ in range(n))
-
-
-def greek_share(text: str) -> float:
-    letters = [c for c in text if not c.isspace()]
-    return sum(c in GREEK for c in letters) / max(1, len(letters))
+from e2e.planted_corpus import TRAIN_ARGS, greek_share, write_planted_corpus
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +21,8 @@ def outlier_server(tmp_path_factory):
     """`andrea serve --only-corpus` on `plain` (sentences) and `planted` (sentences with ~600
     characters of random Greek a third of the way in: inside the training split)."""
     root = tmp_path_factory.mktemp("outlier")
-    rng = random.Random(7)
-    (root / "plain.txt").write_text(sentences(rng, 1500), encoding="utf-8")
-    outlier = " ".join("".join(rng.choice(GREEK) for _ in range(rng.randint(3, 9)))
-                       for _ in range(100))
-    (root / "planted.txt").write_text(sentences(rng, 500) + "\n\n" + outlier + "\n\n"
-                                      + sentences(rng, 1000), encoding="utf-8")
-    proc, url = start_server(root / "data", timeout=300, args=(
-        "--only-corpus", "--corpus", f"plain={root / 'plain.txt'}",
-        "--corpus", f"planted={root / 'planted.txt'}"))
+    proc, url = start_server(root / "data", timeout=300,
+                             args=write_planted_corpus(root / "corpus"))
     try:
         yield url
     finally:
@@ -52,9 +31,8 @@ def outlier_server(tmp_path_factory):
 
 def test_a_planted_outlier_is_named_by_its_spike(outlier_server, page, page_errors):
     r = subprocess.run(
-        [sys.executable, "-m", "andrea", "train", "--preset", "tiny", "--steps", str(STEPS),
-         "--batch-size", "4", "--lr", "0.01", "--eval-every", "0", "--sample-every", "0",
-         "--server", outlier_server, "--json"],
+        [sys.executable, "-m", "andrea", "train", *TRAIN_ARGS, "--server", outlier_server,
+         "--json"],
         capture_output=True, text=True, timeout=900)
     result = json.loads(r.stdout)
     assert result["ok"], r.stderr

@@ -78,9 +78,12 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def served(data_dir: Path | None = None, port: int | None = None):
-    """A server for the duration of the block (a fresh temporary data dir by default)."""
-    proc, url = start_server(data_dir or Path(tempfile.mkdtemp(prefix="andrea-")), port)
+def served(data_dir: Path | None = None, port: int | None = None, args: tuple[str, ...] = (),
+           timeout: float = 60.0):
+    """A server for the duration of the block (a fresh temporary data dir by default); args:
+    more `andrea serve` options."""
+    proc, url = start_server(data_dir or Path(tempfile.mkdtemp(prefix="andrea-")), port,
+                             timeout=timeout, args=args)
     try:
         yield url
     finally:

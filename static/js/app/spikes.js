@@ -65,7 +65,8 @@ function spikeItem(s, open) {
       `${s.boundary.steps_after} step(s) before this one` +
       (moved.length ? `; sampling weights ${moved.join(', ')}` : '')));
   }
-  if (s.loss !== null) d.append(line(`step loss ${s.loss.toFixed(4)}, clip scale ${s.clip_scale}`));
+  const clip = s.clip_scale === null ? 'non-finite' : Number(s.clip_scale.toPrecision(3));
+  if (s.loss !== null) d.append(line(`step loss ${s.loss.toFixed(4)}, clip scale ${clip}`));
   d.append(...anatomyParts(s));
   for (const r of s.rows) {
     const row = document.createElement('div');
