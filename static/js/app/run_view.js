@@ -220,6 +220,7 @@ function showViewedStatus(state) {
 /** The edit form, the resume button, and the resume link when this tab holds the run's token. */
 export function bindActions(state) {
   $('edit').addEventListener('submit', (event) => saveEdit(state, event));
+  $('edit-save').disabled = false;   // (disabled in the page until now)
   $('resume-run').onclick = () => resumeHere(state);
   $('copy-link').hidden = heldToken(state.runId) === null;
   $('copy-link').onclick = () => copyResumeLink(state);
