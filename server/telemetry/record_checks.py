@@ -7,7 +7,7 @@ step's non-finite total and add up to it. Checked before anything of the message
 from __future__ import annotations
 
 from andrea.metrics import Record
-from andrea.model import build_layout, run_model
+from andrea.model import run_layout
 from andrea.telemetry.protocol import ProtocolError
 
 NOTHING_STORED = "Nothing of this message was stored"
@@ -15,7 +15,7 @@ NOTHING_STORED = "Nothing of this message was stored"
 
 def tensor_count(config: dict) -> int:
     """The parameter tensors of a run's model: what its per-tensor lists hold one entry for."""
-    return len(build_layout(run_model(config))["params"])
+    return len(run_layout(config)["params"])
 
 
 def check_rows(batch_size: int, records: list[Record]) -> None:
