@@ -17,21 +17,8 @@
 // Env: DAWN_NODE (Dawn's dawn.node; see gpu/README.md).
 
 import fs from 'node:fs';
-import { createRequire } from 'node:module';
-import path from 'node:path';
-import { dawnContext, repo } from './dawn.mjs';
-
-const instances = [];
-async function togglesContext(extra) {
-  const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
-  Object.assign(globalThis, globals);
-  const gpu = create(['enable-dawn-features=allow_unsafe_apis,' + extra.join(','),
-    'disable-dawn-features=timestamp_quantization']);
-  instances.push(gpu);
-  const { createContext } = await import(`${repo}/static/js/engine/context.js`);
-  return createContext({ gpu, load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
-    onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
-}
+import { dawnContext, repo, timeCandidates } from './dawn.mjs';
+import { stepShapes } from './matmul_shapes.mjs';
 
 const { Kernels, weightGradSplit } = await import(`${repo}/static/js/engine/kernels.js`);
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
@@ -50,20 +37,6 @@ const only = opt('--only', 'fwd,dx,dW').split(',');
 const torch = opt('--torch', null) ? JSON.parse(fs.readFileSync(opt('--torch'), 'utf8')) : {};
 const cdiv = (a, b) => Math.ceil(a / b);
 
-/** The matmuls of one training step: [name, kind, M, N, K, calls] with the launcher's M, N, K. */
-export function stepShapes(cfg, rows) {
-  const C = cfg.n_embd;
-  const F = cfg.ffn_dim;
-  const V = cfg.vocab_size;
-  const L = cfg.n_layer;
-  const out = [];
-  for (const [name, n, k, calls] of [['qkv', 3 * C, C, L], ['o', C, C, L], ['gate_up', 2 * F, C, L],
-    ['down', C, F, L], ['head', V, C, 1]]) {
-    for (const kind of ['fwd', 'dx', 'dW']) out.push({ name, kind, M: rows, N: n, K: k, calls });
-  }
-  return out;
-}
-
 // Tile variants: small = matmul_tile with TG x TG threads (4x4 each); wide = matmul_wide with
 // WX x WY threads (8x8 each), BK the reduction step.
 const VARIANTS = [
@@ -79,7 +52,7 @@ const constsOf = (v) => (v.entry === 'main' ? { TG: v.TG, BK: v.BK } : { WX: v.W
 
 // --toggles a,b: extra Dawn toggles (e.g. disable_robustness, to see what bounds clamps cost).
 const toggles = opt('--toggles', '');
-const ctx = toggles ? await togglesContext(toggles.split(',')) : await dawnContext({ exactTimestamps: true });
+const ctx = await dawnContext({ exactTimestamps: true, toggles: toggles ? toggles.split(',') : [] });
 const { device, lib } = ctx;
 const kernels = new Kernels(device, lib, { maxHeadDim: 128 });
 const adapter = [ctx.info.vendor, ctx.info.architecture, ctx.info.description].filter(Boolean).join(' ');
@@ -142,57 +115,7 @@ async function engineOps(s, bufs) {
   return Array.isArray(r) ? r : [r];
 }
 
-function encodeRound(enc, cands, qs, q) {
-  for (const ops of cands) {
-    for (const op of ops) {
-      const pass = qs ? enc.beginComputePass({ timestampWrites: { querySet: qs,
-        beginningOfPassWriteIndex: q, endOfPassWriteIndex: q + 1 } }) : enc.beginComputePass();
-      if (qs) q += 2;
-      encodeDispatch(pass, op);
-      pass.end();
-    }
-  }
-  return q;
-}
-
-/** Median GPU ms of each candidate (a list of ops, times summed over them). The candidates run
- *  round-robin in one submission, after untimed rounds that keep the GPU busy for ~200 ms first,
- *  so that all of them see the same (ramped-up) clocks. */
-async function timeAll(cands, rounds) {
-  const nops = cands.reduce((a, c) => a + c.length, 0);
-  const count = 2 * nops * rounds;
-  const qs = device.createQuerySet({ type: 'timestamp', count });
-  const res = device.createBuffer({ size: 8 * count,
-    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
-  const enc = device.createCommandEncoder();
-  for (let w = 0; w < warmRounds; w++) encodeRound(enc, cands, null, 0);
-  let q = 0;
-  for (let it = 0; it < rounds; it++) q = encodeRound(enc, cands, qs, q);
-  enc.resolveQuerySet(qs, 0, count, res, 0);
-  device.queue.submit([enc.finish()]);
-  const ns = new BigUint64Array(await readBuffer(device, res));
-  qs.destroy();
-  res.destroy();
-  const per = cands.map(() => []);
-  let b = 0;
-  for (let it = 0; it < rounds; it++) {
-    cands.forEach((ops, c) => {
-      let t = 0;
-      for (let j = 0; j < ops.length; j++, b += 2) t += Number(ns[b + 1] - ns[b]) / 1e6;
-      per[c].push(t);
-    });
-  }
-  return per.map((p) => p.sort((x, y) => x - y)[Math.floor(p.length / 2)]);
-}
-let warmRounds = 0;
-
-async function timeCands(cands) {
-  warmRounds = 0;
-  const first = await timeAll(cands, 1);
-  const round = first.reduce((a, x) => a + x, 0);
-  warmRounds = Math.max(2, Math.ceil(200 / round));
-  return timeAll(cands, iters);
-}
+const timeCands = (cands) => timeCandidates(device, cands, iters);
 
 /** Output of `ops` run once from a zeroed output buffer, as a Float32Array. */
 async function runOnce(ops, out, numel) {

@@ -10,16 +10,18 @@ export const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 // process), so the module keeps it.
 const instances = [];
 
-/** createContext() on Dawn; exactTimestamps switches off Dawn's timestamp quantization. */
-export async function dawnContext({ exactTimestamps = false } = {}) {
+/** createContext() on Dawn; exactTimestamps switches off Dawn's timestamp quantization, `toggles`
+ *  are more Dawn toggles to enable (e.g. vulkan_enable_f16_on_nvidia, disable_robustness) and
+ *  requiredFeatures features the device must have. */
+export async function dawnContext({ exactTimestamps = false, toggles = [], requiredFeatures = [] } = {}) {
   if (!process.env.DAWN_NODE) throw new Error('set DAWN_NODE to Dawn\'s dawn.node (bench/gpu/README.md)');
   const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
   Object.assign(globalThis, globals);
-  const gpu = create(['enable-dawn-features=allow_unsafe_apis',
+  const gpu = create([['enable-dawn-features=allow_unsafe_apis', ...toggles].join(','),
     ...(exactTimestamps ? ['disable-dawn-features=timestamp_quantization'] : [])]);
   instances.push(gpu);
   const { createContext } = await import(`${repo}/static/js/engine/context.js`);
-  return createContext({ gpu,
+  return createContext({ gpu, requiredFeatures,
     load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
     onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
 }
@@ -41,4 +43,52 @@ export async function backToBackMs({ model, optim, plan }, n) {
   for (let s = 4; s < 4 + n; s++) step(s);
   await device.queue.onSubmittedWorkDone();
   return (performance.now() - t0) / n;
+}
+
+/** Median GPU ms of each candidate (a list of dispatch ops, times summed over them), from
+ *  timestamp queries around each dispatch. The candidates run round-robin in one submission
+ *  after ~200 ms of untimed rounds, so that all of them see the same ramped-up clocks. */
+export async function timeCandidates(device, cands, iters) {
+  const { encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
+  const { readBuffer } = await import(`${repo}/static/js/engine/gpu.js`);
+  const encodeRound = (enc, qs, q) => {
+    for (const ops of cands) {
+      for (const op of ops) {
+        const pass = qs ? enc.beginComputePass({ timestampWrites: { querySet: qs,
+          beginningOfPassWriteIndex: q, endOfPassWriteIndex: q + 1 } }) : enc.beginComputePass();
+        if (qs) q += 2;
+        encodeDispatch(pass, op);
+        pass.end();
+      }
+    }
+    return q;
+  };
+  const timeAll = async (warm, rounds) => {
+    const count = 2 * rounds * cands.reduce((a, c) => a + c.length, 0);
+    const qs = device.createQuerySet({ type: 'timestamp', count });
+    const res = device.createBuffer({ size: 8 * count,
+      usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+    const enc = device.createCommandEncoder();
+    for (let w = 0; w < warm; w++) encodeRound(enc, null, 0);
+    let q = 0;
+    for (let it = 0; it < rounds; it++) q = encodeRound(enc, qs, q);
+    enc.resolveQuerySet(qs, 0, count, res, 0);
+    device.queue.submit([enc.finish()]);
+    const ns = new BigUint64Array(await readBuffer(device, res));
+    qs.destroy();
+    res.destroy();
+    const per = cands.map(() => []);
+    let b = 0;
+    for (let it = 0; it < rounds; it++) {
+      cands.forEach((ops, c) => {
+        let t = 0;
+        for (let j = 0; j < ops.length; j++, b += 2) t += Number(ns[b + 1] - ns[b]) / 1e6;
+        per[c].push(t);
+      });
+    }
+    return per.map((p) => p.sort((x, y) => x - y)[Math.floor(p.length / 2)]);
+  };
+  const first = await timeAll(0, 1);
+  const round = first.reduce((a, x) => a + x, 0);
+  return timeAll(Math.max(2, Math.ceil(200 / round)), iters);
 }

@@ -1,0 +1,199 @@
+// WGSL of a tensor-core matmul for the f16 subgroup-matrix study (bench_matmul_f16.mjs): C = A B
+// with f16 operands and f32 accumulation, through `chromium_experimental_subgroup_matrix` (Vulkan:
+// SPV_KHR_cooperative_matrix). Bench-only: the engine's matmuls are the fp32 kernels of
+// shaders/lib/matmul_core.wgsl. The source is generated (not WGSL overrides) so that every
+// sub-tile is a named variable and every loop over them is unrolled, as tensor-core GEMMs are.
+//
+// GEMM terms: C[M, N] (+)= sum_k A(m, k) B(k, n), row-major C. A is stored [M, K] (aT 0) or
+// [K, M] (aT 1); B is stored [K, N] (bT 0) or [N, K] (bT 1). The model's matmuls map to it as
+//   forward      y  = x W^T : A = x  [M, K]        aT 0, B = W  [N, K]         bT 1
+//   input grad   dx = dy W  : A = dy [M, N]        aT 0, B = W  [N, K] as K x N bT 0
+//   weight grad  dW = dy^T x: A = dy [rows, N]     aT 1, B = x  [rows, K]      bT 0
+//
+// One workgroup computes a BM x BN block of C: SGM x SGN subgroups of 32 lanes, each holding
+// TM x TN accumulators of 16 x 16. Each BK-deep slice of A and B is read from storage in vectors
+// (f32 x4, or f16 x8 as a vec4<u32>), rounded to f16 and written to workgroup memory in the
+// layout its global rows have (rows padded by PAD halves); the fragments are read from there with
+// subgroupMatrixLoad, row- or column-major as the slice was stored. NBUF 1: one slice buffer, the
+// next slice prefetched into registers during the math; NBUF 2: two buffers, one barrier a slice.
+// Split-K: workgroup z sums K rows [z KS, (z + 1) KS) into its own M x N slab of C.
+
+/** Tile and layout of a variant, with its derived sizes. */
+export function mmaPlan(v) {
+  const p = { pad: 8, nbuf: 2, input: 'f32', ...v };
+  p.BM = p.sgm * p.tm * 16;
+  p.BN = p.sgn * p.tn * 16;
+  p.threads = 32 * p.sgm * p.sgn;
+  p.VW = p.input === 'f16' ? 8 : 4;           // elements per global vector load
+  p.LDA = (p.aT ? p.BM : p.bk) + p.pad;       // workgroup row strides, in halves
+  p.LDB = (p.bT ? p.bk : p.BN) + p.pad;
+  p.SA = (p.aT ? p.bk : p.BM) * p.LDA;        // one slice buffer, in halves
+  p.SB = (p.bT ? p.BN : p.bk) * p.LDB;
+  p.bytes = 2 * p.nbuf * (p.SA + p.SB);
+  return p;
+}
+
+/** Staged copy of one operand's slice: its global vector index and workgroup offset per load. */
+function stager(p, name, transposed, rowsPerSlice, cols, ld, sbuf, base, rowStride) {
+  // The slice is `rowsPerSlice` global rows of `cols` contiguous elements.
+  const vr = cols / p.VW;
+  const loads = (rowsPerSlice * vr) / p.threads;
+  if (!Number.isInteger(loads) || loads < 1) {
+    throw new Error(`${name}: ${rowsPerSlice} x ${cols} slice is not a whole number of loads`);
+  }
+  const regs = [];
+  const fetch = [];
+  const put = [];
+  const vt = p.input === 'f16' ? 'vec4<u32>' : 'vec4<f32>';
+  for (let i = 0; i < loads; i++) {
+    const r = `${name}r${i}`;
+    regs.push(`var ${r}: ${vt};`);
+    // q = tid + i * threads: row q / vr, vector q % vr of the slice
+    const q = `(tid + ${i * p.threads}u)`;
+    fetch.push(`${r} = ${name}[(${base(`${q} / ${vr}u`)} + ${rowStride}) / ${p.VW}u + ${q} % ${vr}u];`);
+    const off = `${sbuf} + (${q} / ${vr}u) * ${ld}u + (${q} % ${vr}u) * ${p.VW}u`;
+    if (p.input === 'f16') {
+      put.push(`{ let o = ${off};`);
+      for (let w = 0; w < 4; w++) {
+        put.push(`  let h${w} = bitcast<vec2<f16>>(${r}[${w}]); s${name}[o + ${2 * w}u] = h${w}.x; ` +
+          `s${name}[o + ${2 * w + 1}u] = h${w}.y;`);
+      }
+      put.push('}');
+    } else {
+      put.push(`{ let o = ${off}; let h = vec4<f16>(${r}); s${name}[o] = h.x; s${name}[o + 1u] = h.y; ` +
+        `s${name}[o + 2u] = h.z; s${name}[o + 3u] = h.w; }`);
+    }
+  }
+  return { regs, fetch: (k0) => fetch.map((l) => l.replaceAll('K0', k0)), put };
+}
+
+/** The WGSL of variant `v` ({sgm, sgn, tm, tn, bk, aT, bT, pad?, nbuf?, input?}). */
+export function mmaShader(v) {
+  const p = mmaPlan(v);
+  const { BM, BN, bk, tm, tn, LDA, LDB, SA, SB } = p;
+  if (bk % 16 || bk % p.VW) throw new Error(`bk ${bk} must be a multiple of 16 and ${p.VW}`);
+  // Global element (row of the slice, first column) of each operand, K0 = the slice's first k.
+  const a = p.aT
+    ? stager(p, 'a', true, bk, BM, LDA, 'abuf', (r) => `(K0 + ${r}) * dims.M`, 'm0')
+    : stager(p, 'a', false, BM, bk, LDA, 'abuf', (r) => `(m0 + ${r}) * dims.K`, 'K0');
+  const b = p.bT
+    ? stager(p, 'b', true, BN, bk, LDB, 'bbuf', (r) => `(n0 + ${r}) * dims.K`, 'K0')
+    : stager(p, 'b', false, bk, BN, LDB, 'bbuf', (r) => `(K0 + ${r}) * dims.N`, 'n0');
+  const L = 'subgroup_matrix_left<f16, 16, 16>';
+  const R = 'subgroup_matrix_right<f16, 16, 16>';
+  const C = 'subgroup_matrix_result<f32, 16, 16>';
+  const acc = [];
+  const math = [];
+  for (let kk = 0; kk < bk / 16; kk++) {
+    for (let i = 0; i < tm; i++) {
+      const off = p.aT ? `cur * ${SA}u + ${kk * 16 * LDA}u + am + ${16 * i}u`
+        : `cur * ${SA}u + (am + ${16 * i}u) * ${LDA}u + ${kk * 16}u`;
+      math.push(`let l${kk}_${i} = subgroupMatrixLoad<${L}>(&sa, ${off}, ${Boolean(p.aT)}, ${LDA}u);`);
+    }
+    for (let j = 0; j < tn; j++) {
+      const off = p.bT ? `cur * ${SB}u + (bn + ${16 * j}u) * ${LDB}u + ${kk * 16}u`
+        : `cur * ${SB}u + ${kk * 16 * LDB}u + bn + ${16 * j}u`;
+      math.push(`let r${kk}_${j} = subgroupMatrixLoad<${R}>(&sb, ${off}, ${Boolean(p.bT)}, ${LDB}u);`);
+    }
+    for (let i = 0; i < tm; i++) {
+      for (let j = 0; j < tn; j++) {
+        math.push(`c${i}_${j} = subgroupMatrixMultiplyAccumulate(l${kk}_${i}, r${kk}_${j}, c${i}_${j});`);
+      }
+    }
+  }
+  const store = [];
+  for (let i = 0; i < tm; i++) {
+    acc.push(...[...Array(tn).keys()].map((j) => `var c${i}_${j} = ${C}();`));
+    for (let j = 0; j < tn; j++) {
+      store.push(`subgroupMatrixStore(&c, slab + (m0 + am + ${16 * i}u) * dims.N + n0 + bn + ${16 * j}u, ` +
+        `c${i}_${j}, false, dims.N);`);
+    }
+  }
+  const vec = p.input === 'f16' ? 'vec4<u32>' : 'vec4<f32>';
+  const next = p.nbuf === 2 ? '1u - cur' : '0u';
+  const loop = p.nbuf === 2 ? `
+  ${a.fetch('kBeg').join('\n  ')}
+  ${b.fetch('kBeg').join('\n  ')}
+  { let abuf = 0u; let bbuf = 0u;
+    ${a.put.join('\n    ')}
+    ${b.put.join('\n    ')} }
+  workgroupBarrier();
+  var cur = 0u;
+  for (var k0 = kBeg; k0 < kEnd; k0 += ${bk}u) {
+    let more = k0 + ${bk}u < kEnd;
+    if (more) {
+      ${a.fetch(`(k0 + ${bk}u)`).join('\n      ')}
+      ${b.fetch(`(k0 + ${bk}u)`).join('\n      ')}
+    }
+    ${math.join('\n    ')}
+    if (more) {
+      let abuf = (${next}) * ${SA}u; let bbuf = (${next}) * ${SB}u;
+      ${a.put.join('\n      ')}
+      ${b.put.join('\n      ')}
+    }
+    workgroupBarrier();
+    cur = ${next};
+  }` : `
+  ${a.fetch('kBeg').join('\n  ')}
+  ${b.fetch('kBeg').join('\n  ')}
+  let cur = 0u;
+  for (var k0 = kBeg; k0 < kEnd; k0 += ${bk}u) {
+    { let abuf = 0u; let bbuf = 0u;
+      ${a.put.join('\n      ')}
+      ${b.put.join('\n      ')} }
+    workgroupBarrier();
+    if (k0 + ${bk}u < kEnd) {
+      ${a.fetch(`(k0 + ${bk}u)`).join('\n      ')}
+      ${b.fetch(`(k0 + ${bk}u)`).join('\n      ')}
+    }
+    ${math.join('\n    ')}
+    workgroupBarrier();
+  }`;
+  return `enable f16;
+enable chromium_experimental_subgroup_matrix;
+// The subgroup index (local_invocation_index / 32) is not workgroup-uniform, but each subgroup's
+// own matrix operations are: the uniformity analysis cannot see that.
+diagnostic(off, chromium.subgroup_matrix_uniformity);
+
+struct Dims { M: u32, N: u32, K: u32, KS: u32 }   // KS: K rows per split
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> a: array<${vec}>;   // [M, K] or [K, M]
+@group(0) @binding(2) var<storage, read> b: array<${vec}>;   // [K, N] or [N, K]
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;   // [splits, M, N]
+
+var<workgroup> sa: array<f16, ${p.nbuf * SA}>;
+var<workgroup> sb: array<f16, ${p.nbuf * SB}>;
+
+@compute @workgroup_size(${p.threads})
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+  let sg = tid / 32u;
+  let am = (sg / ${p.sgn}u) * ${tm * 16}u;   // this subgroup's rows and columns in the block
+  let bn = (sg % ${p.sgn}u) * ${tn * 16}u;
+  let m0 = wg.y * ${BM}u;
+  let n0 = wg.x * ${BN}u;
+  let kBeg = wg.z * dims.KS;
+  let kEnd = min(kBeg + dims.KS, dims.K);
+  let slab = wg.z * dims.M * dims.N;
+  ${a.regs.join('\n  ')}
+  ${b.regs.join('\n  ')}
+  ${acc.join('\n  ')}
+  ${loop}
+  ${store.join('\n  ')}
+}
+`;
+}
+
+/** Sums the split-K slabs of C in a fixed order: out[i] = sum_z part[z M N + i] (vec4s). */
+export const addSlabsShader = `struct Dims { n4: u32, splits: u32, pad0: u32, pad1: u32 }
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x + gid.y * nwg.x * 256u;
+  if (i >= dims.n4) { return; }
+  var s = part[i];
+  for (var z = 1u; z < dims.splits; z++) { s += part[z * dims.n4 + i]; }
+  out[i] = s;
+}
+`;
