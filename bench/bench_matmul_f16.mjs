@@ -1,4 +1,4 @@
-// Tensor cores from WGSL: f16 subgroup-matrix matmuls (mma_wgsl.mjs) on a model's real shapes,
+// Tensor cores from WGSL: f16 subgroup-matrix matmuls (static/js/engine/mma.js) on a model's real shapes,
 // beside the engine's fp32 kernels (kernels.js, as a step launches them) and cuBLAS fp32, TF32 and
 // f16 (bench_matmul_torch.py --dtypes) on the same GPU, under Node + Dawn. Needs an adapter with
 // shader-f16 and f16 subgroup-matrix configs: on NVIDIA's Vulkan driver, Dawn's toggle
@@ -18,7 +18,7 @@
 import fs from 'node:fs';
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
 import { stepShapes } from './matmul_shapes.mjs';
-import { addSlabsShader, mmaPlan, mmaShader } from './mma_wgsl.mjs';
+import { MMA_FEATURES, addSlabsShader, mmaPlan, mmaShader } from '../static/js/engine/mma.js';
 
 const argv = process.argv.slice(2);
 const opt = (name, dflt) => {
@@ -44,7 +44,7 @@ const describe = (p) => `${p.BM}x${p.BN} ${p.sgm}x${p.sgn}sg ${p.tm}x${p.tn}t k$
 
 const toggles = ['vulkan_enable_f16_on_nvidia', ...(opt('--toggles', '') || '').split(',').filter(Boolean)];
 const ctx = await dawnContext({ exactTimestamps: true, toggles,
-  requiredFeatures: ['shader-f16', 'chromium-experimental-subgroup-matrix'] });
+  requiredFeatures: MMA_FEATURES });
 const { device, lib } = ctx;
 const { Kernels, weightGradPartNumel } = await import(`${repo}/static/js/engine/kernels.js`);
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
@@ -89,7 +89,7 @@ function upload(typed) {
   return buf;
 }
 
-/** A shape in GEMM terms (see mma_wgsl.mjs) with its operand layouts. */
+/** A shape in GEMM terms (see mma.js) with its operand layouts. */
 function gemmOf(s) {
   if (s.kind === 'fwd') return { Mg: s.M, Ng: s.N, Kg: s.K, aT: 0, bT: 1 };
   if (s.kind === 'dx') return { Mg: s.M, Ng: s.K, Kg: s.N, aT: 0, bT: 0 };

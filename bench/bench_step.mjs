@@ -4,12 +4,14 @@
 //
 //   python -m andrea.optim 12m > /tmp/l12m.json
 //   node bench/bench_step.mjs /tmp/l12m.json --batch 32 [--seq 256] [--iters 20] [--variant adamw]
+//        [--precision fp32|mixed]
 // Env: DAWN_NODE (Dawn's dawn.node; see bench/README.md).
 
 import fs from 'node:fs';
 import { backToBackMs, dawnContext, repo } from './dawn.mjs';
 
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
+const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 const { profileOps, summarize } = await import(`${repo}/static/js/engine/profiler.js`);
 
@@ -23,11 +25,15 @@ const B = Number(opt('--batch', 8));
 const T = Number(opt('--seq', layout.config.seq_len));
 const iters = Number(opt('--iters', 20));
 const variant = opt('--variant', 'adamw');
+const precision = opt('--precision', 'fp32');
 
-const ctx = await dawnContext({ exactTimestamps: true });
+// The toggle exposes shader-f16 (and f16 subgroup matrices) on NVIDIA's Vulkan driver, where
+// Dawn blocklists them by default; elsewhere it changes nothing.
+const ctx = await dawnContext({ exactTimestamps: true, toggles: ['vulkan_enable_f16_on_nvidia'],
+  requiredFeatures: precision === 'mixed' ? MMA_FEATURES : [] });
 const { device } = ctx;
 
-const model = new Model(ctx, layout);
+const model = new Model(ctx, layout, { precision });
 await model.init(0);
 const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G,
   maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1,
@@ -48,7 +54,7 @@ const profile = await profileOps(device, [...plan.forward, ...plan.loss, ...plan
 const rows = profile ? summarize(profile) : [];
 const kernelMs = rows.reduce((a, r) => a + r.ms, 0);
 const adapter = [ctx.info.vendor, ctx.info.architecture, ctx.info.description].filter(Boolean).join(' ');
-console.log(`${layout.preset ?? 'custom'}  B ${B}  T ${T}  ${variant}  on ${adapter}`);
+console.log(`${layout.preset ?? 'custom'}  B ${B}  T ${T}  ${variant}  ${precision}  on ${adapter}`);
 console.log(`step ${ms.toFixed(2)} ms (wall, ${iters} steps back to back)  ` +
   `${Math.round((B * T * 1000) / ms)} tok/s  dispatches ${plan.forward.length + plan.loss.length + plan.backward.length} + optimizer`);
 if (rows.length) {

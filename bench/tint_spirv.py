@@ -2,7 +2,7 @@
 Dawn's `dump_shaders` toggle (Dawn logs the disassembly of every shader it compiles; Chromium puts
 the log on the page's console, where Playwright reads it).
 
-The kernels are bench/mma_wgsl.mjs's f16 subgroup-matrix matmuls (`--variant`, as in
+The kernels are static/js/engine/mma.js's f16 subgroup-matrix matmuls (`--variant`, as in
 bench_matmul_f16.mjs, with the layout of `--kind`), or `--add-slabs`, a plain kernel that any
 adapter compiles (to try this tool on SwiftShader). One .spvasm file per shader Dawn compiled
 goes to --out.
@@ -29,7 +29,7 @@ DAWN_TOGGLES = "allow_unsafe_apis,vulkan_enable_f16_on_nvidia,dump_shaders"
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>tint spirv</title>
 <script type="module">
-import { mmaShader, addSlabsShader } from '/bench/mma_wgsl.mjs';
+import { mmaShader, addSlabsShader } from '/static/js/engine/mma.js';
 const want = %(want)s;
 async function main() {
   const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });

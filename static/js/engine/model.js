@@ -10,6 +10,7 @@ import {
   Kernels, attentionDsNumel, gainPartialNumel, lossFloats, ropeTable, tokenBuckets, tokenBucketsNumel,
   weightGradPartNumel,
 } from './kernels.js';
+import { mixedSupport } from './mma.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
 /** Bytes the adapter binds in one storage buffer. */
@@ -19,7 +20,7 @@ const bindLimit = (limits) => Math.min(limits.maxStorageBufferBindingSize, limit
  *  The plan allocates exactly these, and the new-run page sums them for its memory estimate.
  *  limits: the adapter's, where known; the attention backward's dS buffer is full size only
  *  where they bind it (without limits: assumed to). */
-export function activationShapes(config, B, T, limits = null) {
+export function activationShapes(config, B, T, limits = null, mixed = false) {
   const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
   const N = B * T;
   const ds = attentionDsNumel(B, T, H);
@@ -48,7 +49,7 @@ export function activationShapes(config, B, T, limits = null) {
     // split-K partials of the weight gradients: the [out, in] shapes of the backward's five
     // linearBackwardWeight calls (lm head, down, gate|up, o, q|k|v)
     ['wgradPart', Math.max(1, ...[[V, C], [C, F], [2 * F, C], [C, C], [3 * C, C]].map(
-      ([n, k]) => weightGradPartNumel(N, n, k))), null],
+      ([n, k]) => weightGradPartNumel(N, n, k, mixed))), null],
   ];
 }
 
@@ -84,14 +85,23 @@ export function limitProblems(layout, B, T, limits) {
 }
 
 export class Model {
-  /** ctx: {device, lib} from the lab or trainer; layout: the server's parameter table. */
-  constructor(ctx, layout) {
+  /** ctx: {device, lib} from the lab or trainer; layout: the server's parameter table;
+   *  precision: 'fp32', or 'mixed' (the linears' matmuls with f16 operands and f32 accumulation
+   *  on the GPU's matrix units, mma.js; everything else, weights and gradients stay f32). */
+  constructor(ctx, layout, { precision = 'fp32' } = {}) {
     this.ctx = ctx;
     this.device = ctx.device;
     this.layout = layout;
     this.config = layout.config;
     this.params = Object.fromEntries(layout.params.map((p) => [p.name, p]));
-    this.k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: layout.limits.max_head_dim });
+    if (!['fp32', 'mixed'].includes(precision)) throw new Error(`unknown precision ${precision}`);
+    if (precision === 'mixed') {
+      const { ok, why } = mixedSupport(ctx);
+      if (!ok) throw new Error(`mixed precision is not available on this adapter: ${why}`);
+    }
+    this.precision = precision;
+    this.k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: layout.limits.max_head_dim,
+      mixed: precision === 'mixed' });
     const bytes = layout.total_numel * 4;
     this.W = storageBuffer(this.device, bytes, { label: 'W' });   // weights
     this.G = storageBuffer(this.device, bytes, { label: 'G' });   // gradients (+=, zeroed by AdamW)
@@ -183,7 +193,8 @@ export class Model {
     const problems = limitProblems(this.layout, B, T, this.ctx.limits);
     if (problems.length) throw new Error(`cannot plan batch ${B} x ${T}: ${problems.join('; ')}`);
     const a = {};  // activations kept for backward, and backward scratch
-    for (const [name, numel, layers] of activationShapes(this.config, B, T, this.ctx.limits)) {
+    for (const [name, numel, layers] of activationShapes(this.config, B, T, this.ctx.limits,
+      this.k.mixed)) {
       const make = (i) => storageBuffer(this.device, numel * 4, { label: layers ? `${name}${i}` : name });
       a[name] = layers ? [...Array(layers)].map((_, i) => make(i)) : make(0);
     }

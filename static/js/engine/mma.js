@@ -1,8 +1,10 @@
-// WGSL of a tensor-core matmul for the f16 subgroup-matrix study (bench_matmul_f16.mjs): C = A B
-// with f16 operands and f32 accumulation, through `chromium_experimental_subgroup_matrix` (Vulkan:
-// SPV_KHR_cooperative_matrix). Bench-only: the engine's matmuls are the fp32 kernels of
-// shaders/lib/matmul_core.wgsl. The source is generated (not WGSL overrides) so that every
-// sub-tile is a named variable and every loop over them is unrolled, as tensor-core GEMMs are.
+// WGSL of the mixed-precision matmul: C = A B with f16 operands and f32 accumulation on the
+// GPU's matrix units, through `chromium_experimental_subgroup_matrix` (Vulkan:
+// SPV_KHR_cooperative_matrix; Metal: simdgroup matrices). kernels.js launches it for the linears
+// of a mixed-precision model where the adapter has f16 subgroup matrices (mixedSupport); the fp32
+// kernels (shaders/lib/matmul_core.wgsl) stay for everything else. bench/bench_matmul_f16.mjs
+// measures its variants. The source is generated (not WGSL overrides) so that every sub-tile is
+// a named variable and every loop over them is unrolled, as tensor-core GEMMs are written.
 //
 // GEMM terms: C[M, N] (+)= sum_k A(m, k) B(k, n), row-major C. A is stored [M, K] (aT 0) or
 // [K, M] (aT 1); B is stored [K, N] (bT 0) or [N, K] (bT 1). The model's matmuls map to it as
@@ -16,15 +18,42 @@
 // layout its global rows have (rows padded by PAD halves); the fragments are read from there with
 // subgroupMatrixLoad, row- or column-major as the slice was stored. NBUF 1: one slice buffer, the
 // next slice prefetched into registers during the math; NBUF 2: two buffers, one barrier a slice.
-// Split-K: workgroup z sums K rows [z KS, (z + 1) KS) into its own M x N slab of C.
+// Split-K: workgroup z sums K rows [z KS, (z + 1) KS) into its own M x N slab of C. accum: C +=
+// A B (the accumulators start from C). Operand inputs (aIn, bIn; `input` sets both): 'f32', or
+// 'f16' packed two to a u32 (the optimizer's f16 weight mirror).
+
+/** The tile the engine uses (bench/results/matmul_f16_h200.txt: the fastest on every 12m and
+ *  120m shape of an H200): 128 x 128 blocks of 2 x 2 subgroups with 4 x 4 tiles of 16 x 16 each,
+ *  32-deep slices in one buffer, the next prefetched into registers. */
+export const MMA_TILE = Object.freeze({ sgm: 2, sgn: 2, tm: 4, tn: 4, bk: 32, nbuf: 1 });
+
+/** The device features the kernel needs: a mixed-precision caller requests them (createContext's
+ *  requiredFeatures); the fp32 engine never does. */
+export const MMA_FEATURES = ['shader-f16', 'chromium-experimental-subgroup-matrix'];
+
+/** Whether ctx (context.js) can run the mixed-precision matmuls: the features, an f16 x f16 ->
+ *  f32 16 x 16 x 16 subgroup-matrix config, and 32-lane subgroups (the kernel's lane math). */
+export function mixedSupport(ctx) {
+  const info = ctx.adapter?.info ?? {};
+  const why = [];
+  for (const f of MMA_FEATURES) if (!ctx.features.includes(f)) why.push(`no ${f}`);
+  const ok = (info.subgroupMatrixConfigs ?? []).some((c) => c.componentType === 'f16'
+    && c.resultComponentType === 'f32' && c.M === 16 && c.N === 16 && c.K === 16);
+  if (!ok && !why.length) why.push('no f16 x f16 -> f32 16x16x16 subgroup matrix');
+  if (!why.length && !(info.subgroupMinSize === 32 && info.subgroupMaxSize === 32)) {
+    why.push(`subgroups of ${info.subgroupMinSize}-${info.subgroupMaxSize} lanes, not 32`);
+  }
+  return { ok: !why.length, why: why.join('; ') };
+}
 
 /** Tile and layout of a variant, with its derived sizes. */
 export function mmaPlan(v) {
-  const p = { pad: 8, nbuf: 2, input: 'f32', ...v };
+  const p = { pad: 8, nbuf: 2, input: 'f32', accum: false, syntax: 'template', ...v };
+  p.aIn = v.aIn ?? p.input;
+  p.bIn = v.bIn ?? p.input;
   p.BM = p.sgm * p.tm * 16;
   p.BN = p.sgn * p.tn * 16;
   p.threads = 32 * p.sgm * p.sgn;
-  p.VW = p.input === 'f16' ? 8 : 4;           // elements per global vector load
   p.LDA = (p.aT ? p.BM : p.bk) + p.pad;       // workgroup row strides, in halves
   p.LDB = (p.bT ? p.bk : p.BN) + p.pad;
   p.SA = (p.aT ? p.bk : p.BM) * p.LDA;        // one slice buffer, in halves
@@ -34,9 +63,11 @@ export function mmaPlan(v) {
 }
 
 /** Staged copy of one operand's slice: its global vector index and workgroup offset per load. */
-function stager(p, name, transposed, rowsPerSlice, cols, ld, sbuf, base, rowStride) {
+function stager(p, name, rowsPerSlice, cols, ld, sbuf, base, rowStride) {
   // The slice is `rowsPerSlice` global rows of `cols` contiguous elements.
-  const vr = cols / p.VW;
+  const input = name === 'a' ? p.aIn : p.bIn;
+  const VW = input === 'f16' ? 8 : 4;   // elements per global vector load
+  const vr = cols / VW;
   const loads = (rowsPerSlice * vr) / p.threads;
   if (!Number.isInteger(loads) || loads < 1) {
     throw new Error(`${name}: ${rowsPerSlice} x ${cols} slice is not a whole number of loads`);
@@ -44,15 +75,15 @@ function stager(p, name, transposed, rowsPerSlice, cols, ld, sbuf, base, rowStri
   const regs = [];
   const fetch = [];
   const put = [];
-  const vt = p.input === 'f16' ? 'vec4<u32>' : 'vec4<f32>';
+  const vt = input === 'f16' ? 'vec4<u32>' : 'vec4<f32>';
   for (let i = 0; i < loads; i++) {
     const r = `${name}r${i}`;
     regs.push(`var ${r}: ${vt};`);
     // q = tid + i * threads: row q / vr, vector q % vr of the slice
     const q = `(tid + ${i * p.threads}u)`;
-    fetch.push(`${r} = ${name}[(${base(`${q} / ${vr}u`)} + ${rowStride}) / ${p.VW}u + ${q} % ${vr}u];`);
-    const off = `${sbuf} + (${q} / ${vr}u) * ${ld}u + (${q} % ${vr}u) * ${p.VW}u`;
-    if (p.input === 'f16') {
+    fetch.push(`${r} = ${name}[(${base(`${q} / ${vr}u`)} + ${rowStride}) / ${VW}u + ${q} % ${vr}u];`);
+    const off = `${sbuf} + (${q} / ${vr}u) * ${ld}u + (${q} % ${vr}u) * ${VW}u`;
+    if (input === 'f16') {
       put.push(`{ let o = ${off};`);
       for (let w = 0; w < 4; w++) {
         put.push(`  let h${w} = bitcast<vec2<f16>>(${r}[${w}]); s${name}[o + ${2 * w}u] = h${w}.x; ` +
@@ -64,21 +95,29 @@ function stager(p, name, transposed, rowsPerSlice, cols, ld, sbuf, base, rowStri
         `s${name}[o + 2u] = h.z; s${name}[o + 3u] = h.w; }`);
     }
   }
-  return { regs, fetch: (k0) => fetch.map((l) => l.replaceAll('K0', k0)), put };
+  return { regs, fetch: (k0) => fetch.map((l) => l.replaceAll('K0', k0)), put, vt };
 }
 
 /** The WGSL of variant `v` ({sgm, sgn, tm, tn, bk, aT, bT, pad?, nbuf?, input?}). */
 export function mmaShader(v) {
   const p = mmaPlan(v);
   const { BM, BN, bk, tm, tn, LDA, LDB, SA, SB } = p;
-  if (bk % 16 || bk % p.VW) throw new Error(`bk ${bk} must be a multiple of 16 and ${p.VW}`);
+  if (bk % 16) throw new Error(`bk ${bk} must be a multiple of 16`);
   // Global element (row of the slice, first column) of each operand, K0 = the slice's first k.
   const a = p.aT
-    ? stager(p, 'a', true, bk, BM, LDA, 'abuf', (r) => `(K0 + ${r}) * dims.M`, 'm0')
-    : stager(p, 'a', false, BM, bk, LDA, 'abuf', (r) => `(m0 + ${r}) * dims.K`, 'K0');
+    ? stager(p, 'a', bk, BM, LDA, 'abuf', (r) => `(K0 + ${r}) * dims.M`, 'm0')
+    : stager(p, 'a', BM, bk, LDA, 'abuf', (r) => `(m0 + ${r}) * dims.K`, 'K0');
   const b = p.bT
-    ? stager(p, 'b', true, BN, bk, LDB, 'bbuf', (r) => `(n0 + ${r}) * dims.K`, 'K0')
-    : stager(p, 'b', false, bk, BN, LDB, 'bbuf', (r) => `(K0 + ${r}) * dims.N`, 'n0');
+    ? stager(p, 'b', BN, bk, LDB, 'bbuf', (r) => `(n0 + ${r}) * dims.K`, 'K0')
+    : stager(p, 'b', bk, BN, LDB, 'bbuf', (r) => `(K0 + ${r}) * dims.N`, 'n0');
+  // The builtins' two spellings: majorness as a template argument (the current proposal), or
+  // as a bool argument (the first Chromium releases; deprecated since).
+  const load = (T, ptr, off, colMajor, stride) => (p.syntax === 'template'
+    ? `subgroupMatrixLoad<${T}, ${colMajor ? 'col_major' : 'row_major'}>(${ptr}, ${off}, ${stride})`
+    : `subgroupMatrixLoad<${T}>(${ptr}, ${off}, ${colMajor}, ${stride})`);
+  const storeOf = (off, v) => (p.syntax === 'template'
+    ? `subgroupMatrixStore<row_major>(&c, ${off}, ${v}, dims.N);`
+    : `subgroupMatrixStore(&c, ${off}, ${v}, false, dims.N);`);
   const L = 'subgroup_matrix_left<f16, 16, 16>';
   const R = 'subgroup_matrix_right<f16, 16, 16>';
   const C = 'subgroup_matrix_result<f32, 16, 16>';
@@ -88,12 +127,12 @@ export function mmaShader(v) {
     for (let i = 0; i < tm; i++) {
       const off = p.aT ? `cur * ${SA}u + ${kk * 16 * LDA}u + am + ${16 * i}u`
         : `cur * ${SA}u + (am + ${16 * i}u) * ${LDA}u + ${kk * 16}u`;
-      math.push(`let l${kk}_${i} = subgroupMatrixLoad<${L}>(&sa, ${off}, ${Boolean(p.aT)}, ${LDA}u);`);
+      math.push(`let l${kk}_${i} = ${load(L, '&sa', off, Boolean(p.aT), `${LDA}u`)};`);
     }
     for (let j = 0; j < tn; j++) {
       const off = p.bT ? `cur * ${SB}u + (bn + ${16 * j}u) * ${LDB}u + ${kk * 16}u`
         : `cur * ${SB}u + ${kk * 16 * LDB}u + bn + ${16 * j}u`;
-      math.push(`let r${kk}_${j} = subgroupMatrixLoad<${R}>(&sb, ${off}, ${Boolean(p.bT)}, ${LDB}u);`);
+      math.push(`let r${kk}_${j} = ${load(R, '&sb', off, Boolean(p.bT), `${LDB}u`)};`);
     }
     for (let i = 0; i < tm; i++) {
       for (let j = 0; j < tn; j++) {
@@ -103,13 +142,12 @@ export function mmaShader(v) {
   }
   const store = [];
   for (let i = 0; i < tm; i++) {
-    acc.push(...[...Array(tn).keys()].map((j) => `var c${i}_${j} = ${C}();`));
     for (let j = 0; j < tn; j++) {
-      store.push(`subgroupMatrixStore(&c, slab + (m0 + am + ${16 * i}u) * dims.N + n0 + bn + ${16 * j}u, ` +
-        `c${i}_${j}, false, dims.N);`);
+      const off = `slab + (m0 + am + ${16 * i}u) * dims.N + n0 + bn + ${16 * j}u`;
+      acc.push(`var c${i}_${j} = ${p.accum ? load(C, '&c', off, false, 'dims.N') : `${C}()`};`);
+      store.push(storeOf(off, `c${i}_${j}`));
     }
   }
-  const vec = p.input === 'f16' ? 'vec4<u32>' : 'vec4<f32>';
   const next = p.nbuf === 2 ? '1u - cur' : '0u';
   const loop = p.nbuf === 2 ? `
   ${a.fetch('kBeg').join('\n  ')}
@@ -157,8 +195,8 @@ diagnostic(off, chromium.subgroup_matrix_uniformity);
 
 struct Dims { M: u32, N: u32, K: u32, KS: u32 }   // KS: K rows per split
 @group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> a: array<${vec}>;   // [M, K] or [K, M]
-@group(0) @binding(2) var<storage, read> b: array<${vec}>;   // [K, N] or [N, K]
+@group(0) @binding(1) var<storage, read> a: array<${a.vt}>;   // [M, K] or [K, M]
+@group(0) @binding(2) var<storage, read> b: array<${b.vt}>;   // [K, N] or [N, K]
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;   // [splits, M, N]
 
 var<workgroup> sa: array<f16, ${p.nbuf * SA}>;
@@ -183,8 +221,9 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
 `;
 }
 
-/** Sums the split-K slabs of C in a fixed order: out[i] = sum_z part[z M N + i] (vec4s). */
-export const addSlabsShader = `struct Dims { n4: u32, splits: u32, pad0: u32, pad1: u32 }
+/** Sums the split-K slabs of C in a fixed order: out[i] (= or += with accum 1) sum_z
+ *  part[z M N + i] (vec4s). */
+export const addSlabsShader = `struct Dims { n4: u32, splits: u32, accum: u32, pad1: u32 }
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
@@ -194,6 +233,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
   if (i >= dims.n4) { return; }
   var s = part[i];
   for (var z = 1u; z < dims.splits; z++) { s += part[z * dims.n4 + i]; }
+  if (dims.accum != 0u) { s = out[i] + s; }
   out[i] = s;
 }
 `;
