@@ -13,6 +13,11 @@
 //                                               token holds all of the row's probability
 //   Dispatch: N workgroups (2-D when over 65535) of WG threads.
 //
+// scale_dlogits (mixed precision's loss scaling; elementwise over vec4s)
+//   @binding(4) scaler  : array<f32> [4]        [0] = the loss scale (12_optimizer.wgsl keeps it)
+//   dlogits *= scale, a power of two, so exactly; the backward's f16 operands then hold gradients
+//   that would underflow unscaled. Dispatch: ceil(N V / WG) workgroups (2-D when large).
+//
 // loss_mean (one workgroup; fixed-order sum, so deterministic)
 //   binds dims and losses only; losses[N] = sum(losses[0..N)) / N, and the batch's max |logit|
 //   and min denominator from the rows'. Dispatch: 1 workgroup.
@@ -26,8 +31,10 @@ struct Dims { N: u32, V: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> targets: array<u32>;
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>;
+@group(0) @binding(4) var<storage, read> scaler: array<f32>;
 
 //#include "lib/reduce.wgsl"
+//#include "lib/common.wgsl"
 
 @compute @workgroup_size(WG)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -84,4 +91,12 @@ fn loss_mean(@builtin(local_invocation_index) t: u32) {
     losses[dims.N + 1u] = big;
     losses[dims.N + 2u] = low;
   }
+}
+
+@compute @workgroup_size(WG)
+fn scale_dlogits(@builtin(global_invocation_id) gid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat_id(gid, nwg, WG);
+  if (i >= dims.N * dims.V) { return; }
+  logits[i] = logits[i] * scaler[0];
 }

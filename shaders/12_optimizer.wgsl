@@ -80,6 +80,20 @@
 //   Both: m = m*b1 + (1-b1)*g (fused), v = v*b2 + (1-b2)*g*g.
 
 // adamw_8bit_update_f16: adamw_8bit_update, plus @binding(8) mirror as in adamw_update_f16.
+//
+// Dynamic loss scaling (mixed precision; torch.amp.GradScaler's rule, kept on the GPU so that no
+// step waits for a readback). The loss gradient was multiplied by the scale (07_loss.wgsl
+// scale_dlogits); the step order becomes
+//   unscale_grads -> reduce_norm_sq ... -> adamw_update* (SKIP_NONFINITE) -> zero_skipped_grads
+//   -> update_loss_scale
+//   @binding(14) scaler : f32 [4]   (scale, clean steps since it last changed, 0, 0)
+//   @binding(2) stats   : f32 [4 + 4T + 4]: the tail [4 + 4T] = the scale this step used,
+//                         [+1] = 1 when the step was skipped
+// unscale_grads (per chunk, as adamw_update): g *= 1 / scale (a power of two: exact).
+// SKIP_NONFINITE: the update entry points leave W, M, V (and the 8-bit state) as they are when
+//   the step's gradient has a non-finite element (stats[3] > 0); zero_skipped_grads then zeroes
+//   G, which the update would have. update_loss_scale (1 thread): records the tail, then halves
+//   the scale on a skipped step, else doubles it after GROWTH clean steps in a row.
 
 override WG: u32 = 256u;     // adamw_update threads per workgroup
 override WG_R: u32 = 256u;   // reduce_norm_sq threads per workgroup (power of two)
@@ -98,6 +112,8 @@ override NK_V: u32 = (EXP_RANGE << MB_V) + 2u;   // buckets for v (v >= 0)
 override BW_M: u32 = (2u * NK_M + 3u) / 4u;      // words of packed m buckets (both signs)
 override BW_V: u32 = (NK_V + 3u) / 4u;
 override QTAB_WORDS: u32 = 1024u + BW_M + BW_V;
+override SKIP_NONFINITE: bool = false;   // mixed precision: a non-finite gradient skips the step
+override GROWTH: u32 = 2000u;            // clean steps before the loss scale doubles
 
 struct Hyper {
   beta1: f32, beta2: f32, omb1: f32, omb2: f32,          // omb = 1 - beta, rounded once from f64
@@ -130,6 +146,7 @@ struct Chunk {
 @group(0) @binding(11) var<storage, read> tables: array<u32>;
 @group(0) @binding(12) var<storage, read> segs: array<vec4<u32>>;
 @group(0) @binding(13) var<storage, read> tsegs: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read_write> scaler: array<f32>;
 
 //#include "lib/common.wgsl"
 
@@ -284,6 +301,7 @@ fn scale_tensor_grads(@builtin(workgroup_id) wid: vec3<u32>,
 
 // One vec4 of the chunk: returns the new weights (written already).
 fn adam4(i: u32) -> vec4<f32> {
+  if (SKIP_NONFINITE && stats[3] > 0.0) { return w4[i]; }   // zero_skipped_grads zeroes g
   let g = clean4(g4[i]) * grad_scale();
   var w = w4[i];
   // decay_end is a multiple of 64: a vec4 never straddles the boundary.
@@ -319,3 +337,39 @@ fn adamw_update_f16(@builtin(global_invocation_id) gid: vec3<u32>,
 // ---------------------------------------------------------------- 8-bit AdamW
 
 //#include "lib/adamw_8bit.wgsl"
+
+// ---------------------------------------------------------------- dynamic loss scaling
+
+@compute @workgroup_size(WG)
+fn unscale_grads(@builtin(global_invocation_id) gid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat_id(gid, nwg, WG);
+  if (i >= cu.n4) { return; }
+  g4[i] = g4[i] * (1.0 / scaler[0]);
+}
+
+@compute @workgroup_size(WG)
+fn zero_skipped_grads(@builtin(global_invocation_id) gid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat_id(gid, nwg, WG);
+  if (i >= cu.n4 || stats[3] == 0.0) { return; }
+  g4[i] = vec4<f32>(0.0);
+}
+
+@compute @workgroup_size(1)
+fn update_loss_scale() {
+  let tail = arrayLength(&stats) - 4u;
+  let scale = scaler[0];
+  let skipped = stats[3] > 0.0;
+  stats[tail] = scale;
+  stats[tail + 1u] = select(0.0, 1.0, skipped);
+  if (skipped) {
+    scaler[0] = scale * 0.5;
+    scaler[1] = 0.0;
+  } else if (scaler[1] + 1.0 >= f32(GROWTH)) {
+    scaler[0] = scale * 2.0;
+    scaler[1] = 0.0;
+  } else {
+    scaler[1] = scaler[1] + 1.0;
+  }
+}

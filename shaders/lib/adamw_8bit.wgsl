@@ -4,6 +4,7 @@
 
 var<workgroup> s_code_m: array<f32, 256>;   // dequantization maps
 var<workgroup> s_code_v: array<f32, 256>;
+var<workgroup> s_skip: f32;   // SKIP_NONFINITE: stats[3], read once per workgroup
 var<workgroup> s_thr_m: array<f32, 256>;    // thr[j]: smallest x that rounds to code j+1 or above
 var<workgroup> s_thr_v: array<f32, 256>;
 var<workgroup> s_bkt_m: array<u32, BW_M>;   // bucket -> first candidate code, 4 bytes per word
@@ -179,6 +180,10 @@ fn finish8(r: In8, t: u32, grp: u32, lid: u32) -> Out8 {
 fn adamw_8bit_update(@builtin(workgroup_id) wid: vec3<u32>,
                      @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
+  if (SKIP_NONFINITE) {
+    if (lid == 0u) { s_skip = stats[3]; }
+    if (workgroupUniformLoad(&s_skip) > 0.0) { return; }   // zero_skipped_grads zeroes g
+  }
   let grp = lid / 64u;
   let t = lid % 64u;
   if (PERSISTENT) {
@@ -206,6 +211,10 @@ fn adamw_8bit_update(@builtin(workgroup_id) wid: vec3<u32>,
 fn adamw_8bit_update_f16(@builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
+  if (SKIP_NONFINITE) {
+    if (lid == 0u) { s_skip = stats[3]; }
+    if (workgroupUniformLoad(&s_skip) > 0.0) { return; }   // zero_skipped_grads zeroes g
+  }
   let grp = lid / 64u;
   let t = lid % 64u;
   if (PERSISTENT) {

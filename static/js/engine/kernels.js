@@ -426,6 +426,12 @@ export class Kernels {
     ]);
   }
 
+  /** logits[N, V] (= dlogits) *= scaler[0], mixed precision's loss scale (07_loss.wgsl) */
+  scaleDlogits({ logits, scaler, N, V }) {
+    return this.op('07_loss.wgsl', 'scale_dlogits', { WG: WG_ELEMENT }, [N, V], { logits, scaler },
+      grid1d(cdiv(N * V, WG_ELEMENT)), 'loss_scale');
+  }
+
   /** Fill w[numel] from a seeded normal (std) or with ones */
   init({ w, numel, seed, stream, mode, std }) {
     return this.op('00_init.wgsl', 'main', { WG: WG_ELEMENT },

@@ -24,7 +24,7 @@ export function labEntries(ctx) {
      */
     async optimizerSteps({ variant = 'adamw', layout, params, grads, lr = 1e-3, beta1 = 0.9,
       beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_norm = 1.0, clip = true,
-      clip_mode = clip ? 'global' : 'off', maps = null,
+      clip_mode = clip ? 'global' : 'off', maps = null, lossScale = null,
       maxBindingBytes = null, tuning = {} }) {
       const { device } = ctx;
       const n = layout.total_numel;
@@ -36,7 +36,7 @@ export function labEntries(ctx) {
         variant, W, G, maxBindingBytes, ...tuning,
         label: `lab.${variant}`,
         maps: is8 ? (maps || await fetchMaps()) : null,
-        hyper: { beta1, beta2, eps, weight_decay, max_norm, clip_mode },
+        hyper: { beta1, beta2, eps, weight_decay, max_norm, clip_mode }, lossScale,
       });
       if (opt.mirror) opt.initMirror(params);
       const steps = grads.length;
@@ -63,6 +63,12 @@ export function labEntries(ctx) {
         state_bytes: opt.stateBytes, dispatches: opt.updateDispatches, notes: opt.notes,
       };
       if (opt.mirror) out.mirror = new Uint32Array(await readBuffer(device, opt.mirror, n * 2));
+      if (lossScale) {
+        const tail = 4 + 4 * opt.tensors;
+        out.loss_scales = pick(tail);
+        out.skipped = pick(tail + 1);
+        out.scaler = new Float32Array(await readBuffer(device, opt.scaler));
+      }
       if (is8) {
         out.state = {
           codes: new Uint32Array(await readBuffer(device, opt.codes)),

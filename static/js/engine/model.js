@@ -106,6 +106,7 @@ export class Model {
     this.W = storageBuffer(this.device, bytes, { label: 'W' });   // weights
     this.G = storageBuffer(this.device, bytes, { label: 'G' });   // gradients (+=, zeroed by AdamW)
     this.weightsF16 = null;  // the optimizer's f16 mirror when it is on (the optimizer owns it)
+    this.lossScaler = null;  // mixed precision: the optimizer's loss scaler (dlogits *= its scale)
     this.plans = new Map();  // `${B}x${T}` -> Promise<plan>
     this.built = new Set();  // plans whose buffers exist
     this.destroyed = false;
@@ -263,6 +264,7 @@ export class Model {
     // Loss and dlogits (in place over logits), as its own list so logits() can skip it.
     const loss = [k.crossEntropy({ logits: a.logits, targets: a.targets, losses: a.losses,
       N, V })];
+    if (this.lossScaler) loss.push(k.scaleDlogits({ logits: a.logits, scaler: this.lossScaler, N, V }));
 
     // Backward: the forward list in exact reverse, gradients into G (+=).
     const backward = [

@@ -9,6 +9,9 @@
 //               elements), then per tensor t of layout.params (sum of g^2, #non-finite, clip
 //               scale, 0); STORAGE | COPY_SRC: copy opt.statsBytes of it into the trainer's
 //               readback ring after encode(). readStats() decodes such a copy.
+//   opt.scaler  (with lossScale) f32 [4] = (loss scale, clean steps): mixed precision's dynamic
+//               loss scale, which the model's loss multiplies dlogits by (07_loss scale_dlogits);
+//               stats then ends with 4 more floats (the scale the step used, 1 if it was skipped).
 //   opt.mirror  (f16 variants) u32 [total_numel / 2]: element i of W as f16 in half i % 2 of word
 //               i / 2, low half first; the tensor at element offset o starts at byte 2 * o.
 //   opt.destroy()  frees every buffer it created (the mirror too, unless it was handed in).
@@ -16,12 +19,14 @@
 // Pipelines are built once, bind groups once; encode() allocates nothing. Nothing here reads back.
 
 import { align, checked } from './gpu.js';
-import { chunks8, packHalf2, prepare8 } from './optimizer_tables.js';
+import { packHalf2, prepare8 } from './optimizer_tables.js';
 import { normSegments, windowSegments } from './norm_segments.js';
+import { buildLossScale, encodeScaleUpdate, lossScaleStats } from './optimizer_loss_scale.js';
+import { plan8, planFp32 } from './optimizer_plans.js';
 import { defaultHyper, hyperUniform, mergeHyper } from './optimizer_hyper.js';
 import { bindGroup } from './shaders.js';
 
-const FILE = '12_optimizer.wgsl';
+export const FILE = '12_optimizer.wgsl';
 export const VARIANTS = ['adamw', 'adamw_f16', 'adamw_8bit', 'adamw_8bit_f16'];
 export const ENTRY = {   // the update's entry point per variant
   adamw: 'adamw_update', adamw_f16: 'adamw_update_f16',
@@ -37,8 +42,8 @@ const BINDINGS = {
   adamw: ['hp', 'cu', 'stats', 'w4', 'g4', 'm4', 'v4'],
   adamw_8bit: ['hp', 'cu', 'stats', 'w4', 'g4', 'codes', 'small', 'tables'],
 };
-const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU default and minimum)
-const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
+export const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU default and minimum)
+export const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
 const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
                                  // are what costs on CPU adapters)
 const WG_FINAL = 256;            // finalize_* threads (a workgroup per tensor, then one)
@@ -46,7 +51,7 @@ const WG_FINAL = 256;            // finalize_* threads (a workgroup per tensor, 
 // layout (WG8 = 64 * BPW there, in WGSL; tests/js/shaders.test.mjs holds the two equal).
 export const BLOCK_THREADS = 64;
 const BLOCK_ELEMS = 4 * BLOCK_THREADS;
-const MIN_BLOCK_ROUNDS = 16;     // 8-bit: blocks per group of 64 threads before its tables pay off
+export const MIN_BLOCK_ROUNDS = 16;     // 8-bit: blocks per group of 64 threads before its tables pay off
 // 8-bit persistent grid on a software adapter: a CPU runs a handful of workgroups at a time and
 // each loads ~10 KB of tables at CPU speed, so a few workgroups with many rounds each are fastest.
 const SOFTWARE_GROUPS = 4;
@@ -66,6 +71,10 @@ export class Optimizer {
    *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip_mode} (changeable with
    *                 setHyper; any left out is RunConfig's default). clip_mode 'global' | 'per_tensor'
    *                 | 'off'; the older {clip: false} means 'off'.
+   *   lossScale     null, or {init, growth} (mixed precision): dynamic loss scaling as
+   *                 torch.amp.GradScaler (init 65536, growth interval 2000, x2 / x0.5): G is
+   *                 divided by the scale before the norm, a step with a non-finite gradient is
+   *                 skipped (W and the state unchanged, G zeroed) and halves the scale
    *   maxBindingBytes  test hook: pretend the binding limit is smaller (forces several chunks)
    *   wg, wgReduce, bpw, persistent, nwg8   kernel tuning; none changes a result bit (the
    *                 optimizer test checks). Defaults come from the context: ctx.limits bounds the
@@ -79,7 +88,7 @@ export class Optimizer {
   }
 
   constructor(ctx, layout, { variant = 'adamw', W, G, maps = null, mirror = null, hyper = {},
-    maxBindingBytes = null, wg = 256, wgReduce = 256, bpw = ctx.software ? 2 : 4,
+    lossScale = null, maxBindingBytes = null, wg = 256, wgReduce = 256, bpw = ctx.software ? 2 : 4,
     persistent = true, nwg8 = null, label = 'opt' } = {}) {
     if (!VARIANTS.includes(variant)) throw new Error(`unknown optimizer variant ${variant}`);
     if (!W || !G) throw new Error('Optimizer needs the W and G mega-buffers');
@@ -95,6 +104,7 @@ export class Optimizer {
     this.G = G;
     this.maps = maps;
     this.mirror = mirror;
+    this.lossScale = lossScale ? { init: 65536, growth: 2000, ...lossScale } : null;
     // 8-bit blocks per workgroup: 64 threads each, within the device's workgroup size.
     bpw = Math.max(1, Math.min(bpw, Math.floor(limits.maxComputeInvocationsPerWorkgroup / BLOCK_THREADS)));
     this.tuning = { wg, wgReduce, bpw, persistent, nwg8 };
@@ -163,8 +173,9 @@ export class Optimizer {
         `(maxStorageBufferBindingSize ${this.windowElems * 4} B)`);
     }
     this.tensors = this.layout.params.length;
-    this.statsBytes = 16 + 16 * this.tensors;
+    this.statsBytes = 16 + 16 * this.tensors + (this.lossScale ? 16 : 0);
     this.stats = this._buffer(this.statsBytes, 'stats');
+    const skip = this.lossScale ? { SKIP_NONFINITE: 1 } : {};
     this.uHyper = d.createBuffer({ label: `${this.label}.hyper`, size: 64,
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
 
@@ -197,18 +208,19 @@ export class Optimizer {
       this.small = this._buffer(Math.max(this.state8.smallFloats * 4, 16), 'small');
       this.stateBytes = this.state8.codesBytes + this.state8.smallFloats * 4;
       pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant],
-        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants }, this.updateBindings));
+        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants, ...skip }, this.updateBindings));
     } else {
       this.M = this._buffer(this.n * 4, 'M');
       this.V = this._buffer(this.n * 4, 'V');
       this.stateBytes = 2 * this.n * 4;
-      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant], { WG: wg }, this.updateBindings));
+      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant], { WG: wg, ...skip }, this.updateBindings));
     }
     if (this.f16 && !this.mirror) {
       this.mirror = this._buffer(this.n * 2, 'mirror');
       this._ownsMirror = true;
     }
     [this.pReduce, this.pTensor, this.pFinal, this.pScale, this.pUpdate] = await Promise.all(pipes);
+    if (this.lossScale) await buildLossScale(this, wg);
 
     // Per-window chunk uniforms and bind groups (once).
     await checked(d, `optimizer ${this.variant} bind groups`, () => {
@@ -223,54 +235,7 @@ export class Optimizer {
         { tsegs: this.tsegs, partials: this.partials, stats: this.stats });
       this.finalGroup = this._group(this.pFinal,
         { hp: this.uHyper, stats: this.stats, tsegs: this.tsegs });
-      this.updates = this.is8 ? this._plan8(bpw, persistent, nwg8) : this._planFp32(wg);
-    });
-  }
-
-  _planFp32(wg) {
-    return this.windows.map((win) => {
-      const n4 = win.len / 4;
-      const groups = Math.ceil(n4 / wg);
-      const x = Math.min(groups, MAX_GRID);
-      const res = {
-        hp: this.uHyper, cu: this._chunk({ base: win.base, n4 }), stats: this.stats,
-        w4: this._range(this.W, win.base, win.len, 4), g4: this._range(this.G, win.base, win.len, 4),
-        m4: this._range(this.M, win.base, win.len, 4), v4: this._range(this.V, win.base, win.len, 4),
-      };
-      if (this.f16) res.mirror = this._range(this.mirror, win.base, win.len, 2);
-      return { group: this._group(this.pUpdate, res), grid: [x, Math.ceil(groups / x)] };
-    });
-  }
-
-  // 8-bit chunks (optimizer_tables.js chunks8): runs of whole blocks whose W/G window and codes
-  // window fit one binding each.
-  _plan8(bpw, persistent, nwg8) {
-    const blockBytes = 2 * this.plan.blocksize;   // m and v codes of one block
-    const chunks = chunks8(this.plan, this.windowElems, WINDOW_ALIGN);
-    if (chunks.length > 1) this.notes.push(`8-bit update split into ${chunks.length} dispatches`);
-    return chunks.map((c) => {
-      const len = align(c.end - c.base, 4);
-      const qbase = Math.max(c.qbase, 0);
-      const qlen = Math.max(c.qend - qbase, 1);
-      const res = {
-        hp: this.uHyper, stats: this.stats,
-        cu: this._chunk({ base: c.base, b0: c.b0, b1: c.b1, qbase,
-          m32: this.state8.m32, v32: this.state8.v32 }),
-        w4: this._range(this.W, c.base, len, 4), g4: this._range(this.G, c.base, len, 4),
-        codes: { buffer: this.codes, offset: qbase * blockBytes,
-          size: Math.min(qlen * blockBytes, this.codes.size - qbase * blockBytes) },
-        small: this.small, tables: this.tables,
-      };
-      if (this.f16) res.mirror = this._range(this.mirror, c.base, len, 2);
-      const rounds = Math.ceil((c.b1 - c.b0) / bpw);
-      if (persistent) {
-        // Each workgroup loads ~10 KB of tables first: give it at least MIN_BLOCK_ROUNDS rounds.
-        const groups = Math.min(nwg8 ?? this.defaultGroups8(rounds),
-          Math.ceil(rounds / MIN_BLOCK_ROUNDS), MAX_GRID);
-        return { group: this._group(this.pUpdate, res), grid: [groups, 1] };
-      }
-      const x = Math.min(rounds, MAX_GRID);
-      return { group: this._group(this.pUpdate, res), grid: [x, Math.ceil(rounds / x)] };
+      this.updates = this.is8 ? plan8(this, bpw, persistent, nwg8) : planFp32(this, wg);
     });
   }
 
@@ -324,6 +289,7 @@ export class Optimizer {
   /** Phase 1: per-segment sums of g^2, per-tensor sums, then grad_norm and the clip scales
    *  into `stats`; with per-tensor clipping, G scaled by each tensor's own. */
   encodeNorm(pass) {
+    if (this.lossScale) this._perWindow(pass, this.pUnscale, 'unscaleGroup', 'gridE');
     this._perWindow(pass, this.pReduce, 'reduceGroup');
     pass.setPipeline(this.pTensor.pipeline);
     pass.setBindGroup(0, this.tensorGroup);
@@ -334,11 +300,11 @@ export class Optimizer {
     if (this.hyper.clip_mode === 'per_tensor') this._perWindow(pass, this.pScale, 'scaleGroup');
   }
 
-  _perWindow(pass, p, group) {
+  _perWindow(pass, p, group, grid = 'gridR') {
     pass.setPipeline(p.pipeline);
     for (const win of this.windows) {
       pass.setBindGroup(0, win[group]);
-      pass.dispatchWorkgroups(win.gridR[0], win.gridR[1]);
+      pass.dispatchWorkgroups(win[grid][0], win[grid][1]);
     }
   }
 
@@ -351,16 +317,19 @@ export class Optimizer {
       grad_norm: f[0], clip_scale: f[1], nonfinite: f[3],
       tensor_sq: Float64Array.from({ length: T }, (_, t) => f[4 + 4 * t]),
       tensor_nonfinite: Float64Array.from({ length: T }, (_, t) => f[5 + 4 * t]),
+      ...(this.lossScale ? lossScaleStats(this, f) : {}),
     };
   }
 
-  /** Phase 2: the AdamW update (reads clip_scale from `stats`, zeroes G). */
+  /** Phase 2: the AdamW update (reads clip_scale from `stats`, zeroes G); with loss scaling,
+   *  then G zeroed after a skipped step and the scale updated. */
   encodeUpdate(pass) {
     pass.setPipeline(this.pUpdate.pipeline);
     for (const u of this.updates) {
       pass.setBindGroup(0, u.group);
       pass.dispatchWorkgroups(u.grid[0], u.grid[1]);
     }
+    if (this.lossScale) encodeScaleUpdate(this, pass);
   }
 
   /** Number of update dispatches per step (1 unless a binding had to be split). */
@@ -391,7 +360,7 @@ export class Optimizer {
 
   /** Free the optimizer's buffers (the mirror too, unless it was handed in). */
   destroy() {
-    for (const b of [this.stats, this.uHyper, this.partials, this.segs, this.tsegs, this.M, this.V, this.codes, this.small,
+    for (const b of [this.stats, this.scaler, this.uHyper, this.partials, this.segs, this.tsegs, this.M, this.V, this.codes, this.small,
       this.tables, ...this._chunks, this._ownsMirror ? this.mirror : null]) {
       b?.destroy();
     }

@@ -61,6 +61,12 @@ export function stepRecord(range, { opt, B, T, step, lr, batch, ms, optMs, evalL
     softmax_denom_min: finite(denomMin),
   };
   if (nonfinite > 0) rec.tensor_nonfinite = Array.from(s.tensor_nonfinite, Math.round);
+  // Mixed precision: the loss scale the step's gradients were computed under, and whether its
+  // update was skipped (a non-finite gradient: the scale then halves, torch's GradScaler rule).
+  if (s.loss_scale !== undefined) {
+    rec.loss_scale = s.loss_scale;
+    rec.skipped = s.skipped;
+  }
   if (batch.phase !== null) rec.phase = batch.phase;
   if (evalLoss !== null && evalLoss !== undefined && Number.isFinite(evalLoss)) rec.eval_loss = evalLoss;
   return rec;

@@ -112,14 +112,17 @@ export class Trainer {
         throw new Error(`cannot resume at step ${resume.step}: the run has ${c.steps} steps`);
       }
     }
-    this.model = new Model(ctx, layout);
+    const mixed = (c.precision ?? 'fp32') === 'mixed';
+    this.model = new Model(ctx, layout, { precision: mixed ? 'mixed' : 'fp32' });
     // A resume overwrites W below; G starts zeroed either way (new buffers are zero in WebGPU).
     if (!resume) await this.model.init(c.seed);
     this.opt = await Optimizer.create(ctx, layout, {
       variant: this.variant, W: this.model.W, G: this.model.G, maps: this.maps,
       hyper: { beta1: c.beta1, beta2: c.beta2, eps: c.eps, weight_decay: c.weight_decay,
         max_norm: c.max_norm, clip_mode: c.clip_mode },
+      lossScale: mixed ? {} : null,
     });
+    this.model.lossScaler = this.opt.scaler ?? null;
     if (served) {
       this.sections = matchSections(served, [...this.model.stateSections(), ...this.opt.stateSections()]);
     }
