@@ -6,10 +6,13 @@
 //   node bench/bench_fidelity.mjs bench/fidelity_data --optimizer adamw --seed 0 --out a.json
 //   node bench/bench_fidelity.mjs bench/fidelity_data --optimizer adamw_8bit --policy all \
 //        --seed 0 --out b.json      [--steps N] [--batch-seed S: batches of another seed]
+//   node bench/bench_fidelity.mjs bench/fidelity_data --precision mixed --seed 0 --out c.json
 //   node bench/bench_fidelity.mjs --report DIR             # the table over DIR/*.json
 // The run config is the form's defaults (server/run_config.py RunConfig) for the preset, with
 // sample_every 0 and no checkpoints. --seed sets the init and, unless --batch-seed is given, the
-// batches (as a run's seed does). --policy picks server/optim.py's 8-bit f32 policy: the layout
+// batches (as a run's seed does). --precision mixed trains with the mixed-precision matmuls and
+// dynamic loss scaling where the adapter has f16 subgroup matrices (Dawn's toggle
+// vulkan_enable_f16_on_nvidia is passed). --policy picks server/optim.py's 8-bit f32 policy: the layout
 // file carries its f32_tensors, which the engine follows.
 // Env: DAWN_NODE (Dawn's dawn.node; see bench/gpu/README.md).
 
@@ -46,7 +49,8 @@ function summary(recs) {
 function report(dir) {
   const runs = fs.readdirSync(dir).filter((f) => f.endsWith('.json'))
     .map((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')));
-  const name = (r) => `${r.optimizer}${r.optimizer === 'adamw_8bit' ? `/${r.policy}` : ''} seed ${r.seed}`;
+  const name = (r) => `${r.optimizer}${r.optimizer === 'adamw_8bit' ? `/${r.policy}` : ''}` +
+    `${r.precision === 'mixed' ? ' mixed' : ''} seed ${r.seed}`;
   const S = new Map(runs.map((r) => [name(r), { ...summary(r.records), run: r }]));
   const pct = (a, b) => `${(100 * (a / b - 1)).toFixed(2).padStart(6)}%`;
   console.log(`${runs[0]?.preset} B ${runs[0]?.batch_size} T ${runs[0]?.seq_len} ${runs[0]?.steps} steps, ` +
@@ -83,6 +87,7 @@ if (argv[0] === '--report') {
 
 const dir = argv[0];
 const optimizer = opt('--optimizer', 'adamw');
+const precision = opt('--precision', 'fp32');
 const policy = opt('--policy', 'embed_f32');
 const seed = Number(opt('--seed', 0));
 const batchSeed = Number(opt('--batch-seed', seed));
@@ -127,14 +132,17 @@ const valBody = (i) => body(valWindows.subarray(i * B * 2, (i + 1) * B * 2), i, 
 }
 
 const { Trainer } = await import(`${repo}/static/js/engine/trainer.js`);
-const ctx = await dawnContext();
+const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
+const ctx = await dawnContext({ toggles: ['vulkan_enable_f16_on_nvidia'],
+  requiredFeatures: precision === 'mixed' ? MMA_FEATURES : [] });
 
 // The server's RunConfig defaults for this preset and batch (prepare_fidelity.py wrote them).
-const config = { ...meta.run_config, optimizer, seed, steps };
+const config = { ...meta.run_config, optimizer, seed, steps, precision };
 const records = [];
 const trainer = await Trainer.create({ ctx, layout, config, maps: optimizer === 'adamw_8bit' ? maps : null,
   loadBatch: async (s) => trainBody(s), loadValBatch: async (i) => valBody(i),
-  on: { record: (r) => records.push({ step: r.step, loss: r.loss, eval_loss: r.eval_loss }) } });
+  on: { record: (r) => records.push({ step: r.step, loss: r.loss, eval_loss: r.eval_loss,
+    ...(r.loss_scale !== undefined ? { loss_scale: r.loss_scale, skipped: r.skipped } : {}) }) } });
 const t0 = performance.now();
 const state = await trainer.run();
 const seconds = (performance.now() - t0) / 1000;
@@ -145,9 +153,11 @@ const s = summary(records);
 const adapter = [ctx.info.vendor, ctx.info.architecture, ctx.info.description].filter(Boolean).join(' ');
 console.log(`${optimizer}${optimizer === 'adamw_8bit' ? `/${policy}` : ''} seed ${seed}: ${state} in ` +
   `${seconds.toFixed(1)} s (${(1000 * seconds / steps).toFixed(1)} ms/step), state ${(stateBytes / 2 ** 20).toFixed(1)} MiB; ` +
-  `final train ${s.final_train.toFixed(4)}, best eval ${s.best_eval.toFixed(4)} @ ${s.best_eval_step}, final eval ${s.final_eval.toFixed(4)}`);
+  `final train ${s.final_train.toFixed(4)}, best eval ${s.best_eval.toFixed(4)} @ ${s.best_eval_step}, final eval ${s.final_eval.toFixed(4)}` +
+  (precision === 'mixed' ? `; ${records.filter((r) => r.skipped).length} steps skipped, loss scale ` +
+    `${records[0]?.loss_scale} at the start, ${records[records.length - 1]?.loss_scale} at the end` : ''));
 if (outFile) {
   fs.writeFileSync(outFile, JSON.stringify({ preset: meta.preset, corpus_hash: meta.corpus_hash,
-    batch_size: B, seq_len: T, steps, optimizer, policy: optimizer === 'adamw_8bit' ? policy : null,
+    batch_size: B, seq_len: T, steps, optimizer, policy: optimizer === 'adamw_8bit' ? policy : null, precision,
     seed, batch_seed: batchSeed, adapter, seconds, state_bytes: stateBytes, state, records }));
 }

@@ -63,6 +63,12 @@ class Record(BaseModel):
     # [1, vocab]; near 1: one token takes all of its row's probability, a collapsed softmax).
     logit_max: NonNegative | None = None
     softmax_denom_min: NonNegative | None = None
+    # Mixed precision only (RunConfig.precision "mixed"; checked by the trainer socket): the loss
+    # scale the step's gradients were computed under, and whether its update was skipped (a
+    # non-finite gradient: weights and optimizer state untouched, the scale halved, as
+    # torch.amp.GradScaler does).
+    loss_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    skipped: bool | None = None
 
     def row(self) -> dict:
         """What is stored and sent to viewers: the sent fields, plus the required ones."""

@@ -49,6 +49,9 @@ def optimizer_text(cfg: dict) -> str:
     state = ("8-bit AdamW (block-wise quantized moments, bitsandbytes-style)"
              if cfg["optimizer"] == "adamw_8bit" else "AdamW (fp32 moments)")
     mirror = ", matmuls on an f16 mirror of the f32 weights" if cfg.get("f16_mirror") else ""
+    if cfg.get("precision") == "mixed":
+        mirror += (", mixed precision (matmuls with f16 operands and f32 accumulation on the "
+                   "GPU's matrix units, dynamic loss scaling)")
     clip = CLIPPING.get(cfg.get("clip_mode", "global"), "").format(norm=cfg["max_norm"])
     return (f"{state}{mirror}; betas ({cfg['beta1']:g}, {cfg['beta2']:g}), eps {cfg['eps']:g}, "
             f"weight decay {cfg['weight_decay']:g}{clip}")

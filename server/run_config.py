@@ -29,6 +29,12 @@ class RunConfig(BaseModel):
     preset: Literal[tuple(PRESETS)]                                  # type: ignore[valid-type]
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
     f16_mirror: bool = False          # forward/backward matmuls read an f16 copy of the weights
+    # mixed: the linears' matmuls take f16 operands with f32 accumulation on the GPU's matrix
+    # units (WGSL subgroup matrices), with dynamic loss scaling; weights, optimizer state, norms,
+    # softmax and loss stay f32. Only where the browser's adapter has f16 subgroup matrices.
+    precision: Literal["fp32", "mixed"] = Field("fp32", description=(
+        "mixed: f16 matmuls on the GPU's matrix units with loss scaling, where the browser "
+        "offers f16 subgroup matrices"))
     steps: int = Field(200, ge=1, le=1_000_000)
     batch_size: int = Field(8, ge=1, le=MAX_BATCH)
     seq_len: int | None = Field(None, ge=2, le=8192, description=(

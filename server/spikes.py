@@ -92,6 +92,10 @@ class SpikeFinder:
             if self.last_phase and self.last_phase[0] == step - 1 and self.last_phase[1] != phase:
                 self.changes.append((step, phase, self.last_phase[1]))
             self.last_phase = (step, phase)
+        if r.get("skipped"):
+            # A mixed-precision step whose gradient overflowed under the loss scale: its update
+            # was skipped and the scale halved (GradScaler's search for the scale), not a spike.
+            return
         level = self.norms.level()
         reasons = []
         if norm is None:

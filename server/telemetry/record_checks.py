@@ -27,6 +27,21 @@ def check_rows(batch_size: int, records: list[Record]) -> None:
                                       + NOTHING_STORED)
 
 
+def check_precision(precision: str, records: list[Record]) -> None:
+    """loss_scale and skipped come together, and from mixed-precision runs only."""
+    for r in records:
+        sent = (r.loss_scale is not None, r.skipped is not None)
+        if sent == (False, False):
+            continue
+        if sent != (True, True):
+            raise ProtocolError(1003, f"loss_scale and skipped of step {r.step}: send both or "
+                                      "neither. " + NOTHING_STORED)
+        if precision != "mixed":
+            raise ProtocolError(1003, f"loss_scale of step {r.step}: the run trains in "
+                                      f"{precision}; only a mixed-precision run has a loss "
+                                      "scale. " + NOTHING_STORED)
+
+
 def check_tensors(n_tensors: int, records: list[Record]) -> None:
     """tensor_grad_norms and tensor_nonfinite, where sent, have one entry per parameter tensor
     (GET /api/runs/{id}/layout's params, in order); tensor_nonfinite only on a step whose

@@ -34,7 +34,7 @@ from andrea.telemetry.protocol import (
     close,
     receive,
 )
-from andrea.telemetry.record_checks import check_rows, check_tensors, tensor_count
+from andrea.telemetry.record_checks import check_precision, check_rows, check_tensors, tensor_count
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()
@@ -135,6 +135,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 _check_steps(steps, *(r.step for r in msg.records))
                 check_rows(run["config"]["batch_size"], msg.records)
                 check_tensors(n_tensors, msg.records)
+                check_precision(run["config"].get("precision", "fp32"), msg.records)
                 await sources.check(msg.records)    # before anything is committed
                 # Past the rate the socket is read more slowly: nothing is refused or lost,
                 # the tab's acks come later.

@@ -1,6 +1,7 @@
 // New-run page: pick preset, optimizer and hyperparameters; see the memory the choice needs on
 // this GPU; start. The run's write token stays in this tab's sessionStorage, never in a URL.
 import { acquireDevice } from '../engine/gpu.js';
+import { mixedSupport } from '../engine/mma.js';
 import { activationBytes, limitProblems } from '../engine/model.js';
 import { fetchJson, jsonBody, saveToken } from './api.js';
 import { bindClipExperiment } from './clip_experiment.js';
@@ -231,15 +232,33 @@ async function start(event) {
   }
 }
 
+/** Mixed precision is offered where this browser's adapter has f16 subgroup matrices; the
+ *  note says why not elsewhere, and how Chrome offers them on NVIDIA. */
+function showPrecision({ ok, why }) {
+  const option = [...$('precision').options].find((o) => o.value === 'mixed');
+  if (!option) return;
+  option.disabled = !ok;
+  $('precision').dataset.mixed = ok ? 'available' : 'unavailable';
+  $('precision-note').textContent = ok
+    ? 'This GPU has f16 matrix units for WGSL: mixed precision runs its matmuls there.'
+    : `Mixed precision needs f16 subgroup matrices, which this browser's adapter lacks (${why}). ` +
+      'Chrome offers them with --enable-unsafe-webgpu; on NVIDIA also ' +
+      '--enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia.';
+}
+
 async function main() {
   const presets = await json('/api/presets');
   $('preset').replaceChildren(...presets.map((p) => new Option(
     `${p.name} (${(p.n_params / 1e6).toFixed(1)} M parameters, context ${p.config.seq_len} tokens)`, p.name)));
+  let mixed = { ok: false, why: 'no WebGPU here' };
   try {
-    ({ limits: state.limits } = await acquireDevice(navigator.gpu));
+    const { limits, adapter } = await acquireDevice(navigator.gpu);
+    state.limits = limits;
+    mixed = mixedSupport({ features: [...adapter.features], adapter });
   } catch {
     state.limits = null;
   }
+  showPrecision(mixed);
   showPresetShape(presets);
   $('preset').addEventListener('change', () => showPresetShape(presets));
   form.addEventListener('input', () => updateMemory().catch(console.error));

@@ -6,7 +6,7 @@ import { fetchJson, savedToken, takeLinkToken } from './api.js';
 import { RUN_COLUMNS, RunCharts } from './run_charts.js';
 import { $, addRecords, addSample, bindActions, resumedAt, setStatus, showError, showRun } from './run_view.js';
 import { ENDED } from './run_status.js';
-import { RunSeries, evalLosses } from './series.js';
+import { RunSeries, evalLosses, skippedSteps } from './series.js';
 import { followSpikes } from './spikes.js';
 import { watch } from './telemetry.js';
 import { train } from './training.js';
@@ -29,6 +29,7 @@ const state = {
   // order.
   series: new RunSeries(RUN_COLUMNS),
   evals: evalLosses(),   // the last and the best eval loss (O(1) per row)
+  skips: skippedSteps(), // mixed precision's skipped steps
   charts: null,          // RunCharts
   socket: null,          // this tab's TrainerSocket, while it trains the run
 };

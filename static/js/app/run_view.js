@@ -106,6 +106,14 @@ export function showLast(state) {
     : last.clip_scale >= 1 ? 'not clipped' : `scaled by ${fmtValue(last.clip_scale, 3)}`,
   'last step');
   stat('lr', fmtValue(last.lr), 'learning rate');
+  if (last.loss_scale !== undefined && state.skips) {
+    // Mixed precision: the dynamic loss scale, and the steps skipped for a non-finite gradient
+    // (each halved the scale; their updates were not applied).
+    const { count, steps } = state.skips.update(series, series.changedFrom);
+    const shown = steps.slice(-5).join(', ');
+    stat('loss scale', `${fmtValue(last.loss_scale)}${count ? ` · ${count} step${count === 1 ? '' : 's'} ` +
+      `skipped (${count > 5 ? '… ' : ''}${shown})` : ' · no step skipped'}`, 'mixed precision');
+  }
   if (last.opt_ms !== undefined) stat('optimizer (GPU)', `${last.opt_ms.toFixed(2)} ms`, 'optimizer time (GPU)');
   // What the loss kernel saw and the gradients' non-finite elements (trainers that send them).
   if (last.logit_max !== undefined) stat('logit max', fmtValue(last.logit_max), 'largest |logit|');
@@ -192,6 +200,8 @@ export function showRun(state, run) {
   stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''), 'optimizer', 'setup');
   stat('optimizer state', fmtBytes(run.state_bytes), 'optimizer state', 'setup');
   stat('clipping', clipText(config), 'clipping', 'setup');
+  stat('precision', config.precision === 'mixed'
+    ? 'mixed (f16 matmuls on the matrix units, dynamic loss scaling)' : 'fp32', 'precision', 'setup');
   stat('batch', `${config.batch_size} × ${config.seq_len} tokens`, 'batch', 'setup');
   if (run.adapter) {
     stat('adapter', `${run.adapter.vendor} ${run.adapter.architecture}`.trim() +

@@ -139,6 +139,16 @@ export function evalLosses() {
   });
 }
 
+/** Mixed precision's skipped steps (a non-finite gradient under the loss scale): how many, and
+ *  the steps. */
+export function skippedSteps() {
+  return new Derived(() => ({ steps: [], count: 0 }), (s, series, i) => {
+    if (!series.records[i].skipped) return;
+    s.steps.push(series.steps[i]);
+    s.count += 1;
+  });
+}
+
 /** Steps where the bandit phase changes (the chart marks). */
 export function phaseMarks() {
   return new Derived(() => ({ marks: [], prev: null }), (s, series, i) => {

@@ -3,6 +3,7 @@
 // the trainer socket (telemetry.js), its checkpoints uploaded as they come, pause, resume and
 // stop, and at the end the trained weights uploaded.
 import { createContext } from '../engine/context.js';
+import { MMA_FEATURES, mixedSupport } from '../engine/mma.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { Trainer } from '../engine/trainer.js';
 import { fetchJson, fetchRetrying, responseDetail, retireToken } from './api.js';
@@ -33,8 +34,17 @@ export async function train(state, run, token) {
     },
   });
   state.socket = socket;
+  const mixed = config.precision === 'mixed';
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
-    onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m) });
+    onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m),
+    requiredFeatures: mixed ? MMA_FEATURES : [] }).catch((e) => {
+    throw mixed && e.reason === 'no-device' ? new Error(mixedMissing(e.message)) : e;
+  });
+  const support = mixed ? mixedSupport(ctx) : { ok: true };
+  if (!support.ok) {
+    ctx.destroy();
+    throw new Error(mixedMissing(support.why));
+  }
   const { info, software } = ctx;
   // `andrea train --gpu` trains on the GPU or not at all: never on a software fallback.
   if (window.andreaGpuOnly && software) {
@@ -202,4 +212,12 @@ async function saveWeights(runId, trainer, token) {
   } catch (e) {
     showError(`Could not save the trained weights: ${e.message}`);
   }
+}
+
+/** Why a mixed-precision run cannot train in this browser, and how Chrome offers it. */
+function mixedMissing(why) {
+  return `this run trains in mixed precision, which needs f16 subgroup matrices (WGSL's ` +
+    `matrix units), and this browser's adapter cannot give them: ${why}. Chrome offers them ` +
+    'with --enable-unsafe-webgpu; on NVIDIA also ' +
+    '--enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia';
 }
