@@ -1,0 +1,45 @@
+"""Mixed precision in the browser (Chromium on SwiftShader here: no f16 subgroup matrices). The
+new-run form offers fp32 and shows mixed as unavailable, saying why and how Chrome offers it; a
+mixed-precision run's page says it cannot train in this browser, and why, before any step."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from andrea.auth import token_init_script
+from tests.browser import GPU_BROWSER
+
+# On a GPU browser (ANDREA_GPU_BROWSER=1) the adapter may well have them: these are SwiftShader's.
+pytestmark = pytest.mark.skipif(GPU_BROWSER, reason="SwiftShader's view: no f16 subgroup matrices")
+
+
+def test_the_form_offers_mixed_only_where_the_adapter_can(page, live_server, page_errors,
+                                                         posted_runs):
+    page.goto(live_server + "/")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=120_000)
+    page.wait_for_function("!document.getElementById('start').disabled")
+    options = page.eval_on_selector_all(
+        "#precision option", "os => os.map((o) => [o.value, o.selected, o.disabled])")
+    assert options == [["fp32", True, False], ["mixed", False, True]]
+    assert page.get_attribute("#precision", "data-mixed") == "unavailable"
+    note = page.inner_text("#precision-note")
+    assert "lacks" in note and "shader-f16" in note and "vulkan_enable_f16_on_nvidia" in note
+    page.click("#start")
+    page.wait_for_function("document.getElementById('form-error').textContent"
+                           ".includes('held by the test')")
+    assert posted_runs[-1]["precision"] == "fp32"
+    assert [e for e in page_errors if "status of 422" not in e] == []
+
+
+def test_a_mixed_run_says_why_it_cannot_train_here(page, live_server):
+    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny", "precision": "mixed",
+                                                      "steps": 5}).json()
+    page.add_init_script(token_init_script(run["id"], run["token"]))
+    page.goto(f"{live_server}/runs/{run['id']}")
+    page.wait_for_function("document.body.dataset.done", timeout=120_000)
+    assert page.evaluate("document.body.dataset.done") == "failed"
+    error = page.inner_text("#error")
+    assert "mixed precision" in error and "f16 subgroup matrices" in error, error
+    assert "--enable-unsafe-webgpu" in error
+    assert httpx.get(f"{live_server}/api/runs/{run['id']}/metrics").json() == []
