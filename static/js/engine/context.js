@@ -18,8 +18,9 @@ import { ShaderLibrary } from './shaders.js';
  *          liveBuffers, destroy()}.
  */
 export async function createContext({ gpu, load, onError = null, onLost = null,
-  powerPreference = 'high-performance', requiredFeatures = [] } = {}) {
-  const acquired = await acquireDevice(gpu, { powerPreference, requiredFeatures, onError, onLost });
+  powerPreference = 'high-performance', requiredFeatures = [], optionalFeatures = [] } = {}) {
+  const acquired = await acquireDevice(gpu, { powerPreference, requiredFeatures, optionalFeatures,
+    onError, onLost });
   const ctx = { ...acquired, allocatedBytes: 0, liveBuffers: 0 };
   countBuffers(ctx);
   ctx.lib = new ShaderLibrary(ctx.device, load);

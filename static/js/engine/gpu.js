@@ -52,13 +52,14 @@ export function lostMessage(info) {
 }
 
 /**
- * Acquire adapter and device with the adapter's real limits and the optional features it has.
+ * Acquire adapter and device with the adapter's real limits and the optional features it has
+ * (WANTED_FEATURES, and the caller's optionalFeatures).
  * Returns { adapter, device, info, features: string[], limits: {name: value}, software: bool,
  *           errors: string[] }. `errors` collects uncaptured GPU errors; `onError` and `onLost`
  * are told about them too.
  */
 export async function acquireDevice(gpu, { powerPreference = 'high-performance',
-  requiredFeatures = [], onError = null, onLost = null } = {}) {
+  requiredFeatures = [], optionalFeatures = [], onError = null, onLost = null } = {}) {
   if (!gpu) throw new GPUUnavailableError('no-webgpu', 'WebGPU is not available (no GPU object).');
   const adapter = await gpu.requestAdapter({ powerPreference });
   if (!adapter) {
@@ -70,7 +71,7 @@ export async function acquireDevice(gpu, { powerPreference = 'high-performance',
     }
   }
   const features = [...new Set([...requiredFeatures,
-    ...WANTED_FEATURES.filter((f) => adapter.features.has(f))])];
+    ...[...WANTED_FEATURES, ...optionalFeatures].filter((f) => adapter.features.has(f))])];
   const requiredLimits = {};
   for (const name of WANTED_LIMITS) {
     if (adapter.limits[name] !== undefined) requiredLimits[name] = adapter.limits[name];

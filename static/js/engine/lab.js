@@ -3,6 +3,7 @@
 // against PyTorch without knowing about GPU buffers. See README.md beside this file.
 
 import { createContext } from './context.js';
+import { MMA_FEATURES, mixedSupport } from './mma.js';
 
 import * as modelLab from './lab_model.js';
 import * as optimizerLab from './lab_optimizer.js';
@@ -14,13 +15,16 @@ const LAB_MODULES = [modelLab, optimizerLab];
  * getLayout: ({preset} | {config}) => layout JSON from the server (server/model.py).
  */
 export async function createLab({ gpu, load, getLayout }) {
-  const ctx = await createContext({ gpu, load });
+  // The mixed-precision kernels' features where the adapter has them (lab.mixed says whether
+  // they can run); the fp32 kernels use neither.
+  const ctx = await createContext({ gpu, load, optionalFeatures: MMA_FEATURES });
   ctx.getLayout = getLayout;
   // What the server says the kernels support (server/model.py), for kernels run without a model.
   ctx.modelLimits = (await getLayout({ preset: 'tiny' })).limits;
   const lab = {
     ctx,
-    info: { adapter: ctx.info, features: ctx.features, limits: ctx.limits, software: ctx.software },
+    info: { adapter: ctx.info, features: ctx.features, limits: ctx.limits, software: ctx.software,
+      mixed: mixedSupport(ctx) },
   };
   // Each engine area adds its entries (labEntries(ctx) -> {name: async fn}).
   for (const m of LAB_MODULES) Object.assign(lab, m.labEntries(ctx));

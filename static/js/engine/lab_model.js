@@ -38,6 +38,9 @@ async function runOps(ctx, inputs, outputs, build) {
 
 export function labEntries(ctx) {
   const k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim });
+  let mixedKernels = null;
+  const km = () => (mixedKernels ??= new Kernels(ctx.device, ctx.lib,
+    { maxHeadDim: ctx.modelLimits.max_head_dim, mixed: true }));
   const u32 = (a) => Uint32Array.from(a);
   const ops = {
     embed: ({ tokens, wte, N, C }) => runOps(ctx, { tokens: u32(tokens), wte }, { x: N * C },
@@ -56,6 +59,13 @@ export function labEntries(ctx) {
       { dx: M * K, dw: N * K, part: Math.max(1, weightGradPartNumel(M, N, K)) },
       (b) => [k.linearBackwardInput({ ...b, M, N, K }),
         k.linearBackwardWeight({ ...b, M, N, K })]),
+    // The mixed-precision linears (f16 operands, f32 accumulation: mma.js) where the adapter has
+    // them (lab.info.mixed); forward, input and weight gradient of one shape at once.
+    linearMixed: ({ x, w, dy, M, N, K }) => runOps(ctx, { x, w, dy },
+      { y: M * N, dx: M * K, dw: N * K, part: Math.max(1, weightGradPartNumel(M, N, K, true)) },
+      (b) => [km().linear({ x: b.x, w: b.w, y: b.y, M, N, K }),
+        km().linearBackwardInput({ dy: b.dy, w: b.w, dx: b.dx, M, N, K }),
+        km().linearBackwardWeight({ dy: b.dy, x: b.x, dw: b.dw, part: b.part, M, N, K })]),
     rope: ({ qkv, B, T, H, D, theta, inverse = false }) => runOps(ctx,
       { table: ropeTable(T, D, theta) }, { qkv },
       (b) => k.rope({ ...b, N: B * T, T, H, D, inverse })),
