@@ -50,7 +50,7 @@ GPU = ["--enable-unsafe-webgpu", "--ignore-gpu-blocklist", "--disable-gpu-sandbo
 
 def extra_args() -> list[str]:
     """ANDREA_CHROMIUM_ARGS: more browser flags, as a shell would split them (for instance
-    --enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia)."""
+    --enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia,dump_shaders)."""
     return shlex.split(os.environ.get("ANDREA_CHROMIUM_ARGS", ""))
 
 
