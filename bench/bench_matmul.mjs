@@ -17,20 +17,16 @@
 // Env: DAWN_NODE (Dawn's dawn.node; see gpu/README.md).
 
 import fs from 'node:fs';
+import { benchArgs } from './args.mjs';
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
-import { stepShapes } from './matmul_shapes.mjs';
+import { engineOps, stepShapes } from './matmul_shapes.mjs';
 
 const { Kernels, weightGradSplit } = await import(`${repo}/static/js/engine/kernels.js`);
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
 const { readBuffer } = await import(`${repo}/static/js/engine/gpu.js`);
 
 const argv = process.argv.slice(2);
-const opt = (name, dflt) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1] : dflt;
-};
-const VALUED = ['--iters', '--only', '--torch', '--toggles', '--variant-ids'];
-const specs = argv.filter((a, i) => !a.startsWith('--') && !VALUED.includes(argv[i - 1]));
+const { opt, specs } = benchArgs(argv, ['--iters', '--only', '--torch', '--toggles', '--variant-ids']);
 const iters = Number(opt('--iters', 10));
 const withVariants = argv.includes('--variants');
 const only = opt('--only', 'fwd,dx,dW').split(',');
@@ -106,14 +102,6 @@ async function variantOps(v, s, bufs, splits) {
   ];
 }
 
-async function engineOps(s, bufs) {
-  const { M, N, K } = s;
-  let r;
-  if (s.kind === 'fwd') r = await kernels.linear({ x: bufs.x, w: bufs.w, y: bufs.y, M, N, K });
-  else if (s.kind === 'dx') r = await kernels.linearBackwardInput({ dy: bufs.dy, w: bufs.w, dx: bufs.dx, M, N, K });
-  else r = await kernels.linearBackwardWeight({ dy: bufs.dy, x: bufs.x, dw: bufs.dw, part: bufs.part, M, N, K });
-  return Array.isArray(r) ? r : [r];
-}
 
 const timeCands = (cands) => timeCandidates(device, cands, iters);
 
@@ -243,7 +231,7 @@ for (const spec of specs) {
       : [s.N, s.K, s.M];
     const key = `${preset}:${rows}:${s.name}:${s.kind}`;
     const tms = torch[key];
-    const cands = [{ id: 'engine', ops: await engineOps(s, bufs) }];
+    const cands = [{ id: 'engine', ops: await engineOps(kernels, s, bufs) }];
     if (withVariants) {
       for (const v of variants) {
         const [tr, ts] = tileOf(v);

@@ -16,17 +16,13 @@
 // Env: DAWN_NODE (Dawn's dawn.node; see gpu/README.md).
 
 import fs from 'node:fs';
+import { benchArgs } from './args.mjs';
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
-import { stepShapes } from './matmul_shapes.mjs';
+import { engineOps, stepShapes } from './matmul_shapes.mjs';
 import { MMA_FEATURES, addSlabsShader, mmaPlan, mmaShader } from '../static/js/engine/mma.js';
 
 const argv = process.argv.slice(2);
-const opt = (name, dflt) => {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1] : dflt;
-};
-const VALUED = ['--iters', '--only', '--torch', '--toggles', '--variant-ids'];
-const specs = argv.filter((a, i) => !a.startsWith('--') && !VALUED.includes(argv[i - 1]));
+const { opt, specs } = benchArgs(argv, ['--iters', '--only', '--torch', '--toggles', '--variant-ids']);
 const iters = Number(opt('--iters', 10));
 const only = opt('--only', 'fwd,dx,dW').split(',');
 const torch = opt('--torch', null) ? JSON.parse(fs.readFileSync(opt('--torch'), 'utf8')) : {};
@@ -196,14 +192,6 @@ async function mmaOps(v, g, bufs) {
   ] };
 }
 
-async function engineOps(s, bufs) {
-  const { M, N, K } = s;
-  let r;
-  if (s.kind === 'fwd') r = await kernels.linear({ x: bufs.a32, w: bufs.b32, y: bufs.c, M, N, K });
-  else if (s.kind === 'dx') r = await kernels.linearBackwardInput({ dy: bufs.a32, w: bufs.b32, dx: bufs.c, M, N, K });
-  else r = await kernels.linearBackwardWeight({ dy: bufs.a32, x: bufs.b32, dw: bufs.c, part: bufs.part, M, N, K });
-  return Array.isArray(r) ? r : [r];
-}
 
 const tflops = (g, ms) => (2 * g.Mg * g.Ng * g.Kg) / (ms * 1e9);
 const fmt = (ms, g) => (ms ? `${ms.toFixed(3).padStart(7)} ms ${tflops(g, ms).toFixed(1).padStart(5)}` : '      -          ');
@@ -230,7 +218,8 @@ for (const spec of specs) {
     const key = `${preset}:${rows}:${s.name}:${s.kind}`;
     const rowsChecked = [...Array(16).keys()].flatMap((i) => [i, g.Mg / 2 + i, g.Mg - 16 + i]);
     const exact = exactRows(g, A.f32, B.f32, rowsChecked);
-    const cands = [{ id: 'fp32', ops: await engineOps(s, bufs) }];
+    const cands = [{ id: 'fp32', ops: await engineOps(kernels, s, { x: s.kind === 'dW' ? bufs.b32 : bufs.a32,
+      w: bufs.b32, dy: bufs.a32, y: bufs.c, dx: bufs.c, dw: bufs.c, part: bufs.part }) }];
     for (const v of variants) {
       const r = await mmaOps(v, g, bufs);
       if (r) cands.push({ id: v.id, ...r });

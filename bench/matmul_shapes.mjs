@@ -14,3 +14,14 @@ export function stepShapes(cfg, rows) {
   }
   return out;
 }
+
+/** The engine's ops (kernels.js, as a step launches them) for shape s over bufs {x, w, dy, y, dx,
+ *  dw, part}: forward y = x W^T, input gradient dx = dy W, or weight gradient dW += dy^T x. */
+export async function engineOps(kernels, s, bufs) {
+  const { M, N, K } = s;
+  let r;
+  if (s.kind === 'fwd') r = await kernels.linear({ x: bufs.x, w: bufs.w, y: bufs.y, M, N, K });
+  else if (s.kind === 'dx') r = await kernels.linearBackwardInput({ dy: bufs.dy, w: bufs.w, dx: bufs.dx, M, N, K });
+  else r = await kernels.linearBackwardWeight({ dy: bufs.dy, x: bufs.x, dw: bufs.dw, part: bufs.part, M, N, K });
+  return Array.isArray(r) ? r : [r];
+}

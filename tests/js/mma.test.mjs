@@ -4,7 +4,8 @@
 // product; bench/bench_mixed_parity.mjs: a whole backward against fp32); SwiftShader has none.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { mmaSplit, weightGradPartNumel } from '../../static/js/engine/kernels.js';
+import { weightGradPartNumel } from '../../static/js/engine/kernels.js';
+import { mmaSplit } from '../../static/js/engine/mma_ops.js';
 import { MMA_TILE, mixedSupport, mmaPlan, mmaShader } from '../../static/js/engine/mma.js';
 
 test('mma: the engine tile is 128 x 128 x 32 in 4 subgroups and fits 32 KiB of workgroup memory', () => {

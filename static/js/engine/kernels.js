@@ -5,7 +5,7 @@
 // T time, C channels, H heads, D head dim, F FFN width, V vocab, N = B*T rows.
 
 import { checked } from './gpu.js';
-import { MMA_TILE, addSlabsShader, mmaPlan, mmaShader } from './mma.js';
+import { MmaOps, mmaSplit } from './mma_ops.js';
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
 // matmul_core.wgsl's small tile (entry `main`) runs TG x TG threads on a 4TG x 4TG output tile,
@@ -138,25 +138,6 @@ function waveSplits(tiles, most) {
   return splits;
 }
 
-// The mixed-precision matmul (mma.js, MMA_TILE) runs where its 128 x 128 x 32 tiles fill the
-// problem exactly; its split-K (weight gradients only) gives the GPU about MMA_TARGET blocks, two
-// per SM of an H200, each split at least MMA_MIN_INNER deep. A function of the shape only.
-const MMA_TARGET = 264;
-const MMA_MIN_INNER = 512;
-const MMA = mmaPlan({ ...MMA_TILE, aT: 0, bT: 0 });
-
-/** {fits, splits, KS} of the mixed-precision C[R, S] = sum over INNER (splits > 1: split-K). */
-export function mmaSplit(R, S, INNER, allowSplit = true) {
-  const fits = R % MMA.BM === 0 && S % MMA.BN === 0 && INNER % MMA.bk === 0;
-  const tiles = (R / MMA.BM) * (S / MMA.BN);
-  let splits = 1;
-  if (allowSplit && tiles < MMA_TARGET) {
-    splits = Math.max(1, Math.min(Math.floor(INNER / MMA_MIN_INNER), cdiv(MMA_TARGET, tiles)));
-  }
-  const KS = cdiv(cdiv(INNER, splits), MMA.bk) * MMA.bk;
-  return { fits, splits: cdiv(INNER, KS), KS };
-}
-
 /** Scratch floats linearBackwardWeight needs for dW[N, K] over M rows (0: no split); mixed:
  *  enough for the mixed-precision kernel's split too. */
 export function weightGradPartNumel(M, N, K, mixed = false) {
@@ -181,8 +162,7 @@ export class Kernels {
     // mixed: the linears' matmuls take f16 operands with f32 accumulation (mma.js) where their
     // shapes fill its tiles; the caller checked mixedSupport().
     this.mixed = mixed;
-    this.mmaPipes = new Map();
-    this.mmaSyntax = null;   // the builtins' spelling this Dawn takes (mma.js), found once
+    this.mma = mixed ? new MmaOps(device, lib) : null;
     const lim = device.limits ?? {};
     this.bigTile = (lim.maxComputeWorkgroupStorageSize ?? 0) >= WIDE_BIG_BYTES
       && (lim.maxComputeInvocationsPerWorkgroup ?? 0) >= WIDE_BIG.WX * WIDE_BIG.WY;
@@ -244,55 +224,9 @@ export class Kernels {
     ]);
   }
 
-  async _mmaPipeline(plan) {
-    const key = JSON.stringify(plan);
-    if (!this.mmaPipes.has(key)) {
-      this.mmaPipes.set(key, (async () => {
-        for (const syntax of this.mmaSyntax ? [this.mmaSyntax] : ['template', 'bool']) {
-          try {
-            const shader = await this.lib.compile(mmaShader({ ...plan, syntax }), `mma ${key}`);
-            this.mmaSyntax = syntax;
-            return await this.lib.pipelineOf(shader, 'main');
-          } catch (e) {
-            if (syntax === 'bool' || this.mmaSyntax) throw e;
-          }
-        }
-        throw new Error('unreachable');
-      })());
-    }
-    return this.mmaPipes.get(key);
-  }
-
-  /** The mixed-precision C[R, S] (= or += with accum) over INNER: A [R, INNER] (aT 0) or
-   *  [INNER, R] (aT 1), B [INNER, S] (bT 0) or [S, INNER] (bT 1); bF16: B is the packed f16
-   *  mirror. null where the shape does not fill the tiles (the caller runs the fp32 kernel). */
-  async _mma({ a, b, c, part, R, S, INNER, aT, bT, accum, bF16 = false }, label) {
-    const { fits, splits, KS } = mmaSplit(R, S, INNER, Boolean(part));
-    if (!this.mixed || !fits) return null;
-    const plan = { ...MMA_TILE, aT, bT, aIn: 'f32', bIn: bF16 ? 'f16' : 'f32', accum: accum && splits === 1 };
-    const pipe = await this._mmaPipeline(plan);
-    const grid = [S / MMA.BN, R / MMA.BM, splits];
-    const make = (p, dims, res, g, l) => checked(this.device, l, () => {
-      const u = uniformWords(this.device, dims, `${l}.dims`);
-      return { ...launch(this.device, p, { dims: u, ...res }, g, l), file: 'mma.js', entry: 'main',
-        owned: [u] };
-    });
-    if (splits === 1) return make(pipe, [R, S, INNER, KS], { a, b, c }, grid, label);
-    check(part && part.size >= 4 * splits * R * S, `${label}: split-K over ${splits} parts needs ` +
-      `a part buffer of ${4 * splits * R * S} bytes`);
-    this.addSlabs ??= this.lib.compile(addSlabsShader, 'mma add slabs')
-      .then((shader) => this.lib.pipelineOf(shader, 'main'));
-    const n4 = (R * S) / 4;
-    return Promise.all([
-      make(pipe, [R, S, INNER, KS], { a, b, c: part }, grid, label),
-      make(await this.addSlabs, [n4, splits, accum ? 1 : 0, 0], { part, out: c },
-        grid1d(cdiv(n4, 256)), label),
-    ]);
-  }
-
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   async linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
-    const mm = await this._mma({ a: x, b: w, c: y, R: M, S: N, INNER: K, aT: 0, bT: 1, accum,
+    const mm = await this.mma?.op({ a: x, b: w, c: y, R: M, S: N, INNER: K, aT: 0, bT: 1, accum,
       bF16: wF16 }, 'linear');
     if (mm) return mm;
     const { tile, tileS, entry, constants } = matmulShape(M, N, K, this.bigTile);
@@ -303,7 +237,7 @@ export class Kernels {
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
   async linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
-    const mm = await this._mma({ a: dy, b: w, c: dx, R: M, S: K, INNER: N, aT: 0, bT: 0,
+    const mm = await this.mma?.op({ a: dy, b: w, c: dx, R: M, S: K, INNER: N, aT: 0, bT: 0,
       accum: false, bF16: wF16 }, 'linear_backward_input');
     if (mm) return mm;
     const { tile, tileS, entry, constants } = matmulShape(M, K, N, this.bigTile);
@@ -315,7 +249,7 @@ export class Kernels {
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
    *  (split-K partial sums, added into dW in a fixed order). The WGSL's `w` binding holds x here. */
   async linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
-    const mm = await this._mma({ a: dy, b: x, c: dw, part, R: N, S: K, INNER: M, aT: 1, bT: 0,
+    const mm = await this.mma?.op({ a: dy, b: x, c: dw, part, R: N, S: K, INNER: M, aT: 1, bT: 0,
       accum: true }, 'linear_backward_weight');
     if (mm) return mm;
     const { splits, rows } = weightGradSplit(M, N, K);
