@@ -47,11 +47,12 @@ def norms(layout, grads):
                      for p in layout["params"]])
 
 
-def test_a_mixed_step_is_as_close_to_fp32_as_torch_autocast(lab_session, live_server):
+@pytest.mark.parametrize("f16_mirror", [False, True])   # weights from the f16 mirror, or rounded
+def test_a_mixed_step_is_as_close_to_fp32_as_torch_autocast(lab_session, live_server, f16_mirror):
     mixed = call(lab_session, "return lab.info.mixed;")
     if not mixed["ok"]:
         pytest.skip(f"no f16 subgroup matrices here: {mixed['why']}")
-    run = httpx.post(f"{live_server}/api/runs", json=SHAPE).json()
+    run = httpx.post(f"{live_server}/api/runs", json={**SHAPE, "f16_mirror": f16_mirror}).json()
     layout = run["layout"]
     out = call(lab_session, STEP, {"layout": layout, "config": run["config"], "id": run["id"]})
     assert out["state"] == "finished"
