@@ -173,7 +173,7 @@ async function updateMemory() {
   const weights = layout.total_numel * 4;
   const mirror = c.f16_mirror ? layout.total_numel * 2 : 0;
   const B = c.batch_size ?? 0;
-  const acts = activationBytes(layout.config, B, T, state.limits).total;
+  const acts = activationBytes(layout.config, B, T, state.limits, c.precision === 'mixed').total;
   const total = 2 * weights + opt.state_bytes + mirror + acts;
   const rows = [
     ['parameters', `${(layout.n_params / 1e6).toFixed(2)} M`],

@@ -54,10 +54,10 @@ export function activationShapes(config, B, T, limits = null, mixed = false) {
 }
 
 /** Bytes of a (B, T) plan's activations, and the largest single one (limits as above). */
-export function activationBytes(config, B, T, limits = null) {
+export function activationBytes(config, B, T, limits = null, mixed = false) {
   let total = 0;
   let largest = { name: null, bytes: 0 };
-  for (const [name, numel, layers] of activationShapes(config, B, T, limits)) {
+  for (const [name, numel, layers] of activationShapes(config, B, T, limits, mixed)) {
     total += numel * 4 * (layers ?? 1);
     if (numel * 4 > largest.bytes) largest = { name, bytes: numel * 4 };
   }
