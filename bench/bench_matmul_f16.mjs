@@ -29,8 +29,8 @@ const torch = opt('--torch', null) ? JSON.parse(fs.readFileSync(opt('--torch'), 
 const cdiv = (a, b) => Math.ceil(a / b);
 
 // Variants (mma_variants.json, shared with tint_spirv.py): sgm x sgn subgroups, tm x tn 16 x 16
-// tiles each, bk deep slices, nbuf slice buffers (workgroup memory is 32 KiB on the H200 under
-// Dawn: a 128 x 128 x 32 slice pair fits once, not twice), pad halves per row, f32 or f16 input.
+// tiles each, bk deep slices, nbuf slice buffers (all within 32 KiB of workgroup memory, a common
+// limit; the H200 offers 48 KiB under Dawn), pad halves per row, f32 or f16 input.
 const VARIANTS = Object.entries(JSON.parse(fs.readFileSync(new URL('./mma_variants.json', import.meta.url), 'utf8')))
   .map(([id, v]) => ({ id, ...v }));
 const variants = opt('--variant-ids', null)

@@ -52,7 +52,8 @@ test('mma: each layout loads its fragments with the majorness its slices are sto
 
 test('mma: mixedSupport names what an adapter lacks', () => {
   const cfg = { componentType: 'f16', resultComponentType: 'f32', M: 16, N: 16, K: 16 };
-  const ctx = (features, info) => ({ features, adapter: { info } });
+  const ctx = (features, info, wg = 32768) => ({ features, adapter: { info },
+    limits: { maxComputeWorkgroupStorageSize: wg } });
   const all = ['shader-f16', 'chromium-experimental-subgroup-matrix'];
   const h200 = { subgroupMatrixConfigs: [cfg], subgroupMinSize: 32, subgroupMaxSize: 32 };
   assert.deepEqual(mixedSupport(ctx(all, h200)), { ok: true, why: '' });
@@ -60,4 +61,5 @@ test('mma: mixedSupport names what an adapter lacks', () => {
   assert.match(mixedSupport(ctx(all, { ...h200, subgroupMatrixConfigs: [{ ...cfg, resultComponentType: 'f16' }] })).why,
     /no f16 x f16 -> f32/);
   assert.match(mixedSupport(ctx(all, { ...h200, subgroupMinSize: 16 })).why, /subgroups of 16-32/);
+  assert.match(mixedSupport(ctx(all, h200, 16384)).why, /16384 B of workgroup memory, the tile needs/);
 });

@@ -32,11 +32,15 @@ export const MMA_TILE = Object.freeze({ sgm: 2, sgn: 2, tm: 4, tn: 4, bk: 32, nb
 export const MMA_FEATURES = ['shader-f16', 'chromium-experimental-subgroup-matrix'];
 
 /** Whether ctx (context.js) can run the mixed-precision matmuls: the features, an f16 x f16 ->
- *  f32 16 x 16 x 16 subgroup-matrix config, and 32-lane subgroups (the kernel's lane math). */
+ *  f32 16 x 16 x 16 subgroup-matrix config, 32-lane subgroups (the kernel's lane math) and the
+ *  workgroup memory of its tile (ctx.limits, else the adapter's). */
 export function mixedSupport(ctx) {
   const info = ctx.adapter?.info ?? {};
   const why = [];
   for (const f of MMA_FEATURES) if (!ctx.features.includes(f)) why.push(`no ${f}`);
+  const wgMem = (ctx.limits ?? ctx.adapter?.limits)?.maxComputeWorkgroupStorageSize ?? 0;
+  const need = Math.max(...[[0, 1], [0, 0], [1, 0]].map(([aT, bT]) => mmaPlan({ ...MMA_TILE, aT, bT }).bytes));
+  if (wgMem < need) why.push(`${wgMem} B of workgroup memory, the tile needs ${need}`);
   const ok = (info.subgroupMatrixConfigs ?? []).some((c) => c.componentType === 'f16'
     && c.resultComponentType === 'f32' && c.M === 16 && c.N === 16 && c.K === 16);
   if (!ok && !why.length) why.push('no f16 x f16 -> f32 16x16x16 subgroup matrix');
