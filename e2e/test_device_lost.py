@@ -86,13 +86,13 @@ import sys
 from andrea import chromium, cli
 watch = chromium.Chromium._watch
 crashed = []
-def crashing_watch(self, page, errors, timeout, tick):
+def crashing_watch(self, page, errors, timeout, tick, *rest):
     def tick_then_crash():
         if not crashed and page.evaluate("Number(document.body.dataset.checkpoint || 0)") >= %d:
             crashed.append(True)
             self.crash_gpu_process()
         return tick()
-    return watch(self, page, errors, timeout, tick_then_crash)
+    return watch(self, page, errors, timeout, tick_then_crash, *rest)
 chromium.Chromium._watch = crashing_watch
 sys.exit(cli.main(sys.argv[1:]))
 """ % EVERY

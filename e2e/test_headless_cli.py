@@ -151,7 +151,13 @@ def test_ctrl_c_stops_the_run_and_exits_130(live_server):
                 break
         assert run_id, "the run never started"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError("andrea train did not exit within 120 s of Ctrl-C; its stderr "
+                                 f"ends:\n{err[-4000:]}") from None
     finally:
         proc.kill()
     assert proc.returncode == 130, out + err

@@ -54,6 +54,35 @@ def extra_args() -> list[str]:
     return shlex.split(os.environ.get("ANDREA_CHROMIUM_ARGS", ""))
 
 
+class _Interrupt:
+    """Ctrl-C while the page is driven: the first one is noted (the watch loop then stops the
+    run) instead of raised wherever the main thread happens to be; raised inside Playwright's
+    event loop, a KeyboardInterrupt can leave its connection waiting forever. A second Ctrl-C is
+    raised at once. Outside the main thread, nothing is installed."""
+
+    def __init__(self):
+        self.seen = False
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        if self.seen:
+            raise KeyboardInterrupt
+        self.seen = True
+
+    def __enter__(self):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
 def webgpu_args(gpu: bool) -> list[str]:
     """Every flag a browser that trains is launched with: here, the e2e tests and the benches."""
     return ["--headless=new", *QUIET, *(GPU if gpu else SWIFTSHADER), *extra_args()]
@@ -275,16 +304,20 @@ class Chromium:
             errors.append(f"browser: {_first_line(e)}")
             return state
         page = None
+        interrupt = _Interrupt()
         try:
-            page = context.new_page()
-            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-            page.on("response", on_response)
-            page.on("requestfailed", on_failed)
-            page.add_init_script(token_init_script(run_id, run["token"]))
-            if self.gpu:   # the page refuses a software adapter rather than train on it
-                page.add_init_script("window.andreaGpuOnly = true;")
-            page.goto(f"{url}/runs/{run_id}")
-            state["done"] = self._watch(page, errors, timeout, tick)
+            with interrupt:
+                page = context.new_page()
+                page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+                page.on("response", on_response)
+                page.on("requestfailed", on_failed)
+                page.add_init_script(token_init_script(run_id, run["token"]))
+                if self.gpu:   # the page refuses a software adapter rather than train on it
+                    page.add_init_script("window.andreaGpuOnly = true;")
+                page.goto(f"{url}/runs/{run_id}")
+                state["done"] = self._watch(page, errors, timeout, tick, interrupt)
+                if interrupt.seen:
+                    raise KeyboardInterrupt
         except KeyboardInterrupt:
             state["interrupted"] = True
             print("\ninterrupted: stopping the run", file=sys.stderr, flush=True)
@@ -308,11 +341,11 @@ class Chromium:
             pass
         return state
 
-    def _watch(self, page, errors: list[str], timeout: float, tick) -> str | None:
+    def _watch(self, page, errors: list[str], timeout: float, tick, interrupt) -> str | None:
         import time
 
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not interrupt.seen:
             done = page.evaluate("document.body?.dataset.done || null")
             if done or errors:
                 return done
