@@ -132,9 +132,7 @@ const valBody = (i) => body(valWindows.subarray(i * B * 2, (i + 1) * B * 2), i, 
 }
 
 const { Trainer } = await import(`${repo}/static/js/engine/trainer.js`);
-const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
-const ctx = await dawnContext({ toggles: ['vulkan_enable_f16_on_nvidia'],
-  requiredFeatures: precision === 'mixed' ? MMA_FEATURES : [] });
+const ctx = await dawnContext({ mixed: precision === 'mixed' });
 
 // The server's RunConfig defaults for this preset and batch (prepare_fidelity.py wrote them).
 const config = { ...meta.run_config, optimizer, seed, steps, precision };

@@ -19,7 +19,8 @@ import fs from 'node:fs';
 import { benchArgs } from './args.mjs';
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
 import { engineOps, stepShapes } from './matmul_shapes.mjs';
-import { MMA_FEATURES, addSlabsShader, mmaPlan, mmaShader } from '../static/js/engine/mma.js';
+import { mmaPlan, mmaShader } from '../static/js/engine/mma.js';
+import { mmaGemm, mmaSplit } from '../static/js/engine/mma_ops.js';
 
 const argv = process.argv.slice(2);
 const { opt, specs } = benchArgs(argv, ['--iters', '--only', '--torch', '--toggles', '--variant-ids']);
@@ -38,9 +39,8 @@ const variants = opt('--variant-ids', null)
 const describe = (p) => `${p.BM}x${p.BN} ${p.sgm}x${p.sgn}sg ${p.tm}x${p.tn}t k${p.bk} ` +
   `b${p.nbuf}${p.pad ? '' : ' pad0'} ${p.input}`;
 
-const toggles = ['vulkan_enable_f16_on_nvidia', ...(opt('--toggles', '') || '').split(',').filter(Boolean)];
-const ctx = await dawnContext({ exactTimestamps: true, toggles,
-  requiredFeatures: MMA_FEATURES });
+const toggles = (opt('--toggles', '') || '').split(',').filter(Boolean);
+const ctx = await dawnContext({ exactTimestamps: true, toggles, mixed: true });
 const { device, lib } = ctx;
 const { Kernels, weightGradPartNumel } = await import(`${repo}/static/js/engine/kernels.js`);
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
@@ -49,7 +49,7 @@ const kernels = new Kernels(device, lib, { maxHeadDim: 128 });
 const configs = (ctx.adapter.info.subgroupMatrixConfigs ?? []).map((c) =>
   `${c.componentType}x${c.componentType}->${c.resultComponentType} M${c.M}N${c.N}K${c.K}`);
 console.log(`bench_matmul_f16 on ${ctx.info.vendor} ${ctx.info.architecture} ${ctx.info.description}; ` +
-  `toggles ${toggles.join(',')}; subgroup sizes ${ctx.adapter.info.subgroupMinSize}-` +
+  `toggles vulkan_enable_f16_on_nvidia${toggles.map((t) => `,${t}`).join('')}; subgroup sizes ${ctx.adapter.info.subgroupMinSize}-` +
   `${ctx.adapter.info.subgroupMaxSize}; workgroup memory ${ctx.limits.maxComputeWorkgroupStorageSize} B`);
 console.log(`subgroup-matrix configs: ${configs.join(', ')}`);
 console.log(`GPU ms per call (median of ${iters}), TFLOP/s; err = max |out - exact| / max |exact|`);
@@ -87,9 +87,8 @@ function upload(typed) {
 
 /** A shape in GEMM terms (see mma.js) with its operand layouts. */
 function gemmOf(s) {
-  if (s.kind === 'fwd') return { Mg: s.M, Ng: s.N, Kg: s.K, aT: 0, bT: 1 };
-  if (s.kind === 'dx') return { Mg: s.M, Ng: s.K, Kg: s.N, aT: 0, bT: 0 };
-  return { Mg: s.N, Ng: s.K, Kg: s.M, aT: 1, bT: 0 };
+  const { R, S, INNER, aT, bT } = mmaGemm(s.kind, s.M, s.N, s.K);
+  return { Mg: R, Ng: S, Kg: INNER, aT, bT };
 }
 
 /** Exact C rows `rows` of the GEMM g from the host operands (float64). */
@@ -158,37 +157,29 @@ for (const v of [...variants]) {
     }
   }
 }
-const addPipe = await lib.pipelineOf(await lib.compile(addSlabsShader, 'add slabs'), 'main');
-
-/** Split-K parts for a grid of `tiles` blocks: enough to fill 2 blocks per SM (132 SMs), each
- *  split at least 512 deep. */
-const splitsFor = (tiles, K) => (tiles >= 264 ? 1 : Math.max(1, Math.min(Math.floor(K / 512), cdiv(264, tiles))));
+// A split's partials are added into C as the engine adds them (C += their sum, fixed order).
+const addPipe = await lib.pipeline('11_linear_backward.wgsl', 'add_partials', { WG: 256 }, ['mm', 'dy', 'out']);
 
 /** Scratch floats for the split-K slabs of shape s (GEMM g): the engine's and every variant's. */
 function partNumel(s, g) {
-  const slabs = variants.map((v) => {
-    const p = mmaPlan({ ...v, aT: g.aT, bT: g.bT });
-    return splitsFor(cdiv(g.Mg, p.BM) * cdiv(g.Ng, p.BN), g.Kg);
-  });
+  const slabs = variants.map((v) => mmaSplit(g.Mg, g.Ng, g.Kg, true, mmaPlan({ ...v, aT: g.aT, bT: g.bT })).splits);
   return Math.max(4, s.kind === 'dW' ? weightGradPartNumel(s.M, s.N, s.K) : 0, Math.max(...slabs) * g.Mg * g.Ng);
 }
 
 async function mmaOps(v, g, bufs) {
   const p = mmaPlan({ ...v, aT: g.aT, bT: g.bT });
-  if (g.Mg % p.BM || g.Ng % p.BN || g.Kg % p.bk) return null;
+  const { fits, splits, KS } = mmaSplit(g.Mg, g.Ng, g.Kg, true, p);
+  if (!fits) return null;
   const tiles = (g.Mg / p.BM) * (g.Ng / p.BN);
-  const splits = splitsFor(tiles, g.Kg);
-  const KS = cdiv(cdiv(g.Kg, splits), p.bk) * p.bk;
   const { pipe } = await mmaPipeline(v, g.aT, g.bT);
   const src = p.input === 'f16' ? { a: bufs.a16, b: bufs.b16 } : { a: bufs.a32, b: bufs.b32 };
   const dims = uniformWords(device, [g.Mg, g.Ng, g.Kg, KS], 'dims');
-  const grid = [g.Ng / p.BN, g.Mg / p.BM, cdiv(g.Kg, KS)];
-  if (grid[2] === 1) return { tiles, splits: 1, ops: [launch(device, pipe, { dims, ...src, c: bufs.c }, grid, v.id)] };
-  const n4 = (g.Mg * g.Ng) / 4;
-  return { tiles, splits: grid[2], ops: [
+  const grid = [g.Ng / p.BN, g.Mg / p.BM, splits];
+  if (splits === 1) return { tiles, splits, ops: [launch(device, pipe, { dims, ...src, c: bufs.c }, grid, v.id)] };
+  return { tiles, splits, ops: [
     launch(device, pipe, { dims, ...src, c: bufs.part }, grid, v.id),
-    launch(device, addPipe, { dims: uniformWords(device, [n4, grid[2], 0, 0], 'add'), part: bufs.part, out: bufs.c },
-      grid1d(cdiv(n4, 256)), 'add slabs'),
+    launch(device, addPipe, { mm: uniformWords(device, [g.Mg, g.Ng, splits, 0], 'add'), dy: bufs.part,
+      out: bufs.c }, grid1d(cdiv(g.Mg * g.Ng, 256)), 'add partials'),
   ] };
 }
 

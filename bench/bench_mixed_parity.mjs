@@ -14,7 +14,6 @@ import fs from 'node:fs';
 import { dawnContext, repo } from './dawn.mjs';
 
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
-const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
 const { f32bits, grid1d, launch, uniformWords } = await import(`${repo}/static/js/engine/ops.js`);
 const argv = process.argv.slice(2);
 const opt = (name, dflt) => {
@@ -25,7 +24,7 @@ const { layout } = JSON.parse(fs.readFileSync(argv[0], 'utf8'));
 const B = Number(opt('--batch', 8));
 const T = Number(opt('--seq', layout.config.seq_len));
 const V = layout.config.vocab_size;
-const ctx = await dawnContext({ toggles: ['vulkan_enable_f16_on_nvidia'], requiredFeatures: MMA_FEATURES });
+const ctx = await dawnContext({ mixed: true });
 const tokens = Uint32Array.from({ length: B * T }, (_, i) => (i * 7919 + 13) % V);
 const targets = Uint32Array.from({ length: B * T }, (_, i) => (i * 104729 + 1) % V);
 

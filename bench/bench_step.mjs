@@ -11,7 +11,6 @@ import fs from 'node:fs';
 import { backToBackMs, dawnContext, repo } from './dawn.mjs';
 
 const { Model } = await import(`${repo}/static/js/engine/model.js`);
-const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
 const { Optimizer } = await import(`${repo}/static/js/engine/optimizer.js`);
 const { profileOps, summarize } = await import(`${repo}/static/js/engine/profiler.js`);
 
@@ -27,10 +26,7 @@ const iters = Number(opt('--iters', 20));
 const variant = opt('--variant', 'adamw');
 const precision = opt('--precision', 'fp32');
 
-// The toggle exposes shader-f16 (and f16 subgroup matrices) on NVIDIA's Vulkan driver, where
-// Dawn blocklists them by default; elsewhere it changes nothing.
-const ctx = await dawnContext({ exactTimestamps: true, toggles: ['vulkan_enable_f16_on_nvidia'],
-  requiredFeatures: precision === 'mixed' ? MMA_FEATURES : [] });
+const ctx = await dawnContext({ exactTimestamps: true, mixed: precision === 'mixed' });
 const { device } = ctx;
 
 const model = new Model(ctx, layout, { precision });

@@ -11,17 +11,20 @@ export const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 const instances = [];
 
 /** createContext() on Dawn; exactTimestamps switches off Dawn's timestamp quantization, `toggles`
- *  are more Dawn toggles to enable (e.g. vulkan_enable_f16_on_nvidia, disable_robustness) and
- *  requiredFeatures features the device must have. */
-export async function dawnContext({ exactTimestamps = false, toggles = [], requiredFeatures = [] } = {}) {
+ *  are more Dawn toggles to enable (e.g. disable_robustness). Dawn's vulkan_enable_f16_on_nvidia
+ *  is always on (NVIDIA's Vulkan driver then offers shader-f16 and f16 subgroup matrices; it
+ *  changes nothing elsewhere); mixed: the device must have what mixed precision needs (mma.js). */
+export async function dawnContext({ exactTimestamps = false, toggles = [], mixed = false } = {}) {
   if (!process.env.DAWN_NODE) throw new Error('set DAWN_NODE to Dawn\'s dawn.node (bench/gpu/README.md)');
   const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
   Object.assign(globalThis, globals);
-  const gpu = create([['enable-dawn-features=allow_unsafe_apis', ...toggles].join(','),
+  const gpu = create([['enable-dawn-features=allow_unsafe_apis', 'vulkan_enable_f16_on_nvidia',
+    ...toggles].join(','),
     ...(exactTimestamps ? ['disable-dawn-features=timestamp_quantization'] : [])]);
   instances.push(gpu);
   const { createContext } = await import(`${repo}/static/js/engine/context.js`);
-  return createContext({ gpu, requiredFeatures,
+  const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
+  return createContext({ gpu, requiredFeatures: mixed ? MMA_FEATURES : [],
     load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
     onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
 }

@@ -3,12 +3,12 @@ Dawn's `dump_shaders` toggle (Dawn logs the disassembly of every shader it compi
 the log on the page's console, where Playwright reads it).
 
 The kernels are static/js/engine/mma.js's f16 subgroup-matrix matmuls (`--variant`, as in
-bench_matmul_f16.mjs, with the layout of `--kind`), or `--add-slabs`, a plain kernel that any
+bench_matmul_f16.mjs, with the layout of `--kind`), or `--plain`, a plain kernel that any
 adapter compiles (to try this tool on SwiftShader). One .spvasm file per shader Dawn compiled
 goes to --out.
 
     python3 -m bench.tint_spirv --gpu --variant A --kind fwd --out /tmp/spirv
-    python3 -m bench.tint_spirv --add-slabs --out /tmp/spirv          # SwiftShader
+    python3 -m bench.tint_spirv --plain --out /tmp/spirv              # SwiftShader
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ DAWN_TOGGLES = "allow_unsafe_apis,vulkan_enable_f16_on_nvidia,dump_shaders"
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>tint spirv</title>
 <script type="module">
-import { mmaShader, addSlabsShader } from '/static/js/engine/mma.js';
+import { mmaShader } from '/static/js/engine/mma.js';
+// A plain kernel any adapter compiles (--plain): to try this tool on SwiftShader.
+const PLAIN = `@group(0) @binding(0) var<storage, read_write> x: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  if (gid.x < arrayLength(&x)) { x[gid.x] = 2.0 * x[gid.x]; }
+}`;
 const want = %(want)s;
 async function main() {
   const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
@@ -39,7 +45,7 @@ async function main() {
   const wgMem = adapter.limits.maxComputeWorkgroupStorageSize;
   const device = await adapter.requestDevice({ requiredFeatures: features,
     requiredLimits: { maxComputeWorkgroupStorageSize: wgMem } });
-  const code = want.variant ? mmaShader(want.variant) : addSlabsShader;
+  const code = want.variant ? mmaShader(want.variant) : PLAIN;
   const module = device.createShaderModule({ code });
   const info = await module.getCompilationInfo();
   const errors = info.messages.filter((m) => m.type === 'error');
@@ -87,17 +93,17 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="the machine's GPU (else SwiftShader)")
     ap.add_argument("--variant", default="A", help="a bench_matmul_f16.mjs variant id")
     ap.add_argument("--kind", default="fwd", choices=["fwd", "dx", "dW"])
-    ap.add_argument("--add-slabs", action="store_true", help="the plain split-K sum kernel instead")
+    ap.add_argument("--plain", action="store_true", help="a plain kernel instead (any adapter)")
     ap.add_argument("--out", required=True, help="folder for the .spvasm and .wgsl files")
     args = ap.parse_args()
     variant = None
-    if not args.add_slabs:
+    if not args.plain:
         variants = json.loads((REPO / "bench" / "mma_variants.json").read_text())
         layout = {"fwd": (0, 1), "dx": (0, 0), "dW": (1, 0)}[args.kind]
         variant = {**variants[args.variant], "aT": layout[0], "bT": layout[1]}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "add_slabs" if args.add_slabs else f"{args.variant}_{args.kind}"
+    name = "plain" if args.plain else f"{args.variant}_{args.kind}"
     dumps: list[str] = []
     httpd = serve(PAGE % {"want": json.dumps({"variant": variant})})
     from playwright.sync_api import sync_playwright

@@ -16,7 +16,9 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import urllib.parse
 from typing import Callable
 
@@ -70,14 +72,11 @@ class _Interrupt:
         self.seen = True
 
     def __enter__(self):
-        import signal
-        import threading
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handler)
         return self
 
     def __exit__(self, *exc):
-        import signal
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
         return False

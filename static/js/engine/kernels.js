@@ -5,7 +5,7 @@
 // T time, C channels, H heads, D head dim, F FFN width, V vocab, N = B*T rows.
 
 import { checked } from './gpu.js';
-import { MmaOps, mmaSplit } from './mma_ops.js';
+import { MmaOps, mmaGemm, mmaSplit } from './mma_ops.js';
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
 // matmul_core.wgsl's small tile (entry `main`) runs TG x TG threads on a 4TG x 4TG output tile,
@@ -162,7 +162,7 @@ export class Kernels {
     // mixed: the linears' matmuls take f16 operands with f32 accumulation (mma.js) where their
     // shapes fill its tiles; the caller checked mixedSupport().
     this.mixed = mixed;
-    this.mma = mixed ? new MmaOps(device, lib) : null;
+    this.mma = mixed ? new MmaOps(this) : null;
     const lim = device.limits ?? {};
     this.bigTile = (lim.maxComputeWorkgroupStorageSize ?? 0) >= WIDE_BIG_BYTES
       && (lim.maxComputeInvocationsPerWorkgroup ?? 0) >= WIDE_BIG.WX * WIDE_BIG.WY;
@@ -174,12 +174,16 @@ export class Kernels {
   async op(file, entry, constants, dims, resources, grid, label) {
     const uniform = (await this.lib.bindings(file)).find((b) => b.type === 'uniform').name;
     const p = await this.lib.pipeline(file, entry, constants, [uniform, ...Object.keys(resources)]);
+    return { ...await this.opOf(p, uniform, dims, resources, grid, label), file, entry };
+  }
+
+  /** op() for a pipeline record `p` (shaders.js) whose uniform is named `uniform`. */
+  opOf(p, uniform, dims, resources, grid, label) {
     return checked(this.device, label, () => {
       // The op owns its uniform: the holder of the op list frees it (ops.js releaseOps).
       const u = uniformWords(this.device, dims, `${label}.dims`);
       try {
-        return { ...launch(this.device, p, { [uniform]: u, ...resources }, grid, label), file,
-          entry, owned: [u] };
+        return { ...launch(this.device, p, { [uniform]: u, ...resources }, grid, label), owned: [u] };
       } catch (e) {
         u.destroy();
         throw e;
@@ -226,9 +230,9 @@ export class Kernels {
 
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   async linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
-    const mm = await this.mma?.op({ a: x, b: w, c: y, R: M, S: N, INNER: K, aT: 0, bT: 1, accum,
+    const mm = await this.mma?.op({ a: x, b: w, c: y, ...mmaGemm('fwd', M, N, K), accum,
       bF16: wF16 }, 'linear');
-    if (mm) return mm;
+    if (mm) return mm.op;
     const { tile, tileS, entry, constants } = matmulShape(M, N, K, this.bigTile);
     return this.op('03_linear.wgsl', entry,
       { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, ...constants },
@@ -237,9 +241,9 @@ export class Kernels {
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
   async linearBackwardInput({ dy, w, dx, M, N, K, wF16 = false }) {
-    const mm = await this.mma?.op({ a: dy, b: w, c: dx, R: M, S: K, INNER: N, aT: 0, bT: 0,
-      accum: false, bF16: wF16 }, 'linear_backward_input');
-    if (mm) return mm;
+    const mm = await this.mma?.op({ a: dy, b: w, c: dx, ...mmaGemm('dx', M, N, K), accum: false,
+      bF16: wF16 }, 'linear_backward_input');
+    if (mm) return mm.op;
     const { tile, tileS, entry, constants } = matmulShape(M, K, N, this.bigTile);
     return this.op('11_linear_backward.wgsl', entry,
       { MODE: 0, W_F16: wF16 ? 1 : 0, ...constants },
@@ -249,12 +253,12 @@ export class Kernels {
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
    *  (split-K partial sums, added into dW in a fixed order). The WGSL's `w` binding holds x here. */
   async linearBackwardWeight({ dy, x, dw, part, M, N, K }) {
-    const mm = await this.mma?.op({ a: dy, b: x, c: dw, part, R: N, S: K, INNER: M, aT: 1, bT: 0,
-      accum: true }, 'linear_backward_weight');
-    if (mm) return mm;
+    const label = 'linear_backward_weight';
+    const mm = await this.mma?.op({ a: dy, b: x, c: dw, part, ...mmaGemm('dW', M, N, K),
+      accum: true }, label);
+    if (mm) return mm.splits === 1 ? mm.op : Promise.all([mm.op, this.addPartials(part, dw, N, K, mm.splits)]);
     const { splits, rows } = weightGradSplit(M, N, K);
     const { tile, tileS, entry, constants } = matmulShape(N, K, M, this.bigTile, true);
-    const label = 'linear_backward_weight';
     if (splits === 1) {
       return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],
         { dy, w: x, out: dw }, [cdiv(K, tileS), cdiv(N, tile)], label);
@@ -265,9 +269,14 @@ export class Kernels {
     return Promise.all([
       this.op('11_linear_backward.wgsl', entry, { MODE: 2, ...constants }, [N, K, M, rows],
         { dy, w: x, out: part }, [cdiv(K, tileS), cdiv(N, tile), splits], label),
-      this.op('11_linear_backward.wgsl', 'add_partials', { WG: WG_ELEMENT }, [N, K, splits, 0],
-        { dy: part, out: dw }, grid1d(cdiv(N * K, WG_ELEMENT)), label),
+      this.addPartials(part, dw, N, K, splits),
     ]);
+  }
+
+  /** dw[N, K] += the sum of `splits` split-K partials in part, in a fixed order. */
+  addPartials(part, dw, N, K, splits) {
+    return this.op('11_linear_backward.wgsl', 'add_partials', { WG: WG_ELEMENT }, [N, K, splits, 0],
+      { dy: part, out: dw }, grid1d(cdiv(N * K, WG_ELEMENT)), 'linear_backward_weight');
   }
 
   /** RoPE on the q and k thirds of qkv[N, 3C], in place; inverse for backward */

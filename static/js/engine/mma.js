@@ -18,7 +18,8 @@
 // layout its global rows have (rows padded by PAD halves); the fragments are read from there with
 // subgroupMatrixLoad, row- or column-major as the slice was stored. NBUF 1: one slice buffer, the
 // next slice prefetched into registers during the math; NBUF 2: two buffers, one barrier a slice.
-// Split-K: workgroup z sums K rows [z KS, (z + 1) KS) into its own M x N slab of C. accum: C +=
+// Split-K: workgroup z sums K rows [z KS, (z + 1) KS) into its own M x N slab of C (the caller
+// adds the slabs: kernels.js addPartials, 11_linear_backward.wgsl add_partials). accum: C +=
 // A B (the accumulators start from C). Operand inputs (aIn, bIn; `input` sets both): 'f32', or
 // 'f16' packed two to a u32 (the optimizer's f16 weight mirror).
 
@@ -31,6 +32,10 @@ export const MMA_TILE = Object.freeze({ sgm: 2, sgn: 2, tm: 4, tn: 4, bk: 32, nb
  *  requiredFeatures); the fp32 engine never does. */
 export const MMA_FEATURES = ['shader-f16', 'chromium-experimental-subgroup-matrix'];
 
+/** Workgroup memory of the engine's tile, over the three operand layouts it runs. */
+const MMA_TILE_BYTES = Math.max(...[[0, 1], [0, 0], [1, 0]].map(([aT, bT]) =>
+  mmaPlan({ ...MMA_TILE, aT, bT }).bytes));
+
 /** Whether ctx (context.js) can run the mixed-precision matmuls: the features, an f16 x f16 ->
  *  f32 16 x 16 x 16 subgroup-matrix config, 32-lane subgroups (the kernel's lane math) and the
  *  workgroup memory of its tile (ctx.limits, else the adapter's). */
@@ -39,8 +44,7 @@ export function mixedSupport(ctx) {
   const why = [];
   for (const f of MMA_FEATURES) if (!ctx.features.includes(f)) why.push(`no ${f}`);
   const wgMem = (ctx.limits ?? ctx.adapter?.limits)?.maxComputeWorkgroupStorageSize ?? 0;
-  const need = Math.max(...[[0, 1], [0, 0], [1, 0]].map(([aT, bT]) => mmaPlan({ ...MMA_TILE, aT, bT }).bytes));
-  if (wgMem < need) why.push(`${wgMem} B of workgroup memory, the tile needs ${need}`);
+  if (wgMem < MMA_TILE_BYTES) why.push(`${wgMem} B of workgroup memory, the tile needs ${MMA_TILE_BYTES}`);
   const ok = (info.subgroupMatrixConfigs ?? []).some((c) => c.componentType === 'f16'
     && c.resultComponentType === 'f32' && c.M === 16 && c.N === 16 && c.K === 16);
   if (!ok && !why.length) why.push('no f16 x f16 -> f32 16x16x16 subgroup matrix');
@@ -224,20 +228,3 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
 }
 `;
 }
-
-/** Sums the split-K slabs of C in a fixed order: out[i] (= or += with accum 1) sum_z
- *  part[z M N + i] (vec4s). */
-export const addSlabsShader = `struct Dims { n4: u32, splits: u32, accum: u32, pad1: u32 }
-@group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
-  if (i >= dims.n4) { return; }
-  var s = part[i];
-  for (var z = 1u; z < dims.splits; z++) { s += part[z * dims.n4 + i]; }
-  if (dims.accum != 0u) { s = out[i] + s; }
-  out[i] = s;
-}
-`;
