@@ -56,7 +56,8 @@ def big_run(data_dir: Path, records: int) -> str:
     from andrea.app import create_app
     from andrea.config import Settings
 
-    with TestClient(create_app(Settings(data_dir=data_dir)), base_url="http://127.0.0.1") as c:
+    with TestClient(create_app(Settings(data_dir=data_dir)), base_url="http://127.0.0.1",
+                    client=("127.0.0.1", 50000)) as c:
         run = c.post("/api/runs", json={"preset": "tiny", "steps": 1_000_000}).json()
         w = np.zeros(run["layout"]["total_numel"], "<f4")
         c.put(f"/api/runs/{run['id']}/weights", content=w.tobytes(),

@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                       media_type=wgsl), name="shaders")
     # The app's objects, made once here and handed to handlers by deps.py. Data is read and
     # tokenized lazily, on first use, so page loads and tests stay fast.
-    app.state.data = DataHub(settings.data_dir, settings.corpora, settings.only_corpus)
+    app.state.data = DataHub(settings.corpus_dir, settings.corpora, settings.only_corpus)
     app.state.store = store = Store.open(settings.database_url, settings.db_path)
     app.state.runs = RunRegistry(store, settings.batch_wait_s)
     broker = RedisBroker(settings.broker_url) if settings.broker_url else None

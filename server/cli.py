@@ -122,9 +122,10 @@ def _connection_limits(settings: Settings) -> dict:
 
 
 def _with_admin_token(settings: Settings) -> tuple[Settings, str | None]:
-    """A server other machines can reach needs an operator token (deps.authorize): one is
-    made when ANDREA_ADMIN_TOKEN gives none, and returned to be printed once."""
-    if settings.loopback_only or settings.admin_token:
+    """A server whose local user is not trusted (other machines can reach it, or it serves a
+    workshop's names behind a proxy) needs an operator token (deps.authorize): one is made
+    when ANDREA_ADMIN_TOKEN gives none, and returned to be printed once."""
+    if settings.trusts_local_user or settings.admin_token:
         return settings, None
     import secrets
     token = secrets.token_urlsafe(24)
@@ -205,7 +206,8 @@ def _export(args: argparse.Namespace) -> int:
         else:
             settings = Settings()
             out = export.export_local(args.data_dir or settings.data_dir, args.run_id,
-                                      args.out, args.step, settings.database_url)
+                                      args.out, args.step, settings.database_url,
+                                      settings.cache_dir)
     except export.UsageError as e:
         print(f"andrea export: {e}", file=sys.stderr)
         return 2

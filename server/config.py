@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     data_dir: Path = Field(default_factory=default_data_dir)
+    # Where tokenizers and token files are kept (ANDREA_CACHE_DIR): they are derived from the
+    # corpus and keyed by its hash and V, so data dirs (and test sessions) may share one.
+    # Default: the data dir itself.
+    cache_dir: Path | None = None
     # Seconds a running run may go without its trainer socket before it is marked interrupted.
     trainer_grace_s: float = 60.0
     # Seconds a new run may wait for its first training tab before it reads "never started"
@@ -85,6 +89,12 @@ class Settings(BaseSettings):
 
     # --- A workshop's server (README "A workshop on one server"): who may change what, and
     # the bounds no participant can push the server past. ---
+    # The machine's own user (a request from a loopback address, through no proxy, naming a
+    # loopback host and this server's port) may change any run without a token
+    # (deps.request_is_local). None: only on a loopback-only server with no ANDREA_ALLOWED_HOSTS
+    # (a workshop's names mean a proxy may be in front); True (ANDREA_LOCAL_OWNER=1) keeps it
+    # for such a server too; False turns it off. Never on a server bound beyond loopback.
+    local_owner: bool | None = None
     # The operator's token (ANDREA_ADMIN_TOKEN): accepted wherever a run's write token is
     # (resume, delete, rename, branch, checkpoint reads). A server bound beyond loopback without
     # one makes one at start and prints it once (`andrea serve`).
@@ -125,10 +135,15 @@ class Settings(BaseSettings):
             v = v.split(",")
         return tuple(h.strip().lower() for h in v if h.strip())
 
-    @field_validator("data_dir")
+    @field_validator("data_dir", "cache_dir")
     @classmethod
-    def _absolute(cls, v: Path) -> Path:
-        return v.expanduser().resolve()
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return v.expanduser().resolve() if v is not None else None
+
+    @property
+    def corpus_dir(self) -> Path:
+        """The folder under which tokenizers/ and tokens/ are kept (cache_dir or data_dir)."""
+        return self.cache_dir or self.data_dir
 
     @property
     def db_path(self) -> Path:
@@ -142,6 +157,13 @@ class Settings(BaseSettings):
     def loopback_only(self) -> bool:
         """Bound to a loopback address alone: no other machine can reach this server."""
         return self.host.lower() in LOOPBACK_HOSTS
+
+    @property
+    def trusts_local_user(self) -> bool:
+        """Whether requests of this machine's own user may skip the token (local_owner)."""
+        if not self.loopback_only or self.local_owner is False:
+            return False
+        return self.local_owner is True or not self.allowed_hosts
 
     @property
     def hosts(self) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ machine's own user (authorize)."""
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -79,11 +80,11 @@ WritableRunDep = Annotated[dict, Depends(get_written_run)]
 
 
 # ---- who may change a run --------------------------------------------------------------------
-# A loopback-only server's local requests are its machine's owner: they may resume, rename,
-# delete and branch any run without a token (today's convenience). Every other request (a
-# server bound beyond loopback, or a name of ANDREA_ALLOWED_HOSTS) shows the run's write token
-# or the operator's (ANDREA_ADMIN_TOKEN), checked before the run is even looked up: a request
-# without one learns nothing about the run.
+# A loopback-only server's own user may resume, rename, delete and branch any run without a
+# token (the convenience of one person on one machine), and only a request that really is
+# theirs counts (request_is_local). Every other request shows the run's write token or the
+# operator's (ANDREA_ADMIN_TOKEN), checked before the run is even looked up: a request without
+# one learns nothing about the run.
 
 NO_TOKEN = ("this server needs the run's write token or the operator's token for this: send "
             "`Authorization: Bearer <token>` (the run page's \"Copy resume link\" carries the "
@@ -92,11 +93,36 @@ WRONG_TOKEN = ("this token is not the run's write token nor the operator's: noth
                "changed; use the run's resume link or ask the operator")
 
 
+# Headers a proxy adds (or a client claims): a request that carries one was relayed for
+# someone, and a proxy on this machine makes every participant's request come from loopback.
+PROXY_HEADERS = frozenset({"forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip",
+                           "x-forwarded-server", "via"})
+
+
+def _loopback_address(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def request_is_local(conn: HTTPConnection, settings: Settings) -> bool:
-    """A request from this machine's own user: the server is reachable from loopback alone and
-    the request names a loopback host (not a name of ANDREA_ALLOWED_HOSTS)."""
-    name, _ = host_of(conn.headers.get("host", ""))
-    return settings.loopback_only and name in LOOPBACK_HOSTS
+    """A request from this machine's own user: the server trusts its local user
+    (Settings.trusts_local_user: loopback-only, and no workshop names unless the operator asked
+    with ANDREA_LOCAL_OWNER=1), the connection comes from a loopback address and no proxy
+    header says it was relayed for another client, and the Host names a loopback host and the
+    port this server listens on (what this machine's browser sends; a participant behind a
+    proxy that passes Host through can claim `localhost`, not the proxy's headers away)."""
+    if not settings.trusts_local_user:
+        return False
+    if any(name in PROXY_HEADERS for name in conn.headers.keys()):
+        return False
+    if not _loopback_address(conn.client.host if conn.client else ""):
+        return False
+    name, port = host_of(conn.headers.get("host", ""))
+    server = conn.scope.get("server") or (None, None)
+    default = 443 if conn.url.scheme in ("https", "wss") else 80
+    return name in LOOPBACK_HOSTS and (port or default) == server[1]
 
 
 def is_admin(settings: Settings, token: str) -> bool:

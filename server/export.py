@@ -211,11 +211,13 @@ def _clear_tokenizer(out: Path) -> None:
 
 
 def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
-               records: dict | None = None, step: int | None = None) -> Path:
+               records: dict | None = None, step: int | None = None,
+               corpus_dir: Path | None = None) -> Path:
     """The whole checkpoint in `out`; without a tokenizer, the weights, configs and card only.
     `records`: the summary of the run's records up to `step` for the model card
     (Store.card_summary; model_card.summary of a list is the same). `step`: the weights of
-    that training checkpoint, and the card tells of the steps up to it."""
+    that training checkpoint, and the card tells of the steps up to it. `corpus_dir`: where
+    the token files are (Settings.corpus_dir; default the data dir)."""
     layout = run_layout(run["config"])
     write_weights(run, data_dir, out, step)
     _write_json(out / "config.json", {**hf_config(layout["config"]), "andrea_run": run["id"]})
@@ -224,7 +226,7 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
     _clear_tokenizer(out)
     if tokenizer is not None:
         write_tokenizer(tokenizer, seq_len, out)
-    corpus = corpus_meta(data_dir, run)
+    corpus = corpus_meta(corpus_dir or data_dir, run)
     (out / "README.md").write_text(model_card(run, layout, records or summary([]), corpus, step),
                                    encoding="utf-8")
     return out
@@ -235,10 +237,11 @@ class UsageError(ValueError):
 
 
 def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None,
-                 database_url: str | None = None) -> Path:
+                 database_url: str | None = None, corpus_dir: Path | None = None) -> Path:
     """`andrea export RUN_ID --out OUT [--step K]`: the run, its metrics and tokenizer from a
     data dir (and the database at `database_url`, ANDREA_DATABASE_URL, when it is not the data
-    dir's SQLite file); with `step`, the weights of that checkpoint."""
+    dir's SQLite file); with `step`, the weights of that checkpoint. `corpus_dir`: where the
+    tokenizer and token files are (ANDREA_CACHE_DIR; default the data dir)."""
     from andrea.store import Store
 
     data_dir = Path(data_dir).resolve()
@@ -252,7 +255,9 @@ def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None
         records = store.card_summary(run_id, step)
     finally:
         store.close()
-    return export_run(run, data_dir, tokenizer_path(data_dir, run), Path(out), records, step)
+    corpus_dir = corpus_dir or data_dir
+    return export_run(run, data_dir, tokenizer_path(corpus_dir, run), Path(out), records, step,
+                      corpus_dir)
 
 
 def fetch_export(server: str, run_id: str, out: Path, step: int | None = None) -> Path:

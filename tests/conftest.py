@@ -6,6 +6,7 @@ from andrea.config import Settings
 from tests import pg
 
 LOCAL = "http://127.0.0.1"     # TestClient's base_url for a request from this machine's user
+LOCAL_PEER = ("127.0.0.1", 50000)   # ... and its connection's address (TestClient's `client`)
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def settings(tmp_path) -> Settings:
 @pytest.fixture
 def client(settings) -> TestClient:
     # Host 127.0.0.1: a local request, which may change runs without a token (deps.authorize).
-    with TestClient(create_app(settings), base_url=LOCAL) as c:
+    with TestClient(create_app(settings), base_url=LOCAL, client=LOCAL_PEER) as c:
         yield c
 
 

@@ -30,10 +30,13 @@ LAN = "workshop.lan"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """(url, data dir, port) of one `andrea serve` for the whole module."""
+    """(url, data dir, port) of one `andrea serve` for the whole module: a workshop's names,
+    and the operator's own requests on this machine trusted (ANDREA_LOCAL_OWNER=1;
+    tests/test_workshop_proxy.py has the default, which trusts none)."""
     data = tmp_path_factory.mktemp("workshop") / "data"
     proc, url = start_server(data, env={"ANDREA_ALLOWED_HOSTS": LAN,
-                                        "ANDREA_ADMIN_TOKEN": ADMIN})
+                                        "ANDREA_ADMIN_TOKEN": ADMIN,
+                                        "ANDREA_LOCAL_OWNER": "1"})
     try:
         yield url, data, int(url.rsplit(":", 1)[1])
     finally:
@@ -280,19 +283,37 @@ def test_the_local_user_keeps_todays_convenience(server, local, lan):
 # ---- what counts as local --------------------------------------------------------------------
 
 
-def _conn(host: str) -> Request:
+def _conn(host: str, client: str = "127.0.0.1", port: int = 8000, **headers: str) -> Request:
+    """A request to a server listening on `port`, from `client`, with these headers."""
+    raw = [(b"host", host.encode())] + [(k.replace("_", "-").encode(), v.encode())
+                                        for k, v in headers.items()]
     return Request({"type": "http", "method": "GET", "path": "/", "query_string": b"",
-                    "headers": [(b"host", host.encode())]})
+                    "headers": raw, "client": (client, 50000), "server": ("127.0.0.1", port),
+                    "scheme": "http"})
 
 
-def test_local_means_a_loopback_server_and_a_loopback_name(tmp_path):
-    loopback = Settings(data_dir=tmp_path, allowed_hosts="workshop.lan")
-    everywhere = Settings(data_dir=tmp_path, host="0.0.0.0")
-    assert request_is_local(_conn("127.0.0.1:8000"), loopback)
-    assert request_is_local(_conn("[::1]:8000"), loopback)
-    assert request_is_local(_conn("localhost"), loopback)
-    assert not request_is_local(_conn("workshop.lan:8000"), loopback)
+def test_local_means_this_machines_user_on_a_loopback_server(tmp_path):
+    alone = Settings(data_dir=tmp_path)
+    workshop = Settings(data_dir=tmp_path, allowed_hosts="workshop.lan")
+    asked = Settings(data_dir=tmp_path, allowed_hosts="workshop.lan", local_owner=True)
+    everywhere = Settings(data_dir=tmp_path, host="0.0.0.0", local_owner=True)
+    for settings in (alone, asked):
+        assert request_is_local(_conn("127.0.0.1:8000"), settings)
+        assert request_is_local(_conn("[::1]:8000", client="::1"), settings)
+        assert request_is_local(_conn("localhost:8000", client="127.0.0.5"), settings)
+        assert request_is_local(_conn("localhost", port=80), settings)
+        assert not request_is_local(_conn("workshop.lan:8000"), settings)
+        # Not what this machine's browser sends: another port, another peer, a relayed request.
+        assert not request_is_local(_conn("localhost"), settings)
+        assert not request_is_local(_conn("127.0.0.1:8000", client="192.168.1.20"), settings)
+        for header in ("x_forwarded_for", "forwarded", "x_real_ip", "via", "x_forwarded_host"):
+            assert not request_is_local(_conn("localhost:8000", **{header: "10.1.2.3"}),
+                                        settings), header
+    # A workshop's names mean a proxy may be in front: nobody is local unless the operator asks.
+    assert not request_is_local(_conn("127.0.0.1:8000"), workshop)
     assert not request_is_local(_conn("127.0.0.1:8000"), everywhere)
+    assert not request_is_local(_conn("127.0.0.1:8000"),
+                                Settings(data_dir=tmp_path, local_owner=False))
     # A server bound beyond loopback: even its own machine's requests show a token.
     with TestClient(create_app(Settings(data_dir=tmp_path, host="0.0.0.0", admin_token=ADMIN)),
                     base_url=LOCAL) as c:
@@ -305,6 +326,10 @@ def test_local_means_a_loopback_server_and_a_loopback_name(tmp_path):
 def test_serve_makes_an_operator_token_when_other_machines_can_reach_it(tmp_path):
     settings, made = _with_admin_token(Settings(data_dir=tmp_path, host="0.0.0.0"))
     assert made and settings.admin_token == made and len(made) >= 32
+    # Behind a proxy on this machine (a workshop's names): no one is local, so a token is made.
+    assert _with_admin_token(Settings(data_dir=tmp_path, allowed_hosts=LAN))[1]
+    asked = Settings(data_dir=tmp_path, allowed_hosts=LAN, local_owner=True)
+    assert _with_admin_token(asked) == (asked, None)
     assert _with_admin_token(Settings(data_dir=tmp_path)) == (Settings(data_dir=tmp_path), None)
     given = Settings(data_dir=tmp_path, host="0.0.0.0", admin_token=ADMIN)
     assert _with_admin_token(given) == (given, None)

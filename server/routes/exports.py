@@ -107,8 +107,9 @@ async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep,
     records = await store.read(store.card_summary, run_id, step)
     tmp = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=data_dir))
     try:
-        await asyncio.to_thread(export_run, run, data_dir, tokenizer_path(data_dir, run),
-                                tmp / "hf", records, step)
+        await asyncio.to_thread(export_run, run, data_dir,
+                                tokenizer_path(settings.corpus_dir, run), tmp / "hf", records,
+                                step, settings.corpus_dir)
         await asyncio.to_thread(zip_folder, tmp / "hf", tmp / "export.zip")
         await asyncio.to_thread(shutil.rmtree, tmp / "hf")   # one copy held while it is sent
     except Exception as e:
