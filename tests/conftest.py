@@ -1,3 +1,5 @@
+from urllib.parse import urljoin
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -6,7 +8,17 @@ from andrea.config import Settings
 from tests import pg
 
 LOCAL = "http://127.0.0.1"     # TestClient's base_url for a request from this machine's user
-LOCAL_PEER = ("127.0.0.1", 50000)   # ... and its connection's address (TestClient's `client`)
+
+
+class LocalClient(TestClient):
+    """A TestClient whose requests come from this machine's user: a loopback peer naming
+    127.0.0.1, websockets included (TestClient's own join them to ws://testserver)."""
+
+    def __init__(self, app, **kwargs):
+        super().__init__(app, base_url=LOCAL, client=("127.0.0.1", 50000), **kwargs)
+
+    def websocket_connect(self, url: str, *args, **kwargs):
+        return super().websocket_connect(urljoin("ws://127.0.0.1", url), *args, **kwargs)
 
 
 @pytest.fixture
@@ -17,7 +29,7 @@ def settings(tmp_path) -> Settings:
 @pytest.fixture
 def client(settings) -> TestClient:
     # Host 127.0.0.1: a local request, which may change runs without a token (deps.authorize).
-    with TestClient(create_app(settings), base_url=LOCAL, client=LOCAL_PEER) as c:
+    with LocalClient(create_app(settings)) as c:
         yield c
 
 

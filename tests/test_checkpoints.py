@@ -314,14 +314,12 @@ def test_resume_deletes_what_came_after_the_checkpoint(client, data_dir):
 
 
 def test_a_resume_whose_tab_never_comes_can_be_resumed_again(tmp_path):
-    from fastapi.testclient import TestClient
 
     from andrea.app import create_app
     from andrea.config import Settings
-    from tests.conftest import LOCAL, LOCAL_PEER
+    from tests.conftest import LocalClient
 
-    with TestClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3)),
-                    base_url=LOCAL, client=LOCAL_PEER) as c:
+    with LocalClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))) as c:
         run = new_run(c)
         train_some(c, run, 2, "paused")
         assert put(c, run, 2, state(run)).status_code == 201
