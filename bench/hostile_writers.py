@@ -293,7 +293,7 @@ def main() -> None:
         batch = 1024
         tiny = new_run(url)
         tensors = len(tiny["layout"]["params"])
-        victim = new_run(url, steps=1_000_000)
+        victim = new_run(url, steps=20_000)
 
         def runs(n, **cfg):
             out = []

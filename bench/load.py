@@ -5,7 +5,8 @@ telemetry protocol as the page does (server/telemetry/protocol.py, static/js/app
     python bench/load.py --trainers 100 --viewers 1000 --duration 120 --procs 4 --out r.json
     python bench/load.py --server http://127.0.0.1:8000 --server-pid 1234 --trainers 20
     (a server of your own: all clients share one address, so start it with
-    ANDREA_RUN_BURST and ANDREA_MAX_CONNECTIONS_PER_CLIENT above the trainers and sockets)
+    ANDREA_RUN_BURST and ANDREA_MAX_CONNECTIONS_PER_CLIENT above the trainers and sockets,
+    ANDREA_MAX_VIEWERS_PER_CLIENT above the viewers, ANDREA_VIEWER_BACKLOG_BURST_BYTES large)
     python bench/load.py --server http://127.0.0.1:8001 --server http://127.0.0.1:8002 \\
         --server-pid 111 --server-pid 222 --trainers 40 --viewers 400
 
@@ -404,10 +405,13 @@ def serve_own(args: argparse.Namespace):
         filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
     log(f"starting a server (data in {data})")
     # Every simulated laptop here has the one address 127.0.0.1: the per-address bounds of a
-    # workshop (new runs, open connections) would count them all as one participant.
+    # workshop (new runs, open connections, viewer sockets and their backlog reads) would count
+    # them all as one participant.
     proc, url = start_server(data, timeout=120, env={
         "ANDREA_RUN_BURST": str(args.trainers + 10),
-        "ANDREA_MAX_CONNECTIONS_PER_CLIENT": str(2 * (args.trainers + args.viewers) + 64)})
+        "ANDREA_MAX_CONNECTIONS_PER_CLIENT": str(2 * (args.trainers + args.viewers) + 64),
+        "ANDREA_MAX_VIEWERS_PER_CLIENT": str(args.viewers + 16),
+        "ANDREA_VIEWER_BACKLOG_BURST_BYTES": str(1 << 40)})
     return proc, url, data
 
 

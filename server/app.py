@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.templating import Jinja2Templates
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from andrea import __version__, telemetry
@@ -18,22 +20,37 @@ from andrea.auth import TOKEN_STORAGE_PREFIX
 from andrea.broker import BrokerUnavailable, RedisBroker
 from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings, host_of
+from andrea.data import wire
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
 from andrea.limits import BodyLimits
 from andrea.origin_check import OriginCheck
-from andrea.quotas import RateLimiter
+from andrea.quotas import MessageRates, RateLimiter
 from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
+from andrea.shown import shown_text
+from andrea.storage import StorageBudget
 from andrea.store import Store, StoreUnavailable
+
+# Media types never gzipped: Starlette's own list (images, archives, event streams, ...) and this
+# server's binary bodies, not worth the CPU: checkpoints and weights (octet-stream), and batches
+# (a 33 MB batch: 0.18 s plain, 11 s gzipped).
+NOT_GZIPPED = (*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream", wire.MEDIA_TYPE)
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
-    await _recover_checkpoints(app.state.store, app.state.checkpoints)
+    settings, store = app.state.settings, app.state.store
+    # Branches a killed server left half-copied: every one when this process is the only one
+    # (its own SQLite file); else those whose copy stopped moving, now and in the sweep below.
+    shared = settings.broker_url is not None or settings.database_url is not None
+    await runs.drop_unfinished_branches(store, settings.data_dir,
+                                        time.time() - runs.BRANCH_STALE_S if shared else None)
+    await _recover_checkpoints(store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # Runs that never started: those left from before a restart now, then every few seconds.
-    await runs.expire_runs(app.state.store, app.state.fanout, app.state.settings.start_grace_s)
+    await runs.expire_runs(store, app.state.fanout, settings.start_grace_s,
+                           settings.data_dir if shared else None)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed
@@ -49,16 +66,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(BrokerUnavailable, _store_unavailable)
-    # Text (pages, modules, shaders, JSON) is gzipped; binary batches and weights are not worth
-    # the CPU.
-    app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=(
-        "text/event-stream", "application/octet-stream"))
+    # Text (pages, modules, shaders, JSON) is gzipped; binary bodies are not (NOT_GZIPPED).
+    app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=NOT_GZIPPED)
     static, shaders = asset_dir("static"), asset_dir("shaders")
     version = content_version(static, shaders)
     templates = Jinja2Templates(directory=str(asset_dir("templates")))
     templates.env.globals.update(version=__version__, static_base=f"/static/{version}/",
                                  shader_base=f"/shaders/{version}/",
                                  run_token_key=TOKEN_STORAGE_PREFIX)
+    templates.env.filters["shown"] = shown_text     # user text: bidi controls neutralised
     app.state.templates = templates
     wgsl = "text/plain; charset=utf-8"
     app.mount(f"/static/{version}", CachedFiles(directory=static, cache_control=IMMUTABLE),
@@ -80,16 +96,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                             shared=settings.broker_url is not None)
     # New runs per client address (quotas.py: each process counts its own).
     app.state.run_limiter = RateLimiter(settings.run_burst, settings.run_rate_per_s)
+    # The bytes per second of trainer messages, per run and per client address (quotas.py).
+    app.state.message_rates = MessageRates(settings.metrics_bytes_per_s,
+                                           settings.client_metrics_bytes_per_s)
+    # The data dir's free space above its floor, for every writer (storage.py); the SQLite
+    # file's free pages count as free for rows.
+    app.state.storage = StorageBudget(
+        settings.data_dir, settings.min_free_bytes,
+        free_pages=lambda: store.run(store.free_page_bytes),
+        records_here=settings.database_url is None)
     # Another site's page may not POST, PUT, PATCH or DELETE here (a text/plain form needs no
     # CORS preflight).
     app.add_middleware(OriginCheck, settings=settings)
     # Outermost: a request for a host name this server does not answer to (a DNS-rebinding
     # page) is refused before any route sees it.
     app.add_middleware(HostCheck, hosts=settings.hosts)
-    # Before anything reads a byte: bodies over max_body_bytes get 413, stalled transfers are
-    # dropped. Added last, so outermost: it needs uvicorn's own receive to cut a connection.
+    # Before anything reads a byte: bodies over max_body_bytes get 413, stalled or trickled
+    # transfers are dropped. Added last, so outermost: it needs uvicorn's own receive to cut a
+    # connection.
     app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes,
-                       idle_timeout_s=settings.idle_timeout_s)
+                       idle_timeout_s=settings.idle_timeout_s,
+                       upload_timeout_s=settings.upload_timeout_s,
+                       min_upload_bytes_per_s=settings.min_upload_bytes_per_s)
     for router in (health.router, pages.router, presets.router, data.router, runs.router,
                    exports.router, spikes.router, checkpoints.router, telemetry.router):
         app.include_router(router)

@@ -124,9 +124,37 @@ class Settings(BaseSettings):
     # Seconds a bandit run's batch request may wait for the training losses its phase needs
     # (on the event loop, holding no thread) before it is answered 503 and retried.
     batch_wait_s: float = Field(10.0, gt=0)
-    # Free space the data dir keeps: a new run, checkpoint or weights upload that would leave
-    # less is refused with 507.
+    # Free space the data dir keeps (storage.py, for every writer): a new run, checkpoint or
+    # weights upload that would leave less is refused with 507, and a trainer whose records,
+    # samples or status would is closed (protocol.STORAGE_BUDGET) before the disk fills.
     min_free_bytes: int = Field(256 << 20, ge=0)
+    # The records one run may store (as storage.py estimates their bytes in the store): a new
+    # run whose steps' records would take more is refused (422), a trainer past it is closed.
+    # 1 GiB holds any default-shaped run (the tiny preset's ~0.7 KB records for its 1M steps
+    # at most), and refuses 1M steps of batch 1024 with per-row losses (~13 GB).
+    max_run_bytes: int = Field(1 << 30, ge=1 << 20)
+    # Bytes per second of a trainer's messages (metrics, status, samples), per run and per
+    # client address (all its trainer sockets together): past them the server reads the
+    # sockets more slowly (nothing is lost, the tab's acks come later). The fastest real
+    # trainer (tiny on an H200, ~1 ms a step, ~650 B a record) sends ~0.7 MB/s: 1 MiB/s per
+    # run keeps it unpaced; an address gets four such runs.
+    metrics_bytes_per_s: float = Field(1 << 20, gt=0)
+    client_metrics_bytes_per_s: float = Field(4 << 20, gt=0)
+    # Readers, per client address: export zips streamed at once (429 with Retry-After past it),
+    # viewer sockets open (more are closed 1008), and the bytes of backlog viewers read from
+    # the store, a burst then a rate (past it their backlog is sent more slowly; live records
+    # are not counted): re-reading a run from its start in a loop cannot crowd out trainers.
+    # A backlog MiB costs the server ~55 ms of CPU: 4 MiB/s is a fifth of one core, and a run
+    # page of up to 32 MiB of records (~50k steps of the tiny preset, ~650 B each) loads at once.
+    max_exports_per_client: int = Field(2, ge=1)
+    max_viewers_per_client: int = Field(16, ge=1)
+    viewer_backlog_burst_bytes: int = Field(32 << 20, ge=64 << 10)
+    viewer_backlog_bytes_per_s: float = Field(4 << 20, gt=0)
+    # A request body (an upload) may take max(upload_timeout_s, its size / min_upload_bytes_per_s)
+    # seconds in all (a chunked one: the bytes received so far), however it trickles: 408 past
+    # it, nothing stored. 32 KiB/s: an 80 MB checkpoint has 42 minutes.
+    upload_timeout_s: float = Field(60.0, gt=0)
+    min_upload_bytes_per_s: int = Field(32 << 10, ge=1)
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

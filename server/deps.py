@@ -18,7 +18,8 @@ from andrea.config import LOOPBACK_HOSTS, Settings, host_of
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
-from andrea.quotas import RateLimiter
+from andrea.quotas import MessageRates, RateLimiter
+from andrea.storage import StorageBudget
 from andrea.store import Store
 
 
@@ -37,6 +38,9 @@ FanoutDep = Annotated[Fanout, _app_state("fanout")]          # live viewers and 
 TemplatesDep = Annotated[Jinja2Templates, _app_state("templates")]
 CheckpointsDep = Annotated[CheckpointStore, _app_state("checkpoints")]   # checkpoint files
 RunLimiterDep = Annotated[RateLimiter, _app_state("run_limiter")]   # new runs per client
+# The data dir's free space above its floor (storage.py), for every writer.
+StorageDep = Annotated[StorageBudget, _app_state("storage")]
+MessageRatesDep = Annotated[MessageRates, _app_state("message_rates")]  # trainer bytes/s
 
 
 async def get_existing_run(run_id: str, store: StoreDep) -> dict:

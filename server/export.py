@@ -14,7 +14,8 @@ Everything is a pure function of the run, the summary of its metrics and the fil
 dir, with no clock or path in it: the same run exported twice, or through a server, gives the
 same bytes. model.safetensors is written as a stream (safetensors_stream: its header, then each
 tensor read from the weights in pieces), so a download needs no copy on disk and no run is
-ever held whole in memory.
+ever held whole in memory; the server's export.zip is the same files (export_files) zipped as
+they are sent (zip_stream), never written to its disk.
 transformers is not imported here (it is no runtime dependency): the JSON is written as
 transformers 5.24 writes it itself (tests/test_export.py loads the result with it).
 """
@@ -28,6 +29,7 @@ import struct
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -210,6 +212,54 @@ def _clear_tokenizer(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
+class ExportFile(NamedTuple):
+    """One file of an export: its name, its size and its bytes, made as they are read (once)."""
+    name: str
+    size: int
+    pieces: Iterator[bytes]
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")   # _write_json's
+
+
+def _once(data: bytes) -> Iterator[bytes]:
+    yield data
+
+
+def _file_pieces(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while piece := f.read(SAFETENSORS_PIECE):
+            yield piece
+
+
+def export_files(run: dict, data_dir: Path, tokenizer: Path | None,
+                 records: dict | None = None, step: int | None = None,
+                 corpus_dir: Path | None = None) -> list[ExportFile]:
+    """The checkpoint's files (export_run's arguments), by name: model.safetensors streamed from
+    the weights (safetensors_stream) and tokenizer.json from its file, a piece at a time, the
+    configs and card in memory (a few KiB). Errors (no weights, a damaged checkpoint, a foreign
+    tokenizer) come here, before any byte is made."""
+    layout = run_layout(run["config"])
+    seq_len = run["config"]["seq_len"]
+    small = {"config.json": _json_bytes({**hf_config(layout["config"]), "andrea_run": run["id"]}),
+             "generation_config.json": _json_bytes(generation_config(seq_len))}
+    files = []
+    if tokenizer is not None:
+        check_eot(tokenizer)
+        small["tokenizer_config.json"] = _json_bytes(tokenizer_config(seq_len))
+        small["special_tokens_map.json"] = _json_bytes(special_tokens_map())
+        files.append(ExportFile("tokenizer.json", os.stat(tokenizer).st_size,
+                                _file_pieces(tokenizer)))
+    corpus = corpus_meta(corpus_dir or data_dir, run)
+    small["README.md"] = model_card(run, layout, records or summary([]), corpus,
+                                    step).encode("utf-8")
+    size, weights = safetensors_stream(run, data_dir, step)    # last: it opens the weights
+    files.append(ExportFile("model.safetensors", size, weights))
+    files += [ExportFile(name, len(data), _once(data)) for name, data in small.items()]
+    return sorted(files, key=lambda f: f.name)
+
+
 def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
                records: dict | None = None, step: int | None = None,
                corpus_dir: Path | None = None) -> Path:
@@ -217,18 +267,15 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
     `records`: the summary of the run's records up to `step` for the model card
     (Store.card_summary; model_card.summary of a list is the same). `step`: the weights of
     that training checkpoint, and the card tells of the steps up to it. `corpus_dir`: where
-    the token files are (Settings.corpus_dir; default the data dir)."""
-    layout = run_layout(run["config"])
-    write_weights(run, data_dir, out, step)
-    _write_json(out / "config.json", {**hf_config(layout["config"]), "andrea_run": run["id"]})
-    seq_len = run["config"]["seq_len"]
-    _write_json(out / "generation_config.json", generation_config(seq_len))
+    the token files are (Settings.corpus_dir; default the data dir). The files are
+    export_files' (the server's zip streams the same)."""
+    files = export_files(run, data_dir, tokenizer, records, step, corpus_dir)
+    out.mkdir(parents=True, exist_ok=True)
     _clear_tokenizer(out)
-    if tokenizer is not None:
-        write_tokenizer(tokenizer, seq_len, out)
-    corpus = corpus_meta(corpus_dir or data_dir, run)
-    (out / "README.md").write_text(model_card(run, layout, records or summary([]), corpus, step),
-                                   encoding="utf-8")
+    for f in files:
+        with open(out / f.name, "wb") as dst:
+            for piece in f.pieces:
+                dst.write(piece)
     return out
 
 
@@ -300,6 +347,43 @@ def unzip_checkpoint(file, out: Path) -> Path:
             with zf.open(name) as src, open(out / name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
     return out
+
+
+def zip_stream(files: list[ExportFile], out) -> None:
+    """`files` as one uncompressed zip with fixed times (zip_folder's entries), written to
+    `out` as it is made: any object with write() (a response's pipe: it need not seek, each
+    entry then carries its CRC and sizes in a data descriptor after its bytes)."""
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        for f in files:
+            info = zipfile.ZipInfo(f.name, ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            info.file_size = f.size     # (so zip64 is used where it must be)
+            with zf.open(info, "w") as dst:
+                for piece in f.pieces:
+                    dst.write(piece)
+
+
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+    def write(self, data) -> int:
+        self.n += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def zip_size(files: list[ExportFile]) -> int | None:
+    """The size of zip_stream's zip of `files` into a pipe (the archive of the same names
+    without their bytes, plus their sizes), or None where it would need zip64 (2 GiB)."""
+    data = sum(f.size for f in files)
+    if 1.05 * data + (1 << 20) > zipfile.ZIP64_LIMIT:
+        return None
+    count = _Counter()
+    zip_stream([ExportFile(f.name, f.size, iter(())) for f in files], count)
+    return count.n + data
 
 
 def zip_folder(folder: Path, dest: Path) -> Path:

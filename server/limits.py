@@ -8,6 +8,10 @@ middleware: enforced before any route reads a byte.
 - An upload that moves no byte for Settings.idle_timeout_s gets 408 (connection closed); a
   download whose peer reads nothing for as long is cut. The app sees a disconnect either way
   (an upload's route stores nothing).
+- An upload that is not whole max(Settings.upload_timeout_s, its size /
+  Settings.min_upload_bytes_per_s) seconds after its head came gets 408 too, however it trickles
+  (a byte every few seconds resets no idle timer here); its size is its Content-Length, or for a
+  chunked body the bytes received so far (so it must keep that average rate).
 Websockets pass through: their messages have their own limits (telemetry/protocol.py).
 """
 
@@ -38,10 +42,14 @@ def _content_length(scope: Scope) -> int | None:
 
 class BodyLimits:
     """413 for a body over `max_body_bytes` (sized uploads exempt); 408 or a cut connection
-    for an upload or download that stalls for `idle_timeout_s`."""
+    for an upload or download that stalls for `idle_timeout_s`; 408 for an upload slower than
+    `min_upload_bytes_per_s` once `upload_timeout_s` has passed."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, idle_timeout_s: float):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, idle_timeout_s: float,
+                 upload_timeout_s: float = 60.0, min_upload_bytes_per_s: int = 32 << 10):
         self.app, self.max_body_bytes, self.idle_timeout_s = app, max_body_bytes, idle_timeout_s
+        self.upload_timeout_s, self.min_upload_bytes_per_s = \
+            upload_timeout_s, min_upload_bytes_per_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,7 +63,8 @@ class BodyLimits:
                           f"limit of {limit} bytes (ANDREA_MAX_BODY_BYTES; checkpoint and weights "
                           "uploads excepted): it was not read and nothing changed. Send less")
             return
-        await _Exchange(scope, receive, send, limit, self.idle_timeout_s).run(self.app)
+        await _Exchange(scope, receive, send, limit, self.idle_timeout_s, declared,
+                        self.upload_timeout_s, self.min_upload_bytes_per_s).run(self.app)
 
 
 async def _refuse(send: Send, status: int, detail: str) -> None:
@@ -73,10 +82,19 @@ class _Exchange:
     goes nowhere."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int | None,
-                 idle_s: float):
+                 idle_s: float, declared: int | None, upload_s: float, upload_rate: int):
         self.scope, self._receive, self._send, self.limit, self.idle_s = \
             scope, receive, send, limit, idle_s
         self.received, self.body_done, self.started, self.done = 0, False, False, False
+        # The whole body's time: its declared size (None: chunked), the least time any upload
+        # has, the rate a longer one must keep; timed from now (its head has come).
+        self.declared, self.upload_s, self.upload_rate = declared, upload_s, upload_rate
+        self.began = asyncio.get_running_loop().time()
+
+    def allowed_s(self) -> float:
+        """Seconds the body may take in all: max(upload_s, size / upload_rate)."""
+        size = self.received if self.declared is None else self.declared
+        return max(self.upload_s, size / self.upload_rate)
 
     async def run(self, app: ASGIApp) -> None:
         await app(self.scope, self.receive, self.send)
@@ -86,10 +104,15 @@ class _Exchange:
             return DISCONNECT
         if self.body_done:      # waiting for a disconnect while the answer streams: no limit
             return await self._receive()
-        try:
-            async with asyncio.timeout(self.idle_s):
+        allowed = self.allowed_s()
+        left = self.began + allowed - asyncio.get_running_loop().time()
+        try:    # (what has come already is taken, even past the time: timeout(0) never fires)
+            async with asyncio.timeout(max(0.0, min(self.idle_s, left))):
                 message = await self._receive()
         except TimeoutError:
+            if left <= self.idle_s:
+                await self._give_up(408, self._too_slow(allowed))
+                return DISCONNECT
             await self._give_up(408, f"no byte of the request body arrived for {self.idle_s:g} s "
                                      "(ANDREA_IDLE_TIMEOUT_S): the request was dropped and "
                                      "nothing was stored. Send it again")
@@ -104,6 +127,15 @@ class _Exchange:
                 return DISCONNECT
             self.body_done = not message.get("more_body", False)
         return message
+
+    def _too_slow(self, allowed: float) -> str:
+        size = (f"{self.declared} bytes" if self.declared is not None
+                else f"{self.received} bytes so far")
+        return (f"the request body was not whole after {allowed:.3g} s, the time this server "
+                f"gives a body of its size ({size}): at least {self.upload_s:g} s "
+                f"(ANDREA_UPLOAD_TIMEOUT_S), more at {self.upload_rate} bytes/s "
+                "(ANDREA_MIN_UPLOAD_BYTES_PER_S). The request was dropped and nothing was "
+                "stored: send it again over a faster connection")
 
     async def send(self, message: Message) -> None:
         if self.done:

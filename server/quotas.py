@@ -1,8 +1,12 @@
 """Quotas (Settings' run_burst, run_rate_per_s, max_runs, max_samples_per_run,
-max_sample_bytes_per_run, metrics_rate_per_s, min_free_bytes) and their clear answers: a token
-bucket (metrics per trainer socket), a rate limiter of token buckets keyed by client address
-(new runs: 429 with Retry-After), the samples a run may store, and the data dir's free-space
-floor (507).
+max_sample_bytes_per_run, metrics_rate_per_s, metrics_bytes_per_s, client_metrics_bytes_per_s,
+and the readers' bounds:
+max_exports_per_client, max_viewers_per_client, viewer_backlog_*) and their clear answers: a
+token bucket (metrics per trainer socket), a rate limiter of token buckets keyed by client
+address (new runs: 429 with Retry-After; the bytes of viewers' backlog reads: paced), slots per
+client address (exports streamed at once: 429; viewer sockets open: closed 1008), trainer
+messages' bytes per second per run and per client address (MessageRates: read more slowly),
+and the samples a run may store. The data dir's free space and a run's bytes: storage.py.
 
 All of it is in-process memory: with `--workers N` (or several servers on one database) each
 process counts its own, so a client gets up to N times the rate; the stored counts (max_runs,
@@ -12,16 +16,17 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import TypeVar
 
 from fastapi import HTTPException
 
 # Buckets kept per RateLimiter before the full ones (clients quiet long enough) are dropped:
 # a flood of addresses cannot grow it without bound.
 MAX_CLIENTS = 10_000
+T = TypeVar("T")
 
 
 class TokenBucket:
@@ -66,14 +71,18 @@ class RateLimiter:
         self.burst, self.rate, self.clock = burst, rate_per_s, clock
         self.buckets: dict[str, TokenBucket] = {}
 
-    def wait_s(self, client: str) -> float:
-        """0 (one token taken for `client`), or the seconds until it may try again."""
+    def bucket(self, client: str) -> TokenBucket:
+        """`client`'s bucket, made full on first use."""
         bucket = self.buckets.get(client)
         if bucket is None:
             if len(self.buckets) >= MAX_CLIENTS:    # a full bucket is the same as none
                 self.buckets = {k: b for k, b in self.buckets.items() if not b.full()}
             bucket = self.buckets[client] = TokenBucket(self.burst, self.rate, self.clock)
-        return bucket.try_take()
+        return bucket
+
+    def wait_s(self, client: str) -> float:
+        """0 (one token taken for `client`), or the seconds until it may try again."""
+        return self.bucket(client).try_take()
 
     def check(self, client: str, what: str) -> None:
         """429 with Retry-After (whole seconds, at least 1) past the client's rate."""
@@ -85,28 +94,33 @@ class RateLimiter:
                                      f"{retry} s", headers={"Retry-After": str(retry)})
 
 
-def _existing(path: Path) -> Path:
-    """`path`, or its nearest folder that exists (a data dir not made yet)."""
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    return path
-
-
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.0f} MiB"
 
 
-def check_disk_floor(data_dir: Path, min_free_bytes: int, incoming: int, what: str) -> None:
-    """507 when the data dir's free space less `incoming` bytes (an upload's size; 0 for a new
-    run) would fall below `min_free_bytes` (Settings.min_free_bytes)."""
-    free = shutil.disk_usage(_existing(data_dir)).free
-    if free - incoming < min_free_bytes:
-        size = f" of {_mib(incoming)}" if incoming else ""
-        raise HTTPException(507, f"not enough disk space for {what}{size}: the data dir "
-                                 f"{data_dir} has {_mib(free)} free and keeps at least "
-                                 f"{_mib(min_free_bytes)} (ANDREA_MIN_FREE_BYTES); free space "
-                                 "or delete runs you no longer need, then try again. Nothing "
-                                 "was stored")
+# A trainer may send this many seconds' worth of its bytes per second at once.
+BYTES_BURST_S = 2
+
+
+class MessageRates:
+    """Bytes per second of trainer messages: a bucket per run (kept across its sockets: a
+    reconnect does not refill it) and one per client address (all trainer sockets from it
+    share it). wait_s takes from both and says how long to wait before reading on; `paced`
+    counts the messages that had to wait."""
+
+    def __init__(self, per_run: float, per_client: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.runs = RateLimiter(per_run * BYTES_BURST_S, per_run, clock)
+        self.clients = RateLimiter(per_client * BYTES_BURST_S, per_client, clock)
+        self.paced = 0
+
+    def wait_s(self, run_id: str, client: str, nbytes: int) -> float:
+        """`nbytes` taken from the run's and the client's buckets (either may go into debt);
+        the seconds until both are out of it again (0: none)."""
+        wait = max(self.runs.bucket(run_id).take(nbytes),
+                   self.clients.bucket(client).take(nbytes))
+        self.paced += wait > 0
+        return wait
 
 
 def sample_bytes(text: str) -> int:
@@ -137,3 +151,43 @@ class SampleQuota:
                 f"{self.max_count} samples or {_mib(self.max_bytes)} "
                 "(ANDREA_MAX_SAMPLES_PER_RUN, ANDREA_MAX_SAMPLE_BYTES_PER_RUN): later samples "
                 "are not stored or shown; training and its records go on")
+
+
+class ClientSlots:
+    """At most `limit` of something held at once per client address (exports being streamed,
+    open viewer sockets), in this process: take() gives a release function (idempotent), or
+    None past the limit."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held: dict[str, int] = {}
+        self._lock = threading.Lock()   # a release may come from a finalizer's thread
+
+    def take(self, client: str) -> Callable[[], None] | None:
+        with self._lock:
+            if self.held.get(client, 0) >= self.limit:
+                return None
+            self.held[client] = self.held.get(client, 0) + 1
+        released = []
+
+        def release() -> None:
+            with self._lock:
+                if released:
+                    return
+                released.append(True)
+                left = self.held[client] - 1
+                if left:
+                    self.held[client] = left
+                else:
+                    del self.held[client]
+        return release
+
+
+def app_state(app, name: str, make: Callable[[], T]) -> T:
+    """app.state.<name>, made by `make` on first use: each app (each TestClient's) counts its
+    own clients."""
+    value = getattr(app.state, name, None)
+    if value is None:
+        value = make()
+        setattr(app.state, name, value)
+    return value

@@ -6,7 +6,10 @@ code that reaches into uvicorn's internals (tests/test_uvicorn_shim.py pins what
   head that long after it opened, or after the first byte of a keep-alive's next request, is
   closed (408 if some of a head came). uvicorn's timeout_keep_alive only covers the silence
   between requests, and a trickle of bytes resets it.
-- A request head is at most MAX_HEAD_BYTES (431 past it): httptools sets no limit of its own.
+- A request head is at most MAX_HEAD_BYTES (431 past it, before the parser sees it): its bytes
+  counted up to the blank line that ends it, whether it comes in one read or a byte a read.
+  httptools sets no limit of its own. (A pipelined request's head that comes in the same read
+  as the request before it is parsed with it: bounded by that read, 256 KiB at most.)
 - At most Settings.max_connections_per_client open connections per client address, websockets
   included (503 with Retry-After and the connection closed at once past it).
 
@@ -63,6 +66,7 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):
         self._peer, self._counted = _peer(transport), False
         self._head_timer: asyncio.TimerHandle | None = None
         self._awaiting_head, self._head_bytes, self._seen_cycle = True, 0, None
+        self._head_tail = b""       # the head's last 3 bytes so far: its blank line may be split
         cap = cls.settings.max_connections_per_client
         if cls.open_per_client.get(self._peer, 0) >= cap:
             transport.write(_answer(
@@ -83,9 +87,17 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._awaiting_head:
-            self._head_bytes += len(data)
             if self._head_timer is None:    # a keep-alive's next request: timed from its 1st byte
                 self._arm_head_timer()
+            if self._head_passes_limit(data):     # the parser never sees it
+                if not self.transport.is_closing():
+                    self._cancel_head_timer()
+                    self.transport.write(_answer(
+                        "431 Request Header Fields Too Large",
+                        f"the request head passed {MAX_HEAD_BYTES} bytes: send fewer or smaller "
+                        "headers"))
+                    self.transport.close()
+                return
         super().data_received(data)
         if self.transport.get_protocol() is not self:      # upgraded to a websocket
             self._cancel_head_timer()
@@ -93,19 +105,24 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):
         elif self.cycle is not self._seen_cycle:            # a whole head came: a request runs
             self._seen_cycle, self._awaiting_head = self.cycle, False
             self._cancel_head_timer()
-        elif self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES \
-                and not self.transport.is_closing():
-            self._cancel_head_timer()
-            self.transport.write(_answer(
-                "431 Request Header Fields Too Large",
-                f"the request head passed {MAX_HEAD_BYTES} bytes: send fewer or smaller headers"))
-            self.transport.close()
+
+    def _head_passes_limit(self, data: bytes) -> bool:
+        """Counts the head's bytes that `data` brings: True when the head has more than
+        MAX_HEAD_BYTES, i.e. its blank line (CRLF CRLF, maybe split over reads) does not end
+        within the bytes it may still have. The bytes after that line (the body, or a line that
+        started no request) are counted too: a head that never starts a request stays bounded."""
+        room = MAX_HEAD_BYTES - self._head_bytes
+        if len(data) > room and b"\r\n\r\n" not in self._head_tail + data[:max(room, 0)]:
+            return True
+        self._head_bytes += len(data)
+        self._head_tail = (self._head_tail + data[-3:])[-3:]
+        return False
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing() and (self.cycle is None
                                                 or self.cycle.response_complete):
-            self._awaiting_head, self._head_bytes = True, 0
+            self._awaiting_head, self._head_bytes, self._head_tail = True, 0, b""
 
     # ---- the header timer and the per-client count ----
 

@@ -5,7 +5,9 @@ the same bytes every time, locally or through a running server."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,10 +30,13 @@ CHAIN = 3                      # tokens generated after the prompt, the last one
 
 @pytest.fixture(scope="module")
 def export_data(data_dir, tmp_path_factory):
-    """A data dir of this module's own, with the session's cached tokenizers and token files."""
+    """A data dir of this module's own, with the session's cached tokenizers and token files,
+    also in the corpus cache that servers and `andrea export` read when one is set
+    (ANDREA_CACHE_DIR: the session's, see conftest.py)."""
     path = tmp_path_factory.mktemp("export-data")
-    for sub in ("tokenizers", "tokens"):
-        shutil.copytree(data_dir / sub, path / sub)
+    for folder in {path, Path(os.environ.get("ANDREA_CACHE_DIR") or path)}:
+        for sub in ("tokenizers", "tokens"):
+            shutil.copytree(data_dir / sub, folder / sub, dirs_exist_ok=True)
     return path
 
 

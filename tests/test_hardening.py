@@ -118,7 +118,7 @@ def server(tmp_path, monkeypatch):
 def test_silent_viewers_hold_bounded_memory_and_are_freed(server):
     """20 viewers that never read, on a 50,000-record run. Before: each loaded the whole backlog
     and kept it while its send was blocked (+707 MiB for 20 on 100k records, never freed)."""
-    proc, url = server(viewer_send_timeout_s=3)
+    proc, url = server(viewer_send_timeout_s=3, max_viewers_per_client=20)
     run = new_run(url, steps=50_000)
     fill(url, run, 1, 50_000)
     time.sleep(0.5)

@@ -82,6 +82,9 @@ class Viewer(threading.Thread):
 def test_soak(tmp_path, monkeypatch):
     monkeypatch.setenv("ANDREA_VIEWER_SEND_TIMEOUT_S", "3")
     monkeypatch.setenv("ANDREA_VIEWER_QUEUE_BYTES", str(256 << 10))
+    # Every viewer here shares 127.0.0.1: the per-address viewer bounds must leave room for all.
+    monkeypatch.setenv("ANDREA_MAX_VIEWERS_PER_CLIENT", "100")
+    monkeypatch.setenv("ANDREA_VIEWER_BACKLOG_BURST_BYTES", str(1 << 30))
     data, port = tmp_path / "data", free_port()
     proc, url = start_server(data, port)
     peak, samples = [0.0], []

@@ -29,10 +29,11 @@ from andrea.store import Store
 from tests import aio
 from tests.test_hardening import hello, new_run, record, rss_mib, ws_url
 
-# Enough connections from this one client for the crowd below (the per-client cap is another
-# test's subject), and waiting batches that outlast a loaded machine's slowest steps below (the
-# states are the subject, not the 10 s default).
-ENV = {"ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_BATCH_WAIT_S": "300"}
+# Enough connections and exports at once from this one client for the crowd below (the
+# per-client caps are other tests' subject), and waiting batches that outlast a loaded machine's
+# slowest steps below (the states are the subject, not the 10 s default).
+ENV = {"ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_MAX_EXPORTS_PER_CLIENT": "8",
+       "ANDREA_BATCH_WAIT_S": "300"}
 
 
 @pytest.fixture

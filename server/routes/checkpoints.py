@@ -41,6 +41,7 @@ from andrea.deps import (
     RunDep,
     RunsDep,
     SettingsDep,
+    StorageDep,
     StoreDep,
     TokenRunDep,
     WritableRunDep,
@@ -51,9 +52,9 @@ from andrea.fanout import Fanout
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
 from andrea.paths import run_dir
-from andrea.quotas import check_disk_floor
 from andrea.run_info import RESUMABLE
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
+from andrea.storage import Reservation
 from andrea.store import StoreUnavailable
 from andrea.telemetry.lifecycle import current_run, no_trainer, watch_resumed
 
@@ -99,30 +100,33 @@ def _check_length(got: int, expected: int, cfg: dict, sections: list[dict],
 @router.put("/runs/{run_id}/checkpoints/{step}", status_code=201)
 async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, store: StoreDep,
                          fanout: FanoutDep, ckpts: CheckpointsDep,
-                         settings: SettingsDep) -> CheckpointStored:
+                         storage: StorageDep) -> CheckpointStored:
     """The complete training state after `step` steps. On any error the previous checkpoints
-    stay as they were."""
+    stay as they were. Its bytes are reserved in the storage budget (507 past the data dir's
+    floor, uploads at once counted together) until it is stored or refused."""
     run_id, cfg = run["id"], run["config"]
     if not 1 <= step <= cfg["steps"]:
         raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
     sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"])
     expected = sum(s["bytes"] for s in sections)
-    await asyncio.to_thread(check_disk_floor, ckpts.data_dir, settings.min_free_bytes, expected,
-                            f"checkpoint {step}")
     declared = request.headers.get("content-length")
     if declared is not None:        # refused before reading a byte of a wrong-sized body
         if not (declared.isascii() and declared.isdecimal()):
             raise HTTPException(400, f"bad Content-Length {declared[:40]!r}")
         _check_length(int(declared), expected, cfg, sections)
+    held = await storage.reserve(expected, f"checkpoint {step}")    # 507 past the floor
     try:
         chunk = checkpoints.CHUNK_BYTES       # (read at call time: tests make it small)
         digests = parse_digests(request.headers.get("x-andrea-chunk-sha256"), expected, chunk)
         upload = await asyncio.to_thread(ckpts.begin, run_id, step, expected, digests, chunk)
-    except (CheckpointError, OSError) as e:
-        raise _http(e) or e
+    except BaseException as e:
+        held.release()
+        if isinstance(e, (CheckpointError, OSError)):
+            raise _http(e) or e
+        raise
     meta = None
     try:
-        await _receive(request, upload, expected, cfg, sections)
+        await _receive(request, upload, expected, cfg, sections, held)
         async with fanout.run_lock(run_id):
             # The run may have been deleted, or a resume revoked this token, while the body
             # streamed in.
@@ -140,6 +144,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     except (CheckpointError, OSError) as e:
         raise _http(e) or e
     finally:
+        held.release()
         await asyncio.to_thread(ckpts.discard, upload)     # a no-op once committed
         if meta is None:    # refused: a delete meanwhile leaves no folder made by begin()
             with contextlib.suppress(HTTPException, StoreUnavailable):
@@ -159,9 +164,10 @@ async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
 
 
 async def _receive(request: Request, upload: Upload, expected: int, cfg: dict,
-                   sections: list[dict]) -> None:
-    """The body into the upload, hashed and written in worker threads a few MiB at a time;
-    a body past `expected` is refused as soon as it gets there."""
+                   sections: list[dict], held: Reservation) -> None:
+    """The body into the upload, hashed and written in worker threads a few MiB at a time
+    (each told to the storage budget); a body past `expected` is refused as soon as it gets
+    there."""
     size = 0
     pending = bytearray()
     async for piece in request.stream():
@@ -172,8 +178,10 @@ async def _receive(request: Request, upload: Upload, expected: int, cfg: dict,
         if len(pending) >= FLUSH_BYTES:
             buf, pending = pending, bytearray()
             await asyncio.to_thread(upload.write, buf)
+            held.wrote(len(buf))
     if pending:
         await asyncio.to_thread(upload.write, pending)
+        held.wrote(len(pending))
     _check_length(size, expected, cfg, sections)
 
 

@@ -1,26 +1,33 @@
 """Exports of a run: its metrics (JSON or CSV, streamed in pages from the store) and its weights
 (a Hugging Face safetensors file streamed from the final upload or a checkpoint, or the whole
-checkpoint folder as one zip). Reads, open to all: the dashboard's download links."""
+checkpoint folder as one zip, made as it is sent: nothing on disk). Reads, open to all: the
+dashboard's download links; zips at most Settings.max_exports_per_client at once per address."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
-import shutil
-import tempfile
-from pathlib import Path
+import threading
+import weakref
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import FileResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import Response, StreamingResponse
 
-from andrea.deps import RunDep, SettingsDep, StoreDep
-from andrea.export import export_run, safetensors_stream, tokenizer_path, zip_folder
+from andrea.deps import RunDep, SettingsDep, StoreDep, get_existing_run
+from andrea.export import (
+    export_files,
+    safetensors_stream,
+    tokenizer_path,
+    zip_size,
+    zip_stream,
+)
 from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import run_layout
+from andrea.quotas import ClientSlots, app_state
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -97,30 +104,127 @@ async def get_model(run: RunDep, settings: SettingsDep, step: CheckpointStep = N
 
 
 @router.get("/runs/{run_id}/export.zip")
-async def get_export(run: RunDep, store: StoreDep, settings: SettingsDep,
+async def get_export(run_id: str, store: StoreDep, settings: SettingsDep, request: Request,
                      step: CheckpointStep = None):
     """The whole Hugging Face checkpoint (`andrea export` writes the same files) as one zip;
     `andrea export --server` unpacks it. Without the run's tokenizer built yet, the zip holds
-    the weights, configs and card only, as a local export does."""
-    run_id, data_dir = run["id"], settings.data_dir
-    # The card's four facts by query, on a reader thread: no run is read whole.
-    records = await store.read(store.card_summary, run_id, step)
-    tmp = Path(tempfile.mkdtemp(prefix="andrea-export-", dir=data_dir))
+    the weights, configs and card only, as a local export does. The zip is made as it is sent
+    (export.zip_stream, on a thread of its own, a few pieces ahead of the reader): nothing is
+    written to disk, no more than a few MiB held. At most max_exports_per_client at once per
+    client address (429 with Retry-After past it), counted before the run is even read."""
+    client = request.client.host if request.client else ""
+    slots = app_state(request.app, "export_slots",
+                      lambda: ClientSlots(settings.max_exports_per_client))
+    release = slots.take(client)
+    if release is None:
+        raise HTTPException(429, f"too many exports at once from {client}: "
+                                 f"{settings.max_exports_per_client} at a time "
+                                 "(ANDREA_MAX_EXPORTS_PER_CLIENT); try again once one has "
+                                 "finished", headers={"Retry-After": str(EXPORT_RETRY_S)})
     try:
-        await asyncio.to_thread(export_run, run, data_dir,
-                                tokenizer_path(settings.corpus_dir, run), tmp / "hf", records,
-                                step, settings.corpus_dir)
-        await asyncio.to_thread(zip_folder, tmp / "hf", tmp / "export.zip")
-        await asyncio.to_thread(shutil.rmtree, tmp / "hf")   # one copy held while it is sent
+        run = await get_existing_run(run_id, store)
+        # The card's four facts by query, on a reader thread: no run is read whole.
+        records = await store.read(store.card_summary, run_id, step)
+        files = await asyncio.to_thread(export_files, run, settings.data_dir,
+                                        tokenizer_path(settings.corpus_dir, run), records,
+                                        step, settings.corpus_dir)
     except Exception as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        release()
         if isinstance(e, FileNotFoundError):   # no weights uploaded yet, no such checkpoint
             raise HTTPException(404, str(e)) from e
         if isinstance(e, ValueError):          # weights of the wrong size, a foreign tokenizer,
                                                # a damaged checkpoint
             raise HTTPException(500, str(e)) from e
         raise
+    except BaseException:
+        release()
+        raise
     name = f"andrea-{run_id}" + (f"-step{step}" if step else "")
-    return FileResponse(tmp / "export.zip", media_type="application/zip",
-                        filename=f"{name}.zip",
-                        background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
+    headers = {"content-disposition": f'attachment; filename="{name}.zip"'}
+    if (size := zip_size(files)) is not None:
+        headers["content-length"] = str(size)
+    body = _zip_pieces(files, release)
+    weakref.finalize(body, release)     # a response never started: its slot comes back too
+    return StreamingResponse(body, media_type="application/zip", headers=headers)
+
+
+EXPORT_RETRY_S = 5          # Retry-After of an export refused for the client's count
+ZIP_CHUNK = 256 << 10       # bytes of the zip handed to the response at a time
+ZIP_AHEAD = 4               # chunks the zip's thread may make before the reader takes them
+
+
+class _ReaderGone(Exception):
+    """The export's reader went away: its zip's thread stops."""
+
+
+class _ZipPipe:
+    """The file the zip's thread writes (write() only: zipfile then needs no seek) and the
+    chunks the response reads, at most ZIP_AHEAD in between: a slow reader holds the thread,
+    not memory."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.chunks = loop, asyncio.Queue(ZIP_AHEAD)
+        self.buf = bytearray()
+        self.gone = threading.Event()
+
+    def write(self, data) -> int:
+        self.buf += data
+        if len(self.buf) >= ZIP_CHUNK:
+            view = memoryview(self.buf)
+            whole = len(view) - len(view) % ZIP_CHUNK
+            try:
+                for at in range(0, whole, ZIP_CHUNK):
+                    self.put(bytes(view[at:at + ZIP_CHUNK]))
+            finally:
+                view.release()
+            del self.buf[:whole]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def put(self, item) -> None:
+        """On the zip's thread: waits (for the reader) until the chunk is queued."""
+        if self.gone.is_set():
+            raise _ReaderGone()
+        done = asyncio.run_coroutine_threadsafe(self.chunks.put(item), self.loop)
+        while True:
+            try:
+                done.result(timeout=0.5)
+                return
+            except TimeoutError:
+                if self.gone.is_set():
+                    done.cancel()
+                    raise _ReaderGone() from None
+
+
+def _write_zip(files, pipe: _ZipPipe) -> None:
+    try:
+        zip_stream(files, pipe)
+        if pipe.buf:
+            pipe.put(bytes(pipe.buf))
+        pipe.put(None)
+    except _ReaderGone:
+        pass
+    except BaseException as e:      # (the response is under way: it is cut short)
+        with contextlib.suppress(_ReaderGone, RuntimeError):
+            pipe.put(e)
+    finally:
+        for f in files:
+            f.pieces.close()        # the weights file closed, whatever happened
+
+
+async def _zip_pieces(files, release):
+    """The zip's bytes as zip_stream makes them on a thread of its own (not a pool's: a slow
+    reader holds it); the client's slot back when the response ends or is cut."""
+    pipe = _ZipPipe(asyncio.get_running_loop())
+    try:
+        threading.Thread(target=_write_zip, args=(files, pipe), daemon=True,
+                         name="andrea-export-zip").start()
+        while (chunk := await pipe.chunks.get()) is not None:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk
+    finally:
+        pipe.gone.set()
+        release()

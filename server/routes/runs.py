@@ -21,6 +21,7 @@ import logging
 import secrets
 import shutil
 import time
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
@@ -39,6 +40,7 @@ from andrea.deps import (
     RunLimiterDep,
     RunsDep,
     SettingsDep,
+    StorageDep,
     StoreDep,
     WritableRunDep,
     authorize,
@@ -48,11 +50,11 @@ from andrea.deps import (
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
-from andrea.quotas import check_disk_floor
 from andrea.routes.checkpoints import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
 from andrea.run_info import abandoned_message, checkpoint_info, public_run
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
+from andrea.storage import estimated_run_bytes, mib
 from andrea.telemetry.lifecycle import no_trainer, publish_run
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -85,7 +87,8 @@ def get_run_layout(run: RunDep) -> LayoutWithState:
 @router.post("/runs", status_code=201)
 async def create_run(config: RunConfig, request: Request, store: StoreDep, data: DataDep,
                      runs: RunsDep, fanout: FanoutDep, ckpts: CheckpointsDep,
-                     settings: SettingsDep, limiter: RunLimiterDep) -> RunCreated:
+                     settings: SettingsDep, limiter: RunLimiterDep,
+                     storage: StorageDep) -> RunCreated:
     """A new run; with `parent`, a branch that starts after the parent's checkpoint (by the
     parent's owner: its checkpoint becomes the branch's, readable with the branch's token)."""
     if config.parent is not None:
@@ -101,6 +104,7 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
         cfg["sources"] = _picked_sources(config.sources, [s.name for s in data.sources()])
     spec = BatchSpec.of_run(cfg)
     layout = run_layout(cfg)
+    await _storage_quota(cfg, layout, data, settings, storage)
     if config.parent is None:
         await store.run(store.create_run, run_id, cfg, token_hash(token), None)
         # Its viewers (and the list) read "never started" once the grace period has passed
@@ -120,16 +124,36 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
 
 
 async def _run_quotas(request: Request, limiter, store, settings) -> None:
-    """A new run's quotas: the client's rate (429), the runs stored in all and the data dir's
-    free-space floor (507)."""
+    """A new run's quotas: the client's rate (429) and the runs stored in all (507); its
+    storage is _storage_quota's."""
     limiter.check(request.client.host if request.client else "", "new runs")
     count = await store.run(store.count_runs)
     if count >= settings.max_runs:
         raise HTTPException(507, f"this server holds {count} runs, its limit (ANDREA_MAX_RUNS):"
                                  " delete runs you no longer need (the runs page, or DELETE "
                                  "/api/runs/{id}), then create this one again")
-    await asyncio.to_thread(check_disk_floor, settings.data_dir, settings.min_free_bytes, 0,
-                            "a new run")
+
+
+async def _storage_quota(cfg: dict, layout: dict, data, settings, storage) -> None:
+    """The records a new run's config will store (storage.estimated_run_bytes: its steps, each
+    with per-row losses, per-tensor grad norms and source losses): 422 past max_run_bytes (the
+    config asks for more than a run may have here: fewer steps or a smaller batch), 507 when
+    they do not fit above the data dir's floor (the server's state: free space, try again)."""
+    sources = len(cfg["sources"]) if cfg.get("sources") else len(
+        await asyncio.to_thread(data.sources))
+    steps, batch, tensors = cfg["steps"], cfg["batch_size"], len(layout["params"])
+    per_step = estimated_run_bytes(1, batch, tensors, sources)
+    estimate = estimated_run_bytes(steps, batch, tensors, sources)
+    how = (f"{steps:,} steps x ~{per_step / 1000:,.1f} KB a record: per-row losses of batch "
+           f"{batch}, grad norms of {tensors} tensors")
+    if estimate > settings.max_run_bytes:
+        fits = settings.max_run_bytes // per_step
+        raise HTTPException(422, f"this run's records would take about {mib(estimate)} in the "
+                                 f"store ({how}), more than the {mib(settings.max_run_bytes)} "
+                                 "a run may store on this server (ANDREA_MAX_RUN_BYTES): ask "
+                                 f"for at most {fits:,} steps, or a smaller batch_size. "
+                                 "Nothing was stored")
+    await storage.check_run(estimate, how)
 
 
 def _picked_sources(picked: list[str], names: list[str]) -> list[str]:
@@ -193,15 +217,37 @@ async def _expire_later(store, fanout, grace_s: float) -> None:
 
 
 EXPIRE_EVERY_S = 5.0        # how often the app's sweep expires runs that never started
+# A branch whose copy has not moved for this long was left by a process that died mid-copy (a
+# live copy commits a page every fraction of a second, each page touching the branch's row).
+BRANCH_STALE_S = 300.0
 
 
-async def expire_runs(store, fanout, grace_s: float) -> None:
+async def drop_unfinished_branches(store, data_dir: Path, before: float | None) -> list[str]:
+    """Branches a process left half-copied when it died (store.unfinished_branches: their copy
+    last moved before `before`; None: all): their rows, records and files removed. At start
+    (app.py: all of them when this process is the only one), and by the sweep of processes that
+    share their store (expire_runs). Returns their ids."""
+    dropped = await store.run(store.unfinished_branches, before)
+    for run_id in dropped:
+        while await store.run(store.drop_branch_page, run_id):
+            pass
+        await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
+        log.warning("run %s: a branch left half-copied (its server stopped mid-copy) was "
+                    "removed", run_id)
+    return dropped
+
+
+async def expire_runs(store, fanout, grace_s: float, data_dir: Path | None = None) -> None:
     """The app's sweep, started with its lifespan (app.py): now, for the runs left from before
     a restart, then every EXPIRE_EVERY_S in the background, for what a run's own timer
-    (_expire_later) missed (the store out of reach then, the process that made it gone)."""
+    (_expire_later) missed (the store out of reach then, the process that made it gone). With
+    `data_dir` (processes sharing the store), also the branches whose copy stopped moving
+    BRANCH_STALE_S ago (drop_unfinished_branches: their process died)."""
     async def sweep(failing: bool) -> bool:
         try:
             await _expire(store, fanout, grace_s)
+            if data_dir is not None:
+                await drop_unfinished_branches(store, data_dir, time.time() - BRANCH_STALE_S)
             return False
         except Exception:
             if not failing:     # once, not every few seconds while the store is away
@@ -258,10 +304,10 @@ async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
                     before: Annotated[str | None, Query(max_length=200)] = None) -> list[Run]:
     """A page of runs, newest first: `limit` of them, those after the cursor `before`. A
     `Link: <...>; rel="next"` header names the next page while there may be more, and
-    X-Total-Count says how many are stored. Their rows alone (reading them costs the same
-    however many records they hold); nothing is written."""
+    X-Total-Count says how many are listed (a branch still being made is neither). Their rows
+    alone (reading them costs the same however many records they hold); nothing is written."""
     rows = await store.run(store.list_runs, limit, before and _parse_cursor(before))
-    response.headers["X-Total-Count"] = str(await store.run(store.count_runs))
+    response.headers["X-Total-Count"] = str(await store.run(store.count_runs, True))
     if len(rows) == limit:
         response.headers["Link"] = (f"</api/runs?limit={limit}&before="
                                     f"{quote(_cursor(rows[-1]), safe='')}>; rel=\"next\"")
@@ -312,28 +358,29 @@ async def delete_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep, runs:
 
 @router.put("/runs/{run_id}/weights", status_code=204)
 async def put_weights(request: Request, run: WritableRunDep, settings: SettingsDep,
-                      store: StoreDep, fanout: FanoutDep):
+                      store: StoreDep, fanout: FanoutDep, storage: StorageDep):
     """The training tab's final weights: W as little-endian f32 in table order, exactly
-    total_numel floats, authorised by the run's write token (Authorization: Bearer ...)."""
+    total_numel floats, authorised by the run's write token (Authorization: Bearer ...). Its
+    bytes are reserved in the storage budget (507 past the floor) until stored or refused."""
     run_id = run["id"]
     expected = 4 * run_layout(run["config"])["total_numel"]
-    await asyncio.to_thread(check_disk_floor, settings.data_dir, settings.min_free_bytes,
-                            expected, "the weights")
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdecimal() and int(declared) > expected:   # unread
         raise HTTPException(413, f"weights must be exactly {expected} bytes (the body is "
                                  f"{declared}); nothing was stored")
+    held = await storage.reserve(expected, "the weights")     # 507 past the floor
     dest = weights_path(settings.data_dir, run_id)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")
     size = 0
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:   # streamed to disk off the event loop, never held whole
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > expected:
                     break
                 await asyncio.to_thread(f.write, chunk)
+                held.wrote(len(chunk))
         if size != expected:
             raise HTTPException(413 if size > expected else 400,
                                 f"weights must be exactly {expected} bytes (got {size}"
@@ -352,6 +399,7 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
         await gone_meanwhile(store, settings.data_dir, run_id, "weights")
         raise
     finally:
+        held.release()
         tmp.unlink(missing_ok=True)     # (gone once it replaced the weights)
     # Viewers show the model link now, without a reload.
     await publish_run(store, fanout, run_id, has_weights=True)

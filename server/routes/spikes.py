@@ -4,13 +4,31 @@ andrea/spike_anatomy.py; here the committed records are read a page at a time, t
 named from the run's layout, and each outlier row of the newest spikes gets its data source and
 the start of its text: the row's tokens made again from the run's batch spec (the same bytes
 the trainer got for that step) and decoded with the run's tokenizer. A read, open to all, like
-the metrics."""
+the metrics.
+
+What a read may cost is bounded (viewers poll it while a run trains): the answer is made once
+per (run, last step), by one task that every request for it awaits, and kept, encoded, until
+the run's last step moves; making it is incremental: the run's detector (SpikeFinder) is kept
+and fed only the records after the last one it saw (a resume that cut the records back to
+before it starts it over), and each spike's rows are described once (its batch made once).
+So a new answer costs what the new records cost, not the run's length: each spike's JSON is
+made once too (again only where its rows or boundary gain their description), an answer joins
+them. At most COMPUTING are made at once; a run's newest MAX_SPIKES are kept and listed (a
+run that found more says how many older ones were left out: `omitted`), and the runs kept
+hold at most KEPT_BYTES of JSON. The x-andrea-spikes header says how an answer came:
+`computed; records=N; batches=M` (records fed, batches made for it), `shared` (another
+request's computation) or `kept`. (A trainer that commits a step below one the detector has
+seen, out of order, is not seen until the detector starts over; the engine sends its steps in
+order.)"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import OrderedDict
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from andrea import spike_anatomy as anatomy
@@ -19,84 +37,252 @@ from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
 from andrea.deps import DataDep, RunDep, RunsDep, StoreDep
 from andrea.model import run_layout
-from andrea.routes.exports import record_pages
+from andrea.quotas import app_state
+from andrea.routes.exports import METRICS_PAGE
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
 DETAILED = 50       # the newest spikes whose outlier rows get their source and text
 TEXT_CHARS = 300    # of each row's text
-CACHED = 64         # runs whose answer is kept until their last step moves (viewers poll it)
-_answers: OrderedDict[str, tuple[int | None, dict]] = OrderedDict()
+CACHED = 64         # runs whose detector and answer are kept (the least recently asked go)
+KEPT_BYTES = 32 << 20   # ... and their JSON in all (answers and spikes'), at most: the same
+MAX_SPIKES = 5000       # a run's newest spikes kept and listed (a NaN every step is a spike)
+COMPUTING = 2       # answers made at once, over all runs
+HEADER = "x-andrea-spikes"
+RULE = {"window": rule.WINDOW, "factor": rule.FACTOR, "min_history": rule.MIN_HISTORY,
+        "quiet": rule.QUIET, "boundary": rule.BOUNDARY, "top_tensors": anatomy.TOP_TENSORS,
+        "collapse_denom": anatomy.COLLAPSE_DENOM, "logit_factor": anatomy.LOGIT_FACTOR}
+
+
+def _json(obj) -> bytes:
+    """As the app's JSON responses encode (starlette's JSONResponse.render)."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode("utf-8")
+
+
+class _RunSpikes:
+    """One run's detector, fed up to `fed` (the step and commit time of the last record it
+    saw; its newest MAX_SPIKES spikes kept, `omitted` older ones dropped), its spikes' described
+    rows (step -> {row: (source, text), or None where the batch has no such row}), each spike's
+    JSON as last listed (step -> ((rows described, boundary weights known), JSON)), and its last
+    answer (last step, JSON)."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.lock = asyncio.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.finder = rule.SpikeFinder(self.names)
+        self.fed: tuple[int, float | None] | None = None
+        self.omitted = 0
+        self.described: dict[int, dict[int, tuple[str, str] | None]] = {}
+        self.shown: dict[int, tuple[tuple[bool, bool], bytes]] = {}
+        self.answer: tuple[int | None, bytes] | None = None
+
+
+class Spikes:
+    """The app's (app.state.spikes): the runs' detectors (LRU), the answers being made by
+    (run, last step), and how many were made (`computed`)."""
+
+    def __init__(self):
+        self.runs: OrderedDict[str, _RunSpikes] = OrderedDict()
+        self.flights: dict[tuple[str, int | None], asyncio.Future] = {}
+        self.computing = asyncio.Semaphore(COMPUTING)
+        self.computed = 0
 
 
 @router.get("/runs/{run_id}/spikes")
-async def get_spikes(run: RunDep, store: StoreDep, hub: DataDep, runs: RunsDep) -> dict:
+async def get_spikes(request: Request, run: RunDep, store: StoreDep, hub: DataDep,
+                     runs: RunsDep) -> dict:
     """The run's spikes, oldest first: step, grad norm, its running level and their ratio, why
     it counts (reasons), the phase boundary it follows, its outlier rows (row index, loss,
     excess over the step's loss, source, text), and its anatomy: the tensors and the layer with
     the largest shares of the step's squared gradient norm, its non-finite gradient elements,
     the loss kernel's largest |logit| and smallest softmax denominator, and numerical flags;
     with the rule that found them."""
-    kept = _answers.get(run["id"])
-    if kept and kept[0] == run.get("last_step"):
-        _answers.move_to_end(run["id"])
-        return kept[1]
-    finder = rule.SpikeFinder([p["name"] for p in run_layout(run["config"])["params"]])
-    async for page in record_pages(store, run["id"]):   # fed off the event loop
-        await run_in_threadpool(lambda page=page: [finder.feed(r) for r in page])
-    found = finder.spikes
+    cache: Spikes = app_state(request.app, "spikes", Spikes)
+    run_id, last = run["id"], run.get("last_step")
+    state = cache.runs.get(run_id)
+    if state is not None and state.answer is not None and state.answer[0] == last:
+        cache.runs.move_to_end(run_id)
+        return _response(state.answer[1], "kept")
+    key = (run_id, last)
+    flight = cache.flights.get(key)
+    if flight is not None:
+        body, _ = await asyncio.shield(flight)
+        return _response(body, "shared")
+    flight = cache.flights[key] = asyncio.ensure_future(_compute(cache, run, store, hub, runs))
+    flight.add_done_callback(lambda f: _landed(cache, key, f))
+    body, how = await asyncio.shield(flight)    # (made to the end if this request goes)
+    return _response(body, how)
+
+
+def _response(body: bytes, how: str) -> Response:
+    return Response(body, media_type="application/json", headers={HEADER: how})
+
+
+def _landed(cache: Spikes, key: tuple, flight: asyncio.Future) -> None:
+    if cache.flights.get(key) is flight:
+        del cache.flights[key]
+    if not flight.cancelled():
+        flight.exception()      # retrieved: a failure is its requests' (503, 500), not lost
+
+
+async def _compute(cache: Spikes, run: dict, store, hub, runs) -> tuple[bytes, str]:
+    """The run's answer, made from its kept detector (fed the records it has not seen) and
+    kept: (JSON, how it was made)."""
+    run_id, last = run["id"], run.get("last_step")
+    names = [p["name"] for p in run_layout(run["config"])["params"]]
+    async with cache.computing:
+        state = cache.runs.get(run_id)
+        if state is None or state.names != names:
+            state = cache.runs[run_id] = _RunSpikes(names)
+        cache.runs.move_to_end(run_id)
+        while len(cache.runs) > CACHED:
+            cache.runs.popitem(last=False)
+        async with state.lock:
+            try:
+                fed = await _feed(state, store, run_id)
+                body, made = await _answer(state, hub, runs, run_id)
+            except BaseException:
+                state.reset()   # fed part of a page, perhaps: start over next time
+                raise
+            state.answer = (last, body)
+            cache.computed += 1
+        # (A run's spikes' JSON is about its answer's size again.)
+        kept = sum(2 * len(s.answer[1]) for s in cache.runs.values() if s.answer)
+        while kept > KEPT_BYTES and len(cache.runs) > 1:
+            _, gone = cache.runs.popitem(last=False)
+            kept -= 2 * len(gone.answer[1]) if gone.answer else 0
+    return body, f"computed; records={fed}; batches={made}"
+
+
+async def _feed(state: _RunSpikes, store, run_id: str) -> int:
+    """Feeds the detector the records after the last one it saw, a page at a time (off the
+    event loop); starts it over where the run's records went back (a resume deleted the last
+    one it saw: gone, or committed again since, at another time). Returns the records fed."""
+    check = state.fed is not None
+    after = state.fed[0] - 1 if check else None
+    fed = 0
+    while True:
+        page = await store.run(store.metrics_page, run_id, after, METRICS_PAGE)
+        full = len(page) == METRICS_PAGE
+        if check:
+            check = False
+            if not page or (page[0]["step"], page[0].get("time")) != state.fed:
+                state.reset()
+                after = None
+                continue
+            page = page[1:]
+        if page:
+            await run_in_threadpool(lambda page=page: [state.finder.feed(r) for r in page])
+            state.fed = (page[-1]["step"], page[-1].get("time"))
+            fed += len(page)
+            spikes = state.finder.spikes        # (feed only appends to it)
+            if len(spikes) > MAX_SPIKES:
+                old = len(spikes) - MAX_SPIKES
+                for s in spikes[:old]:
+                    state.shown.pop(s["step"], None)
+                del spikes[:old]
+                state.omitted += old
+        if not full:
+            return fed
+        after = state.fed[0]
+
+
+async def _answer(state: _RunSpikes, hub, runs, run_id: str) -> tuple[bytes, int]:
+    """The answer's JSON from the detector's spikes (never changed here: copies get the rows'
+    source and text and the boundaries' weights), each spike's encoded once for each form it
+    is listed in; and how many batches were made for it."""
+    found = state.finder.spikes
     newest = [s for s in found[-DETAILED:] if s["rows"]]
-    if newest:
-        await run_in_threadpool(_describe_rows, hub, runs, run["id"], newest)
+    missing = [s for s in newest if s["step"] not in state.described]
+    made = {}
+    if missing:
+        made = await run_in_threadpool(_describe_rows, hub, runs, run_id, missing)
+    steps = {s["step"] for s in newest}     # older spikes are never described again
+    state.described = {k: v for k, v in {**state.described, **made}.items() if k in steps}
+    weights = {}
     if any(s.get("boundary") for s in found):
-        await run_in_threadpool(_describe_boundaries, hub, runs, run["id"], found)
-    answer = {"rule": {"window": rule.WINDOW, "factor": rule.FACTOR,
-                       "min_history": rule.MIN_HISTORY, "quiet": rule.QUIET,
-                       "boundary": rule.BOUNDARY, "top_tensors": anatomy.TOP_TENSORS,
-                       "collapse_denom": anatomy.COLLAPSE_DENOM,
-                       "logit_factor": anatomy.LOGIT_FACTOR},
-              "spikes": found}
-    _answers[run["id"]] = (run.get("last_step"), answer)
-    while len(_answers) > CACHED:
-        _answers.popitem(last=False)
-    return answer
+        weights = await run_in_threadpool(_describe_boundaries, hub, runs, run_id, found)
+    body = await run_in_threadpool(_encode, state, weights)
+    return body, len(made)
 
 
-def _describe_rows(hub, runs, run_id: str, found: list[dict]) -> None:
-    """Adds source and text to each spike's rows, where the run's batches can be made here."""
+def _encode(state: _RunSpikes, weights: dict[int, list]) -> bytes:
+    """{"rule": RULE, "spikes": [...], "omitted": N (only where some were)}, as _json would
+    encode it, from each spike's JSON as it was last made where its form is the same."""
+    found, shown = state.finder.spikes, state.shown
+    window = max(0, len(found) - DETAILED)
+    parts = []
+    for i, s in enumerate(found):
+        rows = state.described.get(s["step"]) if i >= window and s["rows"] else None
+        w = weights.get(i)
+        form = (rows is not None, w is not None)
+        kept = shown.get(s["step"])
+        if kept is None or kept[0] != form:
+            spike = s
+            if rows is not None:
+                spike = {**spike, "rows": [_described(row, rows.get(row["row"]))
+                                           for row in s["rows"]]}
+            if w is not None:
+                spike = {**spike, "boundary": {**s["boundary"], "weights": w}}
+            kept = shown[s["step"]] = (form, _json(spike))
+        parts.append(kept[1])
+    omitted = b',"omitted":%d' % state.omitted if state.omitted else b""
+    return b'{"rule":' + _json(RULE) + b',"spikes":[' + b",".join(parts) + b"]" + omitted + b"}"
+
+
+def _described(row: dict, described: tuple[str, str] | None) -> dict:
+    if described is None:
+        return row
+    return {**row, "source": described[0], "text": described[1]}
+
+
+def _describe_rows(hub, runs, run_id: str, found: list[dict]
+                   ) -> dict[int, dict[int, tuple[str, str] | None]]:
+    """Each spike's rows' source and text, by step (None: its batch has no such row), where
+    the run's batches can be made here; a step whose batch cannot be made is left out."""
     spec = runs.get(run_id)
     if spec is None:
-        return
+        return {}
     corpus = hub.prepared(spec.vocab_size)
     bandit = runs.bandit(run_id, corpus.source_names)
+    out = {}
     for s in found:
         try:
             batch = make_batch(corpus, spec, s["step"] - 1, "train", bandit)
         except Exception:   # a corpus changed since, a phase not decided here: rows as they are
             continue
+        rows: dict[int, tuple[str, str] | None] = {}
         for row in s["rows"]:
             b = row["row"]
-            if b < len(batch.sources):
-                row["source"] = corpus.source_names[int(batch.sources[b])]
-                row["text"] = tk.decode(corpus.tokenizer, batch.tokens[b][:-1])[:TEXT_CHARS]
+            rows[b] = None if b >= len(batch.sources) else (
+                corpus.source_names[int(batch.sources[b])],
+                tk.decode(corpus.tokenizer, batch.tokens[b][:-1])[:TEXT_CHARS])
+        out[s["step"]] = rows
+    return out
 
 
-def _describe_boundaries(hub, runs, run_id: str, found: list[dict]) -> None:
-    """Adds to each phase boundary the sources whose sampling weight changed there:
-    boundary.weights = [{source, before, after}], the largest change first (phases decided here
-    only: an answer never waits for the bandit)."""
+def _describe_boundaries(hub, runs, run_id: str, found: list[dict]) -> dict[int, list]:
+    """For each phase boundary (by its spike's index in `found`), the sources whose sampling
+    weight changed there: boundary.weights = [{source, before, after}], the largest change
+    first (phases decided here only: an answer never waits for the bandit)."""
     spec = runs.get(run_id)
     if spec is None:
-        return
+        return {}
     bandit = runs.bandit(run_id, hub.prepared(spec.vocab_size).source_names)
     if bandit is None:
-        return
+        return {}
     phases = {p.index: p.weights for p in bandit.phases()}
-    for s in found:
+    out = {}
+    for i, s in enumerate(found):
         b = s.get("boundary")
         if not b or b["phase"] not in phases or b["previous"] not in phases:
             continue
         pairs = zip(bandit.sources, phases[b["previous"]], phases[b["phase"]])
         changed = [{"source": n, "before": w0, "after": w1} for n, w0, w1 in pairs
                    if abs(w1 - w0) > 1e-9]
-        b["weights"] = sorted(changed, key=lambda c: -abs(c["after"] - c["before"]))
+        out[i] = sorted(changed, key=lambda c: -abs(c["after"] - c["before"]))
+    return out

@@ -93,10 +93,12 @@ class Runs:
                  "id": before and before[1]}).mappings().all()
         return [run_dict(r) for r in rows]
 
-    def count_runs(self) -> int:
-        """Every stored run (branches being made too): what Settings.max_runs bounds."""
+    def count_runs(self, listed: bool = False) -> int:
+        """Every stored run (branches being made too): what Settings.max_runs bounds; `listed`:
+        those the runs list shows (its X-Total-Count), without the branches being made."""
+        where = " WHERE copying_from IS NULL" if listed else ""
         with self._tx() as db:
-            return db.execute(text("SELECT count(*) FROM runs")).scalar()
+            return db.execute(text(f"SELECT count(*) FROM runs{where}")).scalar()
 
     def update_run(self, run_id: str, fields: dict) -> bool:
         """Sets the given name, tags (a list) and notes; False for an unknown run."""
@@ -209,7 +211,9 @@ class Runs:
     # event naming the parent, its checkpoint step set. The copy goes a page (BRANCH_PAGE
     # rows) at a time, each its own short write transaction, so trainers' commits go on between
     # pages (SQLite: every call is its own job on the store's one thread); the row, marked
-    # `copying_from`, is listed once the last transaction finds the parent unchanged.
+    # `copying_from`, is listed once the last transaction finds the parent unchanged. A process
+    # killed mid-copy leaves it marked: never listed (nor in the list's total), dropped by the app
+    # (unfinished_branches; routes/runs.py drop_unfinished_branches).
     def create_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
                       step: int, name: str | None = None) -> str | None:
         """The branch, made on the calling thread. Returns why not (the parent unknown,
@@ -286,6 +290,9 @@ class Runs:
                 last = db.execute(_LAST_EVENT, copy).first()
                 n = db.execute(_COPY_EVENTS, {**copy, "after_step": last[0] if last else -1,
                                               "after_kind": last[1] if last else ""}).rowcount
+                # (A metrics page sets it with the summary: every page shows the copy is alive.)
+                db.execute(text("UPDATE runs SET updated_at = :now WHERE id = :run_id"),
+                           {"now": time.time(), "run_id": run_id})
         return n
 
     def end_branch(self, run_id: str, parent_id: str, step: int, mark: str) -> str | None:
@@ -299,11 +306,24 @@ class Runs:
                 # A resume deletes the records after its checkpoint, which may be before `step`.
                 return (f"run {parent_id} was resumed while the branch copied its records up to "
                         f"step {step}, which may have changed them: branch it again")
+            if not db.execute(text("UPDATE runs SET copying_from = NULL WHERE id = :id"),
+                              {"id": run_id}).rowcount:
+                return ("the branch's copy stalled so long that it was taken for one a stopped "
+                        "server left, and dropped: branch it again")
             db.execute(PUT_EVENT, {"run_id": run_id, "step": step, "kind": "resumed",
                                    "data": json.dumps({"parent": parent_id})})
-            db.execute(text("UPDATE runs SET copying_from = NULL WHERE id = :id"),
-                       {"id": run_id})
         return None
+
+    def unfinished_branches(self, before: float | None = None) -> list[str]:
+        """Branches being made (copying_from) whose copy last moved before `before` (None: all
+        of them): those a process left when it died mid-copy (kill -9, a crash, a power cut),
+        never to be listed. The caller drops them (drop_branch_page) and their files. A live
+        copy moves every page (each page sets the branch's updated_at)."""
+        with self._tx() as db:
+            return sorted(db.execute(text(
+                "SELECT id FROM runs WHERE copying_from IS NOT NULL"
+                + ("" if before is None else " AND updated_at < :before")),
+                {"before": before}).scalars())
 
     def drop_branch_page(self, run_id: str, limit: int = BRANCH_PAGE) -> int:
         """Deletes a page of a failed branch's metrics; once none is left, its events and row.

@@ -13,10 +13,12 @@ Trainer (`/ws/runs/{id}`, trainer.py), client -> server:
   {"type": "sample", "step": int, "text": str}                      generated text
   {"type": "ping"}
 server -> client: welcome {last_committed_step, records_per_message}, ack {step}, pong,
-error {message} (then the close), notice {message} (the socket stays open: e.g. the run's
-sample quota is reached, later samples are dropped; once per socket). A trainer sends at most
-records_per_message records per metrics message; past Settings.metrics_rate_per_s records a
-second the server reads its socket more slowly (acks come later, nothing is refused).
+error {message, kind?} (then the close), notice {message} (the socket stays open: e.g. the
+run's sample quota is reached, later samples are dropped; once per socket). A trainer sends at
+most records_per_message records per metrics message; past Settings.metrics_rate_per_s records
+a second, or Settings.metrics_bytes_per_s bytes a second of its messages (or
+client_metrics_bytes_per_s from its address, all its trainer sockets together), the server
+reads its socket more slowly (acks come later, nothing is refused).
 Steps are those of the run: 0 .. its `steps`. A finished or failed run stays so: only
 POST /api/runs/{id}/resume (a checkpoint) or a branch trains it again.
 
@@ -35,9 +37,15 @@ Settings.viewer_send_timeout_s frees the connection.
 One trainer per run: a second hello while one is connected is refused, and so is the token a
 resume revoked (routes/checkpoints.py).
 Close codes (an error message comes first): 1003 bad data, 1008 policy (origin, token, revoked
-token, the run already has a trainer, unknown run, a finished run), 1009 too big, 1013 try
-again later (a viewer too slow to keep up; the server cannot store records: full disk,
-read-only data dir — the trainer keeps its unacked records and reconnects).
+token, the run already has a trainer, unknown run, a finished run, too many viewer sockets from
+one address), 1009 too big, 1013 try again later (a viewer too slow to keep up; the server
+cannot store records: full disk, read-only data dir — the trainer keeps its unacked records
+and reconnects), 4507 STORAGE_BUDGET (storage.py: the trainer's records, sample or status
+change would cross the data dir's free-space floor, or its run's max_run_bytes; nothing of that
+message was stored, everything acked before it is): the close reason and the error message
+start with the kind, "disk_floor: ..." or "run_bytes: ...", and the error carries it as
+`kind`; the trainer keeps its unacked records and tries again slowly (every 30 s: the operator
+may free space or delete runs meanwhile).
 """
 
 from __future__ import annotations
@@ -59,6 +67,9 @@ MAX_MESSAGE_BYTES = 1 << 20      # one metrics batch (UTF-8 bytes); a record: ~2
 # lets us set it (uvicorn_shim.py); between the two, the error message comes first.
 TRAINER_FRAME_BYTES = 2 * MAX_MESSAGE_BYTES
 VIEWER_MESSAGE_BYTES = 4096      # a viewer only ever says "from" or "ping"
+# The trainer's close code when the storage budget refuses its message (storage.StorageFull):
+# 4000-4999 are the application's; 507 as HTTP's Insufficient Storage.
+STORAGE_BUDGET = 4507
 # Records per metrics message a trainer sends (told in welcome): ~100 KiB, far below the limit.
 RECORDS_PER_MESSAGE = 500
 MAX_RECORDS = 4 * RECORDS_PER_MESSAGE   # accepted per message
@@ -184,10 +195,20 @@ async def receive(ws: WebSocket, adapter: TypeAdapter, limit: int):
     return _parse(adapter, _text_of(await ws.receive(), limit))
 
 
-async def close(ws: WebSocket, code: int, message: str, timeout: float = 5.0) -> None:
-    """The error message, then the close; a peer that does not take them in time is cut off."""
+async def receive_sized(ws: WebSocket, adapter: TypeAdapter, limit: int):
+    """(the next message, its UTF-8 bytes): what the trainer's rates and storage count."""
+    text = _text_of(await ws.receive(), limit)
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return _parse(adapter, text), size
+
+
+async def close(ws: WebSocket, code: int, message: str, timeout: float = 5.0,
+                kind: str | None = None) -> None:
+    """The error message (with its `kind`, where given), then the close; a peer that does not
+    take them in time is cut off."""
+    error = {"type": "error", "message": message} | ({"kind": kind} if kind else {})
     try:
-        await asyncio.wait_for(ws.send_json({"type": "error", "message": message}), timeout)
+        await asyncio.wait_for(ws.send_json(error), timeout)
         await asyncio.wait_for(ws.close(code=code, reason=message[:120]), timeout)
     except asyncio.TimeoutError:
         abort(ws)

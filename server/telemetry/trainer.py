@@ -1,6 +1,9 @@
 """The trainer socket, `/ws/runs/{id}`: the training tab's, one per run (protocol.py has its
 messages). It commits each metrics batch to the store, acks it, and publishes exactly what was
-committed to the run's viewers (fanout.py); status changes and samples likewise. When it goes,
+committed to the run's viewers (fanout.py); status changes and samples likewise. Each message
+is paced by its bytes (quotas.MessageRates: per run and per client address) and, before it is
+committed, checked against the storage budget (storage.py: the data dir's floor, the run's
+max_run_bytes; past either the socket is closed protocol.STORAGE_BUDGET). When it goes,
 lifecycle.py marks the run interrupted if no trainer comes back within the grace period."""
 
 from __future__ import annotations
@@ -13,15 +16,26 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from andrea.broker import BrokerUnavailable
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry, source_index, sources_text
-from andrea.deps import REVOKED, DataDep, FanoutDep, RunsDep, SettingsDep, StoreDep
+from andrea.deps import (
+    REVOKED,
+    DataDep,
+    FanoutDep,
+    MessageRatesDep,
+    RunsDep,
+    SettingsDep,
+    StorageDep,
+    StoreDep,
+)
 from andrea.metrics import Record
-from andrea.quotas import SampleQuota, TokenBucket
+from andrea.quotas import SampleQuota, TokenBucket, sample_bytes
 from andrea.run_info import public_run
+from andrea.storage import FLOOR, RUN_BYTES, RunBytes, StorageFull, message_bytes, stored_run_bytes
 from andrea.store import StoreUnavailable
 from andrea.telemetry.lifecycle import publish_run, watch_trainer_gone
 from andrea.telemetry.protocol import (
     MAX_MESSAGE_BYTES,
     RECORDS_PER_MESSAGE,
+    STORAGE_BUDGET,
     TRAINER_FRAME_BYTES,
     Hello,
     Metrics,
@@ -32,7 +46,7 @@ from andrea.telemetry.protocol import (
     TrainerMessage,
     accept,
     close,
-    receive,
+    receive_sized,
 )
 from andrea.telemetry.record_checks import check_precision, check_rows, check_tensors, tensor_count
 
@@ -44,6 +58,16 @@ HELLO_TIMEOUT_S = 30
 METRICS_BURST_S = 2
 # Statuses a trainer's message cannot change (only a resume or a branch trains such a run).
 FINAL = ("finished", "failed")
+# What a message costs against the bytes per second (quotas.MessageRates): its UTF-8 bytes, at
+# least MIN_COST; a status change at least STATUS_COST (a transaction, a read of the run and a
+# message to each viewer: 64 a second per run at the default 1 MiB/s).
+MIN_COST, STATUS_COST = 256, 16 << 10
+# What the page is told to do when the storage budget closes its socket (protocol.py).
+STORAGE_NEXT = {
+    FLOOR: "ask the operator to free space or delete runs no longer needed",
+    RUN_BYTES: "this run can store no more records on this server: ask the operator to raise "
+                "ANDREA_MAX_RUN_BYTES, or branch a shorter run from a checkpoint",
+}
 
 
 def _feed_bandit(runs: RunRegistry, run_id: str, records: list[Record]) -> None:
@@ -88,17 +112,21 @@ class _RunSources:
 
 
 async def _receive(ws: WebSocket):
-    return await receive(ws, TrainerMessage, MAX_MESSAGE_BYTES)
+    """(the next message, its UTF-8 bytes)."""
+    return await receive_sized(ws, TrainerMessage, MAX_MESSAGE_BYTES)
 
 
 @router.websocket("/ws/runs/{run_id}")
 async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
-                         runs: RunsDep, settings: SettingsDep, data: DataDep):
+                         runs: RunsDep, settings: SettingsDep, data: DataDep,
+                         storage: StorageDep, rates: MessageRatesDep):
     connected = False
+    committed = None        # the run's last committed step, as this socket knows it
     if not await accept(ws, settings, TRAINER_FRAME_BYTES):
         return
+    client = ws.client.host if ws.client else ""
     try:
-        hello = await asyncio.wait_for(_receive(ws), timeout=HELLO_TIMEOUT_S)
+        hello, _ = await asyncio.wait_for(_receive(ws), timeout=HELLO_TIMEOUT_S)
         if not isinstance(hello, Hello):
             raise ProtocolError(1008, "the first message must be hello with the run's token")
         async with fanout.run_lock(run_id):   # a resume cannot revoke between check and join
@@ -125,24 +153,40 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                               settings.max_samples_per_run, settings.max_sample_bytes_per_run)
         rate = TokenBucket(settings.metrics_rate_per_s * METRICS_BURST_S,
                            settings.metrics_rate_per_s)
+        # The bytes its records take in the store (storage.py), about, from a sample of them
+        # (cheap for 1M records), then counted per message: against max_run_bytes.
+        run_bytes = RunBytes(stored_run_bytes(*await store.run(store.record_usage, run_id)),
+                             settings.max_run_bytes)
         _check_steps(steps, hello.last_acked_step)
+        committed = run["last_step"]
         await ws.send_json({"type": "welcome", "records_per_message": RECORDS_PER_MESSAGE,
                             "max_message_bytes": MAX_MESSAGE_BYTES,
-                            "last_committed_step": run["last_step"]})
+                            "last_committed_step": committed})
         while True:
-            msg = await _receive(ws)
+            msg, size = await _receive(ws)
+            # Past the run's or the client's bytes per second (or, below, the records per
+            # second) the socket is read more slowly: nothing is refused or lost, the tab's
+            # acks come later.
+            wait = rates.wait_s(run_id, client, max(
+                size, STATUS_COST if isinstance(msg, Status) else MIN_COST))
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
                 check_rows(run["config"]["batch_size"], msg.records)
                 check_tensors(n_tensors, msg.records)
                 check_precision(run["config"].get("precision", "fp32"), msg.records)
                 await sources.check(msg.records)    # before anything is committed
-                # Past the rate the socket is read more slowly: nothing is refused or lost,
-                # the tab's acks come later.
-                if wait := rate.take(len(msg.records)):
+                if wait := max(wait, rate.take(len(msg.records))):
                     await asyncio.sleep(wait)
+                # The storage budget, before the commit: StorageFull closes the socket with
+                # nothing of this message stored.
+                stores = message_bytes(msg.records, size)
+                what = f"this message of {len(msg.records)} records"
+                run_bytes.check(stores, what)
+                await storage.take(stores, what)
                 inserted, last = await store.add_metrics_grouped(
                     run_id, [r.row() for r in msg.records])
+                run_bytes.add(stores * len(inserted) / len(msg.records))  # (resent: none)
+                committed = last
                 await ws.send_json({"type": "ack", "step": last})
                 if inserted:    # exactly what was committed; a resend changes nothing
                     fanout.publish(run_id, {"type": "records", "records": inserted})
@@ -152,6 +196,9 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     except ValueError as e:
                         raise ProtocolError(1003, f"source_losses: {e}") from None
             elif isinstance(msg, Status):
+                if wait:
+                    await asyncio.sleep(wait)
+                await storage.take(size, f"this status change to {msg.status}")
                 now = await store.run(store.set_status, run_id, msg.status, msg.message,
                                       msg.adapter, FINAL)
                 if now != msg.status:
@@ -162,6 +209,9 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     await store.run(store.get_run, run_id), True)})
             elif isinstance(msg, Sample):
                 _check_steps(steps, msg.step)
+                if wait:
+                    await asyncio.sleep(wait)
+                await storage.take(sample_bytes(msg.text), f"the sample of step {msg.step}")
                 if not samples.take(msg.text):      # dropped; the trainer is told once
                     if not samples.told:
                         samples.told = True
@@ -173,11 +223,20 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
                 fanout.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
             elif isinstance(msg, Ping):
+                if wait:
+                    await asyncio.sleep(wait)
                 await ws.send_json({"type": "pong"})
             else:
                 raise ProtocolError(1008, "hello may only be sent once")
     except ProtocolError as e:
         await close(ws, e.code, str(e))
+    except StorageFull as e:    # nothing of this message stored; the page keeps its unacked
+        log.warning("run %s: %s", run_id, e)
+        stored = "No records of the run are stored" if committed is None else \
+            f"The run's records up to step {committed} are stored"
+        await close(ws, STORAGE_BUDGET, f"{e}. {stored}; the page keeps the ones not "
+                                        "acknowledged and tries again every 30 s: "
+                                        f"{STORAGE_NEXT[e.kind]}", kind=e.kind)
     except StoreUnavailable as e:   # the page keeps its unacked records and comes back
         log.error("run %s: %s", run_id, e)
         await close(ws, 1013, f"{e}; the records not acknowledged are kept: free space or "

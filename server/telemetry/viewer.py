@@ -1,7 +1,14 @@
 """The viewer socket, `/ws/runs/{id}/watch[?after=N]`: read-only, any number per run
 (protocol.py has its messages). A session streams the run's backlog from the store in pages,
 then the live messages fanout.py queues for it (bounded: one too slow is closed 1013), each
-send under a deadline (Settings.viewer_send_timeout_s)."""
+send under a deadline (Settings.viewer_send_timeout_s).
+
+What readers may cost is bounded per client address (quotas.py, in this process): at most
+Settings.max_viewers_per_client sockets open (more are closed 1008), and the backlog bytes read
+from the store, viewer_backlog_burst_bytes and then viewer_backlog_bytes_per_s for all of its
+sockets together (past it each page waits for the budget: re-reading a run from step -1 in a
+loop, or reconnecting, is sent more slowly and cannot crowd out the trainers' commits). Live
+messages are not counted: fanout.py encodes them once for every viewer."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from andrea.config import Settings
 from andrea.deps import FanoutDep, SettingsDep, StoreDep
 from andrea.fanout import Fanout, Outgoing, Viewer
+from andrea.quotas import ClientSlots, RateLimiter, TokenBucket, app_state
 from andrea.run_info import public_run
 from andrea.store import Store, StoreUnavailable
 from andrea.telemetry.protocol import (
@@ -44,8 +52,9 @@ class _ViewerSession:
     live queue, each send under a deadline."""
 
     def __init__(self, ws: WebSocket, run_id: str, store: Store, fanout: Fanout,
-                 settings: Settings, after: int | None):
+                 settings: Settings, after: int | None, budget: TokenBucket):
         self.ws, self.run_id, self.store, self.fanout = ws, run_id, store, fanout
+        self.budget = budget            # the client address's backlog bytes (all its sockets)
         self.timeout = settings.viewer_send_timeout_s
         self.cursor = -1 if after is None else after   # the viewer has every record up to it
         self.event_cursor: tuple[int, str] = (self.cursor, "\uffff")
@@ -62,6 +71,13 @@ class _ViewerSession:
             raise _Gone() from None
         except (WebSocketDisconnect, RuntimeError, OSError):
             raise _Gone() from None
+
+    async def pace(self, n: int) -> None:
+        """`n` backlog bytes sent: taken from the client's budget; past it, the next read waits
+        until the budget is back (the debt paid)."""
+        wait = self.budget.take(n)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def read(self) -> None:
         """Reads every message the viewer sends; returns when it leaves, raises ProtocolError
@@ -84,6 +100,7 @@ class _ViewerSession:
             if n:
                 await self.send(text)
                 self.cursor = last
+                await self.pace(len(text))
             if n < BACKLOG_PAGE:
                 if subscribed:
                     break
@@ -96,8 +113,10 @@ class _ViewerSession:
             events = await self.store.run(self.store.events_page, self.run_id,
                                           self.event_cursor, EVENTS_PAGE)
             for ev in events:
-                await self.send(json.dumps({"type": ev["kind"], **ev}))
+                text = json.dumps({"type": ev["kind"], **ev})
+                await self.send(text)
                 self.event_cursor = (ev["step"], ev["kind"])
+                await self.pace(len(text))
             if len(events) < EVENTS_PAGE:
                 break
 
@@ -170,16 +189,29 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
         await close(ws, 1003, f"after must be a step (a non-negative integer), got "
                               f"{raw_after[:20]!r}")
         return
+    client = ws.client.host if ws.client else ""
+    release = app_state(ws.app, "viewer_slots",
+                        lambda: ClientSlots(settings.max_viewers_per_client)).take(client)
+    if release is None:
+        await close(ws, 1008, f"too many viewer sockets from {client}: "
+                              f"{settings.max_viewers_per_client} at once "
+                              "(ANDREA_MAX_VIEWERS_PER_CLIENT); close some run pages, then "
+                              "reload this one", settings.viewer_send_timeout_s)
+        return
     try:
         run = await store.run(store.get_run, run_id)
     except StoreUnavailable as e:
+        release()
         await close(ws, 1013, str(e))
         return
     if run is None:
+        release()
         await close(ws, 1008, f"unknown run {run_id!r}")
         return
+    reads = app_state(ws.app, "viewer_reads", lambda: RateLimiter(
+        settings.viewer_backlog_burst_bytes, settings.viewer_backlog_bytes_per_s))
     session = _ViewerSession(ws, run_id, store, fanout, settings,
-                             None if raw_after is None else int(raw_after))
+                             None if raw_after is None else int(raw_after), reads.bucket(client))
     reader = asyncio.ensure_future(session.read())
 
     async def write():
@@ -211,6 +243,7 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
             task.add_done_callback(_retrieve)
         if session.viewer is not None:
             fanout.unsubscribe(run_id, session.viewer)
+        release()
 
 
 def _retrieve(task: asyncio.Task) -> None:

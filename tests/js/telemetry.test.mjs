@@ -1,9 +1,10 @@
 // The trainer socket (static/js/app/telemetry.js) against a stand-in WebSocket: records are
 // resent after a drop, and a final refusal (1008, 1003) rejects every waiter with the server's
-// reason, now and later, instead of leaving the training page waiting forever.
+// reason, now and later, instead of leaving the training page waiting forever; the storage
+// budget used up (4507) keeps the records and tries again slowly.
 import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
-import { SocketRefused, TrainerSocket } from '../../static/js/app/telemetry.js';
+import { STORAGE_BUDGET, STORAGE_RETRY_MS, SocketRefused, TrainerSocket } from '../../static/js/app/telemetry.js';
 
 /** A WebSocket the test drives: open(), receive(msg), close(code, reason). */
 class FakeSocket {
@@ -145,4 +146,35 @@ test('records go in messages under half the server\'s byte limit, each whole, in
   for (const m of metrics) assert.ok(JSON.stringify(m).length <= 2000 + 100);
   assert.deepEqual(metrics.flatMap((m) => m.records.map((r) => r.step)), [1, 2, 3, 4, 5, 6]);
   assert.deepEqual(metrics[0].records[0].row_losses, rows);
+});
+
+test('the storage budget used up (4507): records kept, told, tried again slowly, status resent', async (t) => {
+  t.mock.timers.enable({ apis: ['setTimeout'] });
+  const { s, states, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: 0, records_per_message: 10 });
+  s.send({ type: 'status', status: 'running' });
+  s.push({ step: 1 }); s.push({ step: 2 });
+  s.flush();
+  let done = false;
+  const acked = s.committed(2).then(() => { done = true; });
+  const why = 'disk_floor: the server\'s storage budget is used up: this message was not stored';
+  ws().receive({ type: 'error', message: why, kind: 'disk_floor' });
+  ws().close(STORAGE_BUDGET, why.slice(0, 120));
+  assert.deepEqual(states.at(-1), ['storage', why]);
+  assert.equal(s.failed, null);                    // not a refusal: the run goes on
+  assert.equal(s.storage, why);
+  assert.deepEqual(s.unacked.map((r) => r.step), [1, 2]);
+  t.mock.timers.tick(STORAGE_RETRY_MS - 1);
+  assert.equal(FakeSocket.made.length, 1);         // no reconnect in a loop
+  t.mock.timers.tick(1);
+  assert.equal(FakeSocket.made.length, 2);
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: 0, records_per_message: 10 });
+  assert.equal(s.storage, null);
+  assert.deepEqual(ws().sent.slice(1), [{ type: 'status', status: 'running' },
+    { type: 'metrics', records: [{ step: 1 }, { step: 2 }] }]);
+  ws().receive({ type: 'ack', step: 2 });
+  await acked;
+  assert.equal(done, true);
 });

@@ -9,6 +9,7 @@ import { COLORS, Chart, DASHES, fmtBytes } from './charts.js';
 import { LayerOverlay } from './compare_layers.js';
 import { showTrainLinks } from './compare_train.js';
 import { smooth } from './series.js';
+import { setShown, shownText } from './text.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -44,7 +45,7 @@ function defaultBaseline(found) {
 function labeller(found) {
   const clipDiffers = new Set(found.map((r) => r.run.config.clip_mode)).size > 1;
   const clip = { global: 'clip global', per_tensor: 'clip per tensor', off: 'no clip' };
-  return (r) => `${r.run.name} (${r.run.config.optimizer}${r.run.config.f16_mirror ? ' + f16' : ''}` +
+  return (r) => `${shownText(r.run.name)} (${r.run.config.optimizer}${r.run.config.f16_mirror ? ' + f16' : ''}` +
     `${clipDiffers ? `, ${clip[r.run.config.clip_mode] ?? r.run.config.clip_mode}` : ''})`;
 }
 
@@ -83,7 +84,7 @@ function summary(runs, found, base) {
     const losses = finiteLosses(metrics);
     const a = document.createElement('a');
     a.href = `/runs/${id}`;
-    a.textContent = run.name;
+    setShown(a, run.name);
     const i = found.findIndex((r) => r.id === id);
     const swatch = document.createElement('span');
     swatch.textContent = '━ ';
@@ -125,7 +126,7 @@ function configDiff(found) {
   head.replaceChildren();
   const hr = head.insertRow();
   hr.append(Object.assign(document.createElement('th'), { textContent: 'setting' }),
-    ...found.map((r) => Object.assign(document.createElement('th'), { textContent: r.run.name })));
+    ...found.map((r) => setShown(document.createElement('th'), r.run.name)));
   body.replaceChildren();
   let differing = 0;
   for (const k of keys) {

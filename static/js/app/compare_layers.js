@@ -5,6 +5,7 @@
 import { fetchJson } from './api.js';
 import { Chart } from './charts.js';
 import { hasTensorNorms, heatRows, layerValues } from './heatmap_data.js';
+import { shownText } from './text.js';
 
 export const TOTAL = 'all layers total';
 const $ = (id) => document.getElementById(id);
@@ -48,7 +49,7 @@ export class LayerOverlay {
       let values;
       if (layer === TOTAL) values = r.metrics.map((m) => m.grad_norm ?? null);
       else if (!names) {
-        missing.push(r.run.name);
+        missing.push(shownText(r.run.name));
         values = r.metrics.map(() => null);
       } else values = layerValues(r.metrics, names, layer);
       const by = new Map(r.metrics.map((m, i) => [m.step, values[i]]));

@@ -3,6 +3,7 @@
 // run's page with its token in the fragment (api.js resumeLink), so the new tab trains it
 // whatever it inherits; a blocked popup of the new-run page is then one click away.
 import { resumeLink, savedToken } from './api.js';
+import { isolated } from './text.js';
 
 /** A run that has never had a trainer: created, or expired before its first step. */
 const waiting = (run) => !run.connected && (run.status === 'created'
@@ -15,7 +16,7 @@ export function showTrainLinks(box, found) {
     a.href = resumeLink(location.origin, r.id, savedToken(r.id));
     a.target = '_blank';
     a.dataset.runId = r.id;
-    a.textContent = `open ${r.run.name} to train`;
+    a.append('open ', isolated(r.run.name), ' to train');
     return a;
   });
   if (!links.length) {

@@ -6,6 +6,7 @@ import { activationBytes, limitProblems } from '../engine/model.js';
 import { fetchJson, jsonBody, saveToken } from './api.js';
 import { bindClipExperiment } from './clip_experiment.js';
 import { fmtCount } from './format.js';
+import { isolated, shownText } from './text.js';
 
 const $ = (id) => document.getElementById(id);
 const form = $('new-run');
@@ -59,7 +60,7 @@ function showSources(corpus) {
     input.dataset.source = s.name;
     const small = document.createElement('small');
     small.textContent = `(${s.kind}, ${fmtCount(s.train_tokens)} training tokens)`;
-    l.append(input, ` ${s.name} `, small);
+    l.append(input, ' ', isolated(s.name), ' ', small);
     return l;
   }));
 }
@@ -133,7 +134,7 @@ async function updateData() {
   const row = (k, v) => { const tr = table.insertRow(); tr.insertCell().textContent = k; tr.insertCell().textContent = v; };
   row('tokens per step', `${fmtCount(b.tokensPerStep)} (batch ${B} x ${T})`);
   row('tokens in the run', fmtCount(b.total));
-  corpus.sources.forEach((s, i) => row(`passes over ${s.name}`, picked[i]
+  corpus.sources.forEach((s, i) => row(`passes over ${shownText(s.name)}`, picked[i]
     ? `${b.passes[i].toFixed(2)} (${fmtCount(s.train_tokens)} training tokens)` : 'not used'));
   box.append(table);
   box.dataset.passes = JSON.stringify(b.passes.map((p) => Number(p.toFixed(3))));
@@ -142,7 +143,7 @@ async function updateData() {
   note.textContent = `Held-out documents of every source are never trained on${mode}.`;
   box.append(note);
   if (b.warn) {
-    const over = corpus.sources.filter((_, i) => b.passes[i] > PASSES_WARNING).map((s) => s.name);
+    const over = corpus.sources.filter((_, i) => b.passes[i] > PASSES_WARNING).map((s) => shownText(s.name));
     const p = document.createElement('p');
     p.className = 'error';
     p.textContent = `This run reads ${over.join(', ')} more than ${PASSES_WARNING} times: past a few ` +

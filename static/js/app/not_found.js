@@ -1,5 +1,6 @@
 // 404 page: the newest runs, in case the link was to one of them.
 import { fetchJson } from './api.js';
+import { setShown } from './text.js';
 
 async function main() {
   const runs = await fetchJson('/api/runs').catch(() => []);
@@ -8,7 +9,7 @@ async function main() {
     const li = document.createElement('li');
     const a = document.createElement('a');
     a.href = `/runs/${r.id}`;
-    a.textContent = r.name;
+    setShown(a, r.name);
     li.append(a, ` (${r.status}, ${new Date(r.created_at * 1000).toLocaleString()})`);
     ul.append(li);
   }

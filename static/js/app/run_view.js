@@ -7,6 +7,7 @@ import { fetchJson, heldToken, jsonBody, resumeLink, saveToken, withToken } from
 import { fmtBytes, fmtCount, fmtDuration, fmtValue } from './format.js';
 import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
 import { progress } from './series.js';
+import { isolated, setShown, shownText } from './text.js';
 
 export const $ = (id) => document.getElementById(id);
 const body = document.body;
@@ -43,7 +44,7 @@ export function addSample(step, text) {
   if (box.querySelector('p')) box.replaceChildren();
   const div = document.createElement('div');
   div.dataset.step = String(step);
-  div.textContent = `step ${step}: ${text}`;
+  div.append(`step ${step}: `, isolated(text));
   box.prepend(div);
 }
 
@@ -128,7 +129,7 @@ export function showLast(state) {
     const totalTokens = corpus.reduce((a, s) => a + s.n, 0);
     const least = corpus.reduce((a, s) => (s.n < a.n ? s : a));   // if rows spread evenly
     stat('data', `${(seen / totalTokens).toFixed(2)} passes over the corpus, ` +
-      `${(seen / corpus.length / least.n).toFixed(1)} over ${least.name}`, 'data read', true);
+      `${(seen / corpus.length / least.n).toFixed(1)} over ${shownText(least.name)}`, 'data read', true);
   }
 }
 
@@ -177,13 +178,13 @@ export function showRun(state, run) {
     $('why').textContent = why ? `: ${run.message}` : '';
   }
   if (run.name) {
-    $('run-name').textContent = run.name;
-    document.title = `${run.name} · Andrea`;
+    setShown($('run-name'), run.name);
+    document.title = `${shownText(run.name)} · Andrea`;
     if (!$('edit-name').matches(':focus')) $('edit-name').value = run.name;
   }
   if (run.tags) {
-    $('tags').replaceChildren(...run.tags.map((t) => Object.assign(document.createElement('span'),
-      { className: 'tag', textContent: t })));
+    $('tags').replaceChildren(...run.tags.map((t) => setShown(Object.assign(
+      document.createElement('span'), { className: 'tag' }), t)));
     if (!$('edit-tags').matches(':focus')) $('edit-tags').value = run.tags.join(', ');
   }
   if (run.notes !== undefined && !$('edit-notes').matches(':focus')) $('edit-notes').value = run.notes ?? '';

@@ -3,6 +3,7 @@
 import { jsonBody, responseDetail, withToken } from './api.js';
 import { fmtDuration } from './format.js';
 import { statusLabel } from './run_status.js';
+import { setShown, shownText } from './text.js';
 
 const POLL_MS = 3000;
 const tbody = document.querySelector('#runs tbody');
@@ -74,16 +75,16 @@ function render() {
     box.type = 'checkbox';
     box.value = r.id;
     box.checked = state.selected.has(r.id);
-    box.setAttribute('aria-label', `select ${r.name}`);
+    box.setAttribute('aria-label', `select ${shownText(r.name)}`);
     cell(tr, box);
     const name = document.createElement('span');
-    name.append(link(`/runs/${r.id}`, r.name));
+    name.append(setShown(link(`/runs/${r.id}`, ''), r.name));
     const sub = document.createElement('small');
     sub.className = 'muted';
     sub.textContent = ` ${r.id}`;
     name.append(sub);
     for (const t of r.tags || []) {
-      name.append(' ', Object.assign(document.createElement('span'), { className: 'tag', textContent: t }));
+      name.append(' ', setShown(Object.assign(document.createElement('span'), { className: 'tag' }), t));
     }
     cell(tr, name, 'name');
     const ck = r.checkpoint?.last_step;
@@ -123,7 +124,7 @@ function render() {
 }
 
 async function renameRun(r) {
-  const name = prompt(`New name for ${r.name}`, r.name);
+  const name = prompt(`New name for ${shownText(r.name)}`, r.name);
   if (name === null || !name.trim()) return;
   const res = await fetch(`/api/runs/${r.id}`, withToken(r.id, jsonBody('PATCH', { name })));
   if (!res.ok) alert(`Not renamed: ${await responseDetail(res)}`);
@@ -132,7 +133,7 @@ async function renameRun(r) {
 }
 
 async function deleteRun(r) {
-  if (!confirm(`Delete ${r.name} (${r.id})? Its metrics, samples, checkpoints and weights are ` +
+  if (!confirm(`Delete ${shownText(r.name)} (${r.id})? Its metrics, samples, checkpoints and weights are ` +
     'removed for good.')) return;
   const res = await fetch(`/api/runs/${r.id}`, withToken(r.id, { method: 'DELETE' }));
   if (!res.ok && res.status !== 404) {

@@ -7,6 +7,7 @@
 import { fetchJson } from './api.js';
 import { $ } from './run_view.js';
 import { anatomyParts, topTensorText } from './spike_anatomy.js';
+import { setShown, shownText } from './text.js';
 
 const REFRESH_MS = 10_000;
 
@@ -74,11 +75,11 @@ function spikeItem(s, open) {
     const loss = r.loss === null ? 'non-finite' : r.loss.toFixed(3);
     row.append(line(`row ${r.row}: loss ${loss}` +
       (r.excess === null ? '' : ` (${r.excess >= 0 ? '+' : ''}${r.excess.toFixed(3)})`) +
-      (r.source ? ` from ${r.source}` : '')));
+      (r.source ? ` from ${shownText(r.source)}` : '')));
     if (r.text) {
       const pre = document.createElement('pre');
       pre.className = 'samples';
-      pre.textContent = r.text;
+      setShown(pre, r.text);
       row.append(pre);
     }
     d.append(row);

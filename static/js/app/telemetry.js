@@ -6,11 +6,20 @@
 // Viewer sockets receive committed records (backlog first) and reconnect on their own, asking
 // only for the records after the last one they have. A full disk on the server closes the
 // trainer socket with 1013 and a message: the records stay unacked here and are resent.
+// The server's storage budget used up (its data dir at its free-space floor, or the run at its
+// byte budget) closes it with STORAGE_BUDGET (4507, reason "disk_floor: ..." or "run_bytes:
+// ..."): onState says 'storage' with the server's message, the records stay unacked here, the
+// last status is sent again, and it tries again every STORAGE_RETRY_MS (no hot loop), so
+// training goes on committing once space is freed.
 // A final refusal (1008: a revoked token, another trainer; 1003: bad data) ends the socket for
 // good: every promise a caller waits on (committed, sync, and any made later) rejects with a
 // SocketRefused carrying the server's reason, and onState says 'refused'.
 
 const FLUSH_MS = 250;
+/** The trainer socket's close code for "the server's storage budget is used up"
+ *  (server/telemetry/protocol.py STORAGE_BUDGET), and how long it waits before trying again. */
+export const STORAGE_BUDGET = 4507;
+export const STORAGE_RETRY_MS = 30_000;
 const wsUrl = (path) => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${path}`;
 
 /** The server refused this tab's trainer socket for good: `code` (1008, 1003) and `reason`
@@ -29,6 +38,8 @@ export class TrainerSocket {
     Object.assign(this, { runId, token, onState, WS, url });
     this.failed = null;       // a SocketRefused once the server refused this socket for good
     this.lastError = null;    // the server's last error message (sent before it closes)
+    this.storage = null;      // the server's message while its storage budget is used up
+    this.lastStatus = null;   // the last status message sent: sent again after a storage close
     this.unacked = [];        // records in step order, not yet committed
     this.control = [];        // status / sample messages, sent in order once connected
     this.lastAcked = null;
@@ -66,6 +77,15 @@ export class TrainerSocket {
         this.fail(new SocketRefused(ev.code, this.lastError || ev.reason || 'no reason given'));
         return;
       }
+      if (ev.code === STORAGE_BUDGET) {
+        // Nothing of the refused message was stored: everything unacked is kept, a status
+        // among what was refused is sent again; tried again slowly, not in a loop.
+        this.storage = this.lastError || ev.reason || 'the server\'s storage budget is used up';
+        if (this.lastStatus && !this.control.includes(this.lastStatus)) this.control.unshift(this.lastStatus);
+        this.onState('storage', this.storage);
+        setTimeout(() => this.connect(), STORAGE_RETRY_MS);
+        return;
+      }
       setTimeout(() => this.connect(), this.retry);
       this.retry = Math.min(this.retry * 2, 8000);
     };
@@ -76,6 +96,7 @@ export class TrainerSocket {
       this.ready = true;
       this.retry = 500;
       this.busyRetries = 0;
+      this.storage = null;
       this.perMessage = msg.records_per_message;
       this.maxBytes = msg.max_message_bytes ?? 1 << 20;
       this.markAcked(msg.last_committed_step);
@@ -114,6 +135,7 @@ export class TrainerSocket {
   push(record) { this.unacked.push(record); }
 
   send(message) {
+    if (message.type === 'status') this.lastStatus = message;
     this.control.push(message);
     this.flush();
   }

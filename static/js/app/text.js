@@ -1,4 +1,28 @@
-// Text of the model's samples (no DOM: tests/js runs it under Node).
+// Text of the model's samples, and user text as the pages show it (no DOM until a helper that
+// makes an element is called: tests/js runs it under Node).
+
+// Unicode's bidi controls (embeddings, overrides, isolates, marks): in a run name, a tag or a
+// sample they could reorder that text or the text around it (U+202E then "gnp.exe" reads
+// "exe.png"). server/shown.py neutralises the same set in the server's pages.
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+/** User text (names, tags, notes, corpus and sample text) as a page shows it: every bidi
+ *  control replaced by U+FFFD, visible, so it can reorder nothing. For titles, attributes and
+ *  dialogs; in the DOM, setShown also isolates it. */
+export function shownText(text) {
+  return String(text ?? '').replace(BIDI_CONTROLS, '\ufffd');
+}
+
+/** `el` showing user text: shownText, and isolated from its neighbours with its own direction
+ *  (dir="auto": an Arabic or Hebrew name stays whole and moves nothing around it). */
+export function setShown(el, text) {
+  el.textContent = shownText(text);
+  el.dir = 'auto';
+  return el;
+}
+
+/** A <bdi> of user text (setShown), for text shown inside a sentence. */
+export const isolated = (text) => setShown(document.createElement('bdi'), text);
 
 /** Token ids -> text that never shows a broken character: bytes of an incomplete UTF-8
  *  sequence at the end are kept and joined with the next piece's continuation bytes (the

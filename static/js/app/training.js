@@ -27,6 +27,8 @@ export async function train(state, run, token) {
   const socket = new TrainerSocket(runId, token, {
     onState: (s, why) => {
       body.dataset.socket = s;
+      if (s === 'storage') storagePaused(why);
+      else if (s === 'connected' && body.dataset.storage) storageResumed();
       if (s !== 'refused') return;
       body.dataset.refused = why;
       showError(refusedText(socket.failed));
@@ -158,6 +160,24 @@ function deviceLost(trainer, run, lastStep) {
 
 /** The page's words for a final refusal of the trainer socket (#error; `andrea train` prints
  *  them as its error line). */
+/** The server's storage budget is used up (its data dir at its floor, or this run at its byte
+ *  budget; telemetry.js STORAGE_BUDGET): training goes on, its records wait here (none is lost)
+ *  and the socket tries again every 30 s. The page says so instead of failing the run. */
+function storagePaused(why) {
+  body.dataset.storage = why;
+  const runFull = /^run_bytes\b/.test(why);
+  showError(`Records paused: the server's storage budget is used up — ${runFull
+    ? 'this run has stored all it may on this server; ask the operator'
+    : 'ask the operator to free space'}. Your unacknowledged records are kept in this tab and ` +
+    `sent when the server takes them again (it is asked every 30 s). The server said: ${why}`);
+}
+
+function storageResumed() {
+  delete body.dataset.storage;
+  $('error').hidden = true;
+  $('error').textContent = '';
+}
+
 function refusedText(refused) {
   return `Training stopped: the server refused this tab's trainer (${refused.reason})`;
 }

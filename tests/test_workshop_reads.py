@@ -1,0 +1,423 @@
+"""What readers can cost the server (issue 32, workshop safety), against real servers with small
+limits (ANDREA_* settings) where it matters:
+
+- GET /api/runs/{id}/spikes: one computation per (run, last step), shared by every request
+  that comes meanwhile (single-flight), and incremental: a new answer feeds only the new
+  records and makes only the new spikes' batches; a resume that cuts the records back starts
+  the detector over; answers equal a fresh computation's.
+- GET /api/runs/{id}/export.zip: made as it is sent, so it works with the data dir below its
+  free-space floor and no file may be written (every byte of the zip equals `andrea export`'s
+  files); at most max_exports_per_client at once per address (429 with Retry-After).
+- Viewer sockets: at most max_viewers_per_client per address (more closed 1008 with a clear
+  message), and backlog bytes read from the store per address a burst then a rate (re-reads
+  past it are paced; another address and the trainer's acks are not).
+
+Client addresses other than 127.0.0.1 come through X-Forwarded-For, which uvicorn takes from
+a loopback peer (its trusted proxy by default), as behind the README's nginx."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import socket
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from andrea.cli import main
+from andrea.launch import start_server, stop_server
+from andrea.quotas import ClientSlots, RateLimiter
+from andrea.routes.spikes import HEADER
+from tests.test_hardening import expect_close, fill, hello, new_run, record, rss_mib, ws_url
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+# Seeding a run fast: no trainer-side pacing (records per second, bytes per second).
+FAST_TRAINERS = {"metrics_rate_per_s": 1e6, "metrics_bytes_per_s": 1e9,
+                 "client_metrics_bytes_per_s": 1e9}
+
+
+@pytest.fixture
+def server(tmp_path):
+    """start(data_dir=None, file_limit=None, **settings): a real `andrea serve` with
+    ANDREA_<NAME> settings."""
+    procs = []
+
+    def start(data_dir: Path | None = None, file_limit: int | None = None, **env):
+        data_dir = data_dir or tmp_path / f"data{len(procs)}"
+        proc, url = start_server(data_dir, file_limit=file_limit, env={
+            f"ANDREA_{k.upper()}": str(v) for k, v in env.items()})
+        procs.append(proc)
+        return proc, url
+    yield start
+    for p in procs:
+        stop_server(p)
+
+
+def spike_records(first: int, last: int, spikes: set[int]) -> list[dict]:
+    """Records with a grad norm around 1 and, at `spikes`, 9 with row 1 far above the rest."""
+    return [{**record(s), "grad_norm": 9.0 if s in spikes else 1.0 + 0.05 * (s % 5),
+             "row_losses": [4.0, 11.0, 4.2, 3.9] if s in spikes else [5.0] * 4}
+            for s in range(first, last + 1)]
+
+
+def send(url: str, run: dict, records: list[dict], per: int = 2000) -> None:
+    with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
+        assert hello(ws, run["token"], records[0]["step"] - 1)["type"] == "welcome"
+        for i in range(0, len(records), per):
+            ws.send(json.dumps({"type": "metrics", "records": records[i:i + per]}))
+            assert json.loads(ws.recv(timeout=60))["type"] == "ack"
+
+
+def how(r) -> str:
+    return r.headers[HEADER].split(";")[0]
+
+
+def fed(r) -> dict[str, int]:
+    """{records, batches} of a computed answer's header."""
+    return {k: int(v) for k, v in (p.strip().split("=") for p in r.headers[HEADER].split(";")[1:])}
+
+
+def files_of(data: Path) -> list[Path]:
+    return sorted(p.relative_to(data) for p in data.rglob("*")
+                  if p.name != "server.log" and "andrea.sqlite" not in p.name)
+
+
+def viewer(url: str, run_id: str, client: str | None = None, after: int | None = None):
+    headers = {"X-Forwarded-For": client} if client else None
+    query = "" if after is None else f"?after={after}"
+    return connect(ws_url(url, f"/ws/runs/{run_id}/watch{query}"), additional_headers=headers,
+                   max_size=None)
+
+
+def records_until_quiet(ws, quiet_s: float = 3.0, upto: int | None = None) -> list[int]:
+    """The record steps the viewer gets until nothing comes for `quiet_s` (or step `upto`)."""
+    steps = []
+    while True:
+        try:
+            msg = json.loads(ws.recv(timeout=quiet_s))
+        except TimeoutError:
+            return steps
+        if msg["type"] == "records":
+            steps += [r["step"] for r in msg["records"]]
+            if upto is not None and steps and steps[-1] >= upto:
+                return steps
+
+
+# ---- the budgets' arithmetic (an injected clock) ---------------------------------------------
+
+
+def test_a_clients_byte_budget_goes_into_debt_and_slots_come_back():
+    now = [0.0]
+    reads = RateLimiter(100, 10.0, clock=lambda: now[0])
+    assert reads.bucket("a").take(60) == 0                # within the burst
+    assert reads.bucket("a").take(60) == pytest.approx(2.0)   # 20 in debt at 10 per second
+    assert reads.bucket("b").take(60) == 0                # another address: its own budget
+    now[0] += 2.0
+    assert reads.bucket("a").take(0) == 0                 # the debt paid
+    assert reads.bucket("a").take(50) == pytest.approx(5.0)   # no burst saved up meanwhile
+
+    slots = ClientSlots(2)
+    one, two = slots.take("a"), slots.take("a")
+    assert one and two and slots.take("a") is None and slots.take("b") is not None
+    one()
+    one()                                                # released once, however often called
+    assert slots.held["a"] == 1 and slots.take("a") is not None and slots.take("a") is None
+
+
+# ---- (1) spikes: single-flight, incremental, equal to a fresh computation ---------------------
+
+
+def test_concurrent_spike_requests_share_one_computation_and_later_ones_feed_only_new_records(
+        client):
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 5000}).json()
+    run_id, store = made["id"], client.app.state.store
+    store.add_metrics(run_id, spike_records(1, 3000, {500, 1500, 2500}))
+    path = f"/api/runs/{run_id}/spikes"
+
+    async def at_once(n: int) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app, client=("10.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await asyncio.gather(*(c.get(path) for _ in range(n)))
+
+    got = client.portal.call(at_once, 8)
+    assert sorted(how(r) for r in got) == ["computed"] + ["shared"] * 7
+    assert client.app.state.spikes.computed == 1
+    first = next(r for r in got if how(r) == "computed")
+    assert fed(first) == {"records": 3000, "batches": 3}
+    assert all(r.status_code == 200 and r.content == first.content for r in got)
+    kept = client.get(path)
+    assert how(kept) == "kept" and kept.content == first.content
+    spikes = first.json()["spikes"]
+    assert [s["step"] for s in spikes] == [500, 1500, 2500]
+    assert all(s["rows"][0]["row"] == 1 and s["rows"][0]["text"] for s in spikes)
+
+    store.add_metrics(run_id, spike_records(3001, 3400, {3200}))
+    later = client.get(path)
+    assert how(later) == "computed" and fed(later) == {"records": 400, "batches": 1}
+    assert [s["step"] for s in later.json()["spikes"]] == [500, 1500, 2500, 3200]
+    client.app.state.spikes = None                      # forgotten: a fresh computation
+    fresh = client.get(path)
+    assert fed(fresh) == {"records": 3400, "batches": 4} and fresh.content == later.content
+
+
+def test_a_resume_that_cuts_the_records_back_starts_the_detector_over(client):
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 5000}).json()
+    run_id, store = made["id"], client.app.state.store
+    store.add_metrics(run_id, spike_records(1, 2000, {400, 1800}))
+    path = f"/api/runs/{run_id}/spikes"
+    assert [s["step"] for s in client.get(path).json()["spikes"]] == [400, 1800]
+    status = store.get_run(run_id)["status"]
+    assert store.resume_run(run_id, 1000, "0" * 64, (status,)) is None    # 1001.. deleted
+    store.add_metrics(run_id, spike_records(1001, 2500, {2200}))          # past the old last
+    again = client.get(path)
+    assert how(again) == "computed" and fed(again)["records"] == 2500     # started over
+    assert [s["step"] for s in again.json()["spikes"]] == [400, 2200]
+    client.app.state.spikes = None
+    assert client.get(path).content == again.content
+
+
+def test_spike_pollers_on_a_real_server_compute_once_per_step(server, tmp_path):
+    data = tmp_path / "spikes"
+    proc, url = server(data, **FAST_TRAINERS)
+    run = new_run(url, batch_size=4, steps=20_000)
+    spikes = set(range(250, 10_001, 500))
+    send(url, run, spike_records(1, 10_000, spikes))
+    path = f"{url}/api/runs/{run['id']}/spikes"
+    start = threading.Barrier(10)
+
+    def poll(_):
+        start.wait()
+        return httpx.get(path, timeout=120)
+
+    with ThreadPoolExecutor(10) as pool:
+        got = list(pool.map(poll, range(10)))
+    assert [how(r) for r in got].count("computed") == 1, [how(r) for r in got]
+    assert all(r.status_code == 200 and r.content == got[0].content for r in got)
+    assert fed(next(r for r in got if how(r) == "computed")) == {"records": 10_000,
+                                                                 "batches": len(spikes)}
+    send(url, run, spike_records(10_001, 11_000, {10_250, 10_750}))
+    later = httpx.get(path, timeout=120)
+    assert fed(later) == {"records": 1000, "batches": 2}
+    stop_server(proc)
+    _, url = server(data)                                # a fresh process: nothing kept
+    fresh = httpx.get(f"{url}/api/runs/{run['id']}/spikes", timeout=120)
+    assert fed(fresh) == {"records": 11_000, "batches": len(spikes) + 2}
+    assert fresh.json() == later.json()
+
+
+# ---- (2) export.zip: streamed, nothing on disk; per-client concurrency -------------------------
+
+BIG = {"preset": "tiny", "n_embd": 384, "n_layer": 6, "n_head": 6, "ffn_dim": 1024,
+       "steps": 100}                                    # 41 MiB of weights: more than buffers
+
+
+@pytest.fixture(scope="module")
+def floor_server(tmp_path_factory):
+    """A run with 41 MiB of weights, a tokenizer and three records, served by a server whose
+    data dir is below its free-space floor and whose process may write no file past 1 MiB."""
+    data = tmp_path_factory.mktemp("floor")
+    proc, url = start_server(data)
+    try:
+        run = new_run(url, **BIG)
+        weights = np.random.default_rng(0).standard_normal(run["layout"]["total_numel"],
+                                                           dtype=np.float32)
+        r = httpx.put(f"{url}/api/runs/{run['id']}/weights", content=weights.tobytes(),
+                      headers={"authorization": f"Bearer {run['token']}"}, timeout=120)
+        assert r.status_code == 204, r.text
+        assert httpx.get(f"{url}/api/runs/{run['id']}/batches/0",
+                         timeout=120).status_code == 200       # the tokenizer is built
+        fill(url, run, 1, 3)
+    finally:
+        stop_server(proc)
+    proc, url = start_server(data, file_limit=1 << 20, env={
+        "ANDREA_MIN_FREE_BYTES": str(1 << 60), "ANDREA_MAX_EXPORTS_PER_CLIENT": "2"})
+    yield proc, url, data, run
+    stop_server(proc)
+
+
+def test_an_export_zip_streams_below_the_disk_floor_and_writes_nothing(floor_server, tmp_path):
+    """Before: the export and then its zip were written into the data dir first (8 slow
+    readers of a real server got six 500s "No space left")."""
+    proc, url, data, run = floor_server
+    before = files_of(data)
+    r = httpx.get(f"{url}/api/runs/{run['id']}/export.zip", timeout=120)
+    assert r.status_code == 200, r.text
+    assert int(r.headers["content-length"]) == len(r.content)
+    assert r.headers["content-disposition"] == f'attachment; filename="andrea-{run["id"]}.zip"'
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        assert zf.testzip() is None
+        assert all(i.date_time == (1980, 1, 1, 0, 0, 0) for i in zf.infolist())
+        zipped = {i.filename: zf.read(i) for i in zf.infolist()}
+    out = tmp_path / "local"
+    assert main(["export", run["id"], "--out", str(out), "--data-dir", str(data)]) == 0
+    local = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    assert "tokenizer.json" in local and "model.safetensors" in local
+    assert zipped == local                              # byte for byte, every file
+    assert files_of(data) == before                     # no temporary folder, no zip
+    assert httpx.get(f"{url}/api/runs/{run['id']}/export.zip", timeout=120).content == r.content
+
+
+def held_export(url: str, run_id: str) -> socket.socket:
+    """An export.zip request whose reader takes the response head and then nothing more."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((host, int(port)))
+    s.sendall(f"GET /api/runs/{run_id}/export.zip HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
+              .encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1024)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return s
+
+
+def test_exports_past_the_clients_cap_get_429_and_hold_bounded_memory(floor_server):
+    proc, url, _, run = floor_server
+    path = f"{url}/api/runs/{run['id']}/export.zip"
+    other = {"X-Forwarded-For": "10.0.0.9"}
+    assert httpx.get(path, headers=other, timeout=120).status_code == 200   # (warm)
+    base = rss_mib(proc.pid)
+    held = [held_export(url, run["id"]) for _ in range(2)]
+    try:
+        time.sleep(1)                   # their zips' threads run ahead until they block
+        grown = rss_mib(proc.pid) - base
+        weights_mib = 4 * run["layout"]["total_numel"] / (1 << 20)
+        assert grown < weights_mib / 2, f"two held exports: +{grown:.0f} MiB"
+        r = httpx.get(path, timeout=30)
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "5"
+        assert "too many exports at once from 127.0.0.1: 2 at a time" in r.json()["detail"]
+        assert "ANDREA_MAX_EXPORTS_PER_CLIENT" in r.json()["detail"]
+        assert httpx.get(path, headers=other, timeout=120).status_code == 200  # another address
+    finally:
+        held.pop().close()
+    try:
+        deadline = time.monotonic() + 30
+        while (status := httpx.get(path, timeout=120).status_code) == 429:
+            assert time.monotonic() < deadline, "the closed reader's slot never came back"
+            time.sleep(0.2)
+        assert status == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+# ---- (3) viewers: sockets per address, backlog bytes per address ------------------------------
+
+
+def test_a_viewer_flood_from_one_address_is_refused_with_1008_past_the_cap(server):
+    """Before: 60 viewers that never read, from one address, each held a socket and its
+    buffers (a victim trainer's ack p99 went to 1.8-3.4 s)."""
+    _, url = server(max_viewers_per_client=4)
+    run = new_run(url, steps=100)
+    fill(url, run, 1, 10)
+    with contextlib.ExitStack() as kept:
+        first = kept.enter_context(viewer(url, run["id"]))
+        for ws in [first] + [kept.enter_context(viewer(url, run["id"])) for _ in range(3)]:
+            assert json.loads(ws.recv(timeout=10))["type"] == "run"
+        for _ in range(20):
+            with viewer(url, run["id"]) as ws:
+                text = expect_close(ws, 1008)
+            assert text.startswith("too many viewer sockets from 127.0.0.1: 4 at once")
+            assert "ANDREA_MAX_VIEWERS_PER_CLIENT" in text
+        with viewer(url, run["id"], client="10.0.0.2") as ws:            # another address
+            assert json.loads(ws.recv(timeout=10))["type"] == "run"
+        with connect(ws_url(url, f"/ws/runs/{run['id']}")) as trainer:   # trainers: unaffected
+            assert hello(trainer, run["token"], 10)["type"] == "welcome"
+            trainer.send(json.dumps({"type": "metrics", "records": [record(11)]}))
+            assert json.loads(trainer.recv(timeout=10)) == {"type": "ack", "step": 11}
+        first.close()
+        deadline = time.monotonic() + 15
+        while True:                     # the closed socket's slot comes back
+            with viewer(url, run["id"]) as ws:
+                said = json.loads(ws.recv(timeout=10))
+            if said["type"] == "run":
+                break
+            assert time.monotonic() < deadline, said
+            time.sleep(0.2)
+
+
+def test_backlog_rereads_past_the_clients_budget_are_paced(server):
+    """Before: 20 viewers re-reading a run from step -1 in a loop took a victim trainer's ack
+    p99 to seconds. Here an address's budget is 1 MiB and then 1 KiB/s: the first read of the
+    backlog (~0.7 MB) is whole, a re-read gets what is left of the burst and then waits; other
+    addresses and the trainer's acks are not held back."""
+    _, url = server(viewer_backlog_burst_bytes=1 << 20, viewer_backlog_bytes_per_s=1024,
+                    **FAST_TRAINERS)
+    run = new_run(url, steps=10_000)
+    fill(url, run, 1, 5000)
+    with viewer(url, run["id"], client="10.0.0.1") as ws:
+        assert records_until_quiet(ws, upto=5000) == list(range(1, 5001))   # within the burst
+        ws.send(json.dumps({"type": "from", "step": -1}))
+        again = records_until_quiet(ws)
+        assert 0 < len(again) < 5000 and again == list(range(1, len(again) + 1))
+        ws.send(json.dumps({"type": "ping"}))      # paced, not stuck: its reader still answers
+        assert json.loads(ws.recv(timeout=10)) == {"type": "pong"}
+        with viewer(url, run["id"], client="10.0.0.1") as same:   # one budget per address
+            assert json.loads(same.recv(timeout=10))["type"] == "run"
+            assert len(records_until_quiet(same)) <= 512     # a page or two, then it waits
+        with viewer(url, run["id"], client="10.0.0.2") as other:
+            assert json.loads(other.recv(timeout=10))["type"] == "run"
+            assert records_until_quiet(other, upto=5000) == list(range(1, 5001))
+        with connect(ws_url(url, f"/ws/runs/{run['id']}")) as trainer:
+            assert hello(trainer, run["token"], 5000)["type"] == "welcome"
+            trainer.send(json.dumps({"type": "metrics", "records": [record(5001)]}))
+            assert json.loads(trainer.recv(timeout=10)) == {"type": "ack", "step": 5001}
+
+
+def test_a_paced_viewer_that_leaves_frees_its_socket(server):
+    """A viewer waiting for its address's budget holds nothing once it goes: its slot is
+    back for the next one."""
+    _, url = server(viewer_backlog_burst_bytes=64 << 10, viewer_backlog_bytes_per_s=1024,
+                    max_viewers_per_client=1)
+    run = new_run(url, steps=5000)
+    fill(url, run, 1, 3000)
+    with viewer(url, run["id"]) as ws:
+        assert 0 < len(records_until_quiet(ws, quiet_s=2)) < 3000    # paced
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with viewer(url, run["id"]) as ws:
+                if json.loads(ws.recv(timeout=10))["type"] == "run":
+                    break
+        except ConnectionClosed:
+            pass
+        assert time.monotonic() < deadline, "the paced viewer's slot never came back"
+        time.sleep(0.2)
+
+
+def test_a_run_of_spikes_everywhere_lists_its_newest_and_says_how_many_were_left_out(
+        client, monkeypatch):
+    """A non-finite grad norm is a spike at every step: the answer (and what is kept of the
+    run) stops at the newest MAX_SPIKES."""
+    from andrea.routes import spikes as route
+
+    monkeypatch.setattr(route, "MAX_SPIKES", 3)
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 100}).json()
+    run_id, store = made["id"], client.app.state.store
+    store.add_metrics(run_id, [{**r, "grad_norm": None} for r in spike_records(1, 8, set())])
+    path = f"/api/runs/{run_id}/spikes"
+    got = client.get(path).json()
+    assert [s["step"] for s in got["spikes"]] == [6, 7, 8] and got["omitted"] == 5
+    store.add_metrics(run_id, [{**r, "grad_norm": None} for r in spike_records(9, 10, set())])
+    later = client.get(path)
+    assert fed(later)["records"] == 2
+    assert [s["step"] for s in later.json()["spikes"]] == [8, 9, 10]
+    assert later.json()["omitted"] == 7
+    client.app.state.spikes = None
+    assert client.get(path).content == later.content
