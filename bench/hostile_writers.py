@@ -4,7 +4,8 @@ bounds (only the free-space floor is set, to make a small disk: --disk MiB above
 
   disk fill        3 runs streaming records with per-row losses and per-tensor norms as fast
                    as they are acked, until the server's storage budget stops them
-  1 MiB messages   3 runs sending ~1 MiB metrics messages of ~10 KB records
+  largest messages 3 runs sending metrics messages as big as allowed (~240 KB of ~10 KB records;
+                   before the 256 KiB bound, ~1 MiB)
   status flood     3 runs sending status messages back to back
   spike pollers    10 clients polling /spikes of a run of --records records whose last step
                    moves (its trainer sends a record every 0.1 s)
@@ -113,8 +114,8 @@ def disk_fill(url, ctx, stop, counts):
     runs, batch, tensors = ctx["fill_runs"], ctx["batch"], ctx["tensors"]
 
     def message(step):
-        recs = [fat_record(s, batch, tensors) for s in range(step, step + 50)]
-        return json.dumps({"type": "metrics", "records": recs}), 50
+        recs = [fat_record(s, batch, tensors) for s in range(step, step + 25)]
+        return json.dumps({"type": "metrics", "records": recs}), 25
     threads = [threading.Thread(target=_stream, args=(url, r, stop, counts, message))
                for r in runs]
     [t.start() for t in threads]
@@ -125,8 +126,8 @@ def big_messages(url, ctx, stop, counts):
     runs, batch, tensors = ctx["big_runs"], ctx["batch"], ctx["tensors"]
 
     def message(step):
-        recs = [fat_record(s % 900_000 + 1, batch, tensors) for s in range(step, step + 100)]
-        return json.dumps({"type": "metrics", "records": recs}), 100   # ~1 MiB
+        recs = [fat_record(s % 900_000 + 1, batch, tensors) for s in range(step, step + 25)]
+        return json.dumps({"type": "metrics", "records": recs}), 25   # ~240 KB: the most allowed
     threads = [threading.Thread(target=_stream, args=(url, r, stop, counts, message))
                for r in runs]
     [t.start() for t in threads]
@@ -236,7 +237,7 @@ def idle_viewers(url, ctx, stop, counts):
             pass
 
 
-ATTACKS = [("disk fill", disk_fill), ("1 MiB messages", big_messages),
+ATTACKS = [("disk fill", disk_fill), ("largest messages", big_messages),
            ("status flood", status_flood), ("spike pollers", spike_pollers),
            ("export readers", export_readers), ("viewer re-reads", viewer_rereads),
            ("idle viewers", idle_viewers)]

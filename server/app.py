@@ -24,7 +24,7 @@ from andrea.data import wire
 from andrea.data.hub import DataHub
 from andrea.data.runs import RunRegistry
 from andrea.fanout import Fanout
-from andrea.limits import BodyLimits
+from andrea.limits import BodyLimits, ReadBudget
 from andrea.origin_check import OriginCheck
 from andrea.quotas import MessageRates, RateLimiter
 from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(BrokerUnavailable, _store_unavailable)
     # Text (pages, modules, shaders, JSON) is gzipped; binary bodies are not (NOT_GZIPPED).
+    # JSON reads paced per client address (limits.ReadBudget), inside gzip: counted as sent.
+    app.add_middleware(ReadBudget, bytes_per_s=settings.read_bytes_per_s)
     app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=NOT_GZIPPED)
     static, shaders = asset_dir("static"), asset_dir("shaders")
     version = content_version(static, shaders)

@@ -146,6 +146,11 @@ class Settings(BaseSettings):
     # are not counted): re-reading a run from its start in a loop cannot crowd out trainers.
     # A backlog MiB costs the server ~55 ms of CPU: 4 MiB/s is a fifth of one core, and a run
     # page of up to 32 MiB of records (~50k steps of the tiny preset, ~650 B each) loads at once.
+    # JSON reads of the API per client address (GET /api/..., batches and downloads aside):
+    # each costs its bytes plus 32 KiB, from a budget of read_bytes_per_s (a 4 s burst); a
+    # client in debt waits before its next read, and past 10 s of debt gets 429. 8 MiB/s: about
+    # 250 small reads or 30 spike lists of 240 KB a second; a page polls a few a second.
+    read_bytes_per_s: float = Field(8 << 20, gt=0)
     max_exports_per_client: int = Field(2, ge=1)
     max_viewers_per_client: int = Field(16, ge=1)
     viewer_backlog_burst_bytes: int = Field(32 << 20, ge=64 << 10)

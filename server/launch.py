@@ -41,7 +41,9 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
     more `andrea serve` options (`--corpus NAME=PATH`, ...)."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port),
+    # -P: the working directory is not put on sys.path, so a folder there named `andrea` (a
+    # checkout of this repository, say) cannot shadow the installed package.
+    cmd = [sys.executable, "-P", "-m", "andrea", "serve", "--port", str(port),
            "--data-dir", str(data_dir), *args]
     with open(data_dir / "server.log", "a") as log:
         # Its own session: a Ctrl-C meant for the caller (andrea train) must not stop the

@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from andrea.quotas import RateLimiter
 from andrea.uvicorn_limits import transport_of
 
 log = logging.getLogger("andrea.limits")
@@ -167,3 +169,62 @@ class _Exchange:
         transport = transport_of(self._receive)
         if transport is not None:
             transport.abort()
+
+
+# GETs under /api/ that a JSON read budget never delays: the trainer's batches and the downloads
+# (their own bounds: the batch route's, exports per address, the idle timeout).
+UNPACED_READS = re.compile(r"/api/(runs/[^/]+/)?(batches|val_batches)/[^/]+"
+                           r"|/api/runs/[^/]+/(model\.safetensors|export\.zip|checkpoints/[^/]+)")
+READ_REQUEST_COST = 32 << 10     # bytes a JSON read costs besides its body (parse, route, store)
+READ_BURST_S = 4                 # seconds of read_bytes_per_s a client may read at once
+READ_MAX_WAIT_S = 10.0           # a client further in debt is answered 429
+
+
+class ReadBudget:
+    """JSON reads of the API, per client address (Settings.read_bytes_per_s): a read costs its
+    body's bytes (before gzip) plus READ_REQUEST_COST, taken when it has been answered; a client
+    in debt waits before its next read is served, and one more than READ_MAX_WAIT_S in debt is
+    answered 429 with Retry-After. So a polling loop (a spike list, a runs list) is paced to the
+    budget whatever its rate or size, and other clients' requests and trainers' acks do not
+    wait behind it. Only GET /api/ answered as JSON counts; batches and downloads are never
+    delayed (UNPACED_READS). The address is uvicorn's (a trusted proxy's X-Forwarded-For)."""
+
+    def __init__(self, app: ASGIApp, bytes_per_s: float):
+        self.app = app
+        self.buckets = RateLimiter(bytes_per_s * READ_BURST_S, bytes_per_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "GET" \
+                or not scope["path"].startswith("/api/") or UNPACED_READS.fullmatch(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        bucket = self.buckets.bucket((scope.get("client") or ("",))[0])
+        wait = bucket.take(0)       # the debt's seconds, nothing taken
+        if wait > READ_MAX_WAIT_S:
+            retry = math.ceil(wait - READ_MAX_WAIT_S)
+            body = json.dumps({"detail": f"too many reads from this address: its budget is "
+                               f"{bucket.rate / (1 << 20):g} MiB/s of answers "
+                               f"(ANDREA_READ_BYTES_PER_S); try again in {retry} s"}).encode()
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(retry).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if wait:
+            await asyncio.sleep(wait)
+        sent, counted = 0, False
+
+        async def counting(message: Message) -> None:
+            nonlocal sent, counted
+            if message["type"] == "http.response.start":
+                kind = dict(message.get("headers") or []).get(b"content-type", b"")
+                counted = kind.startswith(b"application/json")
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+        try:
+            await self.app(scope, receive, counting)
+        finally:
+            if counted:
+                bucket.take(sent + READ_REQUEST_COST)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from andrea import __version__
@@ -366,3 +367,19 @@ def test_the_http_client_words_fastapi_errors_and_a_server_that_does_not_answer(
     with pytest.raises(http_client.Unreachable) as e:
         http_client.request("GET", f"http://127.0.0.1:{port}/healthz", timeout=5)
     assert str(e.value).startswith(f"the server at http://127.0.0.1:{port} does not answer: ")
+
+
+def test_the_server_andrea_train_starts_is_not_shadowed_by_the_working_directory(
+        tmp_path, monkeypatch):
+    """Before: `cd ~ && andrea train ...` with a checkout cloned into ~/andrea: the server it
+    started with `python -m andrea` imported that folder ("cannot import name '__version__'
+    from 'andrea' (unknown location)")."""
+    from andrea.launch import start_server, stop_server
+
+    (tmp_path / "andrea" / "server").mkdir(parents=True)    # a checkout: no andrea/__init__.py
+    monkeypatch.chdir(tmp_path)
+    proc, url = start_server(tmp_path / "data")
+    try:
+        assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+    finally:
+        stop_server(proc)

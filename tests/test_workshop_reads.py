@@ -421,3 +421,30 @@ def test_a_run_of_spikes_everywhere_lists_its_newest_and_says_how_many_were_left
     assert later.json()["omitted"] == 7
     client.app.state.spikes = None
     assert client.get(path).content == later.content
+
+
+# ---- JSON reads: a budget per client address ---------------------------------------------------
+
+
+def test_json_reads_are_budgeted_per_client_address(server):
+    """Before: 10 clients polling the spike list took ~1,600 answers a second of 240 KB and the
+    victim's acks waited behind them. A read costs its bytes plus 32 KiB; at a budget of
+    1 KiB/s (a 4 KiB burst) one read puts its address ~30 s in debt: the next is answered 429
+    with Retry-After, while other addresses, the trainer's batches and pages are not held."""
+    _, url = server(read_bytes_per_s=1024)
+    run = new_run(url, steps=50)
+    with httpx.Client(base_url=url, timeout=60) as poller:
+        assert poller.get(f"/api/runs/{run['id']}/spikes").status_code == 200   # no debt yet
+        r = poller.get(f"/api/runs/{run['id']}/spikes")
+        assert r.status_code == 429, r.text
+        assert "ANDREA_READ_BYTES_PER_S" in r.json()["detail"]
+        assert int(r.headers["retry-after"]) >= 1
+        assert poller.get("/api/runs").status_code == 429              # every JSON read
+        # Not delayed: the trainer's batches, pages, health.
+        batch = poller.get(f"/api/runs/{run['id']}/batches/1")
+        assert batch.status_code == 200 and batch.headers["content-type"] != "application/json"
+        assert poller.get("/healthz").status_code == 200
+        assert poller.get(f"/runs/{run['id']}").status_code == 200
+    other = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(base_url=url, timeout=60, transport=other) as neighbour:
+        assert neighbour.get("/api/runs").status_code == 200           # its own budget

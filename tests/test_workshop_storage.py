@@ -43,7 +43,7 @@ from andrea.storage import (
     message_bytes,
 )
 from andrea.store import Store
-from andrea.telemetry.protocol import STORAGE_BUDGET
+from andrea.telemetry.protocol import MAX_MESSAGE_BYTES, STORAGE_BUDGET
 from tests import aio
 from tests.fake_disk.sitecustomize import _used as files_bytes
 from tests.test_hardening import hello, record, ws_url
@@ -151,18 +151,18 @@ def test_trainers_are_closed_before_the_floor_and_the_operator_deletes_at_it(ser
         assert json.loads(vws.recv(timeout=60)) == {"type": "ack", "step": 10}
         victim_acked = list(range(1, 11))
 
-        # The attacker: 100 records (~1.3 MB as stored) a message until it is closed.
+        # The attacker: 25 records (~330 KB as stored) a message until it is closed.
         with connect(ws_url(url, f"/ws/runs/{attacker['id']}"), max_size=None) as aws:
             assert hello(aws, attacker["token"])["type"] == "welcome"
-            acked, close = stream_until_closed(aws, 1, 100, 1024, limit=200)
+            acked, close = stream_until_closed(aws, 1, 25, 1024, limit=800)
         message = assert_storage_close(close, FLOOR)
         assert "ANDREA_MIN_FREE_BYTES" in message and "ask the operator" in message
         assert f"records up to step {acked[-1]} are stored" in message
-        assert 10 <= len(acked) // 100 <= 20    # ~24 MiB of ~1.3 MB messages (and the WAL)
+        assert 10 <= len(acked) // 100 <= 20    # ~24 MiB of ~13 KB records (and the WAL)
         assert stored_steps(url, attacker["id"]) == acked   # every acked record, nothing more
 
         # The victim is told the same (before: SQLITE_FULL), its records kept.
-        more, close = stream_until_closed(vws, 11, 100, 1024, limit=3)
+        more, close = stream_until_closed(vws, 11, 25, 1024, limit=12)
         assert_storage_close(close, FLOOR)
         victim_acked += more
     assert stored_steps(url, victim["id"]) == victim_acked
@@ -186,9 +186,9 @@ def test_trainers_are_closed_before_the_floor_and_the_operator_deletes_at_it(ser
     step = victim_acked[-1] + 1
     with connect(ws_url(url, f"/ws/runs/{victim['id']}"), max_size=None) as vws:
         assert hello(vws, victim["token"], victim_acked[-1])["type"] == "welcome"
-        vws.send(metrics(step, 100, 1024))
-        assert json.loads(vws.recv(timeout=60)) == {"type": "ack", "step": step + 99}
-    assert stored_steps(url, victim["id"]) == victim_acked + list(range(step, step + 100))
+        vws.send(metrics(step, 25, 1024))
+        assert json.loads(vws.recv(timeout=60)) == {"type": "ack", "step": step + 24}
+    assert stored_steps(url, victim["id"]) == victim_acked + list(range(step, step + 25))
 
 
 # ---- (2) uploads at once cannot cross the floor together -----------------------------------------
@@ -276,10 +276,10 @@ def test_a_run_past_max_run_bytes_is_refused_at_creation_and_closed_at_run_time(
 
 
 # ---- (4) bytes per second, per run and per client address ----------------------------------------
-# ~930 KB and ~465 KB messages at 128 KiB/s with 2 s bursts (256 KiB): a first one waits ~5.3 s,
-# a second at once behind it ~7.3 s more, a half one ~3.6 s more. The tests look at the order of
+# ~235 KB and ~113 KB messages at 32 KiB/s with 2 s bursts (64 KiB): a first one waits ~5.3 s,
+# a second at once behind it ~7.3 s more, a half one ~3.5 s more. The tests look at the order of
 # the acks alone (each apart by seconds from the next), never at a clock.
-PACED = 128 << 10
+PACED = 32 << 10
 
 
 def _connect_from(url: str, path: str, address: str):
@@ -318,14 +318,14 @@ def test_trainer_bytes_per_second_are_bounded_per_run(server, tmp_path):
           connect(ws_url(url, f"/ws/runs/{b['id']}"), max_size=None) as wb):
         for ws, run in ((wa, a), (wb, b)):
             assert hello(ws, run["token"])["type"] == "welcome"
-        assert 900_000 < len(metrics(1, 100, 1024)) < 1 << 20
-        wa.send(metrics(1, 100, 1024))      # acked after ~5.3 s
-        wa.send(metrics(101, 100, 1024))    # ~12.6 s
-        wb.send(metrics(1, 100, 1024))      # ~5.3 s
-        wb.send(metrics(101, 50, 1024))     # ~8.9 s
+        assert 220_000 < len(metrics(1, 25, 1024)) < MAX_MESSAGE_BYTES
+        wa.send(metrics(1, 25, 1024))      # acked after ~5.3 s
+        wa.send(metrics(26, 25, 1024))    # ~12.6 s
+        wb.send(metrics(1, 25, 1024))      # ~5.3 s
+        wb.send(metrics(26, 12, 1024))     # ~8.9 s
         order = acks_in_order({"a": (wa, 2), "b": (wb, 2)})
     assert sorted(order[:2]) == ["a", "b"] and order[2:] == ["b", "a"], order
-    assert stored_steps(url, a["id"]) == list(range(1, 201))     # nothing lost
+    assert stored_steps(url, a["id"]) == list(range(1, 51))     # nothing lost
 
 
 def test_trainer_bytes_per_second_are_bounded_per_client_address(server, tmp_path):
@@ -339,14 +339,14 @@ def test_trainer_bytes_per_second_are_bounded_per_client_address(server, tmp_pat
           _connect_from(url, f"/ws/runs/{c['id']}", "127.0.0.2") as wc):
         for ws, run in ((wa, a), (wb, b), (wc, c)):
             assert hello(ws, run["token"])["type"] == "welcome"
-        wa.send(metrics(1, 100, 1024))      # the first of a and b ~5.3 s, the other ~12.6 s
-        wb.send(metrics(1, 100, 1024))
-        wc.send(metrics(1, 100, 1024))      # ~5.3 s
-        wc.send(metrics(101, 50, 1024))     # ~8.9 s
+        wa.send(metrics(1, 25, 1024))      # the first of a and b ~5.3 s, the other ~12.6 s
+        wb.send(metrics(1, 25, 1024))
+        wc.send(metrics(1, 25, 1024))      # ~5.3 s
+        wc.send(metrics(26, 12, 1024))     # ~8.9 s
         order = acks_in_order({"a": (wa, 1), "b": (wb, 1), "c": (wc, 2)})
     assert sorted(order[:2]) in (["a", "c"], ["b", "c"]), order
     assert order[2] == "c" and order[3] in ("a", "b"), order
-    assert stored_steps(url, c["id"]) == list(range(1, 151))
+    assert stored_steps(url, c["id"]) == list(range(1, 38))
 
 
 def test_message_rates_owe_by_bytes_per_run_and_per_client():

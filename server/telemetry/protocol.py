@@ -62,7 +62,11 @@ from andrea.metrics import Record, Step
 from andrea.run_info import TrainerStatus
 from andrea.telemetry.uvicorn_shim import abort, limit_frames
 
-MAX_MESSAGE_BYTES = 1 << 20      # one metrics batch (UTF-8 bytes); a record: ~200 B + its lists
+# One metrics batch (UTF-8 bytes; a record: ~200 B + its lists). Parsing a message holds the
+# event loop (pydantic's validation keeps the GIL, so a thread does not help): at 256 KiB one
+# takes ~3 ms, so no trainer's message delays another's ack by more (1 MiB took 7-17 ms).
+# The page splits its records by it (welcome.max_message_bytes).
+MAX_MESSAGE_BYTES = 256 << 10
 # Frames past this are refused by the websocket layer itself (close 1009) where the server
 # lets us set it (uvicorn_shim.py); between the two, the error message comes first.
 TRAINER_FRAME_BYTES = 2 * MAX_MESSAGE_BYTES

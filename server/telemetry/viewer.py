@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import re
+import weakref
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
@@ -52,9 +53,14 @@ class _ViewerSession:
     live queue, each send under a deadline."""
 
     def __init__(self, ws: WebSocket, run_id: str, store: Store, fanout: Fanout,
-                 settings: Settings, after: int | None, budget: TokenBucket):
+                 settings: Settings, after: int | None, budget: TokenBucket,
+                 read_lock: asyncio.Lock):
         self.ws, self.run_id, self.store, self.fanout = ws, run_id, store, fanout
         self.budget = budget            # the client address's backlog bytes (all its sockets)
+        # The address's backlog reads, one page at a time: a page is read and encoded holding
+        # the GIL (~3 ms for 60 KiB), so a dozen of one address's viewers at once would hold
+        # every trainer's ack behind a dozen pages; one at a time, behind one.
+        self.read_lock = read_lock
         self.timeout = settings.viewer_send_timeout_s
         self.cursor = -1 if after is None else after   # the viewer has every record up to it
         self.event_cursor: tuple[int, str] = (self.cursor, "\uffff")
@@ -95,8 +101,9 @@ class _ViewerSession:
         messages are queued (bounded) from the moment the store has been read to the end."""
         subscribed = False
         while True:
-            text, last, n = await self.store.run(self.store.records_page_json, self.run_id,
-                                                 self.cursor, BACKLOG_PAGE)
+            async with self.read_lock:      # one page at a time per address (see __init__)
+                text, last, n = await self.store.run(self.store.records_page_json,
+                                                     self.run_id, self.cursor, BACKLOG_PAGE)
             if n:
                 await self.send(text)
                 self.cursor = last
@@ -110,8 +117,9 @@ class _ViewerSession:
                                                     self.fanout.new_viewer(self.wake))
                 subscribed = True
         while True:
-            events = await self.store.run(self.store.events_page, self.run_id,
-                                          self.event_cursor, EVENTS_PAGE)
+            async with self.read_lock:
+                events = await self.store.run(self.store.events_page, self.run_id,
+                                              self.event_cursor, EVENTS_PAGE)
             for ev in events:
                 text = json.dumps({"type": ev["kind"], **ev})
                 await self.send(text)
@@ -210,8 +218,12 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
         return
     reads = app_state(ws.app, "viewer_reads", lambda: RateLimiter(
         settings.viewer_backlog_burst_bytes, settings.viewer_backlog_bytes_per_s))
+    locks = app_state(ws.app, "viewer_read_locks", weakref.WeakValueDictionary)
+    if (read_lock := locks.get(client)) is None:    # (kept while a session of it holds it)
+        read_lock = locks[client] = asyncio.Lock()
     session = _ViewerSession(ws, run_id, store, fanout, settings,
-                             None if raw_after is None else int(raw_after), reads.bucket(client))
+                             None if raw_after is None else int(raw_after), reads.bucket(client),
+                             read_lock)
     reader = asyncio.ensure_future(session.read())
 
     async def write():
