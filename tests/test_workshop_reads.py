@@ -71,7 +71,7 @@ def spike_records(first: int, last: int, spikes: set[int]) -> list[dict]:
             for s in range(first, last + 1)]
 
 
-def send(url: str, run: dict, records: list[dict], per: int = 2000) -> None:
+def send(url: str, run: dict, records: list[dict], per: int = 1000) -> None:
     with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
         assert hello(ws, run["token"], records[0]["step"] - 1)["type"] == "welcome"
         for i in range(0, len(records), per):

@@ -259,8 +259,8 @@ def test_a_run_past_max_run_bytes_is_refused_at_creation_and_closed_at_run_time(
     run = new_run(url, batch_size=1024, steps=10_000)
     with connect(ws_url(url, f"/ws/runs/{run['id']}"), max_size=None) as ws:
         assert hello(ws, run["token"])["type"] == "welcome"
-        for first in (1, 31):
-            ws.send(metrics(first, 30, 1024))
+        for first in (1, 21, 41):
+            ws.send(metrics(first, 20, 1024))
             assert json.loads(ws.recv(timeout=60))["type"] == "ack"
     stop_server(proc)
 
