@@ -13,7 +13,9 @@ bounds (only the free-space floor is set, to make a small disk: --disk MiB above
   viewer re-reads  20 viewers of that run asking for its whole backlog again and again
   idle viewers     60 viewers of that run that never read
 
-Each attack runs in its own process (the victim's timings share no GIL with it), starts 1 s
+The victim trains from its own address (127.0.0.2), the attackers from 127.0.0.1, as two
+laptops of a class. Each attack runs in its own process (the victim's timings share no GIL
+with it), starts 1 s
 before the victim's samples and stops after them. Figures, not verdicts: p50 and p99 per phase
 and p99's ratio to alone, with what the attackers were answered.
 
@@ -44,6 +46,7 @@ from andrea.store import Store
 from bench.hostile_workers import record
 
 ADMIN = "bench-operator-token"
+VICTIM = "127.0.0.2"    # the victim's address; every attacker's is 127.0.0.1
 
 
 def ws(url: str, run_id: str, watch: str = "") -> str:
@@ -57,10 +60,20 @@ def new_run(url: str, **cfg) -> dict:
     return r.json()
 
 
+def _from(url: str, address: str) -> socket.socket:
+    """A connection to the server from `address` (any 127.x.y.z is this machine)."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.bind((address, 0))
+    s.connect((host, int(port)))
+    return s
+
+
 @contextmanager
-def trainer(url: str, run: dict):
-    """The run's trainer socket, past its hello."""
-    with connect(ws(url, run["id"]), max_size=None, open_timeout=30) as sock:
+def trainer(url: str, run: dict, address: str = "127.0.0.1"):
+    """The run's trainer socket from `address`, past its hello."""
+    with connect(ws(url, run["id"]), max_size=None, open_timeout=30,
+                 sock=_from(url, address)) as sock:
         sock.send(json.dumps({"type": "hello", "token": run["token"], "last_acked_step": None}))
         assert json.loads(sock.recv(timeout=30))["type"] == "welcome"
         yield sock
@@ -74,8 +87,9 @@ def fat_record(step: int, batch: int, tensors: int) -> dict:
 
 
 def victim_acks(url: str, run: dict, first: int, n: int) -> list[float]:
+    """The victim: another participant (its own address, VICTIM), one record a message."""
     out = []
-    with trainer(url, run) as t:
+    with trainer(url, run, VICTIM) as t:
         for s in range(first, first + n):
             t0 = time.perf_counter()
             t.send(json.dumps({"type": "metrics", "records": [record(s)]}))
@@ -281,6 +295,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--disk", type=int, default=300, help="MiB of free space above the floor")
     ap.add_argument("--only", nargs="*", help="attack names (default: all)")
+    ap.add_argument("--env", nargs="*", default=[], help="more ANDREA_NAME=VALUE settings")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="andrea-bench-writers-"))
     data_dir = root / "data"
@@ -288,7 +303,8 @@ def main() -> None:
     big = seed_big_run(data_dir, a.records)
     floor = shutil.disk_usage(data_dir).free - (a.disk << 20)
     env = {"ANDREA_ADMIN_TOKEN": ADMIN, "ANDREA_MIN_FREE_BYTES": str(floor),
-           "ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_RUN_BURST": "100"}
+           "ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_RUN_BURST": "100",
+           **dict(kv.split("=", 1) for kv in a.env)}
     proc, url = start_server(data_dir, env=env, timeout=300)
     try:
         batch = 1024

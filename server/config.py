@@ -137,9 +137,11 @@ class Settings(BaseSettings):
     # client address (all its trainer sockets together): past them the server reads the
     # sockets more slowly (nothing is lost, the tab's acks come later). The fastest real
     # trainer (tiny on an H200, ~1 ms a step, ~650 B a record) sends ~0.7 MB/s: 1 MiB/s per
-    # run keeps it unpaced; an address gets four such runs.
+    # run keeps it unpaced; an address gets one such run (a laptop's are far slower: ~70 KB/s
+    # for tiny at 10 ms a step). At 4 MiB/s one address' stored records held another
+    # trainer's ack p99 at 4x its alone (bench/results/hostile_writers_cpu.txt), at 1 at 1.3x.
     metrics_bytes_per_s: float = Field(1 << 20, gt=0)
-    client_metrics_bytes_per_s: float = Field(4 << 20, gt=0)
+    client_metrics_bytes_per_s: float = Field(1 << 20, gt=0)
     # Readers, per client address: export zips streamed at once (429 with Retry-After past it),
     # viewer sockets open (more are closed 1008), and the bytes of backlog viewers read from
     # the store, a burst then a rate (past it their backlog is sent more slowly; live records
@@ -147,9 +149,10 @@ class Settings(BaseSettings):
     # A backlog MiB costs the server ~55 ms of CPU: 4 MiB/s is a fifth of one core, and a run
     # page of up to 32 MiB of records (~50k steps of the tiny preset, ~650 B each) loads at once.
     # JSON reads of the API per client address (GET /api/..., batches and downloads aside):
-    # each costs its bytes plus 32 KiB, from a budget of read_bytes_per_s (a 4 s burst); a
-    # client in debt waits before its next read, and past 10 s of debt gets 429. 8 MiB/s: about
-    # 250 small reads or 30 spike lists of 240 KB a second; a page polls a few a second.
+    # each costs its bytes plus 128 KiB, from a budget of read_bytes_per_s (a 1 s burst); a
+    # client in debt waits before its next read, and past 10 s of debt gets 429 (limits.py
+    # ReadBudget). 8 MiB/s: about 60 small reads or 20 spike lists of 240 KB a second; a page
+    # polls a few a second.
     read_bytes_per_s: float = Field(8 << 20, gt=0)
     max_exports_per_client: int = Field(2, ge=1)
     max_viewers_per_client: int = Field(16, ge=1)

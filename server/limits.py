@@ -175,14 +175,15 @@ class _Exchange:
 # (their own bounds: the batch route's, exports per address, the idle timeout).
 UNPACED_READS = re.compile(r"/api/(runs/[^/]+/)?(batches|val_batches)/[^/]+"
                            r"|/api/runs/[^/]+/(model\.safetensors|export\.zip|checkpoints/[^/]+)")
-READ_REQUEST_COST = 32 << 10     # bytes a JSON read costs besides its body (parse, route, store)
-READ_BURST_S = 4                 # seconds of read_bytes_per_s a client may read at once
+READ_REQUEST_COST = 128 << 10    # bytes a JSON read costs besides its body (parse, route, store)
+READ_BURST_S = 1                 # seconds of read_bytes_per_s a client may read at once
 READ_MAX_WAIT_S = 10.0           # a client further in debt is answered 429
 
 
 class ReadBudget:
-    """JSON reads of the API, per client address (Settings.read_bytes_per_s): a read costs its
-    body's bytes (before gzip) plus READ_REQUEST_COST, taken when it has been answered; a client
+    """JSON reads of the API, per client address (Settings.read_bytes_per_s, a READ_BURST_S
+    burst): a read costs its body's bytes (before gzip) plus READ_REQUEST_COST (what a request
+    costs the server whatever its size), taken when it has been answered; a client
     in debt waits before its next read is served, and one more than READ_MAX_WAIT_S in debt is
     answered 429 with Retry-After. So a polling loop (a spike list, a runs list) is paced to the
     budget whatever its rate or size, and other clients' requests and trainers' acks do not

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from andrea.launch import start_server, stop_server
-from andrea.telemetry import MAX_RECORDS
+from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -382,7 +382,9 @@ def test_the_message_limit_counts_bytes(live_server):
     run = new_run(live_server)
     with connect(ws_url(live_server, f"/ws/runs/{run['id']}"), max_size=None) as ws:
         hello(ws, run["token"])
-        ws.send(json.dumps({"type": "ping", "pad": "é" * 600_000}, ensure_ascii=False))
+        # Fewer characters than the limit, more bytes (é is two).
+        pad = "é" * (MAX_MESSAGE_BYTES // 2 + 1000)
+        ws.send(json.dumps({"type": "ping", "pad": pad}, ensure_ascii=False))
         assert "bytes" in expect_close(ws, 1009)
 
 

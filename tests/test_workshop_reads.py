@@ -428,8 +428,8 @@ def test_a_run_of_spikes_everywhere_lists_its_newest_and_says_how_many_were_left
 
 def test_json_reads_are_budgeted_per_client_address(server):
     """Before: 10 clients polling the spike list took ~1,600 answers a second of 240 KB and the
-    victim's acks waited behind them. A read costs its bytes plus 32 KiB; at a budget of
-    1 KiB/s (a 4 KiB burst) one read puts its address ~30 s in debt: the next is answered 429
+    victim's acks waited behind them. A read costs its bytes plus 128 KiB; at a budget of
+    1 KiB/s (a 1 KiB burst) one read puts its address ~2 min in debt: the next is answered 429
     with Retry-After, while other addresses, the trainer's batches and pages are not held."""
     _, url = server(read_bytes_per_s=1024)
     run = new_run(url, steps=50)

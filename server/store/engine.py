@@ -91,7 +91,7 @@ class Connections:
         self._readers: list[tuple] = []     # the reader threads' (sqlite3, SQLAlchemy) pairs
         self._readers_lock = threading.Lock()
         # The group commit's queue (metrics.Metrics.add_metrics_grouped).
-        self._waiting: list[tuple[str, list[dict], asyncio.Future]] = []
+        self._waiting: list[tuple[str, list[dict], asyncio.Future, int]] = []   # (.., bytes)
         self._committing = False
         if url is None:
             assert path is not None, "a SQLite path or a PostgreSQL URL"
