@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from andrea import __version__, telemetry
+from andrea import __version__, run_sweep, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
 from andrea.auth import TOKEN_STORAGE_PREFIX
 from andrea.broker import BrokerUnavailable, RedisBroker
@@ -44,12 +44,12 @@ async def _lifespan(app: FastAPI):
     # Branches a killed server left half-copied: every one when this process is the only one
     # (its own SQLite file); else those whose copy stopped moving, now and in the sweep below.
     shared = settings.broker_url is not None or settings.database_url is not None
-    await runs.drop_unfinished_branches(store, settings.data_dir,
-                                        time.time() - runs.BRANCH_STALE_S if shared else None)
+    await run_sweep.drop_unfinished_branches(
+        store, settings.data_dir, time.time() - run_sweep.BRANCH_STALE_S if shared else None)
     await _recover_checkpoints(store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # Runs that never started: those left from before a restart now, then every few seconds.
-    await runs.expire_runs(store, app.state.fanout, settings.start_grace_s,
+    await run_sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
                            settings.data_dir if shared else None)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks

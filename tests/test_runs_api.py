@@ -526,9 +526,9 @@ def test_reading_runs_never_writes_and_the_sweep_stores_what_reads_show(tmp_path
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
+    from andrea import run_sweep
     from andrea.app import create_app
     from andrea.config import Settings
-    from andrea.routes import runs as runs_routes
 
     settings = Settings(data_dir=tmp_path / "data")
 
@@ -542,7 +542,7 @@ def test_reading_runs_never_writes_and_the_sweep_stores_what_reads_show(tmp_path
         with sqlite3.connect(settings.db_path) as db:
             return db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
 
-    monkeypatch.setattr(runs_routes, "EXPIRE_EVERY_S", 3600)     # no sweep meanwhile
+    monkeypatch.setattr(run_sweep, "EXPIRE_EVERY_S", 3600)     # no sweep meanwhile
     with TestClient(create_app(settings)) as c:
         stale, fresh, trained = (c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
                                  for _ in range(3))
@@ -570,7 +570,7 @@ def test_reading_runs_never_writes_and_the_sweep_stores_what_reads_show(tmp_path
     with TestClient(create_app(settings)) as c:             # a restart: the startup sweep
         assert stored(stale["id"]) == "abandoned" and stored(trained["id"]) == "created"
         assert c.get(f"/api/runs/{stale['id']}").json() == one
-    monkeypatch.setattr(runs_routes, "EXPIRE_EVERY_S", 0.2)
+    monkeypatch.setattr(run_sweep, "EXPIRE_EVERY_S", 0.2)
     with TestClient(create_app(settings)) as c:
         late = c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
         with c.websocket_connect(f"/ws/runs/{late['id']}/watch") as viewer:

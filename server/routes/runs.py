@@ -21,7 +21,6 @@ import logging
 import secrets
 import shutil
 import time
-from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
@@ -53,6 +52,7 @@ from andrea.paths import run_dir, weights_path
 from andrea.routes.checkpoints import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
 from andrea.run_info import abandoned_message, checkpoint_info, public_run
+from andrea.run_sweep import expire_later
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
 from andrea.storage import estimated_run_bytes, mib
 from andrea.telemetry.lifecycle import no_trainer, publish_run
@@ -109,7 +109,7 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
         await store.run(store.create_run, run_id, cfg, token_hash(token), None)
         # Its viewers (and the list) read "never started" once the grace period has passed
         # without a trainer; the app's sweep expires it too (after a restart: expire_runs).
-        fanout.spawn(_expire_later(store, fanout, settings.start_grace_s))
+        fanout.spawn(expire_later(store, fanout, settings.start_grace_s))
     else:
         await _branch(run_id, cfg, token_hash(token), store, fanout, ckpts)
     runs.register(run_id, spec)
@@ -198,77 +198,11 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
         raise
 
 
-async def _expire(store, fanout, grace_s: float) -> None:
-    """Runs `created` more than `grace_s` ago that no trainer ever started become `abandoned`
-    (shown as "never started"), and their viewers are told. Once the grace period of each new
-    run has passed (_expire_later), and by the app's sweep (expire_runs). Never on a read:
-    reads show such a run as it is about to be stored (_read)."""
-    for run_id in await store.run(store.abandon_stale, time.time() - grace_s,
-                                  fanout.connected_runs(), abandoned_message(grace_s)):
-        await publish_run(store, fanout, run_id)
-
-
-async def _expire_later(store, fanout, grace_s: float) -> None:
-    await asyncio.sleep(grace_s + 0.5)
-    try:
-        await _expire(store, fanout, grace_s)
-    except Exception:       # (a store out of reach now: the app's sweep expires it later)
-        log.warning("expiring runs that never started failed", exc_info=True)
-
-
-EXPIRE_EVERY_S = 5.0        # how often the app's sweep expires runs that never started
-# A branch whose copy has not moved for this long was left by a process that died mid-copy (a
-# live copy commits a page every fraction of a second, each page touching the branch's row).
-BRANCH_STALE_S = 300.0
-
-
-async def drop_unfinished_branches(store, data_dir: Path, before: float | None) -> list[str]:
-    """Branches a process left half-copied when it died (store.unfinished_branches: their copy
-    last moved before `before`; None: all): their rows, records and files removed. At start
-    (app.py: all of them when this process is the only one), and by the sweep of processes that
-    share their store (expire_runs). Returns their ids."""
-    dropped = await store.run(store.unfinished_branches, before)
-    for run_id in dropped:
-        while await store.run(store.drop_branch_page, run_id):
-            pass
-        await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
-        log.warning("run %s: a branch left half-copied (its server stopped mid-copy) was "
-                    "removed", run_id)
-    return dropped
-
-
-async def expire_runs(store, fanout, grace_s: float, data_dir: Path | None = None) -> None:
-    """The app's sweep, started with its lifespan (app.py): now, for the runs left from before
-    a restart, then every EXPIRE_EVERY_S in the background, for what a run's own timer
-    (_expire_later) missed (the store out of reach then, the process that made it gone). With
-    `data_dir` (processes sharing the store), also the branches whose copy stopped moving
-    BRANCH_STALE_S ago (drop_unfinished_branches: their process died)."""
-    async def sweep(failing: bool) -> bool:
-        try:
-            await _expire(store, fanout, grace_s)
-            if data_dir is not None:
-                await drop_unfinished_branches(store, data_dir, time.time() - BRANCH_STALE_S)
-            return False
-        except Exception:
-            if not failing:     # once, not every few seconds while the store is away
-                log.warning("expiring runs that never started failed", exc_info=True)
-            return True
-
-    async def every() -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(EXPIRE_EVERY_S)
-            failing = await sweep(failing)
-
-    await sweep(False)
-    fanout.spawn(every())
-
-
 def _read(run: dict, fanout, grace_s: float) -> dict:
     """The run as GET /api/runs and GET /api/runs/{id} show it (run_info.public_run). One that
-    _expire is about to make `abandoned` (created more than `grace_s` ago, no step recorded,
-    no checkpoint, no trainer) reads `abandoned` already, with the message it will be stored
-    with: a read never writes."""
+    run_sweep.expire is about to make `abandoned` (created more than `grace_s` ago, no step
+    recorded, no checkpoint, no trainer) reads `abandoned` already, with the message it will be
+    stored with: a read never writes."""
     connected = fanout.has_trainer(run["id"])
     if (run["status"] == "created" and not connected and run["last_step"] is None
             and run["checkpoint_step"] is None and run["updated_at"] < time.time() - grace_s):
