@@ -99,6 +99,36 @@ def test_limit_frames_makes_the_websocket_layer_close_1009(compression):
     assert got == [LIMIT]           # the big message never reached the app
 
 
+def send_far_too_big(url: str, size: int):
+    """A blocking client (websockets' sync one, as tests and `andrea train` use) that sends one
+    message of `size` bytes; what close it saw."""
+    from websockets.sync.client import connect as connect_sync
+    with connect_sync(url, max_size=None) as client:
+        with pytest.raises(ConnectionClosed) as e:
+            client.send("x" * size)
+            client.recv(timeout=10)
+        return e.value.rcvd
+
+
+def test_a_message_far_over_the_limit_still_gets_its_close_frame():
+    """The server stops reading at the limit; without a lingering close the megabytes still in
+    flight meet a closed socket, the kernel resets the connection, and the reset can overtake
+    the close frame (the client saw "no close frame received or sent")."""
+    async def endpoint(ws: WebSocket):
+        limit_frames(ws, LIMIT)
+        await ws.accept()
+        with contextlib.suppress(WebSocketDisconnect):
+            while True:
+                await ws.receive_text()
+
+    async def main():
+        async with served(app_with(endpoint), False) as url:
+            return [await asyncio.to_thread(send_far_too_big, url, 8 << 20) for _ in range(10)]
+
+    codes = [rcvd.code if rcvd else None for rcvd in run(main())]
+    assert codes == [1009] * 10, codes
+
+
 @pytest.mark.parametrize("compression", [False, True])
 def test_abort_drops_the_connection_without_a_close(compression):
     after = []
