@@ -34,9 +34,11 @@ def abandoned_message(grace_s: float) -> str:
 
 
 # A run another tab may take over from its last checkpoint (POST /api/runs/{id}/resume). A
-# killed tab leaves `running` until the grace period marks it interrupted; a failed run is
-# branched instead (POST /api/runs with a parent), a finished one has nothing left to do.
-RESUMABLE = ("interrupted", "stopped", "paused", "running")
+# killed tab leaves `running` until the grace period marks it interrupted. A failed run too:
+# whatever failed it (a batch refused, a GPU error, a non-finite loss), its last checkpoint is
+# sound (none is taken of a non-finite step), and the user may also branch it with another lr
+# (POST /api/runs with a parent). A finished one has nothing left to do.
+RESUMABLE = ("interrupted", "stopped", "paused", "running", "failed")
 
 
 def checkpoint_info(config: dict, last_step: int | None) -> dict:

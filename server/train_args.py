@@ -66,8 +66,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headless", action="store_true",
                         help="accepted; train is always headless")
     parser.add_argument("--resume", metavar="RUN_ID",
-                        help="continue a stopped or interrupted run from its last checkpoint "
-                             "(with the run's own config: no config flags)")
+                        help="continue a stopped, interrupted or failed run from its last "
+                             "checkpoint (with the run's own config: no config flags)")
     parser.add_argument("--branch", metavar="RUN_ID[@STEP]",
                         help="a NEW run that continues RUN_ID from its checkpoint STEP (default: "
                              "its last), with RUN_ID's config changed by the config flags given "

@@ -417,6 +417,22 @@ def test_two_resumes_at_once_one_wins(live):
             time.sleep(0.05)
 
 
+def test_a_failed_run_resumes_from_its_last_checkpoint(client):
+    """Whatever failed it, a failed run is not lost: it goes on from its last checkpoint."""
+    run = new_run(client)
+    train_some(client, run, 9, "failed")
+    for step in (4, 8):
+        assert put(client, run, step, state(run, step)).status_code == 201
+    info = client.get(f"/api/runs/{run['id']}").json()
+    assert info["status"] == "failed" and info["can_resume"] is True
+    r = client.post(f"/api/runs/{run['id']}/resume")
+    assert r.status_code == 200, r.text
+    assert r.json()["step"] == 8 and r.json()["run"]["status"] == "created"
+    assert steps(client, run) == [4, 8]
+    assert [m["step"] for m in client.get(f"/api/runs/{run['id']}/metrics").json()] == \
+        list(range(1, 9))
+
+
 # ---- branch ----------------------------------------------------------------------------------
 
 
@@ -425,9 +441,7 @@ def test_a_failed_run_branches_into_a_new_run_with_another_lr(client, data_dir):
     train_some(client, run, 9, "failed", samples=(2, 8))
     for step in (4, 8):
         assert put(client, run, step, state(run, step)).status_code == 201
-    assert client.get(f"/api/runs/{run['id']}").json()["can_resume"] is False
-    r = client.post(f"/api/runs/{run['id']}/resume")
-    assert r.status_code == 409 and "branch" in r.json()["detail"]
+    assert client.get(f"/api/runs/{run['id']}").json()["can_resume"] is True
     r = client.post("/api/runs", json={"preset": "tiny", "steps": 50, "lr": 1e-4,
                                        "parent": {"run": run["id"], "step": 4}})
     assert r.status_code == 201, r.text

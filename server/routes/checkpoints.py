@@ -67,8 +67,6 @@ Step = Annotated[int, Path(ge=0)]
 WHY_NOT_RESUMABLE = {
     "finished": "the run is finished: there is nothing left to train",
     "created": "the run has not started since it was made or resumed: open its page to train it",
-    "failed": "the run failed: branch it instead, a new run from one of its checkpoints "
-              "(POST /api/runs with \"parent\": {\"run\": ..., \"step\": ...})",
 }
 
 

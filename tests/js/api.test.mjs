@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
 import {
-  HttpError, detailText, fetchJson, fetchRetrying, forgetToken, heldToken, responseDetail,
+  HttpError, MAX_BACKOFF_MS, detailText, fetchJson, fetchRetrying, forgetToken, heldToken, responseDetail,
   resumeLink, retireToken, retryDelayMs, saveToken, savedToken, takeLinkToken, tokenKey, withToken,
 } from '../../static/js/app/api.js';
 
@@ -46,9 +46,31 @@ test('fetchJson answers the body, or throws the status and the detail', async ()
 test('fetchRetrying retries 5xx and network errors, and stops at a 4xx with its detail', async () => {
   const answers = [() => { throw new TypeError('offline'); }, () => json(503, {}), () => json(200, 'x')];
   globalThis.fetch = async () => answers.shift()();
-  assert.equal((await fetchRetrying('/b', {}, 5)).status, 200);
+  const heard = [];
+  const sleep = async () => {};
+  assert.equal((await fetchRetrying('/b', {}, { sleep, onRetry: (w) => heard.push(w) })).status, 200);
+  assert.deepEqual(heard, ['unreachable: offline', '503', null]);
   globalThis.fetch = async () => json(403, { detail: 'token revoked' });
   await assert.rejects(fetchRetrying('/c'), { message: '/c: 403 token revoked' });
+  globalThis.fetch = async () => json(502, { detail: 'bad gateway' });
+  await assert.rejects(fetchRetrying('/d', {}, { attempts: 2, sleep }), { message: '/d: 502 bad gateway' });
+});
+
+test('by default fetchRetrying outlasts an outage of any length, its waits capped', async () => {
+  // The server away for 200 tries (the old bound, 12 tries, was ~56 s: a minute's outage
+  // failed the run), then back.
+  let tries = 0;
+  globalThis.fetch = async () => {
+    if (++tries <= 200) throw new TypeError('Failed to fetch');
+    return json(200, 'x');
+  };
+  const waits = [];
+  const res = await fetchRetrying('/e', {}, { sleep: async (ms) => { waits.push(ms); } });
+  assert.equal(res.status, 200);
+  assert.equal(waits.length, 200);
+  assert.deepEqual(waits.slice(0, 6), [250, 500, 1000, 2000, 4000, 8000]);
+  assert.equal(Math.max(...waits), MAX_BACKOFF_MS);
+  assert.ok(waits.reduce((a, b) => a + b) > 20 * 60 * 1000, 'more than 20 minutes of waiting');
 });
 
 test('a retry waits for the Retry-After the server asks for, else the backoff', () => {

@@ -59,25 +59,39 @@ export function retryDelayMs(res, backoffMs) {
     ? Math.min(after * 1000, 30000) : backoffMs;
 }
 
-/** fetch() that rides out a server restart: network errors and 5xx are retried with backoff
- *  (about a minute in all), or after the Retry-After the server asks for; 4xx is final and
- *  reported ("url: status detail"). */
-export async function fetchRetrying(url, init = {}, attempts = 12) {
+/** fetch() that rides out a server restart or an outage: network errors and 5xx are retried,
+ *  by default until the server answers (a run waits for its next batch rather than failing
+ *  for a cause that passes), with backoff at most MAX_BACKOFF_MS apart or after the
+ *  Retry-After the server asks for; `attempts` bounds the tries. 4xx is final and reported
+ *  ("url: status detail"). `onRetry(why)` hears each failed try ("unreachable: Failed to
+ *  fetch", "503 ..."), and onRetry(null) the answer that follows one. `sleep` is for tests. */
+export async function fetchRetrying(url, init = {}, { attempts = Infinity, onRetry = () => {},
+  sleep = (ms) => new Promise((r) => setTimeout(r, ms)) } = {}) {
   let wait = 250;
   for (let i = 1; ; i++) {
     let res = null;
+    let why;
     try {
       res = await fetch(url, init);
     } catch (e) {
-      if (i >= attempts) throw new Error(`${url}: ${e.message}`);
+      why = `unreachable: ${e.message}`;
     }
-    if (res?.ok) return res;
+    if (res?.ok) {
+      if (i > 1) onRetry(null);
+      return res;
+    }
     if (res && res.status < 500) throw new Error(`${url}: ${res.status} ${await responseDetail(res)}`);
-    if (i >= attempts) throw new Error(`${url}: ${res ? res.status : 'unreachable'}`);
-    await new Promise((r) => setTimeout(r, retryDelayMs(res, wait)));
-    wait = Math.min(wait * 2, 8000);
+    if (why === undefined) {
+      const detail = await responseDetail(res);
+      why = detail.startsWith(String(res.status)) ? detail : `${res.status} ${detail}`;
+    }
+    if (i >= attempts) throw new Error(`${url}: ${why}`);
+    onRetry(why);
+    await sleep(retryDelayMs(res, wait));
+    wait = Math.min(wait * 2, MAX_BACKOFF_MS);
   }
 }
+export const MAX_BACKOFF_MS = 8000;
 
 // ---- the run's write token ------------------------------------------------------------------
 // The tab that creates (or resumes, or branches) a run keeps its token in sessionStorage, never

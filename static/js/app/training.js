@@ -24,9 +24,13 @@ export async function train(state, run, token) {
   const { runId, config } = state;
   $('mode').textContent = '(training in this tab)';
   let trainer = null;
+  const reach = new ServerReach();
   const socket = new TrainerSocket(runId, token, {
     onState: (s, why) => {
       body.dataset.socket = s;
+      // (Closed by this tab at the end: no news.)
+      reach.set('records', s === 'disconnected' && !socket.closed
+        ? `the trainer socket closed${why ? ` (${why})` : ''}` : null);
       if (s === 'storage') storagePaused(why);
       else if (s === 'connected' && body.dataset.storage) storageResumed();
       if (s !== 'refused') return;
@@ -62,7 +66,9 @@ export async function train(state, run, token) {
     fetchJson('/api/optimizer/maps'),
     fetchJson(`/api/tokenizer/${config.vocab_size}`),
   ]);
-  const fetchBody = (url) => fetchRetrying(url).then((r) => r.arrayBuffer());
+  // Retried until the server answers: an outage makes training wait for its batch, not fail.
+  const fetchBody = (url) => fetchRetrying(url, {}, { onRetry: (why) => reach.set(url, why) })
+    .then((r) => r.arrayBuffer());
   // A resumed (or branched) run continues from its last checkpoint: the state after step K.
   const from = run.checkpoint?.last_step ?? null;
   let resume = null;
@@ -121,7 +127,7 @@ export async function train(state, run, token) {
   // Refused for good: this token can neither commit records nor save weights any more. A lost
   // device has no weights left to read.
   if ((final === 'finished' || final === 'stopped') && !socket.failed && !trainer.lost) {
-    await saveWeights(runId, trainer, token);
+    await saveWeights(runId, trainer, token, reach);
   }
   trainer.destroy();   // weights saved (or the run failed): free the GPU memory
   const lastStep = state.series.last?.step ?? 0;
@@ -218,15 +224,45 @@ class CheckpointUploader {
   }
 }
 
+/** "Server unreachable" on the page while anything of the training tab cannot reach the server
+ *  (a batch, the trainer socket, the weights upload), and since when: training waits for its
+ *  batches and keeps every record the server has not stored; nothing is lost, nothing fails.
+ *  body.dataset.unreachable is set meanwhile (the e2e tests read it). */
+class ServerReach {
+  constructor() {
+    this.failing = new Map();   // what -> why it cannot reach the server now
+    this.since = null;
+  }
+
+  set(what, why) {
+    if (why) this.failing.set(what, why);
+    else this.failing.delete(what);
+    const el = $('unreachable');
+    if (!this.failing.size) {
+      this.since = null;
+      el.hidden = true;
+      delete body.dataset.unreachable;
+      return;
+    }
+    this.since ??= new Date();
+    const reasons = [...new Set(this.failing.values())].join('; ');
+    el.textContent = `Server unreachable since ${this.since.toLocaleTimeString()}, retrying ` +
+      `(${reasons}). Training waits for its next batch; every record the server has not ` +
+      'stored is kept in this tab and sent when it is back.';
+    el.hidden = false;
+    body.dataset.unreachable = String(this.failing.size);
+  }
+}
+
 /** Upload the trained weights (W, table order) so the run can be exported to PyTorch. */
-async function saveWeights(runId, trainer, token) {
+async function saveWeights(runId, trainer, token, reach) {
   try {
     const w = await trainer.model.getParams();
     // A Blob, not the array itself: Chrome's renderer crashes sending an ArrayBuffer body of
-    // hundreds of MB (120m: 478 MB), and streams a Blob.
-    const res = await fetch(`/api/runs/${runId}/weights`, { method: 'PUT', body: new Blob([w]),
-      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' } });
-    if (!res.ok) throw new Error(`${res.status} ${await responseDetail(res)}`);
+    // hundreds of MB (120m: 478 MB), and streams a Blob (sent again whole by a retry).
+    await fetchRetrying(`/api/runs/${runId}/weights`, { method: 'PUT', body: new Blob([w]),
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' } },
+    { onRetry: (why) => reach.set('weights', why) });
     showModelLink();
     body.dataset.weights = 'saved';
   } catch (e) {
