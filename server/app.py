@@ -43,14 +43,14 @@ async def _lifespan(app: FastAPI):
     settings, store = app.state.settings, app.state.store
     # Branches a killed server left half-copied: every one when this process is the only one
     # (its own SQLite file); else those whose copy stopped moving, now and in the sweep below.
-    shared = settings.broker_url is not None or settings.database_url is not None
     await run_sweep.drop_unfinished_branches(
-        store, settings.data_dir, time.time() - run_sweep.BRANCH_STALE_S if shared else None)
+        store, settings.data_dir,
+        time.time() - run_sweep.BRANCH_STALE_S if settings.shares_store else None)
     await _recover_checkpoints(store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # Runs that never started: those left from before a restart now, then every few seconds.
     await run_sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
-                           settings.data_dir if shared else None)
+                           settings.data_dir if settings.shares_store else None)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed

@@ -34,6 +34,17 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def open_url(host: str, port: int) -> str:
+    """The URL to open this machine's server at: a wildcard bind (every address) is opened at
+    127.0.0.1, not at 0.0.0.0, which is no address to open."""
+    if host in WILDCARD_HOSTS:
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -67,12 +78,24 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"andrea serve: error: {e}", file=sys.stderr)
         return 1
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    port = sock.getsockname()[1]
+    url = open_url(settings.host, port)
+    lock = None
+    if not settings.shares_store:
+        from andrea.data_dir_lock import DataDirBusy, hold
+        try:
+            lock = hold(settings.data_dir, url)    # noqa: F841 (held while this process serves)
+        except DataDirBusy as e:
+            sock.close()
+            print(f"andrea serve: error: {e}", file=sys.stderr)
+            return 1
     print("Andrea: corpus " + ", ".join(f"{s.name} ({s.n_chars:,} chars)" for s in sources),
           flush=True)
     if args.warm_data:  # tokenizer + token files for every preset, off the request path
         app.state.data.warm(cfg.vocab_size for cfg in PRESETS.values())
-    port = sock.getsockname()[1]
-    print(f"Andrea {__version__}: open http://{settings.host}:{port}/ in Chrome "
+    anywhere = (" (from another machine: this machine's name or address)"
+                if settings.host in WILDCARD_HOSTS else "")
+    print(f"Andrea {__version__}: open {url} in Chrome{anywhere} "
           f"(data in {settings.data_dir})", flush=True)
     if made_token:
         print(f"Andrea: operator token (resume, rename, delete or branch any run from another "

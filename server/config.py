@@ -195,6 +195,12 @@ class Settings(BaseSettings):
         return self.host.lower() in LOOPBACK_HOSTS
 
     @property
+    def shares_store(self) -> bool:
+        """Other processes may serve this data dir too (a database or a broker that several
+        processes share); else this one is its only server (data_dir_lock.py holds it so)."""
+        return self.broker_url is not None or self.database_url is not None
+
+    @property
     def trusts_local_user(self) -> bool:
         """Whether requests of this machine's own user may skip the token (local_owner)."""
         if not self.loopback_only or self.local_owner is False:

@@ -109,10 +109,17 @@ def train(args: argparse.Namespace) -> int:
 
 def _start_server(args, result: dict):
     from andrea.config import Settings
+    from andrea.data_dir_lock import holder
     from andrea.launch import start_server
 
     data_dir = args.data_dir or Settings().data_dir
     result["data_dir"] = str(Path(data_dir).resolve())
+    running = holder(Path(data_dir))
+    if running and running.get("url"):   # a second server on it would be refused: use that one
+        result["server"] = running["url"].rstrip("/")
+        progress(f"an andrea serve (pid {running.get('pid')}) serves {result['data_dir']}: "
+                 f"training there, at {result['server']}")
+        return None
     progress(f"starting a server (data in {result['data_dir']})")
     try:
         proc, url = start_server(Path(data_dir))
@@ -309,8 +316,8 @@ def _settle_untrained(result: dict, secret: dict, reason: str, resumed: bool) ->
     parent; and deleting is the user's act on /runs (a viewer may have the run open). A run
     that never trained costs only its row: no steps, no checkpoints.
 
-    A resumed run is marked `stopped` instead: `failed` is final, and its checkpoint is as good
-    as before, so it stays resumable (and its old token is revoked either way)."""
+    A resumed run is marked `stopped` instead: nothing went wrong with the run itself, and its
+    checkpoint is as good as before (its old token is revoked either way)."""
     run_id, url, token = result.get("run_id"), result.get("server"), secret.get("token")
     if not (run_id and url and token):
         return

@@ -20,12 +20,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from andrea import checkpoints
+from andrea.app import create_app
 from andrea.cli import main
 from andrea.deps import REVOKED
 from andrea.launch import start_server, stop_server
 from andrea.model import PRESETS, build_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
 from andrea.run_config import form_fields
+from tests.conftest import LocalClient
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -431,6 +433,32 @@ def test_a_failed_run_resumes_from_its_last_checkpoint(client):
     assert steps(client, run) == [4, 8]
     assert [m["step"] for m in client.get(f"/api/runs/{run['id']}/metrics").json()] == \
         list(range(1, 9))
+
+
+def test_a_resume_on_a_server_with_other_text_is_refused_with_nothing_changed(
+        client, settings, tmp_path):
+    """The same data dir served with another corpus: the resume is refused before a token is
+    issued or a record dropped (it used to issue a token, start the tab, and fail the run at its
+    first batch); on the right server it then resumes as before."""
+    run = new_run(client)
+    train_some(client, run, 9, "stopped")
+    assert put(client, run, 8, state(run, 8)).status_code == 201
+    before = client.get(f"/api/runs/{run['id']}").json()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("other text entirely. " * 2000)
+    other = settings.model_copy(update={"corpora": (("mine", mine),), "only_corpus": True})
+    with LocalClient(create_app(other)) as elsewhere:
+        r = elsewhere.post(f"/api/runs/{run['id']}/resume")
+        assert r.status_code == 409, r.text
+        assert "cannot resume here" in r.json()["detail"]
+        assert before["config"]["corpus_hash"] in r.json()["detail"]
+        assert elsewhere.get(f"/api/runs/{run['id']}").json() == before
+    assert client.get(f"/api/runs/{run['id']}").json() == before
+    with client.websocket_connect(f"/ws/runs/{run['id']}") as ws:     # the old token still holds
+        ws.send_json({"type": "hello", "token": run["token"]})
+        assert ws.receive_json()["type"] == "welcome"
+    r = client.post(f"/api/runs/{run['id']}/resume")
+    assert r.status_code == 200 and r.json()["step"] == 8
 
 
 # ---- branch ----------------------------------------------------------------------------------

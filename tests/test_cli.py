@@ -383,3 +383,42 @@ def test_the_server_andrea_train_starts_is_not_shadowed_by_the_working_directory
         assert httpx.get(url + "/healthz", timeout=30).status_code == 200
     finally:
         stop_server(proc)
+
+
+def test_one_server_per_data_dir_and_andrea_train_uses_the_one_there(tmp_path):
+    """Two servers on one data dir each showed the other's live runs as "no training tab"
+    (with a Resume button) and dropped the other's branches mid-copy at their start. A second
+    is refused, naming the first; `andrea train` without --server trains on the first."""
+    import argparse
+
+    from andrea.data_dir_lock import holder
+    from andrea.headless import _start_server
+    from andrea.launch import free_port, start_server, stop_server
+
+    data = tmp_path / "data"
+    assert holder(data) is None
+    proc, url = start_server(data)
+    try:
+        assert holder(data) == {"pid": proc.pid, "url": url + "/"}
+        second = subprocess.run(
+            [sys.executable, "-P", "-m", "andrea", "serve", "--data-dir", str(data), "--port",
+             str(free_port()), "--no-warm-data"], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stderr
+        assert f"at {url}/ is already serving the data dir" in second.stderr, second.stderr
+        assert httpx.get(url + "/healthz").status_code == 200      # the first serves on
+        result = {}
+        assert _start_server(argparse.Namespace(data_dir=data), result) is None
+        assert result["server"] == url
+    finally:
+        stop_server(proc)
+    assert holder(data) is None                 # freed with the process: a restart takes it
+    proc, url = start_server(data)
+    stop_server(proc)
+
+
+def test_a_server_bound_to_every_address_says_to_open_a_real_one():
+    from andrea.cli import open_url
+    assert open_url("0.0.0.0", 8000) == "http://127.0.0.1:8000/"     # it printed 0.0.0.0
+    assert open_url("::", 8000) == "http://127.0.0.1:8000/"
+    assert open_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
+    assert open_url("::1", 8000) == "http://[::1]:8000/"

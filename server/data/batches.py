@@ -17,11 +17,19 @@ class CorpusMismatch(ValueError):
     """The run was made with other text than this server has."""
 
 
+def corpus_mismatch(run_corpus: str, server_corpus: str) -> str | None:
+    """Why a run made with `run_corpus` cannot train on a server with `server_corpus`, or None
+    ("": a run of before corpus hashes, whatever the server has)."""
+    if run_corpus and run_corpus != server_corpus:
+        return (f"the run was made with corpus {run_corpus}, this server has {server_corpus}: "
+                "train it on a server started with the same --corpus options")
+    return None
+
+
 def make_batch(corpus: PreparedCorpus, spec: BatchSpec, step: int, split: Split = "train",
                bandit: SourceBandit | None = None) -> Batch:
-    if spec.corpus_hash and spec.corpus_hash != corpus.corpus_hash:
-        raise CorpusMismatch(f"the run was made with corpus {spec.corpus_hash}, this server has "
-                         f"{corpus.corpus_hash}: start it with the same --corpus options")
+    if why := corpus_mismatch(spec.corpus_hash, corpus.corpus_hash):
+        raise CorpusMismatch(why)
     spec.check_sources(len(corpus.files))
     spec.source_mask(corpus.source_names)      # a picked source this corpus lacks: ValueError
     if split == "train" and step >= spec.total_steps:

@@ -34,8 +34,10 @@ from andrea.checkpoints import (
     newest_usable,
     parse_digests,
 )
+from andrea.data.batches import corpus_mismatch
 from andrea.deps import (
     CheckpointsDep,
+    DataDep,
     FanoutDep,
     OwnedRunDep,
     RunDep,
@@ -212,7 +214,8 @@ async def _stream(f) -> AsyncIterator[bytes]:
 
 @router.post("/runs/{run_id}/resume")
 async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
-                     ckpts: CheckpointsDep, runs: RunsDep, settings: SettingsDep) -> RunResumed:
+                     ckpts: CheckpointsDep, runs: RunsDep, data: DataDep,
+                     settings: SettingsDep) -> RunResumed:
     """Take a run over from its newest checkpoint: a new write token (the old one is refused
     from now on), the metrics and events after the checkpoint deleted, status `created`."""
     run_id = run["id"]
@@ -226,6 +229,11 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
             raise HTTPException(404, gone)
         if run["status"] not in RESUMABLE:
             raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
+        # Refused before anything changes (its token, its records): on other text its first
+        # batch would fail it.
+        if why := corpus_mismatch(run["config"].get("corpus_hash", ""),
+                                  await asyncio.to_thread(data.corpus_hash)):
+            raise HTTPException(409, f"cannot resume here: {why}")
         step = await usable_checkpoint(store, ckpts, run_id)
         why = await store.run(store.resume_run, run_id, step, token_hash(token), RESUMABLE)
         if why:
