@@ -71,15 +71,23 @@ export function chunkPlan(sections, chunkBytes) {
   return chunks;
 }
 
-/** every === null: steps until the next checkpoint so that checkpoints cost ~2% of training time
- *  (ckptMs: the last checkpoint's read back + digests; stepMs: a training step, both in ms). */
+/** every === null: steps until the next checkpoint (ckptMs: the last checkpoint's read back +
+ *  digests; stepMs: a training step, both in ms). Cheap checkpoints come once a minute
+ *  (MIN_INTERVAL_MS: not one upload per step for a small model); dear ones are spread so they
+ *  take at most ~2% of training time (50 x ckptMs), but never so far apart that a crash loses
+ *  more than the larger of RISK_STEPS steps and RISK_MS of training: a slow adapter (a CPU one
+ *  reads tiny's state back in seconds) used to get a 3,750-step interval, one checkpoint per
+ *  short run. Training never waits for a checkpoint (one is in flight at a time). */
 const MIN_INTERVAL_MS = 60_000;
+export const RISK_MS = 120_000;
+export const RISK_STEPS = 50;
 
 export function nextCheckpointInterval(ckptMs, stepMs) {
   if (!(stepMs > 0) || !Number.isFinite(ckptMs)) return 20;
-  // At most 2% of training time, and at most one checkpoint a minute: where a checkpoint is
-  // nearly free (a small model), a crash loses a minute at most, not one upload per step.
-  return Math.max(1, Math.ceil((50 * ckptMs) / stepMs), Math.ceil(MIN_INTERVAL_MS / stepMs));
+  const perMinute = Math.ceil(MIN_INTERVAL_MS / stepMs);
+  const cost = Math.max(1, Math.ceil((50 * ckptMs) / stepMs), perMinute);
+  const risk = Math.max(RISK_STEPS, Math.ceil(RISK_MS / stepMs));
+  return Math.min(cost, risk);
 }
 
 export function median(values) {
