@@ -2,11 +2,30 @@
 # session's data cache (tests/test_data_*.py).
 import os
 import shutil
+import signal
 import tempfile
 
 pytest_plugins = ["tests.browser", "tests.data_fixtures"]
 
 _OWN_CACHE: list[str] = []
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _signals_end_the_run() -> None:
+    """A SIGINT, SIGTERM or SIGHUP ends the run as Ctrl-C does, its teardown included: the
+    servers the tests started (andrea.launch: in their own sessions, out of the signal's reach)
+    are stopped by it, or at exit. A run started with SIGINT ignored (a script's background job:
+    bash ignores it there, and scripts/test's `exec` keeps that) heard no SIGINT at all; a
+    SIGTERM or SIGHUP (the terminal closed) killed it before any teardown. A SIGHUP ignored on
+    purpose (nohup) stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _interrupted)
 
 
 def pytest_configure(config) -> None:
@@ -17,6 +36,7 @@ def pytest_configure(config) -> None:
     if "ANDREA_CACHE_DIR" not in os.environ:
         _OWN_CACHE.append(tempfile.mkdtemp(prefix="andrea-test-cache-"))
         os.environ["ANDREA_CACHE_DIR"] = _OWN_CACHE[0]
+    _signals_end_the_run()
 
 
 def pytest_unconfigure(config) -> None:

@@ -29,6 +29,16 @@ def test_the_clip_mode_select_posts_the_chosen_mode(page, live_server, page_erro
     page.wait_for_function("document.getElementById('form-error').textContent"
                            ".includes('held by the test')")
     assert posted[-1]["clip_mode"] == "per_tensor" and "clip" not in posted[-1]
+    # lr and max_norm must be above 0 (the server's bound, which HTML's min cannot say): the
+    # page refuses 0 in words, and sends nothing.
+    page.fill("input[name=lr]", "0")
+    page.fill("input[name=max_norm]", "0")
+    page.click("#start")
+    assert page.inner_text("#form-error") == ("Cannot start: Learning rate: must be greater than 0;"
+                                              " Max grad norm: must be greater than 0")
+    assert len(posted) == 1
+    page.fill("input[name=lr]", "0.003")
+    page.fill("input[name=max_norm]", "1")
 
     r = httpx.post(f"{live_server}/api/runs", json=posted[-1])       # the server takes it
     assert r.status_code == 201, r.text
@@ -52,6 +62,11 @@ def test_the_clipping_experiment_makes_three_runs_and_compares_them(page, live_s
     configs = [httpx.get(f"{live_server}/api/runs/{i}").json()["config"] for i in ids]
     assert [c["clip_mode"] for c in configs] == ["global", "per_tensor", "off"]
     assert {(c["seed"], c["steps"], c["data_mode"]) for c in configs} == {(7, 30, "bandit")}
+    made = [httpx.get(f"{live_server}/api/runs/{i}").json() for i in ids]   # told apart in lists
+    assert [(r["name"], r["tags"]) for r in made] == [
+        ("clip global (clip experiment, tiny, seed 7)", ["clip-experiment", "clip-global"]),
+        ("clip per tensor (clip experiment, tiny, seed 7)", ["clip-experiment", "clip-per-tensor"]),
+        ("no clip (clip experiment, tiny, seed 7)", ["clip-experiment", "clip-off"])]
 
     # A tab per run, each with the run's token in its fragment.
     page.wait_for_function("document.body.dataset.ready === '1'")

@@ -113,9 +113,10 @@ def test_lr_chart_ticks_and_hover_show_small_values(page, live_server, runs, pag
 
 
 def test_progress_of_a_running_run(page, live_server):
-    """While a trainer holds the run its page counts down the time left; once the trainer goes
-    (a closed tab) the watching page says so at once, with no time left counting down, and so
-    does the list."""
+    """While a trainer holds the run its page counts down the time left, but not while it is
+    paused; once the trainer goes (a closed tab) the watching page says so at once, with no time
+    left counting down, and so does the list. The speed has its unit; a sample shows its prompt
+    apart from the model's text, and marks undecodable bytes and control characters."""
     run = _new_run(live_server)
     records = _records(17)
     with connect(live_server.replace("http://", "ws://") + f"/ws/runs/{run['id']}") as ws:
@@ -131,7 +132,26 @@ def test_progress_of_a_running_run(page, live_server):
         page.wait_for_function("document.body.dataset.shownStatus === 'running'")
         text = page.inner_text("#progress-box")
         assert "42 %" in text and "step 17 of 40" in text and "left" in text, text
+        assert "about 9.7 s left" in text, text     # 23 steps of the median 421 ms
         assert page.inner_text("#mode") == "(watching)"
+        assert "speed: 627 tokens/s" in page.inner_text("#stats")
+        ws.send(json.dumps({"type": "status", "status": "paused"}))
+        page.wait_for_function("document.body.dataset.shownStatus === 'paused'")
+        assert "left" not in page.inner_text("#progress-box")
+        ws.send(json.dumps({"type": "status", "status": "running"}))
+        page.wait_for_function("document.getElementById('progress-text').textContent"
+                               ".includes('left')")
+        ws.send(json.dumps({"type": "sample", "step": 17,
+                            "text": "def f(x):\u27e8\u2026\u27e9 return \ufffd\u001b"}))
+        sample = page.locator("#samples [data-step='17']")
+        sample.wait_for()
+        assert sample.locator(".sample-prompt").text_content() == "def f(x):"
+        assert sample.locator(".sample-out").text_content() == " return \ufffd\u241b"
+        marks = sample.locator(".sample-mark")
+        assert [marks.nth(i).get_attribute("data-mark") for i in range(2)] == \
+            ["undecodable", "control"]
+        assert "not valid UTF-8" in marks.nth(0).get_attribute("title")
+        assert "\u27e8" not in sample.text_content()
     # The trainer's socket is gone: the page hears it live (no reload).
     page.wait_for_function("document.body.dataset.shownStatus === 'no training tab'",
                            timeout=15_000)
@@ -179,6 +199,14 @@ def test_compare_without_ids_says_how_to_pick_runs(page, live_server):
     assert not page.locator("#charts").is_visible()
 
 
+def run_name(live_server: str, run_id: str) -> str:
+    return httpx.get(f"{live_server}/api/runs/{run_id}").json()["name"]
+
+
+def focused(locator) -> bool:
+    return locator.evaluate("e => e === document.activeElement")
+
+
 def test_rename_and_delete_a_run_from_the_list(page, live_server):
     run = recorded(live_server, "adamw", upto=3, status="stopped")
     rid = run["id"]
@@ -186,10 +214,31 @@ def test_rename_and_delete_a_run_from_the_list(page, live_server):
     page.goto(f"{live_server}/runs")
     page.wait_for_function("document.body.dataset.ready === '1'")
     row = f"tr[data-run-id='{rid}']"
-    page.once("dialog", lambda d: d.accept("my baseline"))
+    # Renaming is in place (no native prompt): an input holding the name, focused; Escape
+    # cancels, Enter saves, and the focus goes back to the row's Rename button.
+    prompts = []
+
+    def no_dialog(dialog):
+        prompts.append(dialog.type)
+        dialog.dismiss()
+    page.on("dialog", no_dialog)
+    editor = page.locator(f"{row} td.name input")
     page.click(f"{row} button.rename")
-    page.wait_for_function(f"document.querySelector(\"{row}\")?.innerText.includes('my baseline')")
-    assert httpx.get(f"{live_server}/api/runs/{rid}").json()["name"] == "my baseline"
+    assert focused(editor) and editor.input_value() == run_name(live_server, rid)
+    assert editor.get_attribute("aria-label").startswith("New name for tiny adamw #")
+    page.keyboard.type("never saved")
+    page.keyboard.press("Escape")
+    assert editor.count() == 0 and focused(page.locator(f"{row} button.rename"))
+    page.click(f"{row} button.rename")
+    editor.fill("")
+    page.click(f"{row} td.name button.save")
+    assert page.inner_text(f"{row} td.name [role=alert]") == "A run needs a name."
+    editor.fill("my baseline")
+    editor.press("Enter")
+    page.wait_for_function(f"document.querySelector(\"{row} td.name a\")?.textContent"
+                           " === 'my baseline'")
+    assert run_name(live_server, rid) == "my baseline" and prompts == []
+    page.remove_listener("dialog", no_dialog)
     page.fill("#filter", "my baseline")
     assert page.locator("#runs tbody tr").count() == 1
     page.fill("#filter", "")
@@ -207,9 +256,19 @@ def test_rename_and_delete_a_run_from_the_list(page, live_server):
 def test_runs_list_updates_itself(page, live_server):
     page.goto(f"{live_server}/runs")
     page.wait_for_function("document.body.dataset.ready === '1'")
-    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny"}).json()
+    source = httpx.get(f"{live_server}/api/corpus?preset=tiny",        # read on the first ask
+                       timeout=120).json()["sources"][0]["name"]
+    every = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny"}).json()
+    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny", "sources": [source]}).json()
     page.wait_for_selector(f"tr[data-run-id='{run['id']}']", timeout=15_000)
-    httpx.delete(f"{live_server}/api/runs/{run['id']}")
+    # Its corpus: the source it trains on (a run on every source reads "all"), the hash in
+    # the title.
+    corpus = page.locator(f"tr[data-run-id='{run['id']}'] td.corpus > span")
+    assert corpus.inner_text() == source
+    assert corpus.get_attribute("title") == f"corpus {run['config']['corpus_hash']}: {source}"
+    assert page.inner_text(f"tr[data-run-id='{every['id']}'] td.corpus") == "all"
+    for r in (every, run):
+        httpx.delete(f"{live_server}/api/runs/{r['id']}")
 
 
 def test_unknown_run_page_is_404(page, live_server):

@@ -1,6 +1,7 @@
 """Mixed precision in the browser (Chromium on SwiftShader here: no f16 subgroup matrices). The
 new-run form offers fp32 and shows mixed as unavailable, saying why and how Chrome offers it; a
-mixed-precision run's page says it cannot train in this browser, and why, before any step."""
+mixed-precision run's page says it cannot train in this browser, and why (a software adapter:
+fp32 or a GPU, no flags), before any step."""
 
 from __future__ import annotations
 
@@ -41,5 +42,7 @@ def test_a_mixed_run_says_why_it_cannot_train_here(page, live_server):
     assert page.evaluate("document.body.dataset.done") == "failed"
     error = page.inner_text("#error")
     assert "mixed precision" in error and "f16 subgroup matrices" in error, error
-    assert "--enable-unsafe-webgpu" in error
+    # SwiftShader never has them: no browser flag is suggested, fp32 or a GPU is.
+    assert "software" in error and "precision fp32" in error and "on a GPU" in error, error
+    assert "--enable" not in error, error
     assert httpx.get(f"{live_server}/api/runs/{run['id']}/metrics").json() == []

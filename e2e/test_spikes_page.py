@@ -69,8 +69,17 @@ def test_a_spikes_anatomy_names_its_tensor_its_layer_and_its_numerical_flags(pag
     norms = records[59]["tensor_grad_norms"]
     share = norms[names.index(tensor)] ** 2 / sum(v * v for v in norms)
     assert spike.locator("summary").inner_text() == (
-        f"step 60: grad norm 9.00 ({spikes[0]['ratio']:.1f}x), mostly {tensor} "
-        f"({share * 100:.1f} %)")
+        f"step 60: grad norm 9.00, {spikes[0]['ratio']:.1f}x the median of the "
+        f"{spikes[0]['level_steps']} steps before, mostly {tensor} ({share * 100:.1f} %)")
+    # A spike for its non-finite elements, not its ratio: it leads with that reason, so its
+    # ratio (below the rule's factor, as the header says it may be) contradicts nothing.
+    assert spikes[1]["kinds"] == ["nonfinite_elements"] and spikes[1]["ratio"] < 3
+    summary = page.locator("#spikes details.spike[data-step='70'] summary").inner_text()
+    assert summary.startswith("step 70: 3 non-finite gradient elements (grad norm "), summary
+    assert f", {spikes[1]['ratio']:.1f}x the median of the {spikes[1]['level_steps']} steps " \
+        "before)" in summary, summary
+    rule = page.inner_text("#spikes-rule")
+    assert "at least 3x the median" in rule and "Each entry says which" in rule, rule
     spike.locator("summary").click()
     top = spike.locator("table.spike-tensors tbody tr").first
     assert top.get_attribute("data-index") == str(names.index(tensor))

@@ -81,6 +81,9 @@ def test_second_tab_watches_live(browser, live_server, server_data_dir):
     trainer.wait_for_function("Number(document.getElementById('charts').dataset.steps || 0) >= 3",
                               timeout=TIMEOUT)
     trainer.click("#pause")   # so the run cannot end before the viewer is connected
+    # Paused: no time left is counted, though no record came since (the status alone says so).
+    trainer.wait_for_function("document.body.dataset.status === 'paused'", timeout=60_000)
+    assert "left" not in trainer.inner_text("#progress-text")
     viewer = browser.new_context().new_page()   # another tab, no token: watches
     viewer.goto(f"{live_server}/runs/{run_id}")
     viewer.wait_for_function("document.body.dataset.socket === 'connected'", timeout=60_000)

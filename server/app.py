@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from contextlib import asynccontextmanager
 
@@ -37,6 +39,32 @@ from andrea.store import Store, StoreUnavailable
 # (a 33 MB batch: 0.18 s plain, 11 s gzipped).
 NOT_GZIPPED = (*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream", wire.MEDIA_TYPE)
 
+# A training tab fetches a batch every step (and the eval batches): uvicorn's access log line
+# for each buried everything else `andrea serve` says. The run's own and the lab's ad-hoc ones.
+_BATCH_PATH = re.compile(r"/api/(?:runs/[^/?]+/)?(?:val_)?batches/\d+(?:\?.*)?")
+
+
+class QuietBatchFetches(logging.Filter):
+    """Drops uvicorn's access log lines of batch fetches that succeeded; a refused one (a bad
+    step, an unknown run) is still logged, as is every other request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args     # uvicorn's: (client, method, path with query, version, status)
+        if not isinstance(args, tuple) or len(args) != 5:
+            return True
+        _, method, path, _, status = args
+        return not (method == "GET" and isinstance(status, int) and status < 400
+                    and isinstance(path, str) and _BATCH_PATH.fullmatch(path))
+
+
+def quiet_batch_fetches() -> None:
+    """Installs QuietBatchFetches on uvicorn's access logger, once per process: create_app runs
+    in every worker process, and several times in one (tests). uvicorn's logging config
+    (dictConfig, when a Config is made) replaces the logger's handlers and keeps its filters."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QuietBatchFetches) for f in access.filters):
+        access.addFilter(QuietBatchFetches())
+
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
@@ -58,6 +86,7 @@ async def _lifespan(app: FastAPI):
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    quiet_batch_fetches()   # here, so that `--workers`' processes (which build their own) get it
     # /docs and /redoc would load their scripts from a CDN (blank offline): off; the API is
     # described by /openapi.json.
     app = FastAPI(title="Andrea", version=__version__, docs_url=None, redoc_url=None,

@@ -2,7 +2,7 @@
 
   andrea serve              serve the app (http://127.0.0.1:8000 by default)
   andrea train              train a run in headless Chromium, from the command line
-  andrea export RUN_ID      write a run's model as a Hugging Face checkpoint
+  andrea export RUN_ID      write a run's model as a Hugging Face checkpoint (in ./RUN_ID)
 
 Settings come from ANDREA_HOST, ANDREA_PORT and ANDREA_DATA_DIR (and, past one process,
 ANDREA_DATABASE_URL and ANDREA_BROKER_URL); flags override them.
@@ -103,10 +103,12 @@ def _serve(args: argparse.Namespace) -> int:
               f"{made_token}", flush=True)
     if args.workers > 1:
         return _serve_workers(settings, sock, args.workers)
+    from andrea.app import quiet_batch_fetches
     from andrea.uvicorn_limits import bound_to
     server = uvicorn.Server(uvicorn.Config(app, log_level="info",
                                            ws_per_message_deflate=settings.ws_compression,
                                            http=bound_to(settings), **_connection_limits(settings)))
+    quiet_batch_fetches()   # (create_app did; again after uvicorn's logging config, to be sure)
     server.run(sockets=[sock])
     return 0
 
@@ -204,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "model.safetensors, the tokenizer files and a README.md "
                                     "model card: AutoModelForCausalLM.from_pretrained(OUT).")
     ex.add_argument("run_id")
-    ex.add_argument("--out", required=True, type=Path, help="folder for the checkpoint")
+    ex.add_argument("--out", type=Path,
+                    help="folder for the checkpoint; its checkpoint files are replaced (default: "
+                         "./RUN_ID, or ./RUN_ID-stepK with --step, refused if it holds anything)")
     ex.add_argument("--step", type=int, metavar="K",
                     help="the weights of the run's training checkpoint after step K (see "
                          "GET /api/runs/RUN_ID/checkpoints) instead of its final upload")
@@ -219,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
+    """Exit 2 for what is not there (the run, its database, its weights, the checkpoint asked
+    for) or a default folder already used, as for a wrong command; 1 for what could not be done
+    (a server out of reach, a damaged checkpoint, a disk error)."""
     from andrea import export
 
     try:
@@ -231,7 +238,7 @@ def _export(args: argparse.Namespace) -> int:
             out = export.export_local(args.data_dir or settings.data_dir, args.run_id,
                                       args.out, args.step, settings.database_url,
                                       settings.cache_dir)
-    except export.UsageError as e:
+    except (export.UsageError, export.NoWeights) as e:
         print(f"andrea export: {e}", file=sys.stderr)
         return 2
     except (OSError, ValueError) as e:

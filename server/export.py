@@ -103,10 +103,15 @@ def tensors(layout: dict, flat: np.ndarray) -> dict[str, np.ndarray]:
 SAFETENSORS_PIECE = 1 << 20     # bytes read and sent at a time: a download holds no more
 
 
+class NoWeights(FileNotFoundError):
+    """The run has no final upload, or no checkpoint at the step asked for."""
+
+
 def open_weights(run: dict, data_dir: Path, layout: dict, step: int | None = None):
     """W as an open file positioned at its first float: the final upload, or with `step`, the
     first section of that checkpoint (verified against its recorded SHA-256 first).
-    FileNotFoundError when there is none, ValueError when it is damaged or of the wrong size."""
+    NoWeights (a FileNotFoundError) when there is none, ValueError when it is damaged or of the
+    wrong size."""
     size = 4 * layout["total_numel"]
     if step is not None:
         from andrea.checkpoints import CheckpointError, CheckpointStore
@@ -115,7 +120,7 @@ def open_weights(run: dict, data_dir: Path, layout: dict, step: int | None = Non
         try:
             meta, f = store.open_verified(run["id"], step)
         except CheckpointError as e:
-            raise (FileNotFoundError if e.status == 404 else ValueError)(str(e)) from None
+            raise (NoWeights if e.status == 404 else ValueError)(str(e)) from None
         first = meta["sections"][0]
         if first["name"] != "W" or first["bytes"] != size:
             f.close()
@@ -127,8 +132,8 @@ def open_weights(run: dict, data_dir: Path, layout: dict, step: int | None = Non
     try:
         f = open(src, "rb")     # a later upload replaces the file: this one stays whole
     except FileNotFoundError:
-        raise FileNotFoundError(f"run {run['id']} has no saved weights (it has not ended in a "
-                                "browser that uploaded them)") from None
+        raise NoWeights(f"run {run['id']} has no saved weights (it has not ended in a "
+                        "browser that uploaded them)") from None
     got = os.fstat(f.fileno()).st_size
     if got != size:
         f.close()
@@ -280,15 +285,32 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
 
 
 class UsageError(ValueError):
-    """The run or its database is not there: the command was asked the wrong thing."""
+    """The run or its database is not there, or the folder to write holds something: the
+    command was asked the wrong thing."""
 
 
-def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None,
+def default_out(run_id: str, step: int | None) -> Path:
+    """Where `andrea export` writes without --out: ./RUN_ID, or ./RUN_ID-stepK for a checkpoint
+    (the id, not the run's name: names have spaces and slashes, and need not be unique)."""
+    return Path(run_id if step is None else f"{run_id}-step{step}")
+
+
+def _default_out(run_id: str, step: int | None) -> Path:
+    """default_out, refused where it holds something: a folder nobody named is not replaced."""
+    out = default_out(run_id, step)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out} exists and is not empty: give --out DIR to write elsewhere, "
+                         "or to replace the checkpoint files there")
+    return out
+
+
+def export_local(data_dir: Path, run_id: str, out: Path | None, step: int | None = None,
                  database_url: str | None = None, corpus_dir: Path | None = None) -> Path:
-    """`andrea export RUN_ID --out OUT [--step K]`: the run, its metrics and tokenizer from a
+    """`andrea export RUN_ID [--out OUT] [--step K]`: the run, its metrics and tokenizer from a
     data dir (and the database at `database_url`, ANDREA_DATABASE_URL, when it is not the data
     dir's SQLite file); with `step`, the weights of that checkpoint. `corpus_dir`: where the
-    tokenizer and token files are (ANDREA_CACHE_DIR; default the data dir)."""
+    tokenizer and token files are (ANDREA_CACHE_DIR; default the data dir). `out` None:
+    default_out, once the run is known (an unknown run is said as such)."""
     from andrea.store import Store
 
     data_dir = Path(data_dir).resolve()
@@ -302,23 +324,25 @@ def export_local(data_dir: Path, run_id: str, out: Path, step: int | None = None
         records = store.card_summary(run_id, step)
     finally:
         store.close()
+    out = Path(out) if out is not None else _default_out(run_id, step)
     corpus_dir = corpus_dir or data_dir
-    return export_run(run, data_dir, tokenizer_path(corpus_dir, run), Path(out), records, step,
+    return export_run(run, data_dir, tokenizer_path(corpus_dir, run), out, records, step,
                       corpus_dir)
 
 
-def fetch_export(server: str, run_id: str, out: Path, step: int | None = None) -> Path:
-    """`andrea export RUN_ID --server URL [--step K]`: the same files, made by the server
-    (GET /api/runs/{id}/export.zip[?step=K] runs export_run there) and unpacked here."""
+def fetch_export(server: str, run_id: str, out: Path | None, step: int | None = None) -> Path:
+    """`andrea export RUN_ID --server URL [--out OUT] [--step K]`: the same files, made by the
+    server (GET /api/runs/{id}/export.zip[?step=K] runs export_run there) and unpacked here."""
     import tempfile
     import urllib.parse
 
     base = f"{server.rstrip('/')}/api/runs/{urllib.parse.quote(run_id, safe='')}"
     _http_get(base, run_id, server)   # an unknown run is a usage error, not a failure
+    out = Path(out) if out is not None else _default_out(run_id, step)
     with tempfile.TemporaryFile() as tmp:
         query = "" if step is None else f"?step={int(step)}"
         _http_get(base + "/export.zip" + query, run_id, server, into=tmp)
-        return unzip_checkpoint(tmp, Path(out))
+        return unzip_checkpoint(tmp, out)
 
 
 def _http_get(url: str, run_id: str, server: str, into=None) -> None:
@@ -329,6 +353,8 @@ def _http_get(url: str, run_id: str, server: str, into=None) -> None:
     except http_client.ServerError as e:
         if e.status == 404 and into is None:
             raise UsageError(f"unknown run {run_id!r} on {server}") from None
+        if e.status == 404:     # the run is there (asked first): its weights or checkpoint not
+            raise NoWeights(e.detail) from None
         raise OSError(f"{server} answered {e.status}: {e.detail}") from None
     except http_client.Unreachable as e:
         raise OSError(f"cannot reach {server}: {e.reason}") from None

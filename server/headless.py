@@ -86,7 +86,7 @@ def train(args: argparse.Namespace) -> int:
         progress(f"{browser.version} ({browser.path}), WebGPU adapter {adapter_name(adapter)}")
         if not args.server:
             proc = _start_server(args, result)
-        code = _train(args, config, result, secret, browser)
+        code = _train(args, config, result, secret, browser, own_server=proc is not None)
     except (TrainError, BrowserError) as e:
         result["error"] = str(e)
         code = getattr(e, "code", EXIT_FAILED)
@@ -131,7 +131,8 @@ def _start_server(args, result: dict):
     return proc
 
 
-def _train(args, config: dict, result: dict, secret: dict, browser: Chromium) -> int:
+def _train(args, config: dict, result: dict, secret: dict, browser: Chromium,
+           own_server: bool = False) -> int:
     url = result["server"]
     if args.resume:   # a new write token; the tab that trained it before is refused from now on
         resumed = _http("POST", f"{url}/api/runs/{args.resume}/resume", token=args.token)
@@ -152,6 +153,9 @@ def _train(args, config: dict, result: dict, secret: dict, browser: Chromium) ->
              f"{run['config']['optimizer']}, {run['config']['steps']} steps")
     progress(f"resume link (holds the run's write token: share it only with who may change "
              f"the run): {result['resume_link']}")
+    if own_server:   # the link is dead once this command exits: say what outlives it
+        result["resume_hint"] = resume_hint(args, run["id"], result["data_dir"])
+        progress(f"({result['resume_hint']})")
     try:
         code = _train_in_page(args, browser, url, run, result, secret)
     except (TrainError, BrowserError) as e:
@@ -282,6 +286,17 @@ def resume_link(url: str, run_id: str, token: str) -> str:
     """The run page with the token in its fragment, which never reaches a server: the page
     keeps it as its creator's tab does (static/js/app/api.js)."""
     return f"{url}/runs/{run_id}#token={token}"
+
+
+def resume_hint(args, run_id: str, data_dir: str) -> str:
+    """How to resume later when the server is this command's own, which stops with it: a server
+    on the data dir (its run page), or `andrea train --resume` (which starts one again)."""
+    import shlex
+
+    where = shlex.quote(data_dir)
+    return (f"this server stops when andrea train exits: to resume later, run `andrea serve "
+            f"--data-dir {where}` and open /runs/{run_id} there, or `andrea train --resume "
+            f"{run_id} --data-dir {where}{' --gpu' if args.gpu else ''}`")
 
 
 def _branch_config(url: str, branch: str, changes: dict) -> dict:

@@ -1,8 +1,10 @@
 """Starting `andrea serve` as a subprocess on a loopback port: used by `andrea train`,
-the benchmarks and the tests, so there is one way to start a server and wait for it."""
+the benchmarks and the tests, so there is one way to start a server and wait for it. A server
+still running when its starter's interpreter exits is stopped then (_stop_the_rest)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -12,6 +14,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+# The servers start_server started and stop_server has not stopped yet.
+_LIVE: set[subprocess.Popen] = set()
 
 
 def free_port() -> int:
@@ -52,6 +57,7 @@ def start_server(data_dir: Path, port: int | None = None, timeout: float = 60.0,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})},
                                 preexec_fn=_limit_files(file_limit) if file_limit else None)
+    _LIVE.add(proc)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     try:
@@ -77,6 +83,26 @@ def stop_server(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    _LIVE.discard(proc)     # (not before it is gone: an interrupted wait leaves it to atexit)
+
+
+@atexit.register
+def _stop_the_rest(timeout: float = 10.0) -> None:
+    """Stops the servers this interpreter started and did not stop: in their own session, no
+    signal meant for the caller reaches them, so a caller that ended without stop_server (a
+    test run interrupted again in its teardown, a KeyboardInterrupt past a `finally`) left them
+    serving for good. All told at once, then waited for together."""
+    live = [p for p in _LIVE if p.poll() is None]
+    for proc in live:
+        proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in live:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    _LIVE.clear()
 
 
 @contextlib.contextmanager

@@ -144,7 +144,9 @@ class StoredRunConfig(RunConfig):
 
 def form_fields() -> dict[str, dict]:
     """Per field, what an HTML input needs: default ("": the server decides), min, max, step,
-    required (a field whose default is None may be left empty), hint, and a Literal's choices."""
+    required (a field whose default is None may be left empty), hint, and a Literal's choices.
+    min_exclusive / max_exclusive: a float's bound that the value itself may not take (lr > 0),
+    which HTML's inclusive min and max cannot say: the page checks it (new_run.js)."""
     out = {}
     for name, prop in RunConfig.model_json_schema()["properties"].items():
         if prop.get("form") is False:
@@ -152,12 +154,15 @@ def form_fields() -> dict[str, dict]:
         kind = next((p for p in prop.get("anyOf", [prop]) if p.get("type") != "null"), {})
         integer = kind.get("type") == "integer"
         lo, hi = kind.get("minimum"), kind.get("maximum")
-        if "exclusiveMinimum" in kind:    # HTML bounds are inclusive: the server checks equality
+        # An integer's exclusive bound is the next integer in; a float's has no next value.
+        if "exclusiveMinimum" in kind:
             lo = kind["exclusiveMinimum"] + integer
         if "exclusiveMaximum" in kind:
             hi = kind["exclusiveMaximum"] - integer
         default = prop.get("default")
         out[name] = {"default": "" if default is None else default, "min": lo, "max": hi,
+                     "min_exclusive": "exclusiveMinimum" in kind and not integer,
+                     "max_exclusive": "exclusiveMaximum" in kind and not integer,
                      "step": 1 if integer else "any",
                      "required": "default" not in prop or default is not None,
                      "hint": prop.get("description", ""), "choices": kind.get("enum", [])}

@@ -66,11 +66,15 @@ class RunningMedian:
 
 class SpikeFinder:
     """Fed a run's records in step order (a page at a time: a big run is never held whole);
-    .spikes: {step, grad_norm, level, ratio, reasons, loss, clip_scale,
+    .spikes: {step, grad_norm, level, level_steps, ratio, reasons, kinds, loss, clip_scale,
     boundary: {phase, previous, steps_after} | None, rows: [{row, loss, excess}],
     logit_max, softmax_denom_min, numerical: [{flag, text}], and where the record has them
     tensors: [{index, name, norm, share}], layer: {name, norm, share} | None,
     nonfinite: {total, affected, tensors: [{index, name, count}]}} (spike_anatomy.py).
+    `level_steps`: how many steps' norms the level is the median of (WINDOW, fewer early on);
+    `kinds`: what each reason is, in the same order ("ratio", "nonfinite_norm",
+    "nonfinite_elements", "clip"), so that a page can tell a spike judged by its ratio from one
+    whose ratio is below FACTOR.
     `names`: the run's parameter tensors' names, in layout order (None: tensors unnamed)."""
 
     def __init__(self, names: list[str] | None = None):
@@ -97,24 +101,28 @@ class SpikeFinder:
             # was skipped and the scale halved (GradScaler's search for the scale), not a spike.
             return
         level = self.norms.level()
-        reasons = []
+        reasons, kinds = [], []
         if norm is None:
             reasons.append("non-finite grad norm")
+            kinds.append("nonfinite_norm")
         elif level and norm >= FACTOR * level:
             reasons.append(f"grad norm {norm / level:.1f}x the median of the last "
                            f"{len(self.norms)} steps")
+            kinds.append("ratio")
         bad = r.get("grad_nonfinite") or 0
         if bad > 0:
             reasons.append(f"{bad} non-finite gradient element{'s' * (bad != 1)}")
+            kinds.append("nonfinite_elements")
         clipped = clip is not None and clip < 1
         since = step - (self.last_clip if self.last_clip is not None else self.first_step - 1) - 1
         if clipped and level is not None and since >= QUIET:
             reasons.append(f"clipped after {since} steps without clipping")
+            kinds.append("clip")
         if reasons:
             self.spikes.append({
-                "step": step, "grad_norm": norm, "level": level,
+                "step": step, "grad_norm": norm, "level": level, "level_steps": len(self.norms),
                 "ratio": norm / level if norm is not None and level else None,
-                "reasons": reasons, "loss": r.get("loss"), "clip_scale": clip,
+                "reasons": reasons, "kinds": kinds, "loss": r.get("loss"), "clip_scale": clip,
                 "boundary": _boundary(self.changes, step), "rows": outlier_rows(r),
                 **anatomy(r, self.names, self.logits.level(), len(self.logits),
                           self.denoms.level())})

@@ -533,7 +533,7 @@ def test_export_step_is_the_checkpoints_weights(client, settings, tmp_path, caps
     assert main(args) == 0
     assert (out / "model.safetensors").read_bytes() == served.content
     assert f"andrea export {run['id']} --step 7 --out DIR" in (out / "README.md").read_text()
-    assert main(args[:3] + ["6"] + args[4:]) == 1
+    assert main(args[:3] + ["6"] + args[4:]) == 2       # not found, as an unknown run is
     assert "no checkpoint at step 6" in capsys.readouterr().err
     # A damaged file is never exported (nor served).
     path = folder(settings.data_dir, run) / "000000007.ckpt"

@@ -337,6 +337,33 @@ def test_a_page_refused_for_good_is_one_line_and_leaves_the_run_to_its_new_train
     assert run["status"] == "created", run   # not marked failed with the refused token
 
 
+def test_the_resume_link_of_a_server_that_stops_with_the_command_says_so(
+        server, monkeypatch, capsys, tmp_path):
+    """Without --server the link names the command's own server, gone once it exits: it says
+    so and how to resume later (in --json too, still one object). The commands it names
+    parse. With --server (or a server already on the data dir) the link outlives the command."""
+    import shlex
+
+    from andrea.cli import build_parser
+
+    data = tmp_path / "my data"
+    code, result, err = train_in_process(monkeypatch, capsys, PageThatCannotTrain,
+                                         "--data-dir", str(data), "--steps", "2", "--gpu")
+    assert code == 1 and result["run_id"] and result["resume_link"], result
+    run_id, where = result["run_id"], shlex.quote(str(data.resolve()))
+    hint = result["resume_hint"]
+    assert hint.startswith("this server stops when andrea train exits: to resume later"), hint
+    assert f"`andrea serve --data-dir {where}` and open /runs/{run_id} there" in hint
+    resume = f"andrea train --resume {run_id} --data-dir {where} --gpu"
+    assert f"`{resume}`" in hint and f"({hint})" in err.splitlines()
+    args = build_parser().parse_args(shlex.split(resume)[1:])
+    assert (args.resume, args.data_dir, args.server) == (run_id, data.resolve(), None)
+    build_parser().parse_args(["serve", "--data-dir", str(data)])
+    _, result, err = train_in_process(monkeypatch, capsys, PageThatCannotTrain,
+                                      "--server", server, "--steps", "2")
+    assert result["resume_link"] and "resume_hint" not in result and "stops when" not in err
+
+
 def test_a_resumed_run_that_never_trained_stays_resumable(server):
     # Failed is final; a resumed run keeps its checkpoint, so it is marked stopped instead.
     import httpx

@@ -217,28 +217,67 @@ def test_export_is_byte_identical_twice(run, export_data, exported, tmp_path):
 
 
 def test_server_export_equals_local_export(run, bare_run, export_data, exported, tmp_path,
-                                           capsys):
+                                           capsys, monkeypatch):
     proc, url = start_server(export_data)
     try:
         out, x = tmp_path / "fetched", str(tmp_path / "x")
         assert main(["export", run["id"], "--out", str(out), "--server", url]) == 0
+        # Not found, whatever is missing: the run, its weights, the checkpoint asked for.
         assert main(["export", "nope", "--out", x, "--server", url]) == 2
-        assert main(["export", bare_run, "--out", x, "--server", url]) == 1
+        assert main(["export", bare_run, "--out", x, "--server", url]) == 2
+        assert main(["export", run["id"], "--step", "5", "--out", x, "--server", url]) == 2
+        monkeypatch.chdir(tmp_path)                 # no --out: ./RUN_ID, as locally
+        assert main(["export", run["id"], "--server", url]) == 0
     finally:
         stop_server(proc)
-    assert files(out) == files(exported)
+    assert files(out) == files(exported) == files(tmp_path / run["id"])
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and "unknown run" in err[0] and "no saved weights" in err[1], err
+    assert len(err) == 3 and all(line.startswith("andrea export: ") for line in err), err
+    assert "unknown run" in err[0] and "no saved weights" in err[1]
+    assert f"run {run['id']} has no checkpoint at step 5" in err[2]
+    assert not Path(x).exists()
 
 
-def test_cli_errors_are_one_line_with_usage_code_2(run, bare_run, export_data, tmp_path,
-                                                   capsys):
+def test_cli_errors_are_one_line_and_not_found_is_code_2(run, bare_run, export_data, tmp_path,
+                                                         capsys):
+    """An unknown run, a run without weights and a checkpoint that is not there are all "not
+    found" (exit 2, as a wrong command is); what could not be done is 1."""
     out = str(tmp_path / "x")
-    assert main(["export", "nope", "--out", out, "--data-dir", str(export_data)]) == 2
+    data = ["--data-dir", str(export_data)]
+    assert main(["export", "nope", "--out", out, *data]) == 2
     assert main(["export", run["id"], "--out", out, "--data-dir", str(tmp_path)]) == 2
-    assert main(["export", bare_run, "--out", out, "--data-dir", str(export_data)]) == 1
+    assert main(["export", bare_run, "--out", out, *data]) == 2
+    assert main(["export", run["id"], "--step", "5", "--out", out, *data]) == 2
     assert main(["export", run["id"], "--out", out, "--server", "http://127.0.0.1:9"]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 4 and all(line.startswith("andrea export: ") for line in err), err
+    assert len(err) == 5 and all(line.startswith("andrea export: ") for line in err), err
     assert "unknown run" in err[0] and "no database" in err[1]
-    assert "no saved weights" in err[2] and "cannot reach" in err[3]
+    assert "no saved weights" in err[2] and "no checkpoint at step 5" in err[3]
+    assert "cannot reach" in err[4]
+
+
+def test_export_without_out_writes_a_folder_named_after_the_run(run, export_data, exported,
+                                                                 tmp_path, monkeypatch, capsys):
+    """`andrea export RUN_ID`, as the README writes it, was a usage error (--out was required).
+    It writes ./RUN_ID (./RUN_ID-stepK for a checkpoint), and never into a folder that holds
+    something already: that one is refused, untouched (--out names a folder to replace)."""
+    monkeypatch.chdir(tmp_path)
+    data = ["--data-dir", str(export_data)]
+    assert main(["export", run["id"], *data]) == 0
+    assert files(tmp_path / run["id"]) == files(exported)
+    assert f"wrote {run['id']}:" in capsys.readouterr().out
+    assert main(["export", run["id"], *data]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"andrea export: {run['id']} exists and is not "
+                                               "empty"), err
+    assert "--out" in err[0]
+    assert files(tmp_path / run["id"]) == files(exported)
+    (tmp_path / "empty").mkdir()                # an empty folder is no export to lose
+    monkeypatch.chdir(tmp_path / "empty")
+    (tmp_path / "empty" / run["id"]).mkdir()
+    assert main(["export", run["id"], *data]) == 0
+    assert files(tmp_path / "empty" / run["id"]) == files(exported)
+    assert main(["export", run["id"], "--out", str(tmp_path / run["id"]), *data]) == 0   # given
+    from andrea.export import default_out
+    assert default_out(run["id"], None) == Path(run["id"])
+    assert default_out(run["id"], 7) == Path(f"{run['id']}-step7")

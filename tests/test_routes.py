@@ -110,6 +110,13 @@ def test_run_form_takes_defaults_and_bounds_from_run_config(client):
             assert float(attrs["min"]) == bound["minimum"], name
         if "maximum" in bound:
             assert float(attrs["max"]) == bound["maximum"], name
+        # A float's exclusive bound (lr > 0) is HTML's min plus a mark the page checks; an
+        # integer's is the next integer in.
+        integer = bound["type"] == "integer"
+        if "exclusiveMinimum" in bound:
+            assert float(attrs["min"]) == bound["exclusiveMinimum"] + integer, name
+        assert ("data-min-exclusive" in attrs) == ("exclusiveMinimum" in bound and not integer)
+    assert "data-min-exclusive" in fields["lr"] and "data-min-exclusive" in fields["max_norm"]
 
 
 def test_checkpoint_api_is_described(client):

@@ -33,6 +33,9 @@ def test_a_planted_spike_is_found_with_its_ratio_to_the_running_median():
     s = spikes[0]
     assert 0.8 < s["level"] < 1.2 and math.isclose(s["ratio"], 5.0 / s["level"])
     assert s["reasons"][0].startswith("grad norm") and s["boundary"] is None
+    assert s["kinds"] == ["ratio"] and s["level_steps"] == 50   # the median of the 50 before it
+    early = find_spikes(run({15: {"grad_norm": 5.0}}))[0]
+    assert early["level_steps"] == 14 and "last 14 steps" in early["reasons"][0]
 
 
 def test_back_to_back_spikes_do_not_lift_the_level_they_are_judged_by():
@@ -77,6 +80,7 @@ def test_a_clip_after_a_quiet_stretch_is_a_spike_and_a_clip_that_keeps_firing_is
     spikes = find_spikes(run({60: {"grad_norm": 2.0, "clip_scale": 0.5}}))
     assert [s["step"] for s in spikes] == [60]
     assert spikes[0]["reasons"] == [f"clipped after {59} steps without clipping"]
+    assert spikes[0]["kinds"] == ["clip"] and spikes[0]["ratio"] < FACTOR   # below the factor
     always = run({s: {"clip_scale": 0.9} for s in range(1, 121)})
     assert find_spikes(always) == []
     again = run({60: {"clip_scale": 0.5}, 60 + QUIET - 1: {"clip_scale": 0.5}})
@@ -86,6 +90,7 @@ def test_a_clip_after_a_quiet_stretch_is_a_spike_and_a_clip_that_keeps_firing_is
 def test_a_non_finite_grad_norm_is_a_spike():
     (s,) = find_spikes(run({33: {"grad_norm": None, "loss": None}}))
     assert s["step"] == 33 and s["reasons"] == ["non-finite grad norm"] and s["ratio"] is None
+    assert s["kinds"] == ["nonfinite_norm"]
 
 
 def test_the_spikes_route_names_each_outlier_rows_source_and_text(client):

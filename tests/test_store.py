@@ -137,6 +137,33 @@ def test_delete_run_removes_everything_it_had(store):
     assert store.metrics("a") == [] and store.events("a") == []
 
 
+def test_a_deleted_runs_number_is_never_given_again(store_backend):
+    """Default names ("tiny adamw #3") count on from the highest number ever given: deleting
+    the newest run, or every run, gave its number to the next one (two "#3"s in comparisons).
+    The count is in the database: it survives a reopen."""
+    store = store_backend.open()
+    try:
+        for run_id in ("a", "b", "c"):
+            store.create_run(run_id, CFG, "h")
+        assert store.delete_run("c")
+        store.create_run("d", CFG, "h")
+        assert store.get_run("d")["name"] == "tiny adamw #4"
+        for run_id in ("a", "b", "d"):
+            assert store.delete_run(run_id)
+        store.create_run("e", CFG, "h", "named")            # a named run takes a number too
+        store.create_run("f", CFG, "h")
+        assert store.get_run("f")["name"] == "tiny adamw #6"
+        assert store.delete_run("f")
+    finally:
+        store.close()
+    again = store_backend.open()
+    try:
+        again.create_run("g", CFG, "h")
+        assert again.get_run("g")["name"] == "tiny adamw #7"
+    finally:
+        again.close()
+
+
 def test_tokens_and_revoked_tokens(store):
     from andrea.auth import token_hash
     store.create_run("a", CFG, token_hash("first"))
@@ -732,6 +759,10 @@ def test_an_older_database_opens_keeps_its_data_and_gains_the_new_columns(store_
         store.create_run("new", CFG, "h")
         assert store.get_run("new")["name"] == \
             ("tiny adamw #4" if store_backend.name == "sqlite" else "tiny adamw #3")
+        assert store.delete_run("new")          # and its number is not given again
+        store.create_run("newer", CFG, "h")
+        assert store.get_run("newer")["name"] == \
+            ("tiny adamw #5" if store_backend.name == "sqlite" else "tiny adamw #4")
     finally:
         store.close()
     if store_backend.name == "postgresql":          # typed for PostgreSQL, not as SQLite's

@@ -32,10 +32,10 @@ from andrea.store.engine import (
 from andrea.store.events import Events
 from andrea.store.metrics import GROUP_COMMIT_MAX, Metrics
 from andrea.store.runs import Runs
-from andrea.store.schema import EVENTS, META, METRICS, REVOKED, RUNS, Schema
+from andrea.store.schema import COUNTERS, EVENTS, META, METRICS, REVOKED, RUNS, Schema
 
-__all__ = ["EVENTS", "GROUP_COMMIT_MAX", "META", "METRICS", "PG_WORKERS", "REVOKED", "RUNS",
-           "Store", "StoreUnavailable", "engine_url", "unavailable"]
+__all__ = ["COUNTERS", "EVENTS", "GROUP_COMMIT_MAX", "META", "METRICS", "PG_WORKERS", "REVOKED",
+           "RUNS", "Store", "StoreUnavailable", "engine_url", "unavailable"]
 
 
 class Store(Connections, Schema, Runs, Metrics, Events):

@@ -46,6 +46,13 @@ _ABANDON = text(
     " AND NOT EXISTS (SELECT 1 FROM metrics m WHERE m.run_id = runs.id)"
     " AND id NOT IN :connected RETURNING id"
 ).bindparams(bindparam("connected", expanding=True, type_=Text))
+# The next run number: one past both the counter and the runs' own numbers (a database older
+# than the counter, or written by an older server, has runs it never counted). On PostgreSQL
+# the counter's row lock serializes two servers creating runs at once: no number is given twice.
+_NEXT_NUMBER = text(
+    "INSERT INTO counters (name, value) VALUES ('run_number', CAST(:top AS BIGINT) + 1)"
+    " ON CONFLICT (name) DO UPDATE SET value = CASE WHEN counters.value > CAST(:top AS BIGINT)"
+    " THEN counters.value ELSE CAST(:top AS BIGINT) END + 1 RETURNING value")
 # What is never shown of a run's row: the token's hash, its number, the summary's own columns.
 _HIDDEN = ("token_sha256", "number", "copying_from", *OWN)
 
@@ -61,8 +68,10 @@ class Runs:
     def _insert_run(self, db: Connection, run_id: str, config: dict, token_sha256: str,
                     name: str | None, checkpoint_step: int | None = None) -> None:
         """A new `created` row (inside the caller's transaction), named "tiny adamw #12" by
-        default: the preset, the optimizer and the run's number on this server."""
-        number = db.execute(text("SELECT COALESCE(MAX(number), 0) + 1 FROM runs")).scalar()
+        default: the preset, the optimizer and the run's number on this server, never one a
+        deleted run had."""
+        top = db.execute(text("SELECT COALESCE(MAX(number), 0) FROM runs")).scalar()
+        number = db.execute(_NEXT_NUMBER, {"top": top}).scalar()
         now = time.time()
         db.execute(text(
             "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"

@@ -43,8 +43,8 @@ RUNS = Table(
     Column("name", Text),               # what people call it ("tiny adamw #12"); renamable
     Column("tags", Text),                               # JSON list of strings
     Column("notes", Text),
-    # The "#12" of a default name: MAX + 1 when created (an older SQLite file: its rowid).
-    # Two processes creating runs at the same instant on PostgreSQL may share one: cosmetic.
+    # The "#12" of a default name: the next of COUNTERS' run_number when created (an older
+    # SQLite file: its rowid).
     Column("number", BigInteger),
     # The run summary (summary.py), kept up to date with the run's records: its last step and
     # loss, when its first and last records were committed (elapsed time), its eval losses.
@@ -85,6 +85,16 @@ REVOKED = Table(                                        # a resume revokes the t
     Column("token_sha256", Text, nullable=False),
     PrimaryKeyConstraint("run_id", "token_sha256"),
     sqlite_with_rowid=False,
+)
+
+# Counts that outlive the rows they count. run_number: the highest number a run was given
+# (runs.Runs._insert_run); MAX(runs.number) went back down when the newest run was deleted, and
+# the next run took its number (two "#3"s in one comparison). An older database gets the table
+# empty: its first new run counts on from its runs' numbers.
+COUNTERS = Table(
+    "counters", META,
+    Column("name", Text, primary_key=True),
+    Column("value", BigInteger, nullable=False),
 )
 
 # Taken while a PostgreSQL database gets its tables: two processes starting at once.

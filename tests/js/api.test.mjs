@@ -27,12 +27,32 @@ test('detail in words: a string, validation errors by field, nothing', () => {
   assert.equal(detailText(null), null);
 });
 
+test('detail in a form\'s words: labels for API names, no pydantic prefix', () => {
+  const labels = { lr: 'Learning rate', n_embd: 'Width', n_head: 'Heads', warmup_steps: 'Warmup steps' };
+  const errors = [
+    { loc: ['body', 'lr'], msg: 'Input should be greater than 0' },
+    { loc: ['body'], msg: 'Value error, model shape: n_embd (96) must be divisible by n_head (5)' },
+    { loc: ['body', 'max_norm'], msg: 'Field required' },
+  ];
+  assert.equal(detailText(errors, null, labels), 'Learning rate should be greater than 0; ' +
+    'model shape: Width (96) must be divisible by Heads (5); max_norm: Field required');
+  assert.equal(detailText([{ loc: ['body'], msg: 'Value error, warmup_steps (30) exceeds steps (20)' }],
+    'config', labels), 'config: Warmup steps (30) exceeds steps (20)');
+  // A plain string: only the names the labels know change (not other snake_case words).
+  assert.equal(detailText('n_head (5) does not divide; see data_dir', null, labels),
+    'Heads (5) does not divide; see data_dir');
+  // Without labels, as the API says it (other pages, and tests above).
+  assert.equal(detailText(errors.slice(0, 1)), 'lr: Input should be greater than 0');
+});
+
 test('why a response failed: its detail, else its text, else its status', async () => {
   assert.equal(await responseDetail(json(409, { detail: 'busy' })), 'busy');
   assert.equal(await responseDetail(new Response('plain words', { status: 500 })), 'plain words');
   assert.equal(await responseDetail(new Response('', { status: 404, statusText: 'Not Found' })),
     '404 Not Found');
   assert.equal(await responseDetail(json(422, {})), '422');
+  assert.equal(await responseDetail(json(422, { detail: [{ loc: ['body', 'lr'], msg: 'Input should be a '
+    + 'valid number' }] }), null, { lr: 'Learning rate' }), 'Learning rate should be a valid number');
 });
 
 test('fetchJson answers the body, or throws the status and the detail', async () => {

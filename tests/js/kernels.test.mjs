@@ -125,7 +125,9 @@ test('limitProblems: binding limits and the server\'s head-dim limit', () => {
   const p = limitProblems(tiny, 4, 64, small);
   assert.equal(p.length, 2);
   assert.match(p[0], /weights/);
-  assert.match(p[1], /logits activation/);
+  // In the new-run form's words: what the buffer holds, its product, the settings to lower.
+  assert.match(p[1], /^the logits \(batch size x context x vocabulary\) at batch size 4 x context 64: /);
+  assert.match(p[1], /: lower the batch size, the context or the vocabulary$/);
   const wide = { ...tiny, config: { ...tiny.config, head_dim: 32 }, limits: { max_head_dim: 16 } };
   assert.deepEqual(limitProblems(wide, 2, 64, roomy), ['head dim over 16 is not supported']);
 });

@@ -93,15 +93,37 @@ test('per-source columns, elapsed time and progress extend row by row', async ()
   const s = new RunSeries(['loss']);
   s.add(rec(1, { time: 100, source_losses: { 0: 5 } }));
   s.add(rec(2, { time: 101, source_losses: { 0: 4, 1: 6 } }));
-  s.add(rec(3, { time: 103, step_ms: 1000 }));
+  s.add(rec(3, { time: 103 }));
   const src = sourceColumns().update(s, 0);
   assert.deepEqual(src.cols, { 0: [5, 4, null], 1: [null, 6, null] });
   assert.deepEqual(elapsedColumn().update(s, 0).out, [0, 1, 3]);
-  const p = progress(s, 10);
+  const p = progress(s, 10);                        // no step_ms: the commit times
   assert.equal(p.step, 3);
   assert.equal(p.perStep, 1.5);
   assert.equal(p.eta, 7 * 1.5);
   assert.equal(p.elapsed, 3);
+  s.add(rec(4, { time: 110, step_ms: 1000 }));      // step_ms: its median, not the commit gap
+  assert.equal(progress(s, 10).perStep, 1);
+});
+
+test('the time left holds steady through slow steps (evals, samples, a pause)', async () => {
+  const { progress, median } = await import('../../static/js/app/series.js');
+  assert.equal(median([]), null);
+  assert.equal(median([3, 1, 2]), 2);
+  assert.equal(median([4, 1, 3, 2]), 2.5);
+  const s = new RunSeries(['loss']);
+  let t = 0;
+  const etas = [];
+  for (let step = 1; step <= 200; step++) {
+    // 100 ms steps; every 25th takes 3 s (an eval and a sample), step 150 came after a 60 s pause.
+    const ms = step === 150 ? 60_000 : step % 25 === 0 ? 3000 : 100 + (step % 7);
+    t += ms / 1000;
+    s.add(rec(step, { time: t, step_ms: ms }));
+    if (step >= 60) etas.push(progress(s, 1000).eta);
+  }
+  // The steps left shrink by one a step; the estimate per step stays within the steps' jitter.
+  const perStep = etas.map((eta, i) => eta / (1000 - 60 - i));
+  assert.ok(Math.max(...perStep) / Math.min(...perStep) < 1.07, perStep.join(' '));
 });
 
 test('values and ticks keep small numbers readable', async () => {
@@ -115,6 +137,15 @@ test('values and ticks keep small numbers readable', async () => {
   assert.deepEqual(tickLabels([4, 4.5, 5]), ['4.0', '4.5', '5.0']);
   assert.deepEqual(tickLabels([0, 0.001, 0.002]), ['0', '0.001', '0.002']);
   assert.equal(fmtDuration(200), '3 min 20 s');
+  // Rounded before it is split: never "60 s" of a minute or "60 min" of an hour.
+  assert.equal(fmtDuration(479.6), '8 min 00 s');
+  assert.equal(fmtDuration(59.7), '1 min 00 s');
+  assert.equal(fmtDuration(9.97), '10 s');
+  assert.equal(fmtDuration(4.24), '4.2 s');
+  assert.equal(fmtDuration(7199.9), '2 h 00 min');
+  assert.equal(fmtDuration(3599.6), '1 h 00 min');
+  assert.equal(fmtDuration(7529), '2 h 05 min');
+  for (let x = 0; x < 8000; x += 0.37) assert.doesNotMatch(fmtDuration(x), /\b60 (s|min)/, String(x));
   assert.equal(fmtBytes(92716.2 * 2 ** 20), '90.5 GiB');
 });
 
@@ -168,4 +199,32 @@ test('rowOf finds a step by binary search; evalLosses keeps the last and the bes
   [[2, 5], [4, null], [6, 4], [8, 4.5]].forEach(([step, v]) => s.add({ step, eval_loss: v }));
   assert.deepEqual([2, 4, 8, 1, 5, 9].map((step) => rowOf(s, step)), [0, 1, 3, -1, -1, -1]);
   assert.deepEqual(evalLosses().update(s, 0), { best: 4, last: 4.5 });
+});
+
+test('speed reads in tokens per second, rounded before its unit is picked', async () => {
+  const { fmtTokensPerS } = await import('../../static/js/app/format.js');
+  assert.equal(fmtTokensPerS(332.4), '332 tokens/s');
+  assert.equal(fmtTokensPerS(4.24), '4.2 tokens/s');
+  assert.equal(fmtTokensPerS(999.7), '1.0k tokens/s');
+  assert.equal(fmtTokensPerS(12_345), '12.3k tokens/s');
+  assert.equal(fmtTokensPerS(999_960), '1.00M tokens/s');
+  assert.equal(fmtTokensPerS(1_234_567), '1.23M tokens/s');
+  assert.equal(fmtTokensPerS(null), '–');
+});
+
+test('a sample shows undecodable bytes, control characters and bidi controls as marks', async () => {
+  const { MARK_TITLES, sampleParts } = await import('../../static/js/app/text.js');
+  assert.deepEqual(sampleParts('plain\ttext\n'), [{ text: 'plain\ttext\n' }]);
+  assert.deepEqual(sampleParts(''), []);
+  const parts = sampleParts('a\ufffdb\u0000c\u001b\u007f\u0085\u202ed');
+  assert.deepEqual(parts.map((p) => [p.text, p.mark]), [
+    ['a', undefined], ['\ufffd', 'undecodable'], ['b', undefined], ['\u2400', 'control'],
+    ['c', undefined], ['\u241b', 'control'], ['\u2421', 'control'], ['U+0085', 'control'],
+    ['\ufffd', 'bidi'], ['d', undefined]]);
+  assert.equal(parts[1].title, MARK_TITLES.undecodable);
+  assert.match(parts[1].title, /not valid UTF-8/);
+  assert.equal(parts[5].title, `${MARK_TITLES.control} (U+001B)`);
+  assert.equal(parts[8].title, `${MARK_TITLES.bidi} (U+202E)`);
+  // Nothing that could reorder or hide text is left as it was.
+  assert.doesNotMatch(parts.map((p) => p.text).join(''), /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202e]/);
 });

@@ -4,24 +4,43 @@
 
 /** FastAPI's error `detail` in words: a string as it is; validation errors ([{loc, msg}],
  *  server/app.py) as "field: why; ..." (loc without its 'body' / 'query' / 'path' head; an
- *  error of the whole body is named `whole`, or is its message alone). Nothing: null. */
-export function detailText(detail, whole = null) {
+ *  error of the whole body is named `whole`, or is its message alone). Nothing: null.
+ *  `labels` ({api name: label}, a form's): the words that form shows instead (humanDetail). */
+export function detailText(detail, whole = null, labels = null) {
   if (detail === undefined || detail === null || detail === '') return null;
-  if (typeof detail === 'string') return detail;
+  if (typeof detail === 'string') return labels ? labelled(detail, labels) : detail;
   if (!Array.isArray(detail)) return JSON.stringify(detail);
   return detail.map((d) => {
-    const where = (d.loc ?? []).slice(1).join('.') || whole;
+    const loc = (d.loc ?? []).slice(1);
+    if (labels) return humanDetail(loc, d.msg, labels, whole);
+    const where = loc.join('.') || whole;
     return where ? `${where}: ${d.msg}` : d.msg;
   }).join('; ');
 }
 
+/** An API name in a message: snake_case (n_embd, warmup_steps), which no prose word is. */
+const API_NAME = /\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b/g;
+
+/** `text` with each API name that `labels` has replaced by its label. */
+const labelled = (text, labels) => text.replace(API_NAME, (n) => labels[n] ?? n);
+
+/** One validation error as a form's user reads it: the field by its label, pydantic's
+ *  "Value error, " (a validator's own message follows it) dropped, API names in the message
+ *  labelled, and "Input should be ..." said of the field ("Learning rate should be ..."). */
+function humanDetail(loc, msg, labels, whole) {
+  const where = loc.map((p) => labels[p] ?? p).join('.') || whole;
+  const why = labelled(String(msg ?? '').replace(/^Value error, /, ''), labels);
+  if (!where) return why;
+  return why.startsWith('Input should ') ? `${where} ${why.slice('Input '.length)}` : `${where}: ${why}`;
+}
+
 /** Why `res` failed, from its body: the JSON `detail` in words, else the body's text, else the
- *  status ("404 Not Found"). Reads the body. */
-export async function responseDetail(res, whole = null) {
+ *  status ("404 Not Found"). Reads the body. `whole`, `labels`: see detailText. */
+export async function responseDetail(res, whole = null, labels = null) {
   const text = await res.text().catch(() => '');
   let detail = null;
   try {
-    detail = detailText(JSON.parse(text).detail, whole);
+    detail = detailText(JSON.parse(text).detail, whole, labels);
   } catch {
     detail = text.trim() || null;
   }

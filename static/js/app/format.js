@@ -33,14 +33,18 @@ export function tickLabels(splits) {
   return splits.map((v) => fmtValue(v));
 }
 
-/** Seconds as "42 s", "3 min 20 s", "2 h 05 min". */
+/** Seconds as "4.2 s", "42 s", "3 min 20 s", "2 h 05 min". Rounded to the unit shown last
+ *  before it is split, so 479.6 s reads "8 min 00 s", never "7 min 60 s". */
 export function fmtDuration(s) {
   if (s === null || s === undefined || !Number.isFinite(s)) return '–';
   s = Math.max(0, s);
-  if (s < 60) return `${s < 10 ? s.toFixed(1) : Math.round(s)} s`;
-  if (s < 3600) return `${Math.floor(s / 60)} min ${String(Math.round(s % 60)).padStart(2, '0')} s`;
-  const h = Math.floor(s / 3600);
-  return `${h} h ${String(Math.round((s % 3600) / 60)).padStart(2, '0')} min`;
+  const tenths = Math.round(s * 10) / 10;
+  if (tenths < 10) return `${tenths.toFixed(1)} s`;
+  const secs = Math.round(s);
+  if (secs < 60) return `${secs} s`;
+  if (secs < 3600) return `${Math.floor(secs / 60)} min ${String(secs % 60).padStart(2, '0')} s`;
+  const mins = Math.round(s / 60);
+  return `${Math.floor(mins / 60)} h ${String(mins % 60).padStart(2, '0')} min`;
 }
 
 /** Tick labels of an elapsed-seconds axis: "45s", "3:20", "1:05:00". */
@@ -75,3 +79,16 @@ export function fmtCount(n) {
   return String(Math.round(n));
 }
 
+
+/** A rate in tokens per second: "4.2 tokens/s", "332 tokens/s", "12.3k tokens/s",
+ *  "1.23M tokens/s" (rounded before the unit is picked: 999.7 is "1.0k", not "1000"). */
+export function fmtTokensPerS(n) {
+  if (n === null || n === undefined || !Number.isFinite(n)) return '–';
+  const a = Math.abs(n);
+  // Each threshold is where the smaller unit's rounding would reach the next one.
+  let shown;
+  if (a >= 999_950) shown = `${(n / 1e6).toFixed(2)}M`;
+  else if (a >= 999.5) shown = `${(n / 1e3).toFixed(1)}k`;
+  else shown = a < 9.95 ? n.toFixed(1) : String(Math.round(n));
+  return `${shown} tokens/s`;
+}

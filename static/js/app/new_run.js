@@ -3,7 +3,7 @@
 import { acquireDevice } from '../engine/gpu.js';
 import { mixedSupport } from '../engine/mma.js';
 import { activationBytes, limitProblems } from '../engine/model.js';
-import { fetchJson, jsonBody, saveToken } from './api.js';
+import { HttpError, jsonBody, responseDetail, saveToken } from './api.js';
 import { bindClipExperiment } from './clip_experiment.js';
 import { fmtCount } from './format.js';
 import { isolated, shownText } from './text.js';
@@ -20,8 +20,21 @@ const state = {
   corpora: new Map(),       // vocabulary size -> Promise of GET /api/corpus
 };
 
-/** The server's JSON; a refusal throws its reasons (an error of the whole config says so). */
-const json = (url, init) => fetchJson(url, init, 'config');
+/** The form's words for the API's names ({lr: 'Learning rate'}): its inputs' labels, the
+ *  source checkboxes', and head_dim, which the model's shape rules name but no input sets. */
+function fieldLabels() {
+  const out = { sources: 'Sources', head_dim: 'Width / Heads' };
+  for (const el of form.elements) if (el.name && el.dataset.label) out[el.name] = el.dataset.label;
+  return out;
+}
+
+/** The server's JSON; a refusal throws its reasons in the form's words (its labels, not the
+ *  API's names: api.js detailText). The API's own answer stays as it is for its clients. */
+async function json(url, init) {
+  const res = await fetch(url, init);
+  if (!res.ok) throw new HttpError(res.status, await responseDetail(res, null, fieldLabels()));
+  return res.json();
+}
 
 /** The run config the form describes. Inputs, defaults and bounds are RunConfig's (the page
  *  is rendered from its schema); an empty optional number is left out: the server decides. */
@@ -65,8 +78,19 @@ function showSources(corpus) {
   }));
 }
 
+/** A bound the value may not take (lr > 0: data-min-exclusive, from RunConfig's schema),
+ *  which HTML's inclusive min and max cannot say: set as the input's own validity. */
+function checkExclusive(el) {
+  const v = el.value === '' ? NaN : Number(el.value);    // empty or no number: HTML's to say
+  let why = '';
+  if ('minExclusive' in el.dataset && v <= Number(el.min)) why = `must be greater than ${el.min}`;
+  if ('maxExclusive' in el.dataset && v >= Number(el.max)) why = `must be less than ${el.max}`;
+  el.setCustomValidity(why);
+}
+
 /** What the form's own limits refuse, in words ("Learning rate is required"). */
 function problems() {
+  for (const el of form.querySelectorAll('[data-min-exclusive], [data-max-exclusive]')) checkExclusive(el);
   const out = [...form.elements].filter((el) => el.name && !el.checkValidity()).map((el) => {
     const label = el.dataset.label ?? el.name;
     return el.validity.valueMissing ? `${label} is required` : `${label}: ${el.validationMessage}`;
@@ -162,7 +186,7 @@ async function updateMemory() {
   } catch (e) {   // a shape the server refuses: say why, and nothing to start
     $('memory').textContent = '';
     const p = Object.assign(document.createElement('p'), { className: 'error',
-      textContent: `This model cannot be built: ${e.message}` });
+      textContent: `This model cannot be built: ${e.message.replace(/^model shape: /, '')}` });
     $('memory').append(p);
     $('start').disabled = true;
     $('clip-experiment').disabled = true;
@@ -267,7 +291,7 @@ async function main() {
     $('data-budget').textContent = `Corpus unavailable: ${e.message}`;
   }));
   form.addEventListener('submit', start);
-  bindClipExperiment($('clip-experiment'), { config, problems, fail: (text) => {
+  bindClipExperiment($('clip-experiment'), { config, problems, json, fail: (text) => {
     $('form-error').textContent = text;
     $('form-error').hidden = false;
   } });

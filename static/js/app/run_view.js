@@ -4,17 +4,21 @@
 // rate), each with the run's token when this tab holds it; the run's resume link to copy. The
 // functions that need the page's state take it (run.js).
 import { fetchJson, heldToken, jsonBody, resumeLink, saveToken, withToken } from './api.js';
-import { fmtBytes, fmtCount, fmtDuration, fmtValue } from './format.js';
+import { fmtBytes, fmtCount, fmtDuration, fmtTokensPerS, fmtValue } from './format.js';
 import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
 import { progress } from './series.js';
-import { isolated, setShown, shownText } from './text.js';
+import { sampleNode, setShown, shownText } from './text.js';
 
 export const $ = (id) => document.getElementById(id);
 const body = document.body;
 
+let progressOf = null;   // the page's state, once showLast has shown its progress
+
 export function setStatus(text, cls = '') {
   $('status').textContent = text;
   $('status').className = `status ${cls}`;
+  // A trainer's status comes without a record (paused, stopped, failed): the time left goes now.
+  if (progressOf) showProgress(progressOf);
 }
 
 export function showError(text) {
@@ -39,12 +43,14 @@ export function stat(name, value, label = name, detail = false) {
   el.append(b);
 }
 
+/** A sample: its prompt and the model's continuation, marked as the legend in run.html says
+ *  (text.js sampleNode). */
 export function addSample(step, text) {
   const box = $('samples');
   if (box.querySelector('p')) box.replaceChildren();
   const div = document.createElement('div');
   div.dataset.step = String(step);
-  div.append(`step ${step}: `, isolated(text));
+  div.append(`step ${step}: `, sampleNode(text));
   box.prepend(div);
 }
 
@@ -83,24 +89,13 @@ export function showLast(state) {
   const last = series.last;
   if (!last) return;
   const total = config?.steps ?? 0;
-  const p = progress(series, total);
-  const done = ENDED.includes(state.status);
-  $('progress-box').hidden = false;
-  $('progress').value = p.fraction;
-  const pct = p.fraction < 0.1 ? Math.floor(p.fraction * 1000) / 10 : Math.floor(p.fraction * 100);
-  const parts = [`${pct} %`, `step ${last.step} of ${total}`];
-  if (p.elapsed !== null) parts.push(`elapsed ${fmtDuration(p.elapsed)}`);
-  // No time left without a trainer: a closed tab's run is not getting anywhere.
-  const live = !state.watching || (state.viewed && isTraining(state.viewed, state.trainerHere));
-  if (p.eta !== null && p.perStep > 0 && last.step < total && !done && live) parts.push(`about ${fmtDuration(p.eta)} left`);
-  $('progress-text').textContent = parts.join(' · ');
-  body.dataset.progress = p.fraction.toFixed(3);
+  showProgress(state);
   stat('step', `${last.step} / ${total || '?'}`);
   stat('loss', last.loss === null ? 'not finite' : fmtValue(last.loss), 'training loss');
   const ev = state.evals.update(series, series.changedFrom);
   if (ev.last !== null) stat('eval loss', `${fmtValue(ev.last)} (best ${fmtValue(ev.best)})`);
   if (config) stat('tokens seen', fmtCount(last.step * config.batch_size * config.seq_len));
-  if (last.tokens_per_s) stat('tokens/s', fmtCount(last.tokens_per_s), 'speed');
+  if (last.tokens_per_s) stat('tokens/s', fmtTokensPerS(last.tokens_per_s), 'speed');
   stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');
   stat('grad norm', fmtValue(last.grad_norm), 'gradient norm');
   stat('clip scale', last.clip_scale === null || last.clip_scale === undefined ? '-'
@@ -131,6 +126,27 @@ export function showLast(state) {
     stat('data', `${(seen / totalTokens).toFixed(2)} passes over the corpus, ` +
       `${(seen / corpus.length / least.n).toFixed(1)} over ${shownText(least.name)}`, 'data read', true);
   }
+}
+
+/** The progress bar and its line: done, steps, elapsed, and the time left while a trainer runs
+ *  the run (this tab's, or the one a watched run's server message names). */
+function showProgress(state) {
+  progressOf = state;
+  const last = state.series.last;
+  if (!last) return;
+  const total = state.config?.steps ?? 0;
+  const p = progress(state.series, total);
+  $('progress-box').hidden = false;
+  $('progress').value = p.fraction;
+  const pct = p.fraction < 0.1 ? Math.floor(p.fraction * 1000) / 10 : Math.floor(p.fraction * 100);
+  const parts = [`${pct} %`, `step ${last.step} of ${total}`];
+  if (p.elapsed !== null) parts.push(`elapsed ${fmtDuration(p.elapsed)}`);
+  // No time left unless a trainer is running it: a paused, ended or tab-less run is not
+  // getting anywhere. This tab's own trainer is there while it trains.
+  const training = isTraining({ status: state.status }, state.watching ? state.trainerHere : true);
+  if (p.eta !== null && last.step < total && training) parts.push(`about ${fmtDuration(p.eta)} left`);
+  $('progress-text').textContent = parts.join(' · ');
+  body.dataset.progress = p.fraction.toFixed(3);
 }
 
 /** The run's clipping in words: config.clip_mode (the server maps an older run's `clip`). */

@@ -1,5 +1,6 @@
-// Runs list: name, tags, status, progress, losses, time; sort and filter; rename and delete;
-// pick runs to compare. It polls the API every few seconds, so it follows runs as they change.
+// Runs list: name, tags, status, progress, model, corpus, losses, time; sort and filter; rename
+// (in place) and delete; pick runs to compare. It polls the API every few seconds, so it follows
+// runs as they change.
 import { jsonBody, responseDetail, withToken } from './api.js';
 import { fmtDuration } from './format.js';
 import { statusLabel } from './run_status.js';
@@ -18,6 +19,7 @@ const state = {
   total: null,              // runs stored (X-Total-Count)
   selected: new Set(),      // ids ticked for Compare
   sort: { key: 'created_at', dir: -1 },
+  renaming: null,           // {id, form, input, why}: a row's inline rename, kept across renders
 };
 
 function cell(tr, content, cls) {
@@ -38,6 +40,10 @@ function link(href, text) {
 const fmtLoss = (v) => (v === null || v === undefined ? '–' : v.toFixed(4));
 const elapsedOf = (r) => (r.first_time && r.last_time ? r.last_time - r.first_time : null);
 const progressOf = (r) => (r.last_step ?? 0) / r.config.steps;
+// The text a run trained on, as its user picked it: its sources' names, or "all" (left out:
+// every source of the server's corpus). The corpus hash tells corpora of the same names apart.
+const sourcesOf = (r) => (r.config.sources?.length ? r.config.sources.join(', ') : 'all');
+const corpusOf = (r) => r.config.corpus_hash ?? '';
 
 /** The sort key of a run (nulls last whichever the direction). */
 function keyOf(r, key) {
@@ -46,6 +52,7 @@ function keyOf(r, key) {
   if (key === 'preset') return `${r.model_name} ${r.config.optimizer}`;
   if (key === 'name') return r.name.toLowerCase();
   if (key === 'status') return statusLabel(r);
+  if (key === 'corpus') return `${sourcesOf(r)} ${corpusOf(r)}`;
   return r[key] ?? null;
 }
 
@@ -54,11 +61,30 @@ function matches(r) {
   const q = filter.value.trim().toLowerCase();
   if (!q) return true;
   const hay = [r.name, r.id, statusLabel(r), r.model_name, r.config.optimizer, ...(r.tags || []),
-    r.notes || ''].join(' ').toLowerCase();
+    r.notes || '', sourcesOf(r), corpusOf(r)].join(' ').toLowerCase();
   return q.split(/\s+/).every((w) => hay.includes(w));
 }
 
+/** A run's corpus cell: its sources, and where the list holds runs of more than one corpus, a
+ *  short hash of that corpus (the title has it whole: the server's text when the run was made). */
+function corpusCell(r, severalCorpora) {
+  const span = document.createElement('span');
+  span.append(setShown(document.createElement('span'), sourcesOf(r)));
+  if (severalCorpora) {
+    span.append(' ', Object.assign(document.createElement('small'),
+      { className: 'muted', textContent: corpusOf(r).slice(0, 8) }));
+  }
+  span.title = `corpus ${corpusOf(r)}: ${shownText(sourcesOf(r))}`;
+  return span;
+}
+
 function render() {
+  // The inline rename survives the rows being made anew (a poll, a sort): its element moves to
+  // the new row, and gets its focus and selection back.
+  const editing = state.renaming?.form.contains(document.activeElement) ? document.activeElement : null;
+  const selection = editing === state.renaming?.input
+    ? [editing.selectionStart, editing.selectionEnd, editing.selectionDirection] : null;
+  const severalCorpora = new Set(state.runs.map(corpusOf)).size > 1;
   const shown = state.runs.filter(matches).sort((a, b) => {
     const x = keyOf(a, state.sort.key);
     const y = keyOf(b, state.sort.key);
@@ -86,7 +112,7 @@ function render() {
     for (const t of r.tags || []) {
       name.append(' ', setShown(Object.assign(document.createElement('span'), { className: 'tag' }), t));
     }
-    cell(tr, name, 'name');
+    cell(tr, state.renaming?.id === r.id ? state.renaming.form : name, 'name');
     const ck = r.checkpoint?.last_step;
     // What is true now: "never started", "no training tab" (run_status.js), not a stale status.
     const label = statusLabel(r);
@@ -95,6 +121,7 @@ function render() {
     st.title = r.message ?? '';       // why it failed, stopped, was interrupted or never started
     cell(tr, `${r.last_step ?? 0} / ${r.config.steps} (${Math.floor(progressOf(r) * 100)} %)`);
     cell(tr, `${r.model_name} · ${r.config.optimizer}${r.config.f16_mirror ? ' + f16' : ''}`);
+    cell(tr, corpusCell(r, severalCorpora), 'corpus');
     cell(tr, fmtLoss(r.last_loss));
     cell(tr, fmtLoss(r.best_eval_loss));
     cell(tr, elapsedOf(r) === null ? '–' : fmtDuration(elapsedOf(r)));
@@ -105,7 +132,8 @@ function render() {
     cell(tr, ex);
     const actions = document.createElement('span');
     const rename = Object.assign(document.createElement('button'), { className: 'secondary rename', textContent: 'Rename' });
-    rename.onclick = () => renameRun(r);
+    rename.setAttribute('aria-label', `Rename ${shownText(r.name)}`);
+    rename.onclick = () => startRename(r);
     const del = Object.assign(document.createElement('button'), { className: 'danger delete', textContent: 'Delete' });
     del.onclick = () => deleteRun(r);
     actions.append(rename, ' ', del);
@@ -113,7 +141,11 @@ function render() {
   }
   if (!shown.length) {
     cell(tbody.insertRow(), state.runs.length ? 'No run matches the filter.'
-      : 'No runs yet: start one from New run.').colSpan = 11;
+      : 'No runs yet: start one from New run.').colSpan = 12;
+  }
+  if (editing) {
+    editing.focus();
+    if (selection) editing.setSelectionRange(...selection);
   }
   const more = state.total > state.runs.length ? ` (${state.total} stored)` : '';
   document.getElementById('count').textContent = `${shown.length} of ${state.runs.length} runs${more}`;
@@ -123,13 +155,76 @@ function render() {
   }
 }
 
-async function renameRun(r) {
-  const name = prompt(`New name for ${shownText(r.name)}`, r.name);
-  if (name === null || !name.trim()) return;
-  const res = await fetch(`/api/runs/${r.id}`, withToken(r.id, jsonBody('PATCH', { name })));
-  if (!res.ok) alert(`Not renamed: ${await responseDetail(res)}`);
-  state.lastText = null;
-  await refresh();
+/** Renaming `r` in place: its name becomes an input with Save and Cancel (Enter saves,
+ *  Escape cancels), focused with the name selected. One row at a time. */
+function startRename(r) {
+  if (state.renaming?.id !== r.id) state.renaming = renameForm(r);
+  render();
+  state.renaming.input.focus();
+  state.renaming.input.select();
+}
+
+function renameForm(r) {
+  // noValidate: an empty name gets this row's message (why), not the browser's bubble.
+  const form = Object.assign(document.createElement('form'), { className: 'rename-form', noValidate: true });
+  const input = Object.assign(document.createElement('input'), { type: 'text', value: r.name,
+    required: true, autocomplete: 'off' });
+  input.setAttribute('aria-label', `New name for ${shownText(r.name)}`);
+  const save = Object.assign(document.createElement('button'), { type: 'submit', className: 'save',
+    textContent: 'Save' });
+  const cancel = Object.assign(document.createElement('button'), { type: 'button',
+    className: 'secondary cancel', textContent: 'Cancel' });
+  // Why it was not renamed, read out when it appears (role=alert) and tied to the input.
+  const why = Object.assign(document.createElement('small'), { className: 'error', id: `rename-why-${r.id}` });
+  why.setAttribute('role', 'alert');
+  input.setAttribute('aria-describedby', why.id);
+  form.append(input, ' ', save, ' ', cancel, why);
+  const edit = { id: r.id, form, input, why, save };
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    saveRename(edit).catch((err) => { why.textContent = `Not renamed: ${err.message}`; });
+  });
+  cancel.addEventListener('click', () => endRename(r.id));
+  form.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape') return;
+    e.preventDefault();
+    endRename(r.id);
+  });
+  return edit;
+}
+
+async function saveRename({ id, input, why, save }) {
+  const name = input.value.trim();
+  if (!name) {
+    why.textContent = 'A run needs a name.';
+    input.focus();
+    return;
+  }
+  save.disabled = true;
+  try {
+    const res = await fetch(`/api/runs/${id}`, withToken(id, jsonBody('PATCH', { name })));
+    if (!res.ok) {
+      why.textContent = `Not renamed: ${await responseDetail(res)}`;
+      input.focus();
+      return;
+    }
+  } finally {
+    save.disabled = false;
+  }
+  await endRename(id, true);
+}
+
+/** The rename of run `id` over (saved: the list read again, with its new name); the focus goes
+ *  back to the row's Rename button. */
+async function endRename(id, saved = false) {
+  if (state.renaming?.id !== id) return;
+  state.renaming = null;
+  render();
+  if (saved) {
+    state.lastText = null;
+    await refresh();
+  }
+  tbody.querySelector(`tr[data-run-id="${id}"] button.rename`)?.focus();
 }
 
 async function deleteRun(r) {
@@ -173,6 +268,7 @@ async function refresh() {
   state.total = Number.isNaN(read.total) ? null : read.total;
   const ids = new Set(state.runs.map((r) => r.id));
   for (const id of [...state.selected]) if (!ids.has(id)) state.selected.delete(id);
+  if (state.renaming && !ids.has(state.renaming.id)) state.renaming = null;   // deleted meanwhile
   const statuses = [...new Set(state.runs.map((r) => statusLabel(r)))].sort();
   const have = [...statusFilter.options].map((o) => o.value);
   for (const s of statuses) if (!have.includes(s)) statusFilter.append(new Option(s, s));

@@ -193,22 +193,34 @@ export function elapsedColumn() {
   });
 }
 
-/** Progress from the newest rows: seconds per step over the last `window` rows' commit times
- *  (or their step_ms), elapsed seconds, and the seconds left for `total` steps. */
-export function progress(series, total, window = 20) {
+/** The median of numbers (null for none). */
+export function median(xs) {
+  if (!xs.length) return null;
+  const sorted = [...xs].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+/** Progress from the newest rows: seconds per step, elapsed seconds, and the seconds left for
+ *  `total` steps. Seconds per step: the median of the last `window` rows' step_ms (each step's
+ *  own wall time), so that one slow step (an eval, a sample, a checkpoint, the first step after
+ *  a pause) moves the estimate by nothing, not by its whole length; rows without step_ms (an
+ *  older trainer's): the commit times over the same rows. */
+export function progress(series, total, window = 50) {
   const n = series.length;
   if (!n) return null;
   const last = series.records[n - 1];
   const first = series.records[0];
-  const k = Math.max(0, n - 1 - window);
-  const ref = series.records[k];
-  let perStep = null;
-  if (n > 1 && last.time != null && ref.time != null && last.step > ref.step) {
+  const stepMs = [];
+  for (let i = Math.max(0, n - window); i < n; i++) {
+    const ms = series.records[i].step_ms;
+    if (ms > 0) stepMs.push(ms);
+  }
+  let perStep = stepMs.length ? median(stepMs) / 1000 : null;
+  const ref = series.records[Math.max(0, n - 1 - window)];
+  if (perStep === null && n > 1 && last.time != null && ref.time != null && last.step > ref.step) {
     perStep = (last.time - ref.time) / (last.step - ref.step);
   }
-  // Records are committed in batches (every 250 ms), so over a few rows the commit times can
-  // be closer than the steps took: the step's own time is a floor.
-  if (last.step_ms) perStep = Math.max(perStep ?? 0, last.step_ms / 1000);
   if (perStep !== null && perStep <= 0) perStep = null;
   const elapsed = last.time != null && first.time != null
     ? last.time - first.time + (first.step_ms ?? 0) / 1000 : null;

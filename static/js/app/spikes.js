@@ -34,9 +34,12 @@ export function followSpikes(runId, ended, onSteps = () => {}, onOpen = () => {}
 }
 
 function showSpikes({ rule, spikes }) {
-  $('spikes-rule').textContent = `A spike: a grad norm ${rule.factor}x the median of the last ` +
-    `${rule.window} steps, a clip after ${rule.quiet} steps without one, or a non-finite norm. ` +
-    `${spikes.length} so far.`;
+  // Each entry's ratio is against the same median as the rule's, so an entry flagged for a clip
+  // or a non-finite element (below the factor) says so instead of contradicting the header.
+  $('spikes-rule').textContent = `A spike: a grad norm at least ${rule.factor}x the median grad ` +
+    `norm of the ${rule.window} steps before it (fewer early in a run), a clip after ` +
+    `${rule.quiet} steps without one, or a non-finite norm or gradient element. Each entry says ` +
+    `which, and its grad norm as a multiple of that median. ${spikes.length} so far.`;
   const box = $('spikes');
   box.dataset.count = String(spikes.length);
   if (!spikes.length) {
@@ -47,16 +50,25 @@ function showSpikes({ rule, spikes }) {
   box.replaceChildren(...[...spikes].reverse().map((s) => spikeItem(s, open.has(String(s.step)))));
 }
 
+/** Why a spike counts and its grad norm against the running median, in one line: a spike by
+ *  ratio leads with its ratio; any other leads with its reason, its ratio after it. */
+function spikeWhy(s) {
+  const others = s.reasons.filter((_, i) => s.kinds[i] !== 'ratio');
+  const norm = s.grad_norm === null ? null : `grad norm ${s.grad_norm.toPrecision(3)}`;
+  const against = s.ratio === null ? ''
+    : `, ${s.ratio.toFixed(1)}x the median of the ${s.level_steps} steps before`;
+  if (s.kinds.includes('ratio')) return `${norm}${against}${others.length ? `; also ${others.join('; ')}` : ''}`;
+  return others.join('; ') + (norm === null ? '' : ` (${norm}${against})`);
+}
+
 function spikeItem(s, open) {
   const d = document.createElement('details');
   d.className = 'spike';
   d.dataset.step = String(s.step);
   d.open = open;
   if (open) d.dataset.restored = '1';     // open again after a refresh: not the user's click
-  const norm = s.grad_norm === null ? 'non-finite' : s.grad_norm.toPrecision(3);
-  const ratio = s.ratio === null ? '' : ` (${s.ratio.toFixed(1)}x)`;
   const sum = document.createElement('summary');
-  sum.textContent = `step ${s.step}: grad norm ${norm}${ratio}${topTensorText(s)}` +
+  sum.textContent = `step ${s.step}: ${spikeWhy(s)}${topTensorText(s)}` +
     (s.boundary ? `, ${s.boundary.steps_after} step(s) after a data phase change` : '');
   d.append(sum, line(s.reasons.join('; ')));
   if (s.boundary) {

@@ -64,6 +64,27 @@ export function activationBytes(config, B, T, limits = null, mixed = false) {
   return { total, largest };
 }
 
+// The activations that grow largest, in the new-run form's words: what each holds, what its
+// size is a product of, and the settings that shrink it (limitProblems names the one too large
+// to bind). The rest are [N, C] rows of the residual stream's width.
+const ACTIVATION_WORDS = {
+  logits: ['the logits', 'batch size x context x vocabulary', 'the batch size, the context or the vocabulary'],
+  gu: ["the FFN's gate and up projections", 'batch size x context x 2 x FFN width',
+    'the batch size, the context or the FFN width'],
+  h: ["the FFN's hidden activations", 'batch size x context x FFN width',
+    'the batch size, the context or the FFN width'],
+  qkv: ["attention's queries, keys and values", 'batch size x context x 3 x width',
+    'the batch size, the context or the width'],
+  attnDs: ["attention's score gradients", 'batch size x heads x context x context',
+    'the batch size, the context or the heads'],
+  wgradPart: ["the weight gradients' split sums", 'the largest weight x splits of batch size x context',
+    'the batch size, the context, or the vocabulary, width or FFN width'],
+};
+ACTIVATION_WORDS.dgu = ACTIVATION_WORDS.gu;
+ACTIVATION_WORDS.dh = ACTIVATION_WORDS.h;
+ACTIVATION_WORDS.dqkv = ACTIVATION_WORDS.qkv;
+const ROWS_WORDS = ['the residual stream', 'batch size x context x width', 'the batch size, the context or the width'];
+
 /** Why this adapter cannot hold the model at (B, T), in words; empty when it can. */
 export function limitProblems(layout, B, T, limits) {
   const bind = bindLimit(limits);
@@ -75,9 +96,10 @@ export function limitProblems(layout, B, T, limits) {
   }
   const { largest } = activationBytes(layout.config, B, T, limits);
   if (largest.bytes > bind) {
-    problems.push(`the ${largest.name} activation needs ${(largest.bytes / 2 ** 20).toFixed(0)} MiB ` +
-      `at batch ${B} x ${T}; this adapter binds at most ${(bind / 2 ** 20).toFixed(0)} MiB: ` +
-      'use a smaller batch');
+    const [what, product, lower] = ACTIVATION_WORDS[largest.name] ?? ROWS_WORDS;
+    problems.push(`${what} (${product}) at batch size ${B} x context ${T}: one ` +
+      `${(largest.bytes / 2 ** 20).toFixed(0)} MiB buffer, and this adapter binds at most ` +
+      `${(bind / 2 ** 20).toFixed(0)} MiB: lower ${lower}`);
   }
   const maxD = layout.limits.max_head_dim;   // server/model.py MAX_HEAD_DIM
   if (layout.config.head_dim > maxD) problems.push(`head dim over ${maxD} is not supported`);
