@@ -226,19 +226,19 @@ def _export(args: argparse.Namespace) -> int:
     """Exit 2 for what is not there (the run, its database, its weights, the checkpoint asked
     for) or a default folder already used, as for a wrong command; 1 for what could not be done
     (a server out of reach, a damaged checkpoint, a disk error)."""
-    from andrea import export
+    from andrea import export, export_command
 
     try:
         if args.step is not None and args.step < 1:
-            raise export.UsageError(f"--step must be 1 or more, got {args.step}")
+            raise export_command.UsageError(f"--step must be 1 or more, got {args.step}")
         if args.server:
-            out = export.fetch_export(args.server, args.run_id, args.out, args.step)
+            out = export_command.fetch_export(args.server, args.run_id, args.out, args.step)
         else:
             settings = Settings()
-            out = export.export_local(args.data_dir or settings.data_dir, args.run_id,
+            out = export_command.export_local(args.data_dir or settings.data_dir, args.run_id,
                                       args.out, args.step, settings.database_url,
                                       settings.cache_dir)
-    except (export.UsageError, export.NoWeights) as e:
+    except (export_command.UsageError, export.NoWeights) as e:
         print(f"andrea export: {e}", file=sys.stderr)
         return 2
     except (OSError, ValueError) as e:
