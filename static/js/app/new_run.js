@@ -6,6 +6,7 @@ import { activationBytes, limitProblems } from '../engine/model.js';
 import { HttpError, jsonBody, responseDetail, saveToken } from './api.js';
 import { bindClipExperiment } from './clip_experiment.js';
 import { fmtCount } from './format.js';
+import { mixedMissing } from './mixed_note.js';
 import { isolated, shownText } from './text.js';
 
 const $ = (id) => document.getElementById(id);
@@ -258,17 +259,17 @@ async function start(event) {
 }
 
 /** Mixed precision is offered where this browser's adapter has f16 subgroup matrices; the
- *  note says why not elsewhere, and how Chrome offers them on NVIDIA. */
-function showPrecision({ ok, why }) {
+ *  note says why not elsewhere, and how Chrome offers them where a flag would (mixed_note.js).
+ *  `device`: acquireDevice's answer (null: no WebGPU here). */
+function showPrecision({ ok, why }, device) {
   const option = [...$('precision').options].find((o) => o.value === 'mixed');
   if (!option) return;
   option.disabled = !ok;
   $('precision').dataset.mixed = ok ? 'available' : 'unavailable';
   $('precision-note').textContent = ok
     ? 'This GPU has f16 matrix units for WGSL: mixed precision runs its matmuls there.'
-    : `Mixed precision needs f16 subgroup matrices, which this browser's adapter lacks (${why}). ` +
-      'Chrome offers them with --enable-unsafe-webgpu; on NVIDIA also ' +
-      '--enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia.';
+    : 'Mixed precision needs f16 subgroup matrices (WGSL\'s matrix units), and ' +
+      `${mixedMissing(why, device, 'choose fp32')}.`;
 }
 
 async function main() {
@@ -276,14 +277,15 @@ async function main() {
   $('preset').replaceChildren(...presets.map((p) => new Option(
     `${p.name} (${(p.n_params / 1e6).toFixed(1)} M parameters, context ${p.config.seq_len} tokens)`, p.name)));
   let mixed = { ok: false, why: 'no WebGPU here' };
+  let device = null;
   try {
-    const { limits, adapter } = await acquireDevice(navigator.gpu);
-    state.limits = limits;
-    mixed = mixedSupport({ features: [...adapter.features], adapter });
+    device = await acquireDevice(navigator.gpu);
+    state.limits = device.limits;
+    mixed = mixedSupport({ features: [...device.adapter.features], adapter: device.adapter });
   } catch {
     state.limits = null;
   }
-  showPrecision(mixed);
+  showPrecision(mixed, device);
   showPresetShape(presets);
   $('preset').addEventListener('change', () => showPresetShape(presets));
   form.addEventListener('input', () => updateMemory().catch(console.error));

@@ -8,6 +8,7 @@ import { fetchLoader } from '../engine/shaders.js';
 import { Trainer } from '../engine/trainer.js';
 import { fetchJson, fetchRetrying, responseDetail, retireToken } from './api.js';
 import { SHADER_BASE } from './assets.js';
+import { mixedMissing } from './mixed_note.js';
 import { $, addRecords, addSample, setStatus, showError, showModelLink, stat } from './run_view.js';
 import { SocketRefused, TrainerSocket } from './telemetry.js';
 import { utf8Decoder } from './text.js';
@@ -49,12 +50,12 @@ export async function train(state, run, token) {
     const plain = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE) })
       .catch(() => null);
     plain?.destroy();
-    throw new Error(mixedMissing(e.message, plain));
+    throw new Error(mixedRunMissing(e.message, plain));
   });
   const support = mixed ? mixedSupport(ctx) : { ok: true };
   if (!support.ok) {
     ctx.destroy();
-    throw new Error(mixedMissing(support.why, ctx));
+    throw new Error(mixedRunMissing(support.why, ctx));
   }
   const { info, software } = ctx;
   // `andrea train --gpu` trains on the GPU or not at all: never on a software fallback.
@@ -275,31 +276,8 @@ async function saveWeights(runId, trainer, token, reach) {
   }
 }
 
-/** Why a mixed-precision run cannot train here, and what could change that. `ctx`: the engine
- *  context on this adapter (null: none could be made). A software adapter (SwiftShader) never
- *  has f16 subgroup matrices, whatever the flags; on a GPU a flag is named only for a feature
- *  its adapter lacks (Chrome holds both back without them), so flags already on are not
- *  suggested again. */
-function mixedMissing(why, ctx = null) {
-  const needs = 'this run trains in mixed precision, which needs f16 subgroup matrices (WGSL\'s ' +
-    'matrix units)';
-  const reason = why.replace(/\.$/, '').replace(/^[A-Z](?=[a-z])/, (c) => c.toLowerCase());
-  if (ctx?.software) {
-    const name = `${ctx.info.vendor} ${ctx.info.architecture}`.trim();
-    return `${needs}, and this browser's adapter is a software one${name ? ` (${name})` : ''}: ` +
-      `${reason}. A software adapter never has f16 subgroup matrices: train with precision fp32 ` +
-      '(a new run), or in a browser on a GPU';
-  }
-  const has = (f) => ctx?.adapter?.features?.has(f) ?? false;
-  const unsafe = !has('chromium-experimental-subgroup-matrix');
-  const f16 = !has('shader-f16');
-  if (!unsafe && !f16) {
-    return `${needs}, and this GPU's adapter has the features but not what the engine's kernel ` +
-      `needs: ${reason}. Train with precision fp32 (a new run)`;
-  }
-  const nvidia = '--enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia';
-  const how = unsafe ? `with --enable-unsafe-webgpu${f16 ? `; on NVIDIA also ${nvidia}` : ''}`
-    : `on NVIDIA with ${nvidia}`;
-  return `${needs}, and this browser's adapter cannot give them: ${reason}. ` +
-    (ctx ? `Chrome offers them ${how}` : `On a GPU, Chrome offers them ${how}; a software adapter never has them`);
+/** Why a mixed-precision run cannot train here (mixed_note.js), as the run's error. */
+function mixedRunMissing(why, ctx = null) {
+  return 'this run trains in mixed precision, which needs f16 subgroup matrices (WGSL\'s matrix ' +
+    `units), and ${mixedMissing(why, ctx, 'train with precision fp32 (a new run)')}`;
 }
