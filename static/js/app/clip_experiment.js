@@ -9,7 +9,7 @@ import { fetchJson, jsonBody, resumeLink, saveToken, withToken } from './api.js'
 
 export const CLIP_MODES = ['global', 'per_tensor', 'off'];
 // How a clip mode reads in a run's name (as compare.js labels it) and in its tag.
-const CLIP_WORDS = { global: 'clip global', per_tensor: 'clip per tensor', off: 'no clip' };
+export const CLIP_WORDS = { global: 'clip global', per_tensor: 'clip per tensor', off: 'no clip' };
 export const EXPERIMENT_TAG = 'clip-experiment';
 
 /** The three configs: the form's, each with one clip mode, the bandit's data. */

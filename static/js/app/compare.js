@@ -5,6 +5,7 @@
 // still change the page reads them again every REFRESH_MS, and offers the runs made in this tab
 // that wait for a training tab (compare_train.js).
 import { fetchJson } from './api.js';
+import { CLIP_WORDS } from './clip_experiment.js';
 import { COLORS, Chart, DASHES, fmtBytes } from './charts.js';
 import { LayerOverlay } from './compare_layers.js';
 import { showTrainLinks } from './compare_train.js';
@@ -40,13 +41,16 @@ function defaultBaseline(found) {
   return (fp32 ?? found[0]).id;
 }
 
-/** A run's legend label; the clip mode too where the runs differ in it (the clipping
- *  experiment's three runs). */
+/** A run's legend label; the clip mode too where the runs differ in it and the name does not
+ *  already say it (the clipping experiment's runs are named for theirs). */
 function labeller(found) {
   const clipDiffers = new Set(found.map((r) => r.run.config.clip_mode)).size > 1;
-  const clip = { global: 'clip global', per_tensor: 'clip per tensor', off: 'no clip' };
-  return (r) => `${shownText(r.run.name)} (${r.run.config.optimizer}${r.run.config.f16_mirror ? ' + f16' : ''}` +
-    `${clipDiffers ? `, ${clip[r.run.config.clip_mode] ?? r.run.config.clip_mode}` : ''})`;
+  return (r) => {
+    const { name, config } = r.run;
+    const clip = CLIP_WORDS[config.clip_mode] ?? config.clip_mode;
+    const says = clipDiffers && !name.includes(clip) ? `, ${clip}` : '';
+    return `${shownText(name)} (${config.optimizer}${config.f16_mirror ? ' + f16' : ''}${says})`;
+  };
 }
 
 /** Each id's run and its records ({id, run: null, metrics: []} for an unknown run). */
