@@ -187,7 +187,9 @@ def spike_pollers(url, ctx, stop, counts):
     def poll():
         with httpx.Client(base_url=url, timeout=120) as c:
             while not stop.is_set():
-                counts[c.get(f"/api/runs/{big['id']}/spikes").status_code] += 1
+                r = c.get(f"/api/runs/{big['id']}/spikes")
+                how = r.headers.get("x-andrea-spikes", "").split(";")[0]
+                counts[f"{r.status_code} {how}".strip()] += 1
     threads = [threading.Thread(target=poll) for _ in range(10)]
     [t.start() for t in threads]
     [t.join() for t in threads + [mover]]

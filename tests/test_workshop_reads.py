@@ -37,7 +37,7 @@ from websockets.sync.client import connect
 from andrea.cli import main
 from andrea.launch import start_server, stop_server
 from andrea.quotas import ClientSlots, RateLimiter
-from andrea.routes.spikes import HEADER
+from andrea.routes.spikes import HEADER, Spikes
 from tests.test_hardening import expect_close, fill, hello, new_run, record, rss_mib, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -189,9 +189,51 @@ def test_a_resume_that_cuts_the_records_back_starts_the_detector_over(client):
     assert client.get(path).content == again.content
 
 
+def test_a_trained_runs_spikes_are_at_most_fresh_s_behind_its_records(client):
+    """While a trainer trains a run, its last step moves every few milliseconds: an answer
+    younger than spikes_fresh_s is served for the later steps, so pollers make one a second,
+    not one a step; once its training ended, or no trainer is at it, the answer is current."""
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 5000}).json()
+    run_id, store = made["id"], client.app.state.store
+    now = [100.0]
+    client.app.state.spikes = Spikes(fresh_s=1.0, clock=lambda: now[0])
+    path = f"/api/runs/{run_id}/spikes"
+
+    def steps(r) -> list[int]:
+        return [s["step"] for s in r.json()["spikes"]]
+    with client.websocket_connect(f"/ws/runs/{run_id}") as ws:
+        ws.send_json({"type": "hello", "token": made["token"]})
+        assert ws.receive_json()["type"] == "welcome"
+
+        def train(first, last, spikes):
+            ws.send_json({"type": "metrics", "records": spike_records(first, last, spikes)})
+            assert ws.receive_json() == {"type": "ack", "step": last}
+        train(1, 1000, {500})
+        first = client.get(path)
+        assert how(first) == "computed" and steps(first) == [500]
+        train(1001, 1200, {1100})
+        now[0] += 0.9
+        stale = client.get(path)
+        assert how(stale) == "kept" and stale.content == first.content     # 0.9 s behind
+        now[0] += 0.2
+        fresh = client.get(path)
+        assert how(fresh) == "computed" and fed(fresh)["records"] == 200
+        assert steps(fresh) == [500, 1100]
+        train(1201, 1300, {1250})
+        ws.send_json({"type": "status", "status": "finished"})
+        ws.send_json({"type": "ping"})
+        assert ws.receive_json() == {"type": "pong"}
+        ended = client.get(path)                        # at once: its training ended
+        assert how(ended) == "computed" and steps(ended) == [500, 1100, 1250]
+    store.add_metrics(run_id, spike_records(1301, 1400, {1350}))   # (no trainer at it)
+    assert steps(client.get(path)) == [500, 1100, 1250, 1350]
+    assert client.app.state.spikes.computed == 4
+
+
 def test_spike_pollers_on_a_real_server_compute_once_per_step(server, tmp_path):
     data = tmp_path / "spikes"
-    proc, url = server(data, **FAST_TRAINERS)
+    proc, url = server(data, spikes_fresh_s=0, **FAST_TRAINERS)   # each step's answer current
     run = new_run(url, batch_size=4, steps=20_000)
     spikes = set(range(250, 10_001, 500))
     send(url, run, spike_records(1, 10_000, spikes))

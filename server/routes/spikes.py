@@ -8,9 +8,12 @@ the metrics.
 
 What a read may cost is bounded (viewers poll it while a run trains): the answer is made once
 per (run, last step), by one task that every request for it awaits, and kept, encoded, until
-the run's last step moves; making it is incremental: the run's detector (SpikeFinder) is kept
-and fed only the records after the last one it saw (a resume that cut the records back to
-before it starts it over), and each spike's rows are described once (its batch made once).
+the run's last step moves (while a trainer trains it, until it is also spikes_fresh_s old: a
+trainer's steps move it every few milliseconds, and a poller must not make one each; a run
+whose training ended gets its last answer at once). Making it is incremental: the run's
+detector (SpikeFinder) is kept and fed only the records after the last one it saw (a resume
+that cut the records back to before it starts it over), and each spike's rows are described
+once (its batch made once).
 So a new answer costs what the new records cost, not the run's length: each spike's JSON is
 made once too (again only where its rows or boundary gain their description), an answer joins
 them. At most COMPUTING are made at once; a run's newest MAX_SPIKES are kept and listed (a
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import OrderedDict
 
 from fastapi import APIRouter, Request
@@ -35,10 +39,10 @@ from andrea import spike_anatomy as anatomy
 from andrea import spikes as rule
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
-from andrea.deps import DataDep, RunDep, RunsDep, StoreDep
+from andrea.deps import DataDep, FanoutDep, RunDep, RunsDep, SettingsDep, StoreDep
 from andrea.model import run_layout
 from andrea.quotas import app_state
-from andrea.routes.exports import METRICS_PAGE
+from andrea.run_info import ENDED
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -48,6 +52,7 @@ CACHED = 64         # runs whose detector and answer are kept (the least recentl
 KEPT_BYTES = 32 << 20   # ... and their JSON in all (answers and spikes'), at most: the same
 MAX_SPIKES = 5000       # a run's newest spikes kept and listed (a NaN every step is a spike)
 COMPUTING = 2       # answers made at once, over all runs
+FEED_PAGE = 250     # records read at a time (~2.5 ms of a reader thread: the loop waits less)
 HEADER = "x-andrea-spikes"
 RULE = {"window": rule.WINDOW, "factor": rule.FACTOR, "min_history": rule.MIN_HISTORY,
         "quiet": rule.QUIET, "boundary": rule.BOUNDARY, "top_tensors": anatomy.TOP_TENSORS,
@@ -65,7 +70,7 @@ class _RunSpikes:
     saw; its newest MAX_SPIKES spikes kept, `omitted` older ones dropped), its spikes' described
     rows (step -> {row: (source, text), or None where the batch has no such row}), each spike's
     JSON as last listed (step -> ((rows described, boundary weights known), JSON)), and its last
-    answer (last step, JSON)."""
+    answer (last step, JSON, the clock's time when it was begun)."""
 
     def __init__(self, names: list[str]):
         self.names = names
@@ -78,14 +83,16 @@ class _RunSpikes:
         self.omitted = 0
         self.described: dict[int, dict[int, tuple[str, str] | None]] = {}
         self.shown: dict[int, tuple[tuple[bool, bool], bytes]] = {}
-        self.answer: tuple[int | None, bytes] | None = None
+        self.answer: tuple[int | None, bytes, float] | None = None
 
 
 class Spikes:
     """The app's (app.state.spikes): the runs' detectors (LRU), the answers being made by
-    (run, last step), and how many were made (`computed`)."""
+    (run, last step), and how many were made (`computed`); a run's answer younger than
+    `fresh_s` by `clock` is served for a later last step while a trainer trains it."""
 
-    def __init__(self):
+    def __init__(self, fresh_s: float = 0.0, clock=time.monotonic):
+        self.fresh_s, self.clock = fresh_s, clock
         self.runs: OrderedDict[str, _RunSpikes] = OrderedDict()
         self.flights: dict[tuple[str, int | None], asyncio.Future] = {}
         self.computing = asyncio.Semaphore(COMPUTING)
@@ -94,17 +101,19 @@ class Spikes:
 
 @router.get("/runs/{run_id}/spikes")
 async def get_spikes(request: Request, run: RunDep, store: StoreDep, hub: DataDep,
-                     runs: RunsDep) -> dict:
+                     runs: RunsDep, settings: SettingsDep, fanout: FanoutDep) -> dict:
     """The run's spikes, oldest first: step, grad norm, its running level and their ratio, why
     it counts (reasons), the phase boundary it follows, its outlier rows (row index, loss,
     excess over the step's loss, source, text), and its anatomy: the tensors and the layer with
     the largest shares of the step's squared gradient norm, its non-finite gradient elements,
     the loss kernel's largest |logit| and smallest softmax denominator, and numerical flags;
     with the rule that found them."""
-    cache: Spikes = app_state(request.app, "spikes", Spikes)
+    cache: Spikes = app_state(request.app, "spikes", lambda: Spikes(settings.spikes_fresh_s))
     run_id, last = run["id"], run.get("last_step")
     state = cache.runs.get(run_id)
-    if state is not None and state.answer is not None and state.answer[0] == last:
+    if state is not None and state.answer is not None and (
+            state.answer[0] == last or _training(run, fanout)
+            and cache.clock() - state.answer[2] < cache.fresh_s):
         cache.runs.move_to_end(run_id)
         return _response(state.answer[1], "kept")
     key = (run_id, last)
@@ -116,6 +125,11 @@ async def get_spikes(request: Request, run: RunDep, store: StoreDep, hub: DataDe
     flight.add_done_callback(lambda f: _landed(cache, key, f))
     body, how = await asyncio.shield(flight)    # (made to the end if this request goes)
     return _response(body, how)
+
+
+def _training(run: dict, fanout) -> bool:
+    """A trainer is at the run and its training has not ended: its last step is moving."""
+    return run["status"] not in ENDED and fanout.has_trainer(run["id"])
 
 
 def _response(body: bytes, how: str) -> Response:
@@ -142,13 +156,14 @@ async def _compute(cache: Spikes, run: dict, store, hub, runs) -> tuple[bytes, s
         while len(cache.runs) > CACHED:
             cache.runs.popitem(last=False)
         async with state.lock:
+            begun = cache.clock()       # (the answer holds the records committed by now)
             try:
                 fed = await _feed(state, store, run_id)
                 body, made = await _answer(state, hub, runs, run_id)
             except BaseException:
                 state.reset()   # fed part of a page, perhaps: start over next time
                 raise
-            state.answer = (last, body)
+            state.answer = (last, body, begun)
             cache.computed += 1
         # (A run's spikes' JSON is about its answer's size again.)
         kept = sum(2 * len(s.answer[1]) for s in cache.runs.values() if s.answer)
@@ -166,8 +181,8 @@ async def _feed(state: _RunSpikes, store, run_id: str) -> int:
     after = state.fed[0] - 1 if check else None
     fed = 0
     while True:
-        page = await store.run(store.metrics_page, run_id, after, METRICS_PAGE)
-        full = len(page) == METRICS_PAGE
+        page = await store.run(store.metrics_page, run_id, after, FEED_PAGE)
+        full = len(page) == FEED_PAGE
         if check:
             check = False
             if not page or (page[0]["step"], page[0].get("time")) != state.fed:
