@@ -27,12 +27,12 @@ def test_form_takes_a_shape_of_its_own(page, live_server, page_errors):
     want = httpx.post(f"{live_server}/api/run_config/layout",
                       json={"preset": "tiny", **shape, "vocab_size": 1024}).json()["n_params"]
     page.wait_for_function(f"document.querySelector('#memory').textContent"
-                           f".includes('{want / 1e6:.2f} M')", timeout=30_000)
+                           f".includes('{want / 1e6:.2f} M')", timeout=120_000)
     assert not page.is_disabled("#start")
 
     page.fill("input[name=n_head]", "5")          # 96 is not divisible by 5
     page.wait_for_function("document.querySelector('#memory').textContent"
-                           ".includes('cannot be built')", timeout=30_000)
+                           ".includes('cannot be built')", timeout=120_000)
     # In the form's words: its labels, not the API's names or pydantic's "Value error, ".
     why = page.inner_text("#memory")
     assert "cannot be built: Width (96) must be divisible by Heads (5)" in why
@@ -43,7 +43,7 @@ def test_form_takes_a_shape_of_its_own(page, live_server, page_errors):
     page.fill("input[name=steps]", "5")
     page.fill("input[name=eval_every]", "0")
     page.fill("input[name=sample_every]", "0")
-    page.wait_for_function("!document.getElementById('start').disabled", timeout=30_000)
+    page.wait_for_function("!document.getElementById('start').disabled", timeout=120_000)
     page.click("#start")
     page.wait_for_url("**/runs/*")
     run = httpx.get(f"{live_server}/api/runs/{page.url.rsplit('/', 1)[1]}").json()

@@ -5,7 +5,18 @@ them; a healthy run's noise, the run's first steps and a clip that keeps firing 
 import math
 import random
 
+import pytest
+
+from andrea.config import Settings
 from andrea.spikes import BOUNDARY, FACTOR, QUIET, find_spikes, outlier_rows
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    """Each spike list current: these tests read a run's spikes right after its trainer's
+    records (the window a trained run's list may lag, spikes_fresh_s, is tested in
+    test_workshop_reads.py)."""
+    return Settings(data_dir=tmp_path / "data", spikes_fresh_s=0)
 
 
 def run(planted=None, n=120, seed=0):
