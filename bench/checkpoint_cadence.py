@@ -6,7 +6,7 @@ keeps (the larger of RISK_STEPS steps and RISK_MS of training, static/js/engine/
 and each checkpoint's read-back and upload in the browser. Figures, not a verdict.
 
     .venv/bin/python -m bench.checkpoint_cadence --run tiny:8:200       # SwiftShader
-    python3 -m bench.checkpoint_cadence --gpu --run 12m:32:6000 --run 120m:8:900   # a GPU
+    python3 -m bench.checkpoint_cadence --gpu --run 12m:32:5000 --run 120m:8:700   # a GPU
 """
 
 from __future__ import annotations
@@ -65,21 +65,24 @@ def main() -> None:
                                 timeout=120).json()
             at = {m["step"]: m["time"] for m in records}
             uploads = result["readback"]["uploads"]
+            # Step 0 has no record: the training before the first checkpoint counts from the
+            # first record's commit.
             marks = [0] + [u["step"] for u in uploads]
+            start = at[min(at)]
             med = statistics.median(m["step_ms"] for m in records if m.get("step_ms"))
             print(f"\n{preset} batch {batch}, {steps} steps: {result['wall_s']:.0f} s, "
                   f"record step median {med:.1f} ms, {len(uploads)} checkpoints")
             print(f"  {'step':>6} {'since last':>11} {'s of training':>14} {'read ms':>9} "
                   f"{'upload ms':>10}")
             worst_steps = worst_s = 0.0
-            for prev, u in zip(marks, uploads, strict=False):
+            for prev, u in zip(marks, uploads):     # (marks: one more, the run's end aside)
                 gap = u["step"] - prev
-                secs = at[u["step"]] - at.get(prev, at[min(at)])
+                secs = at[u["step"]] - at.get(prev, start)
                 worst_steps, worst_s = max(worst_steps, gap), max(worst_s, secs)
                 print(f"  {u['step']:>6} {gap:>11} {secs:>14.1f} {u['readMs']:>9.0f} "
                       f"{u['uploadMs']:>10.0f}")
             tail = int(steps) - marks[-1]
-            tail_s = at[int(steps)] - at.get(marks[-1], at[min(at)])
+            tail_s = at[int(steps)] - at.get(marks[-1], start)
             print(f"  after the last: {tail} steps, {tail_s:.1f} s (the run's end)")
             print(f"  largest gap: {worst_steps:.0f} steps, {worst_s:.1f} s; bound here: "
                   f"{max(risk_steps, risk_s * 1000 / med):.0f} steps")

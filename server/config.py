@@ -154,9 +154,10 @@ class Settings(BaseSettings):
     # ReadBudget). 8 MiB/s: about 60 small reads or 20 spike lists of 240 KB a second; a page
     # polls a few a second.
     read_bytes_per_s: float = Field(8 << 20, gt=0)
-    # A running run's spike list may be this many seconds behind its records: an answer made
-    # less than this ago is served as it is, so pollers at any rate cost one computation a
-    # second a run (the page polls every 10 s; a run that is not running is always current).
+    # While a trainer trains a run, its spike list may be this many seconds behind its records:
+    # an answer made less than this ago is served as it is, so pollers at any rate cost one
+    # computation a second a run (the page polls every 10 s). A run whose training ended, or
+    # with no trainer at it, is always current.
     spikes_fresh_s: float = Field(1.0, ge=0)
     max_exports_per_client: int = Field(2, ge=1)
     max_viewers_per_client: int = Field(16, ge=1)

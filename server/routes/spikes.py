@@ -91,7 +91,7 @@ class Spikes:
     (run, last step), and how many were made (`computed`); a run's answer younger than
     `fresh_s` by `clock` is served for a later last step while a trainer trains it."""
 
-    def __init__(self, fresh_s: float = 0.0, clock=time.monotonic):
+    def __init__(self, fresh_s: float, clock=time.monotonic):
         self.fresh_s, self.clock = fresh_s, clock
         self.runs: OrderedDict[str, _RunSpikes] = OrderedDict()
         self.flights: dict[tuple[str, int | None], asyncio.Future] = {}
