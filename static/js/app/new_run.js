@@ -142,11 +142,17 @@ function dataBudget(trainTokens, B, T, steps, picked = trainTokens.map(() => tru
   return { tokensPerStep: B * T, total, passes, warn: passes.some((p) => p > PASSES_WARNING) };
 }
 
+// Each form change starts an update whose server answers can arrive in any order (a loaded
+// server answers a quick shape after a slow corpus): only the newest update may draw.
+const turns = { data: 0, memory: 0 };
+
 /** How much data the run sees: tokens per step, in all, and passes over each source. */
 async function updateData() {
+  const turn = ++turns.data;
   const c = config();
   const layout = await layoutOf(c);
   const corpus = await corpusOf(layout.config.vocab_size);
+  if (turn !== turns.data) return;
   const T = c.seq_len ?? layout.config.seq_len;
   const B = c.batch_size ?? 0;
   const steps = c.steps ?? 0;
@@ -180,11 +186,13 @@ async function updateData() {
 
 /** Memory the choice needs, and whether this adapter can hold it. */
 async function updateMemory() {
+  const turn = ++turns.memory;
   const c = config();
   let layout;
   try {
     layout = await layoutOf(c);
   } catch (e) {   // a shape the server refuses: say why, and nothing to start
+    if (turn !== turns.memory) return;
     $('memory').textContent = '';
     const p = Object.assign(document.createElement('p'), { className: 'error',
       textContent: `This model cannot be built: ${e.message.replace(/^model shape: /, '')}` });
@@ -193,6 +201,7 @@ async function updateMemory() {
     $('clip-experiment').disabled = true;
     return;
   }
+  if (turn !== turns.memory) return;
   const T = c.seq_len ?? layout.config.seq_len;
   const variant = c.optimizer;
   const opt = layout.optimizer_state[variant];
