@@ -61,3 +61,28 @@ def _import_anyio_now() -> None:
 
 
 _import_anyio_now()
+
+
+# Markers from what a test needs, so a part of the suite runs alone: `pytest -m "not browser"`
+# (no Chromium: minutes), `-m gpu` (the kernel and engine parity tests), `-m db` (PostgreSQL or
+# Redis), `-m soak`. Declared in pyproject.toml; a test may also carry one by hand (a browser
+# started in a subprocess, which no fixture shows).
+_BROWSER_FIXTURES = {"page", "browser", "context", "lab_session"}
+_DB_FIXTURES = {"pg_url", "pg_cluster", "redis_url"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    import pytest
+    for item in items:
+        parts = item.path.parts
+        used = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        gpu = "gpu" in parts and "tests" in parts
+        if gpu:
+            item.add_marker(pytest.mark.gpu)
+        if gpu or "e2e" in parts or used & _BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+        if used & _DB_FIXTURES or "postgresql" in params.values():
+            item.add_marker(pytest.mark.db)
+        if "soak" in item.path.stem:
+            item.add_marker(pytest.mark.soak)

@@ -15,7 +15,7 @@ from andrea.launch import start_server, stop_server
 from tests.redis_server import INSTALL, redis_binary, redis_server
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.db)])  # 2: Redis
 def test_batch_fetches_leave_the_access_log_and_the_rest_stays(tmp_path, workers):
     env, args = {}, ()
     with contextlib.ExitStack() as stack:

@@ -28,6 +28,8 @@ from tests.redis_server import INSTALL, redis_binary, redis_server
 from tests.test_hardening import new_run, record, ws_url
 from tests.trainer_client import send_records
 
+pytestmark = pytest.mark.db   # every test here shares its runs through Redis
+
 STEPS, PER = 400, 8                    # 8 records per message, a message every 20 ms
 KILL_AFTER = 150                       # A dies once this step is acknowledged
 

@@ -65,3 +65,24 @@ def test_serve_reuses_the_environment_and_serves(tmp_path):
         out = proc.communicate(timeout=15)[0]
     assert "installing" not in out and "making the virtual environment" not in out, out
     assert f"open http://127.0.0.1:{port}/" in out
+
+
+def test_markers_select_the_tests_by_what_they_need():
+    """conftest.py's markers: `-m "not browser"` leaves out the e2e and GPU tests and keeps the
+    server's; `-m db` takes the PostgreSQL parameter of a store test and not its SQLite one."""
+    def collected(marker, *paths):
+        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                            "no:cacheprovider", "-m", marker, *paths], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        return {line for line in r.stdout.splitlines() if "::" in line}
+
+    paths = ("e2e/test_diagnostics.py", "tests/gpu/test_kernels.py", "tests/test_model_layout.py",
+             "tests/test_store.py")
+    light = collected("not browser", *paths)
+    assert light and all(t.startswith(("tests/test_model_layout", "tests/test_store"))
+                         for t in light)
+    gpu = collected("gpu", *paths)
+    assert gpu and all(t.startswith("tests/gpu/") for t in gpu)
+    db = collected("db", *paths)
+    assert db and all("postgresql" in t for t in db)
+    assert any("sqlite" in t for t in light - db)

@@ -85,6 +85,7 @@ def test_installed_wheel_serves_from_any_folder(wheel_venv, tmp_path):
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.browser   # andrea train starts Chromium
 def test_installed_wheel_trains_from_the_cli(wheel_venv, tmp_path):
     """`pip install andrea` then `andrea train`: Playwright comes with the package and drives
     the system's Chromium (or ANDREA_CHROMIUM); one JSON object on stdout."""
