@@ -7,8 +7,12 @@
 // through sub-range bindings starting at element cu.base (one chunk covers all of N unless a binding
 // would exceed maxStorageBufferBindingSize). Non-finite gradient elements (NaN, +-Inf) count as 0
 // everywhere: skipped in the norm, 0 in the update. Clipping runs before the moments see the
-// gradient, so a spike never enters m and v. Step order within one compute pass:
-//   reduce_norm_sq (per chunk) -> finalize_grad_stats (1 workgroup) -> adamw_update* (per chunk)
+// gradient, so a spike never enters m and v. Step order within one compute pass (optimizer.js
+// encodeNorm, encodeUpdate; the bracketed passes only where their mode is on):
+//   [unscale_grads (mixed: loss scaling), per chunk] -> reduce_norm_sq (per chunk)
+//   -> finalize_tensor_stats (a workgroup per tensor) -> finalize_grad_stats (1 workgroup)
+//   -> [scale_tensor_grads (clip_mode per_tensor), per chunk] -> adamw_update* (per chunk)
+//   -> [zero_skipped_grads, update_loss_scale (mixed)]
 //
 // Norm segments: every parameter tensor's range [offset, offset + numel) cut at multiples of
 // P = 4*VPT*WG_R elements (the host's table, optimizer.js normSegments). A segment never straddles
