@@ -1,6 +1,7 @@
 """Median, min and max over the repeated runs that current_table.sh wrote into one folder:
 the engine's Trainer loop (bench_trainer.mjs summary lines) and PyTorch eager fp32 with TF32
-off (bench_step_torch.py), with throughput ratios engine / PyTorch. Usage: current_table.py DIR"""
+off with HF's default (SDPA) attention (bench_step_torch.py), with throughput ratios engine /
+PyTorch. Usage: current_table.py DIR"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 # bench_trainer.mjs: "  adamw          40.87    41.04   1.004"
 TRAINER = re.compile(r"^\s+(adamw\S*)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", re.M)
-TORCH = re.compile(r"eager fp32 \(TF32 off\): ([\d.]+) ms/step")
+TORCH = re.compile(r"^  fp32 \(TF32 off\): ([\d.]+) ms/step", re.M)
 
 
 def spread(values: list[float]) -> str:
@@ -19,7 +20,7 @@ def spread(values: list[float]) -> str:
 
 
 def main(folder: Path) -> None:
-    print("| preset, batch | variant | back to back ms | Trainer ms | PyTorch eager fp32 ms "
+    print("| preset, batch | variant | back to back ms | Trainer ms | PyTorch fp32 (SDPA) ms "
           "| Trainer vs PyTorch (throughput) |")
     print("|---|---|---|---|---|---|")
     for preset, batch in (("12", 32), ("120", 8)):
