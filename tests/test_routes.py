@@ -155,3 +155,25 @@ def test_custom_layout_defaults_are_the_model_configs(client):
     assert r.status_code == 200, r.text
     assert r.json()["config"] == ModelConfig().to_dict()
     assert client.post("/api/layout", json={"n_embd": 1}).status_code == 422
+
+
+def test_no_route_module_imports_another():
+    """A route module (one with an APIRouter) imports what routes share from modules that hold
+    no routes (routes/run_files.py), never another route module: each wing of the API stands
+    alone, and a change to one cannot reach another through its imports."""
+    import ast
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[1] / "server" / "routes"
+    sources = {p.stem: p.read_text() for p in folder.glob("*.py") if p.stem != "__init__"}
+    routers = {name for name, src in sources.items() if "APIRouter(" in src}
+    assert {"runs", "checkpoints", "spikes"} <= routers
+    for name in routers:
+        imported = set()
+        for node in ast.walk(ast.parse(sources[name])):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("andrea.routes"):
+                imported.add(node.module.rsplit(".", 1)[-1])
+                imported.update(a.name for a in node.names if node.module == "andrea.routes")
+            elif isinstance(node, ast.Import):
+                imported.update(a.name.rsplit(".", 1)[-1] for a in node.names
+                                if a.name.startswith("andrea.routes."))
+        assert not imported & routers, f"routes/{name}.py imports {imported & routers}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -30,7 +29,6 @@ from andrea.checkpoints import (
     CheckpointError,
     CheckpointStore,
     Upload,
-    disk_error,
     newest_usable,
     parse_digests,
 )
@@ -50,10 +48,9 @@ from andrea.deps import (
     bearer,
     check_write_token,
 )
-from andrea.fanout import Fanout
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
-from andrea.paths import run_dir
+from andrea.routes.run_files import gone_meanwhile, http_error
 from andrea.run_info import RESUMABLE
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
 from andrea.storage import Reservation
@@ -70,14 +67,6 @@ WHY_NOT_RESUMABLE = {
     "finished": "the run is finished: there is nothing left to train",
     "created": "the run has not started since it was made or resumed: open its page to train it",
 }
-
-
-def _http(e: Exception) -> HTTPException | None:
-    """The HTTP answer for a refused checkpoint or a full disk; None: a real server error."""
-    if isinstance(e, CheckpointError):
-        return HTTPException(e.status, str(e))
-    refused = disk_error(e) if isinstance(e, OSError) else None
-    return HTTPException(refused.status, str(refused)) if refused else None
 
 
 def _sections_text(cfg: dict, sections: list[dict]) -> str:
@@ -122,7 +111,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     except BaseException as e:
         held.release()
         if isinstance(e, (CheckpointError, OSError)):
-            raise _http(e) or e
+            raise http_error(e) or e
         raise
     meta = None
     try:
@@ -142,7 +131,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
         raise HTTPException(400, "the client went away during the upload; nothing was stored") \
             from None
     except (CheckpointError, OSError) as e:
-        raise _http(e) or e
+        raise http_error(e) or e
     finally:
         held.release()
         await asyncio.to_thread(ckpts.discard, upload)     # a no-op once committed
@@ -150,17 +139,6 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
             with contextlib.suppress(HTTPException, StoreUnavailable):
                 await gone_meanwhile(store, ckpts.data_dir, run_id, "checkpoint")
     return {"step": meta["step"], "bytes": meta["bytes"], "sha256": meta["sha256"]}
-
-
-async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
-    """404, the run's folder removed again (an upload that began after the delete made it
-    anew), when the run was deleted while `what` was uploaded. Under the run's lock: a delete
-    takes it too, so a run that is there now stays there until the upload is committed."""
-    if await store.run(store.get_run, run_id) is not None:
-        return
-    await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
-    raise HTTPException(404, f"run {run_id} was deleted during the upload of its {what}; "
-                             "nothing was stored")
 
 
 async def _receive(request: Request, upload: Upload, expected: int, cfg: dict,
@@ -198,7 +176,7 @@ async def get_checkpoint(step: Step, run: TokenRunDep, ckpts: CheckpointsDep):
     try:
         meta, f = await asyncio.to_thread(ckpts.open_verified, run["id"], step)
     except CheckpointError as e:
-        raise _http(e) from None
+        raise http_error(e) from None
     return StreamingResponse(_stream(f), media_type="application/octet-stream", headers={
         "content-length": str(meta["bytes"]), "x-andrea-sha256": meta["sha256"],
         "cache-control": "no-store"})
@@ -259,15 +237,3 @@ async def usable_checkpoint(store, ckpts: CheckpointStore, run_id: str) -> int:
         raise HTTPException(404, f"run {run_id} has no checkpoint to resume from whose records "
                                  f"are committed (records up to step {last}; checkpoints: {have})")
     return step
-
-
-async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, step: int,
-                      run_id: str) -> None:
-    """A branch's files: the parent's checkpoint `step` becomes the new run's (hard links),
-    under the parent's lock so a prune cannot take it meanwhile."""
-    async with fanout.run_lock(parent_id):
-        try:
-            await asyncio.to_thread(ckpts.link, parent_id, step, run_id)
-        except (CheckpointError, OSError) as e:
-            await asyncio.to_thread(ckpts.remove_run, run_id)
-            raise _http(e) or e

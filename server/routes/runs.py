@@ -49,7 +49,7 @@ from andrea.deps import (
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
-from andrea.routes.checkpoints import gone_meanwhile, link_parent
+from andrea.routes.run_files import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
 from andrea.run_info import abandoned_message, checkpoint_info, public_run
 from andrea.run_sweep import expire_later

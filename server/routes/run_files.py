@@ -1,0 +1,45 @@
+"""What the routes that write a run's files share (checkpoint and weights uploads, a branch's
+linked checkpoint): the HTTP answer for a refused checkpoint or a full disk, and the run's folder
+when the run is deleted meanwhile. A module of its own, so that no route imports another."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+from fastapi import HTTPException
+
+from andrea.checkpoints import CheckpointError, CheckpointStore, disk_error
+from andrea.fanout import Fanout
+from andrea.paths import run_dir
+
+
+def http_error(e: Exception) -> HTTPException | None:
+    """The HTTP answer for a refused checkpoint or a full disk; None: a real server error."""
+    if isinstance(e, CheckpointError):
+        return HTTPException(e.status, str(e))
+    refused = disk_error(e) if isinstance(e, OSError) else None
+    return HTTPException(refused.status, str(refused)) if refused else None
+
+
+async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
+    """404, the run's folder removed again (an upload that began after the delete made it
+    anew), when the run was deleted while `what` was uploaded. Under the run's lock: a delete
+    takes it too, so a run that is there now stays there until the upload is committed."""
+    if await store.run(store.get_run, run_id) is not None:
+        return
+    await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
+    raise HTTPException(404, f"run {run_id} was deleted during the upload of its {what}; "
+                             "nothing was stored")
+
+
+async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, step: int,
+                      run_id: str) -> None:
+    """A branch's files: the parent's checkpoint `step` becomes the new run's (hard links),
+    under the parent's lock so a prune cannot take it meanwhile."""
+    async with fanout.run_lock(parent_id):
+        try:
+            await asyncio.to_thread(ckpts.link, parent_id, step, run_id)
+        except (CheckpointError, OSError) as e:
+            await asyncio.to_thread(ckpts.remove_run, run_id)
+            raise http_error(e) or e
