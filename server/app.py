@@ -24,7 +24,7 @@ from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings, host_of
 from andrea.data import wire
 from andrea.data.hub import DataHub
-from andrea.data.runs import RunRegistry
+from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
 from andrea.limits import BodyLimits, ReadBudget
 from andrea.origin_check import OriginCheck

@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 from andrea.checkpoints import CheckpointStore
 from andrea.config import LOOPBACK_HOSTS, Settings, host_of
 from andrea.data.hub import DataHub
-from andrea.data.runs import RunRegistry
+from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
 from andrea.quotas import MessageRates, RateLimiter
 from andrea.storage import StorageBudget

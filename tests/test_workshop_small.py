@@ -28,7 +28,7 @@ from andrea.model import run_layout
 from andrea.paths import run_dir
 from andrea.shown import BIDI_CONTROLS, shown_text
 from andrea.store import Store
-from andrea.store.runs import BRANCH_PAGE
+from andrea.store.run_rows import BRANCH_PAGE
 from andrea.uvicorn_limits import MAX_HEAD_BYTES
 from tests.test_checkpoints import digests, folder, headers, state
 from tests.test_workshop_limits import answer, connect, head, new_run, read_all

@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 
 from andrea.app import create_app
 from andrea.config import Settings
-from andrea.data.runs import MAX_WAITING
+from andrea.data.run_registry import MAX_WAITING
 from andrea.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.store import Store

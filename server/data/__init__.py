@@ -9,5 +9,5 @@
     bandit.py     phases of 7-42 steps and the per-source weights learned from loss progress
     batches.py    one run's batch: weights + windows + wire record
     wire.py       the binary body (header layout documented there and in README.md)
-    runs.py       run_id -> BatchSpec (+ bandit), restored from the runs store
+    run_registry.py  run_id -> BatchSpec (+ bandit), restored from the runs store
 """

@@ -33,7 +33,7 @@ from andrea.data import wire
 from andrea.data.bandit import NotReady, SourceBandit
 from andrea.data.batches import CorpusMismatch, make_batch
 from andrea.data.hub import DataHub, PreparedCorpus
-from andrea.data.runs import MAX_REPORT_LAG, MAX_WAITING, RunRegistry
+from andrea.data.run_registry import MAX_REPORT_LAG, MAX_WAITING, RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token

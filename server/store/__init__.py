@@ -14,7 +14,7 @@ StoreUnavailable with the reason and the path or URL (API: 503; trainer: close 1
 
   engine.py   connections, transactions, the store's threads, StoreUnavailable
   schema.py   the tables; creating them, and migrating an older database
-  runs.py     run rows: create, read, list, rename, delete, status, tokens, resume, branch
+  run_rows.py run rows: create, read, list, rename, delete, status, tokens, resume, branch
   summary.py  the run summary on the run's row: updated with each batch, recomputed
   metrics.py  step records: batches, the group commit, pages
   events.py   samples, phases, resumes
@@ -31,7 +31,7 @@ from andrea.store.engine import (
 )
 from andrea.store.events import Events
 from andrea.store.metrics import GROUP_COMMIT_MAX, Metrics
-from andrea.store.runs import Runs
+from andrea.store.run_rows import Runs
 from andrea.store.schema import COUNTERS, EVENTS, META, METRICS, REVOKED, RUNS, Schema
 
 __all__ = ["COUNTERS", "EVENTS", "GROUP_COMMIT_MAX", "META", "METRICS", "PG_WORKERS", "REVOKED",

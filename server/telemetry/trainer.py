@@ -15,7 +15,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from andrea.broker import BrokerUnavailable
 from andrea.data.hub import DataHub
-from andrea.data.runs import RunRegistry, source_index, sources_text
+from andrea.data.run_registry import RunRegistry, source_index, sources_text
 from andrea.deps import (
     REVOKED,
     DataDep,
@@ -87,7 +87,7 @@ def _check_steps(steps: int, *values: int | None) -> None:
 class _RunSources:
     """Which source_losses keys a run's records may carry: the corpus indices of the run's
     sources (its `sources`, every corpus source by default). Checked before a record is
-    committed, since a bandit replays the committed records (data/runs.py)."""
+    committed, since a bandit replays the committed records (data/run_registry.py)."""
 
     def __init__(self, data: DataHub, config: dict):
         self.data, self.picked = data, config.get("sources")
