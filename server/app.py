@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from andrea import __version__, run_sweep, telemetry
+from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
 from andrea.auth import TOKEN_STORAGE_PREFIX
 from andrea.broker import BrokerUnavailable, RedisBroker
@@ -30,6 +30,8 @@ from andrea.limits import BodyLimits, ReadBudget
 from andrea.origin_check import OriginCheck
 from andrea.quotas import MessageRates, RateLimiter
 from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
+from andrea.runs import sweep
+from andrea.runs.lifecycle import RunBusy
 from andrea.shown import shown_text
 from andrea.storage import StorageBudget
 from andrea.store import Store, StoreUnavailable
@@ -71,13 +73,13 @@ async def _lifespan(app: FastAPI):
     settings, store = app.state.settings, app.state.store
     # Branches a killed server left half-copied: every one when this process is the only one
     # (its own SQLite file); else those whose copy stopped moving, now and in the sweep below.
-    await run_sweep.drop_unfinished_branches(
+    await sweep.drop_unfinished_branches(
         store, settings.data_dir,
-        time.time() - run_sweep.BRANCH_STALE_S if settings.shares_store else None)
+        time.time() - sweep.BRANCH_STALE_S if settings.shares_store else None)
     await _recover_checkpoints(store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # Runs that never started: those left from before a restart now, then every few seconds.
-    await run_sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
+    await sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
                            settings.data_dir if settings.shares_store else None)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
@@ -95,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(BrokerUnavailable, _store_unavailable)
+    app.add_exception_handler(RunBusy, _run_busy)
     # Text (pages, modules, shaders, JSON) is gzipped; binary bodies are not (NOT_GZIPPED).
     # JSON reads paced per client address (limits.ReadBudget), inside gzip: counted as sent.
     app.add_middleware(ReadBudget, bytes_per_s=settings.read_bytes_per_s)
@@ -177,6 +180,11 @@ async def _store_unavailable(request: Request,
     """A full disk, a read-only data dir, a database or broker out of reach: 503 with the
     reason (it names the file or the URL)."""
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "10"})
+
+
+async def _run_busy(request: Request, exc: RunBusy) -> JSONResponse:
+    """A delete or resume while a trainer is at the run: 409 with what to do."""
+    return JSONResponse({"detail": str(exc)}, status_code=409)
 
 
 class HostCheck:

@@ -1,7 +1,7 @@
 """Live runs: which viewer sockets watch a run, which runs have their trainer socket (THE
 registry of "connected": telemetry, can_resume and resume all ask here), the per-run lock
 that orders trainer hellos, resumes, branches and checkpoint commits, and the watchdog tasks
-that mark a run interrupted when its trainer stays away (telemetry/lifecycle.py).
+that mark a run interrupted when its trainer stays away (runs/lifecycle.py).
 
 A published message is encoded to JSON once and the same text is queued for every viewer;
 each viewer's queue is bounded in bytes: one that falls further behind is dropped at once (its

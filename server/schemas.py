@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from andrea.run_config import StoredRunConfig
-from andrea.run_info import RunStatus
+from andrea.runs.info import RunStatus
 
 
 class _Open(BaseModel):

@@ -15,7 +15,7 @@ from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
 from andrea.model import SHAPE_FIELDS
 from andrea.run_config import RunConfig
-from andrea.run_info import ENDED, EXPLAINED, RunStatus
+from andrea.runs.info import ENDED, EXPLAINED, RunStatus
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "static" / "js" / "app"

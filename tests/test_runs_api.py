@@ -526,9 +526,9 @@ def test_reading_runs_never_writes_and_the_sweep_stores_what_reads_show(tmp_path
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from andrea import run_sweep
     from andrea.app import create_app
     from andrea.config import Settings
+    from andrea.runs import sweep as run_sweep
 
     settings = Settings(data_dir=tmp_path / "data")
 

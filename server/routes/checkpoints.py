@@ -51,11 +51,11 @@ from andrea.deps import (
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
 from andrea.routes.run_files import gone_meanwhile, http_error
-from andrea.run_info import RESUMABLE
+from andrea.runs.info import RESUMABLE
+from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
 from andrea.storage import Reservation
 from andrea.store import StoreUnavailable
-from andrea.telemetry.lifecycle import current_run, no_trainer, watch_resumed
 
 router = APIRouter(prefix="/api", tags=["checkpoints"])
 log = logging.getLogger("andrea.checkpoints")

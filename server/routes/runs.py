@@ -51,11 +51,11 @@ from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
 from andrea.routes.run_files import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
-from andrea.run_info import abandoned_message, checkpoint_info, public_run
-from andrea.run_sweep import expire_later
+from andrea.runs.info import abandoned_message, checkpoint_info, public_run
+from andrea.runs.lifecycle import no_trainer, publish_run
+from andrea.runs.sweep import expire_later
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
 from andrea.storage import estimated_run_bytes, mib
-from andrea.telemetry.lifecycle import no_trainer, publish_run
 
 router = APIRouter(prefix="/api", tags=["runs"])
 log = logging.getLogger("andrea.runs")
@@ -199,8 +199,8 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
 
 
 def _read(run: dict, fanout, grace_s: float) -> dict:
-    """The run as GET /api/runs and GET /api/runs/{id} show it (run_info.public_run). One that
-    run_sweep.expire is about to make `abandoned` (created more than `grace_s` ago, no step
+    """The run as GET /api/runs and GET /api/runs/{id} show it (runs/info.py public_run). One that
+    runs/sweep.py expire is about to make `abandoned` (created more than `grace_s` ago, no step
     recorded, no checkpoint, no trainer) reads `abandoned` already, with the message it will be
     stored with: a read never writes."""
     connected = fanout.has_trainer(run["id"])

@@ -42,7 +42,7 @@ from andrea.data.batches import make_batch
 from andrea.deps import DataDep, FanoutDep, RunDep, RunsDep, SettingsDep, StoreDep
 from andrea.model import run_layout
 from andrea.quotas import app_state
-from andrea.run_info import ENDED
+from andrea.runs.info import ENDED
 
 router = APIRouter(prefix="/api", tags=["runs"])
 

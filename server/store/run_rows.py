@@ -222,7 +222,7 @@ class Runs:
     # pages (SQLite: every call is its own job on the store's one thread); the row, marked
     # `copying_from`, is listed once the last transaction finds the parent unchanged. A process
     # killed mid-copy leaves it marked: never listed (nor in the list's total), dropped by the app
-    # (unfinished_branches; run_sweep.py drop_unfinished_branches).
+    # (unfinished_branches; runs/sweep.py drop_unfinished_branches).
     def create_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
                       step: int, name: str | None = None) -> str | None:
         """The branch, made on the calling thread. Returns why not (the parent unknown,

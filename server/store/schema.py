@@ -36,7 +36,7 @@ RUNS = Table(
     Column("updated_at", Double, nullable=False),
     Column("config", Text, nullable=False),             # JSON: the validated run config
     Column("token_sha256", Text, nullable=False),       # the trainer's write token, hashed
-    Column("status", Text, nullable=False),             # run_info.RunStatus
+    Column("status", Text, nullable=False),             # runs/info.py RunStatus
     Column("message", Text),                            # why it failed or stopped
     Column("adapter", Text),                            # JSON: the trainer's GPU adapter
     Column("checkpoint_step", BigInteger),              # the newest committed checkpoint

@@ -1,12 +1,11 @@
 """Websocket telemetry: the training tab streams step records (metrics.Record); the server
 validates them, commits them to the store (SQLite or PostgreSQL), acks, and fans what it
-committed out to read-only viewers.
+committed out to read-only viewers. A run's life around its trainer (telling viewers what the
+run is now, marking it interrupted when its tab goes away) is the runs package's (runs/).
 
   protocol.py      the wire protocol: messages, parsing, size limits, close codes
   trainer.py       the trainer socket, /ws/runs/{id}
   viewer.py        the viewer socket, /ws/runs/{id}/watch
-  lifecycle.py     a run's life around its trainer, shared with the routes: telling viewers
-                   what the run is now, marking it interrupted when its tab goes away
   uvicorn_shim.py  the one place that reaches into uvicorn's private websocket internals
 """
 

@@ -59,7 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from andrea.config import Settings, host_of
 from andrea.metrics import Record, Step
-from andrea.run_info import TrainerStatus
+from andrea.runs.info import TrainerStatus
 from andrea.telemetry.uvicorn_shim import abort, limit_frames
 
 # One metrics batch (UTF-8 bytes; a record: ~200 B + its lists). Parsing a message holds the

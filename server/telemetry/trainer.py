@@ -4,7 +4,7 @@ committed to the run's viewers (fanout.py); status changes and samples likewise.
 is paced by its bytes (quotas.MessageRates: per run and per client address) and, before it is
 committed, checked against the storage budget (storage.py: the data dir's floor, the run's
 max_run_bytes; past either the socket is closed protocol.STORAGE_BUDGET). When it goes,
-lifecycle.py marks the run interrupted if no trainer comes back within the grace period."""
+runs/lifecycle.py marks the run interrupted if no trainer comes back within the grace period."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from andrea.deps import (
 )
 from andrea.metrics import Record
 from andrea.quotas import SampleQuota, TokenBucket, sample_bytes
-from andrea.run_info import public_run
+from andrea.runs.info import public_run
+from andrea.runs.lifecycle import publish_run, watch_trainer_gone
 from andrea.storage import FLOOR, RUN_BYTES, RunBytes, StorageFull, message_bytes, stored_run_bytes
 from andrea.store import StoreUnavailable
-from andrea.telemetry.lifecycle import publish_run, watch_trainer_gone
 from andrea.telemetry.protocol import (
     MAX_MESSAGE_BYTES,
     RECORDS_PER_MESSAGE,

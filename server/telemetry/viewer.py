@@ -24,7 +24,7 @@ from andrea.config import Settings
 from andrea.deps import FanoutDep, SettingsDep, StoreDep
 from andrea.fanout import Fanout, Outgoing, Viewer
 from andrea.quotas import ClientSlots, RateLimiter, TokenBucket, app_state
-from andrea.run_info import public_run
+from andrea.runs.info import public_run
 from andrea.store import Store, StoreUnavailable
 from andrea.telemetry.protocol import (
     VIEWER_MESSAGE_BYTES,

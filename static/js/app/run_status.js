@@ -1,9 +1,9 @@
 // What a run's state is, in the words the runs list and the run page show. The stored status is
 // what the trainer last reported; whether a training tab holds the run now (the API's
-// `connected`, server/run_info.py) decides whether a `running` run is really running. No DOM:
+// `connected`, server/runs/info.py) decides whether a `running` run is really running. No DOM:
 // tests/js/run_status.test.mjs runs it under Node.
 
-// The server's lists (server/run_info.py RunStatus, ENDED, EXPLAINED; tests/test_page_facts.py
+// The server's lists (server/runs/info.py RunStatus, ENDED, EXPLAINED; tests/test_page_facts.py
 // holds them equal). Every status a run can have:
 export const RUN_STATUSES = ['created', 'running', 'paused', 'finished', 'stopped', 'failed',
   'interrupted', 'abandoned'];

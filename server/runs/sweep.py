@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from andrea.paths import run_dir
-from andrea.run_info import abandoned_message
-from andrea.telemetry.lifecycle import publish_run
+from andrea.runs.info import abandoned_message
+from andrea.runs.lifecycle import publish_run
 
 log = logging.getLogger("andrea.runs")
 

@@ -1,8 +1,9 @@
 """A run's life around its trainer: telling its viewers what the run is now (publish_run), the
 watchdogs that mark it interrupted when its training tab goes away for good, or when the tab
 that resumed it never comes, and the lock under which a run is changed only while no trainer
-holds it (resume, delete). The trainer socket (trainer.py) and the routes
-(routes/checkpoints.py, routes/runs.py) share these; none of it is a socket's."""
+holds it (resume, delete). The trainer socket (telemetry/trainer.py) and the routes
+(routes/checkpoints.py, routes/runs.py) share these; none of it is HTTP's or a socket's: a busy
+run raises RunBusy, which the app answers 409 (app.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import HTTPException
-
 from andrea.broker import BrokerUnavailable
 from andrea.fanout import Fanout
-from andrea.run_info import public_run
+from andrea.runs.info import public_run
 from andrea.store import Store
 
 ABANDONED = "the training tab went away before the run ended"
 
 
+class RunBusy(Exception):
+    """A change that needs the run free of trainers, while one is connected (API: 409)."""
+
+
 async def current_run(store: Store, fanout: Fanout, run_id: str) -> dict | None:
-    """The run as the API and its viewers see it now (run_info.public_run); None once it is
+    """The run as the API and its viewers see it now (info.public_run); None once it is
     gone."""
     run = await store.run(store.get_run, run_id)
     return None if run is None else public_run(run, fanout.has_trainer(run_id))
@@ -41,11 +44,11 @@ async def publish_run(store: Store, fanout: Fanout, run_id: str, **extra) -> dic
 @asynccontextmanager
 async def no_trainer(fanout: Fanout, run_id: str, busy: str) -> AsyncIterator[None]:
     """The run's lock (no hello, resume, delete or checkpoint commit in between, on any
-    process), held only while no trainer is connected to the run anywhere: 409 `busy` when
-    one is."""
+    process), held only while no trainer is connected to the run anywhere: RunBusy(`busy`)
+    when one is."""
     async with fanout.run_lock(run_id):
         if await fanout.trainer_anywhere(run_id):
-            raise HTTPException(409, busy)
+            raise RunBusy(busy)
         yield
 
 
