@@ -20,7 +20,6 @@ import asyncio
 import logging
 import secrets
 import shutil
-import time
 from typing import Annotated
 from urllib.parse import quote
 
@@ -51,7 +50,7 @@ from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
 from andrea.routes.run_files import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
-from andrea.runs.info import abandoned_message, checkpoint_info, public_run
+from andrea.runs.info import checkpoint_info, read_run
 from andrea.runs.lifecycle import no_trainer, publish_run
 from andrea.runs.sweep import expire_later
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
@@ -198,18 +197,6 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
         raise
 
 
-def _read(run: dict, fanout, grace_s: float) -> dict:
-    """The run as GET /api/runs and GET /api/runs/{id} show it (runs/info.py public_run). One that
-    runs/sweep.py expire is about to make `abandoned` (created more than `grace_s` ago, no step
-    recorded, no checkpoint, no trainer) reads `abandoned` already, with the message it will be
-    stored with: a read never writes."""
-    connected = fanout.has_trainer(run["id"])
-    if (run["status"] == "created" and not connected and run["last_step"] is None
-            and run["checkpoint_step"] is None and run["updated_at"] < time.time() - grace_s):
-        run = {**run, "status": "abandoned", "message": abandoned_message(grace_s)}
-    return public_run(run, connected)
-
-
 # GET /api/runs: runs per page by default, and at most.
 RUNS_PAGE, RUNS_PAGE_MAX = 100, 500
 
@@ -245,13 +232,13 @@ async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
     if len(rows) == limit:
         response.headers["Link"] = (f"</api/runs?limit={limit}&before="
                                     f"{quote(_cursor(rows[-1]), safe='')}>; rel=\"next\"")
-    return [_read(r, fanout, settings.start_grace_s) for r in rows]
+    return [read_run(r, fanout.has_trainer(r["id"]), settings.start_grace_s) for r in rows]
 
 
 @router.get("/runs/{run_id}")
 async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
                   fanout: FanoutDep) -> RunDetail:
-    return {**_read(run, fanout, settings.start_grace_s),
+    return {**read_run(run, fanout.has_trainer(run["id"]), settings.start_grace_s),
             "samples": await store.run(store.events, run["id"], "sample", SAMPLES_SHOWN),
             "has_weights": weights_path(settings.data_dir, run["id"]).exists()}
 

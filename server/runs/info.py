@@ -2,6 +2,7 @@
 from its config (parameters, optimizer state bytes, checkpoint sections) and whether it can be
 resumed now, so pages and the CLI need not work it out."""
 
+import time
 from typing import Literal
 
 from andrea import checkpoints
@@ -61,3 +62,14 @@ def public_run(run: dict, connected: bool) -> dict:
             "checkpoint": checkpoint_info(cfg, last),
             "connected": connected,
             "can_resume": (not connected and run["status"] in RESUMABLE and last is not None)}
+
+
+def read_run(run: dict, connected: bool, grace_s: float) -> dict:
+    """The run as GET /api/runs and GET /api/runs/{id} show it (public_run). One that
+    sweep.expire is about to make `abandoned` (created more than `grace_s` ago, no step
+    recorded, no checkpoint, no trainer: store.abandon_stale's rule) reads `abandoned` already,
+    with the message it will be stored with: a read never writes."""
+    if (run["status"] == "created" and not connected and run["last_step"] is None
+            and run["checkpoint_step"] is None and run["updated_at"] < time.time() - grace_s):
+        run = {**run, "status": "abandoned", "message": abandoned_message(grace_s)}
+    return public_run(run, connected)

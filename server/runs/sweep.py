@@ -22,7 +22,7 @@ async def expire(store, fanout, grace_s: float) -> None:
     """Runs `created` more than `grace_s` ago that no trainer ever started become `abandoned`
     (shown as "never started"), and their viewers are told. Once the grace period of each new
     run has passed (expire_later), and by the app's sweep (expire_runs). Never on a read:
-    reads show such a run as it is about to be stored (_read)."""
+    reads show such a run as it is about to be stored (info.read_run)."""
     for run_id in await store.run(store.abandon_stale, time.time() - grace_s,
                                   fanout.connected_runs(), abandoned_message(grace_s)):
         await publish_run(store, fanout, run_id)
