@@ -16,7 +16,7 @@ def _interrupted(signum, frame) -> None:
 
 def _signals_end_the_run() -> None:
     """A SIGINT, SIGTERM or SIGHUP ends the run as Ctrl-C does, its teardown included: the
-    servers the tests started (andrea.launch: in their own sessions, out of the signal's reach)
+    servers the tests started (andrea.cli.launch: in their own sessions, out of the signal's reach)
     are stopped by it, or at exit. A run started with SIGINT ignored (a script's background job:
     bash ignores it there, and scripts/test's `exec` keeps that) heard no SIGINT at all; a
     SIGTERM or SIGHUP (the terminal closed) killed it before any teardown. A SIGHUP ignored on

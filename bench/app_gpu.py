@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from andrea.chromium import CHROMIUM, webgpu_args
-from andrea.launch import served
+from andrea.cli.chromium import CHROMIUM, webgpu_args
+from andrea.cli.launch import served
 
 RUNS = [("12m", 32, "adamw"), ("12m", 32, "adamw_8bit"), ("120m", 8, "adamw"),
         ("120m", 8, "adamw_8bit")]

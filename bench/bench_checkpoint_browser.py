@@ -9,7 +9,7 @@ import argparse
 import httpx
 from playwright.sync_api import sync_playwright
 
-from andrea.auth import token_init_script
+from andrea.web.auth import token_init_script
 from bench.browser import BROWSER_ARGS, CHROMIUM, served
 
 

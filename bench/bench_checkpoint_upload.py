@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from andrea.launch import served  # noqa: E402
+from andrea.cli.launch import served  # noqa: E402
 
 
 def upload(client: httpx.Client, run: dict, step: int, body: bytes, chunk: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from andrea.launch import served  # noqa: F401  (bench scripts import it from here)
+from andrea.cli.launch import served  # noqa: F401  (bench scripts import it from here)
 from tests.browser import BROWSER_ARGS, CHROMIUM
 
 

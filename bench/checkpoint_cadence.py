@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from andrea.launch import served
+from andrea.cli.launch import served
 
 ENGINE = Path(__file__).resolve().parents[1] / "static/js/engine/checkpoint.js"
 

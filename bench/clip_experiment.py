@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from andrea.launch import served
+from andrea.cli.launch import served
 
 MODES = ("global", "per_tensor", "off")
 

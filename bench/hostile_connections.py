@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 
 
 def rss_mib(pid: int) -> float:

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
 
 ENV = {"ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_METRICS_RATE_PER_S": "1000000"}

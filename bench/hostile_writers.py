@@ -41,7 +41,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
 from bench.hostile_workers import record
 

@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))           # load_client
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))    # andrea, from a checkout
 import load_clients  # noqa: E402
 
-from andrea.launch import start_server, stop_server  # noqa: E402
+from andrea.cli.launch import start_server, stop_server  # noqa: E402
 
 HEADER = ("| trainers/viewers | server CPU % mean/max | ack ms p50/p99/max "
           "| viewer lag ms p50/p99/max | sent | stored | lost store+viewer | duplicated "

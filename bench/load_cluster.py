@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andrea.launch import start_server, stop_server  # noqa: E402
+from andrea.cli.launch import start_server, stop_server  # noqa: E402
 from tests import pg  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from andrea.chromium import CHROMIUM, QUIET, SWIFTSHADER
-from andrea.launch import served
+from andrea.cli.chromium import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.cli.launch import served
 
 OUT = Path(__file__).with_name("run-page.png")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from andrea.chromium import CHROMIUM, QUIET, SWIFTSHADER
-from andrea.launch import served
+from andrea.cli.chromium import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.cli.launch import served
 from e2e.planted_corpus import TRAIN_ARGS, greek_share, write_planted_corpus
 
 OUT = Path(__file__).with_name("spike-anatomy.png")

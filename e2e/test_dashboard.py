@@ -13,7 +13,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 
 STEPS = 40
 SHOTS = Path(os.environ.get("ANDREA_SHOTS", "/tmp/shots"))

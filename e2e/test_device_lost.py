@@ -14,7 +14,7 @@ import sys
 
 import httpx
 
-from andrea.auth import token_init_script
+from andrea.web.auth import token_init_script
 from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER
 
 # On a GPU the tiny model's steps take a millisecond or two: a longer run, so that the crash
@@ -83,7 +83,8 @@ def test_a_lost_device_stops_the_run_resumably_and_the_page_resumes_it(playwrigh
 # `andrea train` whose browser's GPU process crashes once, after the step-EVERY checkpoint.
 CRASHING_TRAIN = """
 import sys
-from andrea import chromium, cli
+from andrea.cli import chromium
+from andrea.cli import main as cli
 watch = chromium.Chromium._watch
 crashed = []
 def crashing_watch(self, page, errors, timeout, tick, *rest):

@@ -63,7 +63,7 @@ def test_cli_fails_without_a_webgpu_adapter_before_creating_a_run(live_server, t
 
     import httpx
 
-    from andrea.chromium import CHROMIUM
+    from andrea.cli.chromium import CHROMIUM
 
     wrapper = tmp_path / "chromium-without-webgpu"
     wrapper.write_text(NO_WEBGPU)
@@ -107,7 +107,7 @@ def test_cli_fails_fast_when_a_module_is_missing(tmp_path):
     import time
     import urllib.request
 
-    from andrea.launch import free_port
+    from andrea.cli.launch import free_port
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", BROKEN_SERVER, str(port), str(tmp_path)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from andrea.auth import token_init_script
+from andrea.web.auth import token_init_script
 from tests.browser import GPU_BROWSER
 
 # On a GPU browser (ANDREA_GPU_BROWSER=1) the adapter may well have them: these are SwiftShader's.

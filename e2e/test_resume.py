@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from andrea.auth import token_init_script
+from andrea.web.auth import token_init_script
 from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER, QUIET_FLAGS
 
 # A GPU runs the tiny model's 60 steps before the browser could be killed at step 25: longer there.
@@ -198,7 +198,7 @@ def test_a_resume_link_takes_the_runs_token_to_another_browser(playwright, tmp_p
     without it is told why it may not."""
     from websockets.sync.client import connect
 
-    from andrea.launch import start_server, stop_server
+    from andrea.cli.launch import start_server, stop_server
 
     proc, url = start_server(tmp_path / "data", env={"ANDREA_ALLOWED_HOSTS": "workshop.lan"})
     port = url.rsplit(":", 1)[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 
 RUNS = 105      # a page (100) and a few more
 

@@ -8,8 +8,8 @@ import sqlite3
 import time
 import urllib.request
 
-from andrea.auth import token_init_script
-from andrea.launch import free_port, start_server, stop_server
+from andrea.cli.launch import free_port, start_server, stop_server
+from andrea.web.auth import token_init_script
 
 STEPS = 40
 OUTAGE_S = 65       # past the ~56 s after which the page used to give a batch up

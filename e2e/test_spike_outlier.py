@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from e2e.planted_corpus import TRAIN_ARGS, greek_share, write_planted_corpus
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from andrea.auth import token_init_script
+from andrea.web.auth import token_init_script
 
 STEPS = 30
 TIMEOUT = 300_000

@@ -1,3 +1,3 @@
-from andrea.cli import main
+from andrea.cli.main import main
 
 raise SystemExit(main())

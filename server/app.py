@@ -18,7 +18,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
-from andrea.auth import TOKEN_STORAGE_PREFIX
 from andrea.broker import BrokerUnavailable, RedisBroker
 from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings, host_of
@@ -26,15 +25,16 @@ from andrea.data import wire
 from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
-from andrea.limits import BodyLimits, ReadBudget
-from andrea.origin_check import OriginCheck
-from andrea.quotas import MessageRates, RateLimiter
 from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
 from andrea.runs import sweep
 from andrea.runs.lifecycle import RunBusy
 from andrea.shown import shown_text
 from andrea.storage import StorageBudget
 from andrea.store import Store, StoreUnavailable
+from andrea.web.auth import TOKEN_STORAGE_PREFIX
+from andrea.web.limits import BodyLimits, ReadBudget
+from andrea.web.origin_check import OriginCheck
+from andrea.web.quotas import MessageRates, RateLimiter
 
 # Media types never gzipped: Starlette's own list (images, archives, event streams, ...) and this
 # server's binary bodies, not worth the CPU: checkpoints and weights (octet-stream), and batches

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-# The same Chromium and flags as `andrea train` (server/chromium.py).
-from andrea.chromium import CHROMIUM, QUIET, webgpu_args
-from andrea.launch import served
+# The same Chromium and flags as `andrea train` (server/cli/chromium.py).
+from andrea.cli.chromium import CHROMIUM, QUIET, webgpu_args
+from andrea.cli.launch import served
 
 QUIET_FLAGS = QUIET
 # ANDREA_GPU_BROWSER=1: on a machine with a real GPU, the flags of `andrea train --gpu`.

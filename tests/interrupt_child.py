@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 
 
 def test_child_serves_until_stopped(tmp_path):

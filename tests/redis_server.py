@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 
-from andrea.launch import free_port
+from andrea.cli.launch import free_port
 
 INSTALL = "apt-get install redis-server"
 

@@ -11,7 +11,7 @@ import logging
 import httpx
 import pytest
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from tests.redis_server import INSTALL, redis_binary, redis_server
 
 

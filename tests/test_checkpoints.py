@@ -21,12 +21,12 @@ from websockets.sync.client import connect
 
 from andrea import checkpoints
 from andrea.app import create_app
-from andrea.cli import main
-from andrea.deps import REVOKED
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
+from andrea.cli.main import main
 from andrea.model import PRESETS, build_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
 from andrea.run_config import form_fields
+from andrea.web.deps import REVOKED
 from tests.conftest import LocalClient
 
 # ---- helpers ---------------------------------------------------------------------------------

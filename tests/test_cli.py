@@ -96,7 +96,7 @@ def test_train_flags_cover_every_run_config_field():
 def test_train_takes_the_clip_mode_and_refuses_another():
     import argparse
 
-    from andrea.train_args import add_train_arguments, run_config
+    from andrea.cli.train_args import add_train_arguments, run_config
 
     out = " ".join(andrea("train", "--help").stdout.split())
     assert "--clip-mode {global,per_tensor,off}" in out and "--clip " not in out
@@ -114,7 +114,7 @@ def test_train_takes_the_clip_mode_and_refuses_another():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A server of this module's own, so "no run was created" can be checked against it."""
-    from andrea.launch import served
+    from andrea.cli.launch import served
 
     with served(tmp_path_factory.mktemp("cli-data")) as url:
         yield url
@@ -175,7 +175,7 @@ def test_train_without_the_browser_in_plain_mode_is_one_line_too(server):
 
 
 def test_the_default_browser_missing_names_apt_and_andrea_chromium(monkeypatch):
-    from andrea import chromium
+    from andrea.cli import chromium
 
     monkeypatch.delenv("ANDREA_CHROMIUM", raising=False)
     monkeypatch.setattr(chromium, "DEFAULT_CHROMIUM", "/nonexistent/chromium")
@@ -217,7 +217,7 @@ def test_train_with_playwright_broken(server, tmp_path):
 
 
 def test_the_same_error_seen_twice_is_said_once():
-    from andrea.train_output import one_reason
+    from andrea.cli.train_output import one_reason
 
     why = "this GPU cannot run it: the logits activation needs 2048 MiB at batch 64 x 1024"
     assert one_reason([f"page error: {why}", f"Cannot train here: {why}", None]) == \
@@ -233,7 +233,7 @@ def test_the_same_error_seen_twice_is_said_once():
 
 
 class PageThatCannotTrain:
-    """Stands in for andrea.chromium.Chromium: the browser starts and has an adapter, but the
+    """Stands in for andrea.cli.chromium.Chromium: the browser starts and has an adapter, but the
     page fails before the run's first step, as on a GPU that cannot hold the run."""
     gpu = False
     path = "/usr/bin/chromium"
@@ -265,7 +265,8 @@ class PageThatCannotTrain:
 
 
 def train_in_process(monkeypatch, capsys, fake, *args) -> tuple[int, dict, str]:
-    from andrea import cli, headless
+    from andrea.cli import headless
+    from andrea.cli import main as cli
 
     monkeypatch.setattr(headless, "Chromium", fake)
     code = cli.main(["train", *args, "--json"])
@@ -295,7 +296,7 @@ def test_a_failure_after_the_run_exists_is_one_line_and_fails_the_run(server, mo
                                                                         capsys, raised, said):
     import httpx
 
-    from andrea.chromium import BrowserError
+    from andrea.cli.chromium import BrowserError
 
     class Failing(PageThatCannotTrain):
         drive_raises = BrowserError("the browser went away: Target crashed") \
@@ -344,7 +345,7 @@ def test_the_resume_link_of_a_server_that_stops_with_the_command_says_so(
     parse. With --server (or a server already on the data dir) the link outlives the command."""
     import shlex
 
-    from andrea.cli import build_parser
+    from andrea.cli.main import build_parser
 
     data = tmp_path / "my data"
     code, result, err = train_in_process(monkeypatch, capsys, PageThatCannotTrain,
@@ -368,7 +369,7 @@ def test_a_resumed_run_that_never_trained_stays_resumable(server):
     # Failed is final; a resumed run keeps its checkpoint, so it is marked stopped instead.
     import httpx
 
-    from andrea.headless import _settle_untrained
+    from andrea.cli.headless import _settle_untrained
 
     run = httpx.post(f"{server}/api/runs", json={"preset": "tiny", "steps": 2}).json()
     result = {"run_id": run["id"], "server": server}
@@ -378,8 +379,8 @@ def test_a_resumed_run_that_never_trained_stays_resumable(server):
 
 
 def test_the_http_client_words_fastapi_errors_and_a_server_that_does_not_answer(server):
-    """One client for `andrea train` and `andrea export --server` (andrea.http_client)."""
-    from andrea import http_client
+    """One client for `andrea train` and `andrea export --server` (andrea.cli.http_client)."""
+    from andrea.cli import http_client
 
     with pytest.raises(http_client.ServerError) as e:
         http_client.request("GET", f"{server}/api/runs/nope")
@@ -401,7 +402,7 @@ def test_the_server_andrea_train_starts_is_not_shadowed_by_the_working_directory
     """Before: `cd ~ && andrea train ...` with a checkout cloned into ~/andrea: the server it
     started with `python -m andrea` imported that folder ("cannot import name '__version__'
     from 'andrea' (unknown location)")."""
-    from andrea.launch import start_server, stop_server
+    from andrea.cli.launch import start_server, stop_server
 
     (tmp_path / "andrea" / "server").mkdir(parents=True)    # a checkout: no andrea/__init__.py
     monkeypatch.chdir(tmp_path)
@@ -418,9 +419,9 @@ def test_one_server_per_data_dir_and_andrea_train_uses_the_one_there(tmp_path):
     is refused, naming the first; `andrea train` without --server trains on the first."""
     import argparse
 
+    from andrea.cli.headless import _start_server
+    from andrea.cli.launch import free_port, start_server, stop_server
     from andrea.data_dir_lock import holder
-    from andrea.headless import _start_server
-    from andrea.launch import free_port, start_server, stop_server
 
     data = tmp_path / "data"
     assert holder(data) is None
@@ -444,7 +445,7 @@ def test_one_server_per_data_dir_and_andrea_train_uses_the_one_there(tmp_path):
 
 
 def test_a_server_bound_to_every_address_says_to_open_a_real_one():
-    from andrea.cli import open_url
+    from andrea.cli.main import open_url
     assert open_url("0.0.0.0", 8000) == "http://127.0.0.1:8000/"     # it printed 0.0.0.0
     assert open_url("::", 8000) == "http://127.0.0.1:8000/"
     assert open_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from andrea.auth import token_hash
 from andrea.run_config import RunConfig
 from andrea.store import Store
+from andrea.web.auth import token_hash
 
 
 @pytest.mark.parametrize("given,mode", [

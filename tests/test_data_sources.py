@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.cli import main
+from andrea.cli.main import main
 from andrea.data.sources import (
     TOKENIZER_SAMPLE_CHARS,
     CorpusError,
@@ -227,8 +227,8 @@ def test_serve_only_corpus_exposes_only_the_users_sources(tmp_path):
     them. The embedded sources are never read (the server starts without them)."""
     import urllib.request
 
+    from andrea.cli.launch import free_port, stop_server
     from andrea.data import wire
-    from andrea.launch import free_port, stop_server
 
     notes, letters = user_corpus(tmp_path / "notes"), user_corpus(tmp_path / "letters", "letters")
     port, data = free_port(), tmp_path / "data"

@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from andrea.app import create_app
-from andrea.cli import main
+from andrea.cli.launch import start_server, stop_server
+from andrea.cli.main import main
 from andrea.config import Settings
-from andrea.launch import start_server, stop_server
 from andrea.store import Store
 
 STEPS = [  # what the card reports: steps done, the last loss, the last and the best eval loss
@@ -278,6 +278,6 @@ def test_export_without_out_writes_a_folder_named_after_the_run(run, export_data
     assert main(["export", run["id"], *data]) == 0
     assert files(tmp_path / "empty" / run["id"]) == files(exported)
     assert main(["export", run["id"], "--out", str(tmp_path / run["id"]), *data]) == 0   # given
-    from andrea.export_command import default_out
+    from andrea.cli.export_command import default_out
     assert default_out(run["id"], None) == Path(run["id"])
     assert default_out(run["id"], 7) == Path(f"{run['id']}-step7")

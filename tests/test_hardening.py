@@ -19,7 +19,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS
 
 # ---- helpers ---------------------------------------------------------------------------------

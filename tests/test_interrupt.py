@@ -48,7 +48,7 @@ def kill_if_running(pid: int | None) -> None:
 def test_a_server_its_caller_did_not_stop_stops_when_the_caller_exits(tmp_path):
     """The caller ends without stop_server (here a KeyboardInterrupt past everything, as a
     second Ctrl-C during a test run's teardown): its server stops with its interpreter."""
-    code = (f"from pathlib import Path\nfrom andrea.launch import start_server\n"
+    code = (f"from pathlib import Path\nfrom andrea.cli.launch import start_server\n"
             f"proc, url = start_server(Path({str(tmp_path / 'data')!r}))\n"
             f"print(proc.pid, flush=True)\nraise KeyboardInterrupt\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

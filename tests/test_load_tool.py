@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 
 TOOL = Path(__file__).resolve().parent.parent / "bench" / "load.py"
 

@@ -21,9 +21,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from andrea.cli.launch import free_port, start_server, stop_server
 from andrea.data.bandit import PhaseSchedule
 from andrea.data.spec import BatchSpec
-from andrea.launch import free_port, start_server, stop_server
 from tests.redis_server import INSTALL, redis_binary, redis_server
 from tests.test_hardening import new_run, record, ws_url
 from tests.trainer_client import send_records

@@ -10,12 +10,12 @@ import typing
 from pathlib import Path
 
 from andrea import schemas
-from andrea.auth import TOKEN_STORAGE_PREFIX, token_init_script
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
 from andrea.model import SHAPE_FIELDS
 from andrea.run_config import RunConfig
 from andrea.runs.info import ENDED, EXPLAINED, RunStatus
+from andrea.web.auth import TOKEN_STORAGE_PREFIX, token_init_script
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "static" / "js" / "app"

@@ -14,9 +14,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from andrea.cli.train_args import add_train_arguments, run_config
 from andrea.model_card import optimizer_text
 from andrea.spikes import find_spikes
-from andrea.train_args import add_train_arguments, run_config
 from tests.test_telemetry import hello, metrics, new_run, record, send_metrics, ws_url
 
 

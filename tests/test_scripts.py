@@ -42,7 +42,7 @@ def test_a_python_without_venv_gets_a_one_line_hint(tmp_path):
 def test_serve_reuses_the_environment_and_serves(tmp_path):
     """In the environment scripts/test made (its stamp matches): no install, and the app is
     served on the port given."""
-    from andrea.launch import free_port
+    from andrea.cli.launch import free_port
 
     port = free_port()
     proc = subprocess.Popen(

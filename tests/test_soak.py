@@ -14,7 +14,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.launch import free_port, start_server, stop_server
+from andrea.cli.launch import free_port, start_server, stop_server
 from tests.test_hardening import raw_ws, record, rss_mib
 from tests.trainer_client import send_records
 

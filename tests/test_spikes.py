@@ -140,7 +140,7 @@ def test_the_spikes_route_names_each_outlier_rows_source_and_text(client):
 
 
 def test_andrea_train_prints_a_spike_in_one_line():
-    from andrea.train_output import spike_line
+    from andrea.cli.train_output import spike_line
 
     (s,) = find_spikes(run({50: {"grad_norm": 7.0, "loss": 5.0, "row_losses": [4.0, 9.5],
                                  "phase": 2}, 49: {"phase": 1}}))
@@ -153,7 +153,7 @@ def test_andrea_train_prints_a_spike_in_one_line():
 
 
 def test_the_spike_line_names_the_layer_tensor_and_numerical_flags():
-    from andrea.train_output import spike_line
+    from andrea.cli.train_output import spike_line
 
     names = ["model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight",
              "model.norm.weight"]

@@ -2,7 +2,7 @@
 (cli.py: uvicorn.Config's defaults, `ws="auto"`, with and without per-message deflate). The shim
 itself degrades to doing nothing when uvicorn's internals change under it; these tests fail
 instead: the protocol object behind `receive`, its `conn.max_message_size` and `transport`.
-And andrea.uvicorn_limits: the transport behind an HTTP request's `receive`, and its subclass of
+And andrea.web.uvicorn_limits: the transport behind an HTTP request's `receive`, and its subclass of
 uvicorn's HTTP protocol (the hooks it overrides: heads, keep-alive, upgrade, per-client cap)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from andrea.config import Settings
 from andrea.telemetry.uvicorn_shim import abort, limit_frames, protocol_of
-from andrea.uvicorn_limits import bound_to, transport_of
+from andrea.web.uvicorn_limits import bound_to, transport_of
 from tests.aio import run
 
 LIMIT = 1000

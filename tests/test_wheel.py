@@ -51,7 +51,7 @@ def test_wheel_carries_the_app_files(wheel_venv):
 
 
 def test_installed_wheel_serves_from_any_folder(wheel_venv, tmp_path):
-    from andrea.launch import free_port
+    from andrea.cli.launch import free_port
 
     port = free_port()
     elsewhere = tmp_path / "elsewhere"

@@ -17,10 +17,10 @@ from starlette.requests import Request
 from websockets.sync.client import connect
 
 from andrea.app import create_app
-from andrea.cli import _with_admin_token
+from andrea.cli.launch import start_server, stop_server
+from andrea.cli.main import _with_admin_token
 from andrea.config import Settings
-from andrea.deps import NO_TOKEN, REVOKED, WRONG_TOKEN, request_is_local
-from andrea.launch import start_server, stop_server
+from andrea.web.deps import NO_TOKEN, REVOKED, WRONG_TOKEN, request_is_local
 from tests.conftest import LOCAL
 from tests.test_checkpoints import headers, record, state
 
@@ -336,8 +336,8 @@ def test_serve_makes_an_operator_token_when_other_machines_can_reach_it(tmp_path
 
 
 def test_andrea_train_takes_a_runs_token_and_prints_its_resume_link(monkeypatch):
-    from andrea.cli import build_parser
-    from andrea.headless import resume_link
+    from andrea.cli.headless import resume_link
+    from andrea.cli.main import build_parser
 
     args = build_parser().parse_args(["train", "--resume", "abc", "--token", "t0k"])
     assert (args.resume, args.token) == ("abc", "t0k")

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.paths import run_dir
 from tests.test_checkpoints import digests, folder, headers, state

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from andrea.deps import NO_TOKEN
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
+from andrea.web.deps import NO_TOKEN
 from tests.test_workshop_auth import (
     ADMIN,
     bearer,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
 from tests import aio
 from tests.test_hardening import hello, record, ws_url

@@ -34,10 +34,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.cli import main
-from andrea.launch import start_server, stop_server
-from andrea.quotas import ClientSlots, RateLimiter
+from andrea.cli.launch import start_server, stop_server
+from andrea.cli.main import main
 from andrea.routes.spikes import HEADER, Spikes
+from andrea.web.quotas import ClientSlots, RateLimiter
 from tests.test_hardening import expect_close, fill, hello, new_run, record, rss_mib, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------

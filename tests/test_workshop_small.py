@@ -22,14 +22,14 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from andrea.cli.launch import start_server, stop_server
 from andrea.data import wire
-from andrea.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.paths import run_dir
 from andrea.shown import BIDI_CONTROLS, shown_text
 from andrea.store import Store
 from andrea.store.run_rows import BRANCH_PAGE
-from andrea.uvicorn_limits import MAX_HEAD_BYTES
+from andrea.web.uvicorn_limits import MAX_HEAD_BYTES
 from tests.test_checkpoints import digests, folder, headers, state
 from tests.test_workshop_limits import answer, connect, head, new_run, read_all
 

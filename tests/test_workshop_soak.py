@@ -18,7 +18,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from tests.test_hardening import new_run, record, rss_mib, ws_url
 from tests.trainer_client import send_records
 

@@ -31,9 +31,8 @@ from fastapi import HTTPException
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.launch import start_server, stop_server
+from andrea.cli.launch import start_server, stop_server
 from andrea.metrics import Record
-from andrea.quotas import MessageRates
 from andrea.storage import (
     FLOOR,
     RUN_BYTES,
@@ -44,6 +43,7 @@ from andrea.storage import (
 )
 from andrea.store import Store
 from andrea.telemetry.protocol import MAX_MESSAGE_BYTES, STORAGE_BUDGET
+from andrea.web.quotas import MessageRates
 from tests import aio
 from tests.fake_disk.sitecustomize import _used as files_bytes
 from tests.test_hardening import hello, record, ws_url

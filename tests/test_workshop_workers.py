@@ -21,9 +21,9 @@ from fastapi.testclient import TestClient
 from websockets.sync.client import connect
 
 from andrea.app import create_app
+from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from andrea.data.run_registry import MAX_WAITING
-from andrea.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.store import Store
 from tests import aio

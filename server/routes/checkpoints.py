@@ -23,7 +23,6 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from andrea import checkpoints
-from andrea.auth import new_token, token_hash
 from andrea.checkpoints import (
     READ_BYTES,
     CheckpointError,
@@ -33,7 +32,16 @@ from andrea.checkpoints import (
     parse_digests,
 )
 from andrea.data.batches import corpus_mismatch
-from andrea.deps import (
+from andrea.model import model_name, run_layout
+from andrea.optim import checkpoint_sections
+from andrea.routes.run_files import gone_meanwhile, http_error
+from andrea.runs.info import RESUMABLE
+from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
+from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
+from andrea.storage import Reservation
+from andrea.store import StoreUnavailable
+from andrea.web.auth import new_token, token_hash
+from andrea.web.deps import (
     CheckpointsDep,
     DataDep,
     FanoutDep,
@@ -48,14 +56,6 @@ from andrea.deps import (
     bearer,
     check_write_token,
 )
-from andrea.model import model_name, run_layout
-from andrea.optim import checkpoint_sections
-from andrea.routes.run_files import gone_meanwhile, http_error
-from andrea.runs.info import RESUMABLE
-from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
-from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
-from andrea.storage import Reservation
-from andrea.store import StoreUnavailable
 
 router = APIRouter(prefix="/api", tags=["checkpoints"])
 log = logging.getLogger("andrea.checkpoints")

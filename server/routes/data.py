@@ -36,10 +36,10 @@ from andrea.data.hub import DataHub, PreparedCorpus
 from andrea.data.run_registry import MAX_REPORT_LAG, MAX_WAITING, RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
-from andrea.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token
 from andrea.model import PRESETS, VOCAB_SIZES
 from andrea.run_config import RunConfig
 from andrea.schemas import CorpusInfo, LossesTaken, RunData, TokenizerInfo
+from andrea.web.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token
 
 router = APIRouter(prefix="/api", tags=["data"])
 

@@ -17,7 +17,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from andrea.deps import RunDep, SettingsDep, StoreDep, get_existing_run
 from andrea.export import (
     export_files,
     safetensors_stream,
@@ -27,7 +26,8 @@ from andrea.export import (
 )
 from andrea.metrics import COLUMNS, StoredRecord
 from andrea.model import run_layout
-from andrea.quotas import ClientSlots, app_state
+from andrea.web.deps import RunDep, SettingsDep, StoreDep, get_existing_run
+from andrea.web.quotas import ClientSlots, app_state
 
 router = APIRouter(prefix="/api", tags=["runs"])
 

@@ -6,9 +6,9 @@ from fastapi.responses import HTMLResponse
 from andrea import schemas
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
-from andrea.deps import StoreDep, TemplatesDep
 from andrea.model import SHAPE_FIELDS
 from andrea.run_config import form_fields
+from andrea.web.deps import StoreDep, TemplatesDep
 
 router = APIRouter(default_response_class=HTMLResponse, include_in_schema=False)
 

@@ -27,9 +27,19 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from andrea.auth import new_token, token_hash
 from andrea.data.spec import BatchSpec
-from andrea.deps import (
+from andrea.model import model_name, run_layout, run_model
+from andrea.optim import optimizer_memory
+from andrea.paths import run_dir, weights_path
+from andrea.routes.run_files import gone_meanwhile, link_parent
+from andrea.run_config import RunConfig
+from andrea.runs.info import checkpoint_info, read_run
+from andrea.runs.lifecycle import no_trainer, publish_run
+from andrea.runs.sweep import expire_later
+from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
+from andrea.storage import estimated_run_bytes, mib
+from andrea.web.auth import new_token, token_hash
+from andrea.web.deps import (
     CheckpointsDep,
     DataDep,
     FanoutDep,
@@ -45,16 +55,6 @@ from andrea.deps import (
     bearer,
     check_write_token,
 )
-from andrea.model import model_name, run_layout, run_model
-from andrea.optim import optimizer_memory
-from andrea.paths import run_dir, weights_path
-from andrea.routes.run_files import gone_meanwhile, link_parent
-from andrea.run_config import RunConfig
-from andrea.runs.info import checkpoint_info, read_run
-from andrea.runs.lifecycle import no_trainer, publish_run
-from andrea.runs.sweep import expire_later
-from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
-from andrea.storage import estimated_run_bytes, mib
 
 router = APIRouter(prefix="/api", tags=["runs"])
 log = logging.getLogger("andrea.runs")

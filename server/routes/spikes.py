@@ -39,10 +39,10 @@ from andrea import spike_anatomy as anatomy
 from andrea import spikes as rule
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
-from andrea.deps import DataDep, FanoutDep, RunDep, RunsDep, SettingsDep, StoreDep
 from andrea.model import run_layout
-from andrea.quotas import app_state
 from andrea.runs.info import ENDED
+from andrea.web.deps import DataDep, FanoutDep, RunDep, RunsDep, SettingsDep, StoreDep
+from andrea.web.quotas import app_state
 
 router = APIRouter(prefix="/api", tags=["runs"])
 

@@ -16,18 +16,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from andrea.broker import BrokerUnavailable
 from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry, source_index, sources_text
-from andrea.deps import (
-    REVOKED,
-    DataDep,
-    FanoutDep,
-    MessageRatesDep,
-    RunsDep,
-    SettingsDep,
-    StorageDep,
-    StoreDep,
-)
 from andrea.metrics import Record
-from andrea.quotas import SampleQuota, TokenBucket, sample_bytes
 from andrea.runs.info import public_run
 from andrea.runs.lifecycle import publish_run, watch_trainer_gone
 from andrea.storage import FLOOR, RUN_BYTES, RunBytes, StorageFull, message_bytes, stored_run_bytes
@@ -49,6 +38,17 @@ from andrea.telemetry.protocol import (
     receive_sized,
 )
 from andrea.telemetry.record_checks import check_precision, check_rows, check_tensors, tensor_count
+from andrea.web.deps import (
+    REVOKED,
+    DataDep,
+    FanoutDep,
+    MessageRatesDep,
+    RunsDep,
+    SettingsDep,
+    StorageDep,
+    StoreDep,
+)
+from andrea.web.quotas import SampleQuota, TokenBucket, sample_bytes
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()

@@ -21,9 +21,7 @@ import weakref
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from andrea.config import Settings
-from andrea.deps import FanoutDep, SettingsDep, StoreDep
 from andrea.fanout import Fanout, Outgoing, Viewer
-from andrea.quotas import ClientSlots, RateLimiter, TokenBucket, app_state
 from andrea.runs.info import public_run
 from andrea.store import Store, StoreUnavailable
 from andrea.telemetry.protocol import (
@@ -36,6 +34,8 @@ from andrea.telemetry.protocol import (
     receive,
 )
 from andrea.telemetry.uvicorn_shim import abort
+from andrea.web.deps import FanoutDep, SettingsDep, StoreDep
+from andrea.web.quotas import ClientSlots, RateLimiter, TokenBucket, app_state
 
 router = APIRouter()
 

@@ -115,8 +115,8 @@ export const MAX_BACKOFF_MS = 8000;
 // ---- the run's write token ------------------------------------------------------------------
 // The tab that creates (or resumes, or branches) a run keeps its token in sessionStorage, never
 // in a URL; the run page trains the run when it finds it. The key's prefix is the server's
-// (server/auth.py TOKEN_STORAGE_PREFIX, written on every page by templates/base.html), so the
-// browser drivers (server/chromium.py, the e2e tests) hand a token over the same way.
+// (server/web/auth.py TOKEN_STORAGE_PREFIX, written on every page by templates/base.html), so the
+// browser drivers (server/cli/chromium.py, the e2e tests) hand a token over the same way.
 
 /** sessionStorage key of `runId`'s token. */
 export function tokenKey(runId) {
@@ -154,7 +154,7 @@ export function heldToken(runId) {
 
 /** fetch() options `init` with `Authorization: Bearer` of the token this tab holds for
  *  `runId`, if any: a server other machines reach asks for it to change the run
- *  (server/deps.py authorize); without one the request goes as it is, and a refusal says why. */
+ *  (server/web/deps.py authorize); without one the request goes as it is, and a refusal says why. */
 export function withToken(runId, init = {}) {
   const token = heldToken(runId);
   if (token === null) return init;

@@ -104,7 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         return _serve_workers(settings, sock, args.workers)
     from andrea.app import quiet_batch_fetches
-    from andrea.uvicorn_limits import bound_to
+    from andrea.web.uvicorn_limits import bound_to
     server = uvicorn.Server(uvicorn.Config(app, log_level="info",
                                            ws_per_message_deflate=settings.ws_compression,
                                            http=bound_to(settings), **_connection_limits(settings)))
@@ -131,7 +131,7 @@ def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int
     # (The protocol class by name: each worker reads the settings from ANDREA_*, set above.)
     config = uvicorn.Config("andrea.app:create_app", factory=True, workers=workers,
                             log_level="info", ws_per_message_deflate=settings.ws_compression,
-                            http="andrea.uvicorn_limits:LimitedHTTPProtocol",
+                            http="andrea.web.uvicorn_limits:LimitedHTTPProtocol",
                             **_connection_limits(settings))
     Multiprocess(config, sockets=[sock]).run()
     return 0
@@ -141,7 +141,7 @@ def _connection_limits(settings: Settings) -> dict:
     """uvicorn's own bounds (the header timeout and the per-client cap are uvicorn_limits.py's):
     503 past max_connections open connections or running requests; 5 s between keep-alive
     requests (uvicorn's default); heads as big as uvicorn_limits allows under h11 too."""
-    from andrea.uvicorn_limits import MAX_HEAD_BYTES
+    from andrea.web.uvicorn_limits import MAX_HEAD_BYTES
     return {"limit_concurrency": settings.max_connections, "timeout_keep_alive": 5,
             "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
@@ -191,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "ANDREA_DATABASE_URL=postgresql://... past one machine)")
     serve.set_defaults(func=_serve)
 
-    from andrea.headless import train
-    from andrea.train_args import BROWSER_HELP, add_train_arguments
+    from andrea.cli.headless import train
+    from andrea.cli.train_args import BROWSER_HELP, add_train_arguments
     tr = sub.add_parser("train", help="train a run in headless Chromium (Playwright)",
                         description="Creates a run with the given config and trains it in "
                                     "headless Chromium, as the run page does in a browser. "
@@ -226,7 +226,8 @@ def _export(args: argparse.Namespace) -> int:
     """Exit 2 for what is not there (the run, its database, its weights, the checkpoint asked
     for) or a default folder already used, as for a wrong command; 1 for what could not be done
     (a server out of reach, a damaged checkpoint, a disk error)."""
-    from andrea import export, export_command
+    from andrea import export
+    from andrea.cli import export_command
 
     try:
         if args.step is not None and args.step < 1:

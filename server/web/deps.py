@@ -18,9 +18,9 @@ from andrea.config import LOOPBACK_HOSTS, Settings, host_of
 from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
-from andrea.quotas import MessageRates, RateLimiter
 from andrea.storage import StorageBudget
 from andrea.store import Store
+from andrea.web.quotas import MessageRates, RateLimiter
 
 
 def _app_state(name: str):

@@ -25,10 +25,10 @@ import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from andrea.quotas import RateLimiter
-from andrea.uvicorn_limits import transport_of
+from andrea.web.quotas import RateLimiter
+from andrea.web.uvicorn_limits import transport_of
 
-log = logging.getLogger("andrea.limits")
+log = logging.getLogger("andrea.web.limits")
 
 # PUT /api/runs/{id}/checkpoints/{step} and PUT /api/runs/{id}/weights.
 SIZED_UPLOADS = re.compile(r"/api/runs/[^/]+/(checkpoints/[^/]+|weights)")

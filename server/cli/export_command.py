@@ -73,7 +73,7 @@ def fetch_export(server: str, run_id: str, out: Path | None, step: int | None = 
 
 
 def _http_get(url: str, run_id: str, server: str, into=None) -> None:
-    from andrea import http_client
+    from andrea.cli import http_client
 
     try:
         http_client.request("GET", url, timeout=600, into=into)

@@ -22,7 +22,7 @@ import threading
 import urllib.parse
 from typing import Callable
 
-from andrea.auth import token_init_script
+from andrea.web.auth import token_init_script
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 

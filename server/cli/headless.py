@@ -1,9 +1,9 @@
 """`andrea train`: run the training page in headless Chromium through Playwright, so a run can be
 scripted or done on a GPU server without a desktop. Same page, same engine, same telemetry.
 This module is the command: it checks, creates the run (new, resumed or branched), has the page
-train it and settles what it left; andrea.train_args holds its arguments, andrea.train_output
-what it says, andrea.http_client its calls to the server, and andrea.chromium finds, launches
-and checks the browser and drives the page.
+train it and settles what it left; train_args.py holds its arguments, train_output.py what it
+says, http_client.py its calls to the server, and chromium.py finds, launches and checks the
+browser and drives the page.
 
 It never ends in a traceback: every failure is one line on stderr ("andrea train: <reason>") and,
 with `--json`, one JSON object on stdout (ok false, an `error` field). Exit 2: a config the
@@ -22,10 +22,10 @@ import json
 import time
 from pathlib import Path
 
-from andrea import http_client
 from andrea.checkpoints import newest_usable
-from andrea.chromium import BrowserError, Chromium, drive_result
-from andrea.train_args import (
+from andrea.cli import http_client
+from andrea.cli.chromium import BrowserError, Chromium, drive_result
+from andrea.cli.train_args import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -33,7 +33,7 @@ from andrea.train_args import (
     run_config,
     run_config_model,
 )
-from andrea.train_output import (
+from andrea.cli.train_output import (
     adapter_name,
     one_reason,
     progress,
@@ -101,16 +101,16 @@ def train(args: argparse.Namespace) -> int:
     finally:
         browser.close()
         if proc is not None:
-            from andrea.launch import stop_server
+            from andrea.cli.launch import stop_server
             stop_server(proc)
     report(args, result)
     return code
 
 
 def _start_server(args, result: dict):
+    from andrea.cli.launch import start_server
     from andrea.config import Settings
     from andrea.data_dir_lock import holder
-    from andrea.launch import start_server
 
     data_dir = args.data_dir or Settings().data_dir
     result["data_dir"] = str(Path(data_dir).resolve())

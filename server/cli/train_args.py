@@ -12,7 +12,7 @@ import types
 import typing
 from pathlib import Path
 
-from andrea.chromium import DEFAULT_CHROMIUM, NO_DOWNLOAD
+from andrea.cli.chromium import DEFAULT_CHROMIUM, NO_DOWNLOAD
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
