@@ -62,7 +62,10 @@ def test_a_server_its_caller_did_not_stop_stops_when_the_caller_exits(tmp_path):
 
 
 def _as_a_background_job() -> None:
+    """A script's background job in a terminal: SIGINT ignored, SIGHUP as a terminal leaves it
+    (this test run may itself run under nohup, which would pass its SIGHUP ignored on)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])

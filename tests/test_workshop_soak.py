@@ -135,7 +135,10 @@ def test_hostile_soak(tmp_path):
         # The corpus is tokenized on the first batch (seconds): done before the attack.
         httpx.get(f"{url}/api/runs/{bandit['id']}/batches/0", timeout=180).raise_for_status()
         base = rss_mib(proc.pid)
-        http = httpx.Client(timeout=30)
+        # Idle connections dropped well before the server's keep-alive timeout (5 s, as
+        # httpx's own default): reusing one the server is closing just then reads no answer
+        # at all (ReadError), a race of the client's, not a refusal.
+        http = httpx.Client(timeout=30, limits=httpx.Limits(keepalive_expiry=1))
         victim = runs[0]["id"]
 
         def takeover():
