@@ -208,6 +208,9 @@ def test_a_short_run_with_the_defaults_ends_with_a_sample_and_an_eval(browser, l
     viewer.goto(f"{live_server}/runs/{run['id']}")
     viewer.wait_for_function("document.getElementById('charts').dataset.steps === '8'")
     assert "eval loss" in viewer.inner_text("#stats")
+    # The watch socket's backlog sends the records, then the samples: wait for those too.
+    viewer.wait_for_function("document.querySelectorAll('#samples [data-step]').length >= 2",
+                             timeout=60_000)
     assert viewer.locator("#samples [data-step]").count() == 2
     viewer.context.close()
     ctx.close()
