@@ -20,6 +20,7 @@ import json
 import torch
 
 from bench.cuda_time import median_ms
+from tests.reference import hf_config
 
 # (label, attention, TF32, bf16 autocast, torch.compile): the headline first (the speed table
 # and current_table.py read "fp32 (TF32 off)"), the parity tests' eager attention last.
@@ -34,13 +35,10 @@ MODES = (
 
 def step_fn(cfg: dict, B: int, T: int, attention: str, autocast: bool, compiled: bool,
             device: str = "cuda"):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from andrea import export
+    from transformers import LlamaForCausalLM
     V = cfg["vocab_size"]
     torch.manual_seed(0)
-    config = LlamaConfig.from_dict(export.hf_config(cfg), attn_implementation=attention)
-    model = LlamaForCausalLM(config).to(device).float()
+    model = LlamaForCausalLM(hf_config(cfg, attention)).to(device).float()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
     forward = torch.compile(model) if compiled else model

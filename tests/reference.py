@@ -10,10 +10,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from andrea import export
 
 
-def hf_config(config: dict) -> LlamaConfig:
+def hf_config(config: dict, attention: str = "eager") -> LlamaConfig:
     """The exported config.json's mapping (andrea.export.hf_config), so the parity tests check
-    it too; eager attention, as the per-kernel references compute it."""
-    return LlamaConfig.from_dict(export.hf_config(config), attn_implementation="eager")
+    it too; eager attention, as the per-kernel references compute it (bench_step_torch.py also
+    times HF's default, "sdpa")."""
+    return LlamaConfig.from_dict(export.hf_config(config), attn_implementation=attention)
 
 
 def hf_model(layout: dict, flat: np.ndarray) -> LlamaForCausalLM:

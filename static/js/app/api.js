@@ -154,7 +154,8 @@ export function heldToken(runId) {
 
 /** fetch() options `init` with `Authorization: Bearer` of the token this tab holds for
  *  `runId`, if any: a server other machines reach asks for it to change the run
- *  (server/web/deps.py authorize); without one the request goes as it is, and a refusal says why. */
+ *  (server/web/deps.py authorize); without one the request goes as it is, and a refusal says
+ *  why. */
 export function withToken(runId, init = {}) {
   const token = heldToken(runId);
   if (token === null) return init;

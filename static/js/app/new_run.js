@@ -142,8 +142,8 @@ function dataBudget(trainTokens, B, T, steps, picked = trainTokens.map(() => tru
   return { tokensPerStep: B * T, total, passes, warn: passes.some((p) => p > PASSES_WARNING) };
 }
 
-// Each form change starts an update whose server answers can arrive in any order (a loaded
-// server answers a quick shape after a slow corpus): only the newest update may draw.
+// Each form change starts an update, and their server answers can arrive in any order (a loaded
+// server answered an in-between shape's layout after the final one's): only the newest draws.
 const turns = { data: 0, memory: 0 };
 
 /** How much data the run sees: tokens per step, in all, and passes over each source. */
