@@ -25,6 +25,7 @@ from andrea.data import wire
 from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
+from andrea.page_facts import page_facts
 from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
 from andrea.runs import sweep
 from andrea.runs.lifecycle import RunBusy
@@ -107,8 +108,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     templates = Jinja2Templates(directory=str(asset_dir("templates")))
     templates.env.globals.update(version=__version__, static_base=f"/static/{version}/",
                                  shader_base=f"/shaders/{version}/",
-                                 run_token_key=TOKEN_STORAGE_PREFIX)
+                                 run_token_key=TOKEN_STORAGE_PREFIX, facts=page_facts())
     templates.env.filters["shown"] = shown_text     # user text: bidi controls neutralised
+    # tojson keeps the order of the facts' tables (the clip modes' order is the experiment's).
+    templates.env.policies["json.dumps_kwargs"] = {"sort_keys": False}
     app.state.templates = templates
     wgsl = "text/plain; charset=utf-8"
     app.mount(f"/static/{version}", CachedFiles(directory=static, cache_control=IMMUTABLE),

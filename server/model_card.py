@@ -14,6 +14,7 @@ from pathlib import Path
 from andrea.data.tokenizer import EOT, EOT_ID
 from andrea.data.tokens import tokens_dir
 from andrea.model import model_name, run_model
+from andrea.run_config import CLIP_MODES
 
 
 def corpus_meta(data_dir: Path, run: dict) -> dict | None:
@@ -40,11 +41,6 @@ def _loss(pair: tuple[int, float] | None) -> str:
     return "not recorded" if pair is None else f"{pair[1]:.4f} (step {pair[0]:,})"
 
 
-# How each clip_mode reads in the card (off: nothing said).
-CLIPPING = {"global": ", gradient clipping at norm {norm:g}",
-            "per_tensor": ", per-tensor gradient clipping at norm {norm:g}"}
-
-
 def optimizer_text(cfg: dict) -> str:
     state = ("8-bit AdamW (block-wise quantized moments, bitsandbytes-style)"
              if cfg["optimizer"] == "adamw_8bit" else "AdamW (fp32 moments)")
@@ -52,7 +48,7 @@ def optimizer_text(cfg: dict) -> str:
     if cfg.get("precision") == "mixed":
         mirror += (", mixed precision (matmuls with f16 operands and f32 accumulation on the "
                    "GPU's matrix units, dynamic loss scaling)")
-    clip = CLIPPING.get(cfg.get("clip_mode", "global"), "").format(norm=cfg["max_norm"])
+    clip = CLIP_MODES[cfg.get("clip_mode", "global")]["card"].format(norm=cfg["max_norm"])
     return (f"{state}{mirror}; betas ({cfg['beta1']:g}, {cfg['beta2']:g}), eps {cfg['eps']:g}, "
             f"weight decay {cfg['weight_decay']:g}{clip}")
 

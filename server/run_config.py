@@ -14,6 +14,24 @@ from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_WARMUP = 20                     # the default warmup: min(MAX_WARMUP, steps // 10)
 
+# Each clip_mode and how it reads wherever it is shown: `choice` the new-run form's option,
+# `label` a run's own clipping on its page ("per tensor, max_norm 1"), `name` a run named or
+# labelled for it (the clipping experiment's runs, /compare's legends), `card` the model card's
+# clause (max_norm as {norm}). The pages get these words from here (page_facts.py).
+# global: the whole gradient's norm clipped to max_norm; per_tensor: each tensor's own (torch's
+# clip_grad_norm_ once per parameter); off.
+CLIP_MODES = {
+    "global": {"choice": "the global grad norm", "label": "global", "name": "clip global",
+               "card": ", gradient clipping at norm {norm:g}"},
+    "per_tensor": {"choice": "each tensor's grad norm", "label": "per tensor",
+                   "name": "clip per tensor",
+                   "card": ", per-tensor gradient clipping at norm {norm:g}"},
+    "off": {"choice": "off", "label": "off", "name": "no clip", "card": ""},
+}
+# The optimizer's hyperparameters with a default here (the engine has none of its own: the
+# trainer passes a run's, the kernels page and the lab these).
+OPTIMIZER_HYPER = ("beta1", "beta2", "eps", "weight_decay", "max_norm", "clip_mode")
+
 
 class Parent(BaseModel):
     """Where a branched run starts: run `run`'s checkpoint after step `step`."""
@@ -57,10 +75,9 @@ class RunConfig(BaseModel):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: Positive = Field(1e-8, le=1.0)
     weight_decay: float = Field(0.1, ge=0, le=1)
-    # global: the whole gradient's norm clipped to max_norm; per_tensor: each tensor's own
-    # (torch's clip_grad_norm_ once per parameter); off. Older clients' and stored runs' `clip`
-    # (true/false) is read as global/off (legacy_clip).
-    clip_mode: Literal["global", "per_tensor", "off"] = Field(
+    # CLIP_MODES above. Older clients' and stored runs' `clip` (true/false) is read as
+    # global/off (legacy_clip).
+    clip_mode: Literal[tuple(CLIP_MODES)] = Field(                   # type: ignore[valid-type]
         "global", description="global: the whole gradient's norm; per_tensor: each tensor's own")
     max_norm: Positive = Field(1.0, le=1e6)
     seed: int = Field(0, ge=0, lt=2**31)

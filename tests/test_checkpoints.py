@@ -348,7 +348,7 @@ def test_a_revoked_token_is_refused_with_its_reason(client):
                       headers=headers(run["token"])).json()["detail"] == REVOKED
     with client.websocket_connect(f"/ws/runs/{run['id']}") as ws:
         ws.send_json({"type": "hello", "token": run["token"]})
-        assert ws.receive_json() == {"type": "error", "message": REVOKED}
+        assert ws.receive_json() == {"type": "error", "message": REVOKED, "kind": "revoked"}
         assert ws.receive()["code"] == 1008
     assert put(client, run, 5, state(run), token=new).status_code == 201
 
@@ -369,7 +369,7 @@ def test_one_trainer_per_run_and_no_resume_under_it(live):
         with connect(ws_url) as second:
             second.send(json.dumps({"type": "hello", "token": run["token"]}))
             assert json.loads(second.recv(timeout=10)) == {
-                "type": "error", "message": "another trainer holds this run"}
+                "type": "error", "message": "another trainer holds this run", "kind": "busy"}
             with pytest.raises(ConnectionClosed) as e:
                 second.recv(timeout=10)
             assert e.value.rcvd.code == 1008

@@ -9,10 +9,11 @@ import re
 import typing
 from pathlib import Path
 
-from andrea import schemas
+from andrea import model_card, schemas
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
 from andrea.model import SHAPE_FIELDS
+from andrea.page_facts import page_facts
 from andrea.run_config import RunConfig
 from andrea.runs.info import ENDED, EXPLAINED, RunStatus
 from andrea.web.auth import TOKEN_STORAGE_PREFIX, token_init_script
@@ -22,52 +23,42 @@ APP = REPO / "static" / "js" / "app"
 ENGINE = REPO / "static" / "js" / "engine"
 
 
-def _js_list(source: str, name: str) -> list[str]:
-    """The strings of `export const NAME = [...]` in a module's source."""
-    m = re.search(rf"export const {name} = \[(.*?)\];", source, re.S)
-    assert m, f"no list {name}"
-    return re.findall(r"'([^']*)'", m.group(1))
+def _page_facts(html: str) -> dict:
+    """The facts a page was rendered with (templates/base.html: <script id="andrea-facts">)."""
+    m = re.search(r'<script type="application/json" id="andrea-facts">(.*?)</script>', html, re.S)
+    assert m, "no page facts"
+    return json.loads(m.group(1))
 
 
-def test_run_status_lists_are_the_servers():
-    src = (APP / "run_status.js").read_text()
-    assert _js_list(src, "RUN_STATUSES") == list(typing.get_args(RunStatus))
-    assert _js_list(src, "ENDED") == list(ENDED)
-    assert _js_list(src, "EXPLAINED") == list(EXPLAINED)
+def test_the_facts_are_the_servers_own():
+    facts = page_facts()
+    assert facts["statuses"] == {"all": list(typing.get_args(RunStatus)), "ended": list(ENDED),
+                                 "explained": list(EXPLAINED)}
     assert set(ENDED) <= set(typing.get_args(RunStatus)) >= set(EXPLAINED)
+    clip = RunConfig.model_fields["clip_mode"]
+    assert list(facts["clip_modes"]) == list(typing.get_args(clip.annotation))
+    assert clip.default in facts["clip_modes"]
+    fields = RunConfig.model_fields
+    assert facts["optimizer_defaults"] == {k: fields[k].default for k in (
+        "beta1", "beta2", "eps", "weight_decay", "max_norm", "clip_mode")}
+    # The model card says a run's clipping from the same table.
+    cfg = {**facts["optimizer_defaults"], "optimizer": "adamw", "clip_mode": "per_tensor",
+           "max_norm": 0.5}
+    assert model_card.optimizer_text(cfg).endswith(", per-tensor gradient clipping at norm 0.5")
 
 
-VALUE = r"('[^']*'|[\w.+-]+)"    # a JS literal: a number, true/false/null, a '...' string
-
-
-def _js_value(text: str):
-    return text[1:-1] if text.startswith("'") else json.loads(text)
-
-
-def _js_defaults(params: str) -> dict:
-    """The `name = literal` defaults of a JS parameter list; one may pick between two strings
-    by an earlier one (`clip_mode = clip ? 'global' : 'off'`)."""
-    out = {}
-    for name, cond, yes, no, literal in re.findall(
-            rf"(\w+) = (?:(\w+) \? ('[^']*') : ('[^']*')|{VALUE})", params):
-        out[name] = _js_value((yes if out[cond] else no) if cond else literal)
-    return out
-
-
-def test_optimizer_defaults_are_run_configs():
-    want = {k: RunConfig.model_fields[k].default
-            for k in ("beta1", "beta2", "eps", "weight_decay", "max_norm", "clip_mode")}
-    src = (ENGINE / "optimizer_hyper.js").read_text()
-    hyper = re.search(r"export const defaultHyper = \(\) => \(\{(.*?)\}\);", src, re.S).group(1)
-    got = {k: _js_value(v) for k, v in re.findall(rf"(\w+): {VALUE}", hyper)}
-    assert got == want
-    modes = re.search(r"export const CLIP_MODES = \{(.*?)\};", src).group(1)
-    assert sorted(re.findall(r"(\w+):", modes)) == \
-        sorted(typing.get_args(RunConfig.model_fields["clip_mode"].annotation))
-    lab = (ENGINE / "lab_optimizer.js").read_text()
-    params = re.search(r"async optimizerSteps\(\{(.*?)\}\)", lab, re.S).group(1)
-    got = {k: v for k, v in _js_defaults(params).items() if k in want}
-    assert got == want
+def test_every_page_is_rendered_with_the_facts(client):
+    run = client.post("/api/runs", json={"preset": "tiny"}).json()
+    for path in ["/", f"/runs/{run['id']}", "/runs", "/compare", "/kernels", "/lab",
+                 "/diagnostics", "/runs/no-such-run"]:
+        facts = _page_facts(client.get(path).text)
+        assert facts == page_facts(), path
+        assert list(facts["clip_modes"]) == list(page_facts()["clip_modes"])   # in order
+    # The form's clipping choices are in the facts' words.
+    html = client.get("/").text
+    for mode, words in page_facts()["clip_modes"].items():
+        assert re.search(rf'<option value="{mode}"[^>]*>{re.escape(words["choice"])}</option>',
+                         html.replace("&#39;", "'")), mode
 
 
 def test_pages_are_rendered_with_the_servers_facts(client):
@@ -109,6 +100,14 @@ def test_no_page_keeps_its_own_copy():
         for path in (REPO / folder).rglob("*.py"):
             if path.name not in ("auth.py", "test_page_facts.py"):
                 assert "andrea.run." not in path.read_text(), path
+    # Statuses, clip modes' words and the optimizer's defaults come from the page facts.
+    for folder in (APP, ENGINE):
+        for path in folder.glob("*.js"):
+            src = path.read_text()
+            # (the lists' tails: a trainer's own states may name some statuses)
+            assert not re.search(r"'interrupted',\s*'abandoned'|'failed',\s*'interrupted'", src), path
+            assert "clip per tensor" not in src and "max_norm: 1.0" not in src, path
+            assert not re.search(r"beta2(: | = )0\.95", src), path
     new_run = (APP / "new_run.js").read_text()
     assert not re.search(r"PASSES_WARNING = \d", new_run) and "'n_layer'" not in new_run
     assert "7-42" not in (REPO / "templates" / "index.html").read_text()

@@ -126,12 +126,20 @@ TrainerMessage = TypeAdapter(Annotated[Union[Metrics, Status, Sample, Ping, Hell
 ViewerMessage = TypeAdapter(Annotated[Union[From, Ping], Field(discriminator="type")])
 
 
-class ProtocolError(Exception):
-    """Closes the socket with `code`, after an error message that says why."""
+# What a refusal is, where a client acts on it: the error message's `kind` (its text is for
+# people). A trainer's page retries `busy` a few times (its own previous socket may hold the run
+# for a moment after a network drop) and takes every other 1008 or 1003 as final.
+BUSY = "busy"               # another trainer holds the run
+REVOKED_TOKEN = "revoked"   # the run was resumed elsewhere: this token is void
 
-    def __init__(self, code: int, message: str):
+
+class ProtocolError(Exception):
+    """Closes the socket with `code`, after an error message that says why (with its `kind`,
+    where a client acts on it)."""
+
+    def __init__(self, code: int, message: str, kind: str | None = None):
         super().__init__(message)
-        self.code = code
+        self.code, self.kind = code, kind
 
 
 async def accept(ws: WebSocket, settings: Settings, max_bytes: int) -> bool:

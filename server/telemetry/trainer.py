@@ -22,8 +22,10 @@ from andrea.runs.lifecycle import publish_run, watch_trainer_gone
 from andrea.storage import FLOOR, RUN_BYTES, RunBytes, StorageFull, message_bytes, stored_run_bytes
 from andrea.store import StoreUnavailable
 from andrea.telemetry.protocol import (
+    BUSY,
     MAX_MESSAGE_BYTES,
     RECORDS_PER_MESSAGE,
+    REVOKED_TOKEN,
     STORAGE_BUDGET,
     TRAINER_FRAME_BYTES,
     Hello,
@@ -134,11 +136,11 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             if verdict is None:
                 raise ProtocolError(1008, f"unknown run {run_id!r}")
             if verdict == "revoked":
-                raise ProtocolError(1008, REVOKED)
+                raise ProtocolError(1008, REVOKED, REVOKED_TOKEN)
             if verdict != "ok":
                 raise ProtocolError(1008, "wrong token for this run")
             if not await fanout.claim_trainer(run_id):
-                raise ProtocolError(1008, "another trainer holds this run")
+                raise ProtocolError(1008, "another trainer holds this run", BUSY)
             connected = True
         run = await store.run(store.get_run, run_id)
         if run["status"] in ("running", "paused"):
@@ -229,7 +231,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             else:
                 raise ProtocolError(1008, "hello may only be sent once")
     except ProtocolError as e:
-        await close(ws, e.code, str(e))
+        await close(ws, e.code, str(e), kind=e.kind)
     except StorageFull as e:    # nothing of this message stored; the page keeps its unacked
         log.warning("run %s: %s", run_id, e)
         stored = "No records of the run are stored" if committed is None else \

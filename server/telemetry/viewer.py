@@ -241,7 +241,7 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
                 writer.cancel()
                 with contextlib.suppress(BaseException):
                     await writer
-                await close(ws, e.code, str(e), session.timeout)
+                await close(ws, e.code, str(e), session.timeout, kind=e.kind)
             elif isinstance(e, StoreUnavailable):
                 writer.cancel()
                 await close(ws, 1013, str(e), session.timeout)

@@ -24,7 +24,7 @@ CYCLES = """
       await model.lossAndGrads(tokens, tokens, 2, 64);
       await model.logits(tokens.subarray(0, 64), 1, 64);          // a second plan
       const opt = await Optimizer.create(ctx, layout, {variant: variant + '_f16'.repeat(i === 1),
-        W: model.W, G: model.G, maps});
+        W: model.W, G: model.G, maps, hyper: ctx.optimizerDefaults});
       during.push(count());
       opt.destroy();
       model.destroy();

@@ -2,6 +2,7 @@
 // differ only in clip mode, each named and tagged for it so the runs list tells them apart.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import './facts.mjs';
 import { EXPERIMENT_TAG, experimentConfigs, experimentLabels } from '../../static/js/app/clip_experiment.js';
 
 test('the three runs: one per clip mode, the bandit data, the rest the form\'s', () => {

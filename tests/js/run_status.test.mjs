@@ -2,6 +2,7 @@
 // stored status, corrected by whether a training tab holds the run now.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import './facts.mjs';
 import { isTraining, statusLabel, statusNote } from '../../static/js/app/run_status.js';
 
 const run = (status, connected, extra = {}) => ({ status, connected, message: null, can_resume: false, ...extra });

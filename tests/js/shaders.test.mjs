@@ -172,7 +172,8 @@ test('optimizer entry points bind their names, within 8 storage buffers', async 
       unsigned: Array.from({ length: 256 }, (_, i) => i / 255) };
     const ctx = { device, lib, software: false, limits: { maxComputeInvocationsPerWorkgroup: 256,
       maxStorageBufferBindingSize: 2 ** 27, maxStorageBuffersPerShaderStage: 8 } };
-    const opt = await Optimizer.create(ctx, layout, { variant, W: buf('W', 4 * n), G: buf('G', 4 * n), maps });
+    const hyper = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1, clip_mode: 'global' };
+    const opt = await Optimizer.create(ctx, layout, { variant, W: buf('W', 4 * n), G: buf('G', 4 * n), maps, hyper });
     const storage = (p) => p.layout.bindGroupLayouts[0].entries.filter((e) => e.buffer.type !== 'uniform').length;
     const update = made.pipelines.find((p) => p.compute.entryPoint.includes('update'));
     assert.equal(storage(update), opt.storageBuffersNeeded, variant);

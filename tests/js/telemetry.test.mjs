@@ -4,6 +4,7 @@
 // budget used up (4507) keeps the records and tries again slowly.
 import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
+import './facts.mjs';
 import { STORAGE_BUDGET, STORAGE_RETRY_MS, SocketRefused, TrainerSocket } from '../../static/js/app/telemetry.js';
 
 /** A WebSocket the test drives: open(), receive(msg), close(code, reason). */
@@ -117,17 +118,21 @@ test('a dropped connection is retried and its waiters keep waiting', async () =>
   assert.equal(done, true);
 });
 
-test('"another trainer" is retried a few times before it is final', async () => {
+test('"another trainer" (kind busy) is retried a few times before it is final', async () => {
   const { s, ws } = trainerSocket();
   const acked = settled(s.committed(1));
+  const busy = () => {
+    ws().receive({ type: 'error', message: 'another trainer holds this run', kind: 'busy' });
+    ws().close(1008, 'another trainer holds this run');
+  };
   ws().open();
-  ws().close(1008, 'another trainer holds this run');
+  busy();
   await tick();
   assert.equal(s.failed, null);   // this tab's own previous socket may still be counted
   s.busyRetries = 8;              // the retries spent
   s.connect();
   ws().open();
-  ws().close(1008, 'another trainer holds this run');
+  busy();
   const [how, e] = await acked;
   assert.equal(how, 'rejected');
   assert.equal(e.reason, 'another trainer holds this run');

@@ -6,24 +6,23 @@
 // waits for a training tab (compare_train.js). Each run is named and tagged for its clip mode, so
 // the three are told apart (and found together) in the runs list.
 import { fetchJson, jsonBody, resumeLink, saveToken, withToken } from './api.js';
+import { FACTS, clipWords } from './facts.js';
 
-export const CLIP_MODES = ['global', 'per_tensor', 'off'];
-// How a clip mode reads in a run's name (as compare.js labels it) and in its tag.
-export const CLIP_WORDS = { global: 'clip global', per_tensor: 'clip per tensor', off: 'no clip' };
+export const CLIP_MODES = Object.keys(FACTS.clip_modes);
 export const EXPERIMENT_TAG = 'clip-experiment';
 
 /** The three configs: the form's, each with one clip mode, the bandit's data. */
 export const experimentConfigs = (base) => CLIP_MODES.map((clip_mode) => (
   { ...base, clip_mode, data_mode: 'bandit' }));
 
-/** A run's name and tags in the experiment: its clip mode first (where the list's names
- *  differ), then the experiment, its preset and seed ("clip per tensor (clip experiment, tiny,
- *  seed 7)"; tags clip-experiment, clip-per-tensor). */
+/** A run's name and tags in the experiment: its clip mode's name first (where the list's
+ *  names differ; the server's words), then the experiment, its preset and seed (per_tensor:
+ *  "... (clip experiment, tiny, seed 7)"; tags clip-experiment, clip-per-tensor). */
 export function experimentLabels(config) {
   const shared = ['clip experiment', config.preset, config.seed === undefined ? undefined
     : `seed ${config.seed}`].filter((x) => x !== undefined);
   return {
-    name: `${CLIP_WORDS[config.clip_mode]} (${shared.join(', ')})`,
+    name: `${clipWords(config.clip_mode, 'name')} (${shared.join(', ')})`,
     tags: [EXPERIMENT_TAG, `clip-${config.clip_mode.replace('_', '-')}`],
   };
 }

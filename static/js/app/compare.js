@@ -5,8 +5,8 @@
 // still change the page reads them again every REFRESH_MS, and offers the runs made in this tab
 // that wait for a training tab (compare_train.js).
 import { fetchJson } from './api.js';
-import { CLIP_WORDS } from './clip_experiment.js';
 import { COLORS, Chart, DASHES, fmtBytes } from './charts.js';
+import { clipWords } from './facts.js';
 import { LayerOverlay } from './compare_layers.js';
 import { showTrainLinks } from './compare_train.js';
 import { smooth } from './series.js';
@@ -47,7 +47,7 @@ function labeller(found) {
   const clipDiffers = new Set(found.map((r) => r.run.config.clip_mode)).size > 1;
   return (r) => {
     const { name, config } = r.run;
-    const clip = CLIP_WORDS[config.clip_mode] ?? config.clip_mode;
+    const clip = clipWords(config.clip_mode, 'name');
     const says = clipDiffers && !name.includes(clip) ? `, ${clip}` : '';
     return `${shownText(name)} (${config.optimizer}${config.f16_mirror ? ' + f16' : ''}${says})`;
   };

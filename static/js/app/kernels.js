@@ -1,6 +1,7 @@
 // Kernels page: profile one training step on this GPU and read each kernel's WGSL beside its time.
 import { fetchJson } from './api.js';
 import { SHADER_BASE } from './assets.js';
+import { FACTS } from './facts.js';
 import { createContext } from '../engine/context.js';
 import { createModel } from '../engine/model.js';
 import { ENTRY, Optimizer } from '../engine/optimizer.js';
@@ -85,7 +86,8 @@ async function profile(event) {
  *  finalize_grad_stats) and the update, each timed in its own pass (median of 5). */
 async function profileOptimizer(model, variant) {
   const maps = variant.startsWith('adamw_8bit') ? await fetchJson('/api/optimizer/maps') : null;
-  const opt = await Optimizer.create(state.ctx, model.layout, { variant, W: model.W, G: model.G, maps });
+  const opt = await Optimizer.create(state.ctx, model.layout, { variant, W: model.W, G: model.G, maps,
+    hyper: FACTS.optimizer_defaults });
   try {
     opt.setStep(1, 1e-3);
     const median = async (encodeIn) => {

@@ -1,6 +1,7 @@
 // /lab: exposes the engine to tests as window.andrea.lab (see static/js/engine/README.md).
 import { fetchJson, jsonBody } from './api.js';
 import { SHADER_BASE } from './assets.js';
+import { FACTS } from './facts.js';
 import * as b64 from '../engine/b64.js';
 import { createLab } from '../engine/lab.js';
 import { fetchLoader } from '../engine/shaders.js';
@@ -15,7 +16,8 @@ async function getLayout({ preset, config }) {
 }
 
 try {
-  const lab = await createLab({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE), getLayout });
+  const lab = await createLab({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE), getLayout,
+    optimizerDefaults: FACTS.optimizer_defaults });
   window.andrea = { lab, b64 };
   document.getElementById('status').textContent =
     `Lab ready on ${lab.info.adapter.vendor} ${lab.info.adapter.architecture}`;

@@ -3,14 +3,15 @@
 // `connected`, server/runs/info.py) decides whether a `running` run is really running. No DOM:
 // tests/js/run_status.test.mjs runs it under Node.
 
-// The server's lists (server/runs/info.py RunStatus, ENDED, EXPLAINED; tests/test_page_facts.py
-// holds them equal). Every status a run can have:
-export const RUN_STATUSES = ['created', 'running', 'paused', 'finished', 'stopped', 'failed',
-  'interrupted', 'abandoned'];
+import { FACTS } from './facts.js';
+
+// The server's lists (server/runs/info.py RunStatus, ENDED, EXPLAINED, as page_facts.py serves
+// them). Every status a run can have:
+export const RUN_STATUSES = FACTS.statuses.all;
 /** Where training has ended, for now: no trainer is at the run, so no time is left to count. */
-export const ENDED = ['finished', 'stopped', 'failed', 'interrupted'];
+export const ENDED = FACTS.statuses.ended;
 /** The statuses whose `message` says why the run is there. */
-export const EXPLAINED = ['abandoned', 'interrupted', 'stopped', 'failed'];
+export const EXPLAINED = FACTS.statuses.explained;
 
 /** The words for a run's state (`connected`: a training tab holds it now):
  *  - `abandoned`: "never started" (no training tab came within the server's grace period);

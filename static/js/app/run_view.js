@@ -4,6 +4,7 @@
 // rate), each with the run's token when this tab holds it; the run's resume link to copy. The
 // functions that need the page's state take it (run.js).
 import { fetchJson, heldToken, jsonBody, resumeLink, saveToken, withToken } from './api.js';
+import { clipWords } from './facts.js';
 import { fmtBytes, fmtCount, fmtDuration, fmtTokensPerS, fmtValue } from './format.js';
 import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
 import { progress } from './series.js';
@@ -151,9 +152,9 @@ function showProgress(state) {
 
 /** The run's clipping in words: config.clip_mode (the server maps an older run's `clip`). */
 export function clipText(config) {
-  if (config.clip_mode === 'global') return `global, max_norm ${config.max_norm}`;
-  if (config.clip_mode === 'per_tensor') return `per tensor, max_norm ${config.max_norm}`;
-  return config.clip_mode ?? '-';
+  if (config.clip_mode === undefined) return '-';
+  const words = clipWords(config.clip_mode, 'label');
+  return config.clip_mode === 'off' ? words : `${words}, max_norm ${config.max_norm}`;
 }
 
 /** The run as the API or the watch socket says it is (GET /api/runs/{id}, a `run` message). */

@@ -15,10 +15,13 @@
 // good: every promise a caller waits on (committed, sync, and any made later) rejects with a
 // SocketRefused carrying the server's reason, and onState says 'refused'.
 
+import { FACTS } from './facts.js';
+
 const FLUSH_MS = 250;
-/** The trainer socket's close code for "the server's storage budget is used up"
- *  (server/telemetry/protocol.py STORAGE_BUDGET), and how long it waits before trying again. */
-export const STORAGE_BUDGET = 4507;
+/** The trainer socket's close code for "the server's storage budget is used up", and the kind
+ *  of refusal that is retried (server/telemetry/protocol.py STORAGE_BUDGET, BUSY: page facts);
+ *  how long it waits before trying again. */
+export const STORAGE_BUDGET = FACTS.protocol.storage_budget;
 export const STORAGE_RETRY_MS = 30_000;
 const wsUrl = (path) => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${path}`;
 
@@ -38,6 +41,7 @@ export class TrainerSocket {
     Object.assign(this, { runId, token, onState, WS, url });
     this.failed = null;       // a SocketRefused once the server refused this socket for good
     this.lastError = null;    // the server's last error message (sent before it closes)
+    this.lastKind = null;     // ... and its kind, where a client acts on it (protocol.py)
     this.storage = null;      // the server's message while its storage budget is used up
     this.lastStatus = null;   // the last status message sent: sent again after a storage close
     this.unacked = [];        // records in step order, not yet committed
@@ -62,6 +66,7 @@ export class TrainerSocket {
     this.ws = ws;
     this.ready = false;
     this.lastError = null;
+    this.lastKind = null;
     ws.onopen = () => ws.send(JSON.stringify({ type: 'hello', token: this.token,
       last_acked_step: this.lastAcked }));
     ws.onmessage = (ev) => this.handle(JSON.parse(ev.data));
@@ -69,8 +74,9 @@ export class TrainerSocket {
       this.ready = false;
       this.onState('disconnected', ev.reason);
       // This tab's previous socket may still count as the run's trainer for a moment after a
-      // network drop: "another trainer" is retried a few times before it is final.
-      const busy = ev.code === 1008 && /another trainer/.test(ev.reason) && this.busyRetries++ < 8;
+      // network drop: "another trainer holds this run" (kind busy) is retried a few times
+      // before it is final.
+      const busy = ev.code === 1008 && this.lastKind === FACTS.protocol.busy && this.busyRetries++ < 8;
       if (this.closed) return;
       if ((ev.code === 1008 || ev.code === 1003) && !busy) {
         // The close frame's reason is cut at 123 bytes: the error message before it is whole.
@@ -109,6 +115,7 @@ export class TrainerSocket {
       this.pongWaiters.splice(0).forEach(([resolve]) => resolve());
     } else if (msg.type === 'error') {
       this.lastError = msg.message;
+      this.lastKind = msg.kind ?? null;
       this.onState('error', msg.message);
     }
   }

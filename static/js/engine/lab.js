@@ -12,13 +12,16 @@ const LAB_MODULES = [modelLab, optimizerLab];
 
 /**
  * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL source;
- * getLayout: ({preset} | {config}) => layout JSON from the server (server/model.py).
+ * getLayout: ({preset} | {config}) => layout JSON from the server (server/model.py);
+ * optimizerDefaults: the hyperparameters an optimizer entry's caller may leave out (a page
+ * passes the server's, RunConfig's: page facts).
  */
-export async function createLab({ gpu, load, getLayout }) {
+export async function createLab({ gpu, load, getLayout, optimizerDefaults = {} }) {
   // The mixed-precision kernels' features where the adapter has them (lab.mixed says whether
   // they can run); the fp32 kernels use neither.
   const ctx = await createContext({ gpu, load, optionalFeatures: MMA_FEATURES });
   ctx.getLayout = getLayout;
+  ctx.optimizerDefaults = optimizerDefaults;
   // What the server says the kernels support (server/model.py), for kernels run without a model.
   ctx.modelLimits = (await getLayout({ preset: 'tiny' })).limits;
   const lab = {

@@ -3,6 +3,7 @@
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import { Optimizer } from './optimizer.js';
+import { mergeHyper } from './optimizer_hyper.js';
 
 async function fetchMaps() {
   if (typeof fetch !== 'function') throw new Error('pass `maps` (server/optim.py quantization_maps())');
@@ -16,15 +17,15 @@ export function labEntries(ctx) {
     /**
      * One optimizer step per entry of `grads` (each Float32Array [total_numel]) starting from
      * `params` [total_numel] with zero state. `lr` is a number or one per step.
-     * clip_mode 'global' | 'per_tensor' | 'off' (clip: false is 'off').
+     * clip_mode 'global' | 'per_tensor' | 'off' (clip: false is 'off'); a hyperparameter left out
+     * is the lab's optimizerDefaults (createLab: the server's, in a page).
      * Returns {params, grads (G after the last step), grad_norms, clip_scales, nonfinite,
      *          tensor_norm_sq, tensor_nonfinite, tensor_clip_scales ([steps][T] each), mirror?,
      *          state_bytes, dispatches, notes, state}; state is {m, v} (fp32 variants) or
      *          {codes, small, blocks, m32, v32, q_blocks} (8-bit variants, see 12_optimizer.wgsl).
      */
-    async optimizerSteps({ variant = 'adamw', layout, params, grads, lr = 1e-3, beta1 = 0.9,
-      beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_norm = 1.0, clip = true,
-      clip_mode = clip ? 'global' : 'off', maps = null, lossScale = null,
+    async optimizerSteps({ variant = 'adamw', layout, params, grads, lr = 1e-3, beta1, beta2, eps,
+      weight_decay, max_norm, clip, clip_mode, maps = null, lossScale = null,
       maxBindingBytes = null, tuning = {} }) {
       const { device } = ctx;
       const n = layout.total_numel;
@@ -36,7 +37,8 @@ export function labEntries(ctx) {
         variant, W, G, maxBindingBytes, ...tuning,
         label: `lab.${variant}`,
         maps: is8 ? (maps || await fetchMaps()) : null,
-        hyper: { beta1, beta2, eps, weight_decay, max_norm, clip_mode }, lossScale,
+        hyper: mergeHyper({ ...ctx.optimizerDefaults },
+          { beta1, beta2, eps, weight_decay, max_norm, clip, clip_mode }), lossScale,
       });
       if (opt.mirror) opt.initMirror(params);
       const steps = grads.length;

@@ -23,7 +23,7 @@ import { packHalf2, prepare8 } from './optimizer_tables.js';
 import { normSegments, windowSegments } from './norm_segments.js';
 import { buildLossScale, encodeScaleUpdate, lossScaleStats } from './optimizer_loss_scale.js';
 import { plan8, planFp32 } from './optimizer_plans.js';
-import { defaultHyper, hyperUniform, mergeHyper } from './optimizer_hyper.js';
+import { hyperUniform, mergeHyper } from './optimizer_hyper.js';
 import { bindGroup } from './shaders.js';
 
 export const FILE = '12_optimizer.wgsl';
@@ -68,9 +68,9 @@ export class Optimizer {
    *                 layout.optimizer_state.adamw_8bit (f32_tensors: the tensors that keep f32
    *                 state, q_blocks, f32_numel), as GET /api/presets/{name}/layout sends it
    *   mirror        optional u32 buffer for the f16 mirror (else one is created)
-   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip_mode} (changeable with
-   *                 setHyper; any left out is RunConfig's default). clip_mode 'global' | 'per_tensor'
-   *                 | 'off'; the older {clip: false} means 'off'.
+   *   hyper         {beta1, beta2, eps, weight_decay, max_norm, clip_mode}, all of them (a run
+   *                 config's; changeable with setHyper). clip_mode 'global' | 'per_tensor' |
+   *                 'off'; the older {clip: false} means 'off'.
    *   lossScale     null, or {init, growth} (mixed precision): dynamic loss scaling as
    *                 torch.amp.GradScaler (init 65536, growth interval 2000, x2 / x0.5): G is
    *                 divided by the scale before the norm, a step with a non-finite gradient is
@@ -121,7 +121,7 @@ export class Optimizer {
     if (this.windowElems < this.partialElems) {
       throw new Error(`optimizer: binding limit ${bindLimit} B is too small`);
     }
-    this.hyper = mergeHyper(defaultHyper(), hyper);
+    this.hyper = mergeHyper({}, hyper);
     this._hpData = new ArrayBuffer(64);
     this.notes = [];   // what the optimizer decided (splits), for the UI and logs
     this._passDesc = { label };

@@ -1,17 +1,20 @@
-// The optimizer's hyperparameters: RunConfig's defaults, the clip modes, and the 64-byte `Hyper`
+// The optimizer's hyperparameters: what they are, the clip modes, and the 64-byte `Hyper`
 // uniform of 12_optimizer.wgsl for one step.
 
 export const CLIP_MODES = { off: 0, global: 1, per_tensor: 2 };   // 12_optimizer.wgsl CLIP_*
 
-// RunConfig's defaults (server/run_config.py; tests/test_page_facts.py holds them equal), for a
-// caller that leaves some out (the kernels page, the lifetime test); the trainer passes all.
-export const defaultHyper = () => ({ beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1,
-  max_norm: 1.0, clip_mode: 'global' });
+// What `hyper` holds. The engine keeps no defaults of its own: they are RunConfig's
+// (server/run_config.py); the trainer passes its run's, pages the server's (page facts).
+export const HYPER_KEYS = ['beta1', 'beta2', 'eps', 'weight_decay', 'max_norm', 'clip_mode'];
 
 /** `hyper` updated with the defined values of `h`; the older {clip: false} means clip_mode off. */
 export function mergeHyper(hyper, { clip, ...h }) {
   for (const [k, v] of Object.entries(h)) if (v !== undefined) hyper[k] = v;
   if (clip === false && h.clip_mode === undefined) hyper.clip_mode = 'off';
+  const missing = HYPER_KEYS.filter((k) => hyper[k] === undefined);
+  if (missing.length) {
+    throw new Error(`optimizer: no ${missing.join(', ')} given (a run config's, or the server's defaults)`);
+  }
   if (!(hyper.clip_mode in CLIP_MODES)) {
     throw new Error(`unknown clip_mode ${hyper.clip_mode} (${Object.keys(CLIP_MODES).join(', ')})`);
   }

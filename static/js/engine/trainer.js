@@ -279,7 +279,7 @@ export class Trainer {
         }
       }
       await Promise.all(this.ring.map((s) => s.pending));
-      const failed = this.stopReason?.startsWith('the loss became non-finite');
+      const failed = this.badStep !== undefined;   // a non-finite loss stopped it
       // Stop: the state is saved (on.checkpoint's promise awaited) before the status says so.
       // A lost device has no state left to save: the last checkpoint is where it resumes.
       if (!this.lost && !failed) {
@@ -302,7 +302,7 @@ export class Trainer {
       this.on.status('stopped', this.lost);
       return this.state;
     }
-    const failed = this.stopReason?.startsWith('the loss became non-finite');
+    const failed = this.badStep !== undefined;
     this.state = this.state === 'stopping' ? (failed ? 'failed' : 'stopped') : 'finished';
     this.on.status(this.state, this.stopReason ?? null);
     return this.state;

@@ -1,0 +1,11 @@
+// Facts the server owns (server/page_facts.py: the run statuses, the clip modes and their words,
+// the optimizer's default hyperparameters), rendered into every page by templates/base.html as
+// JSON, so no module keeps a copy of its own. Under Node (the page modules' tests) there is no
+// page: tests/js/facts.mjs puts the server's facts where this module looks before it loads.
+const el = globalThis.document?.getElementById('andrea-facts');
+export const FACTS = el ? JSON.parse(el.textContent) : globalThis.andreaFacts;
+if (!FACTS) throw new Error('no page facts: load this module from an Andrea page (templates/base.html)');
+
+/** How clip_mode `mode` reads as `kind` ('choice', 'label', 'name'; server/run_config.py
+ *  CLIP_MODES); an unknown mode as itself. */
+export const clipWords = (mode, kind) => FACTS.clip_modes[mode]?.[kind] ?? mode;
