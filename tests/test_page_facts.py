@@ -105,7 +105,8 @@ def test_no_page_keeps_its_own_copy():
         for path in folder.glob("*.js"):
             src = path.read_text()
             # (the lists' tails: a trainer's own states may name some statuses)
-            assert not re.search(r"'interrupted',\s*'abandoned'|'failed',\s*'interrupted'", src), path
+            tails = r"'interrupted',\s*'abandoned'|'failed',\s*'interrupted'"
+            assert not re.search(tails, src), path
             assert "clip per tensor" not in src and "max_norm: 1.0" not in src, path
             assert not re.search(r"beta2(: | = )0\.95", src), path
     new_run = (APP / "new_run.js").read_text()
