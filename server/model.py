@@ -117,7 +117,9 @@ def _align(n: int) -> int:
 
 
 def _param_specs(cfg: ModelConfig) -> list[dict]:
-    """(name, shape, decay, init, init_std, group) in buffer order: decay block, then no-decay.
+    """(name, shape, decay, init, init_std, group, layer) in buffer order: decay block, then
+    no-decay. `layer` is what the pages and the spike anatomy group a tensor by: "embed",
+    "layer {i}" or "final norm"; the table lists them in that order first (the decay block).
 
     Tensors sharing a `group` are laid back to back (q,k,v and gate,up) so one sub-range
     binding covers them and the projection runs as one fused matmul.
@@ -126,9 +128,9 @@ def _param_specs(cfg: ModelConfig) -> list[dict]:
     std = cfg.init_std
     resid_std = std / math.sqrt(2 * cfg.n_layer)  # residual output projections (GPT-2 style)
     specs = [dict(name="model.embed_tokens.weight", shape=[V, C], decay=True, init="normal",
-                  init_std=std, group=None)]
+                  init_std=std, group=None, layer="embed")]
     for i in range(cfg.n_layer):
-        p = f"model.layers.{i}."
+        p, layer = f"model.layers.{i}.", f"layer {i}"
         specs += [
             dict(name=p + "self_attn.q_proj.weight", shape=[C, C], group=f"{p}qkv"),
             dict(name=p + "self_attn.k_proj.weight", shape=[C, C], group=f"{p}qkv"),
@@ -138,16 +140,18 @@ def _param_specs(cfg: ModelConfig) -> list[dict]:
             dict(name=p + "mlp.up_proj.weight", shape=[F, C], group=f"{p}gate_up"),
             dict(name=p + "mlp.down_proj.weight", shape=[C, F], init_std=resid_std),
         ]
+        for s in specs[-7:]:
+            s["layer"] = layer
     for s in specs:
         s.setdefault("decay", True)
         s.setdefault("init", "normal")
         s.setdefault("init_std", std)
         s.setdefault("group", None)
     for i in range(cfg.n_layer):
-        p = f"model.layers.{i}."
-        specs += [dict(name=p + "input_layernorm.weight", shape=[C]),
-                  dict(name=p + "post_attention_layernorm.weight", shape=[C])]
-    specs.append(dict(name="model.norm.weight", shape=[C]))
+        p, layer = f"model.layers.{i}.", f"layer {i}"
+        specs += [dict(name=p + "input_layernorm.weight", shape=[C], layer=layer),
+                  dict(name=p + "post_attention_layernorm.weight", shape=[C], layer=layer)]
+    specs.append(dict(name="model.norm.weight", shape=[C], layer="final norm"))
     for s in specs:
         s.setdefault("decay", False)
         s.setdefault("init", "ones")

@@ -41,6 +41,7 @@ class Param(_Open):
     shape: list[int]
     offset: int                     # in f32 elements, into W (and G, M, V)
     numel: int
+    layer: str                      # what a page groups it by: "embed", "layer {i}", "final norm"
 
 
 class OptimizerState(_Open):

@@ -18,7 +18,6 @@ running level of the logits it keeps.
 from __future__ import annotations
 
 import math
-import re
 
 TOP_TENSORS = 5         # tensors listed per spike (by share; by non-finite count)
 # A row's top token holds 1 / denominator of its probability (max-subtracted form: its own
@@ -26,25 +25,14 @@ TOP_TENSORS = 5         # tensors listed per spike (by share; by non-finite coun
 COLLAPSE_DENOM = 1.01
 LOGIT_FACTOR = 3.0      # logit growth: the step's largest |logit| >= this x its running level
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+def _name(tensors: list[dict] | None, i: int) -> str | None:
+    return tensors[i]["name"] if tensors is not None and i < len(tensors) else None
 
 
-def layer_of(name: str) -> str:
-    """"embed", "layer {i}" or "final norm" for a tensor of the parameter table."""
-    if name == "model.embed_tokens.weight":
-        return "embed"
-    if m := _LAYER.match(name):
-        return f"layer {m.group(1)}"
-    return "final norm" if name == "model.norm.weight" else name
-
-
-def _name(names: list[str] | None, i: int) -> str | None:
-    return names[i] if names is not None and i < len(names) else None
-
-
-def tensor_shares(norms: list[float | None], names: list[str] | None) -> dict:
+def tensor_shares(norms: list[float | None], tensors: list[dict] | None) -> dict:
     """{tensors: [{index, name, norm, share}] (the TOP_TENSORS largest shares), layer: {name,
-    norm, share} | None (None: no names)}; share = norm^2 / the sum of all norm^2 (non-finite
+    norm, share} | None (None: no layout)}; `tensors` the run's layout's parameter entries
+    (name, layer), in order; share = norm^2 / the sum of all norm^2 (non-finite
     tensors, None, left out). Empty tensors and no layer when every norm is 0 or None."""
     finite = [(i, x) for i, x in enumerate(norms) if x is not None]
     top = max((x for _, x in finite), default=0.0)
@@ -54,21 +42,21 @@ def tensor_shares(norms: list[float | None], names: list[str] | None) -> dict:
     squares = {i: (x / top) ** 2 for i, x in finite}
     total = sum(squares.values())
     ranked = sorted(finite, key=lambda f: (-squares[f[0]], f[0]))[:TOP_TENSORS]
-    tensors = [{"index": i, "name": _name(names, i), "norm": x, "share": squares[i] / total}
-               for i, x in ranked]
-    if names is None:
-        return {"tensors": tensors, "layer": None}
+    top_tensors = [{"index": i, "name": _name(tensors, i), "norm": x,
+                    "share": squares[i] / total} for i, x in ranked]
+    if tensors is None:
+        return {"tensors": top_tensors, "layer": None}
     layers: dict[str, float] = {}
     for i, sq in squares.items():
-        if i < len(names):
-            layer = layer_of(names[i])
+        if i < len(tensors):
+            layer = tensors[i]["layer"]
             layers[layer] = layers.get(layer, 0.0) + sq
     name, sq = max(layers.items(), key=lambda kv: kv[1])    # the first of equal shares
-    return {"tensors": tensors,
+    return {"tensors": top_tensors,
             "layer": {"name": name, "norm": top * math.sqrt(sq), "share": sq / total}}
 
 
-def nonfinite_counts(record: dict, names: list[str] | None) -> dict | None:
+def nonfinite_counts(record: dict, tensors: list[dict] | None) -> dict | None:
     """{total, affected, tensors: [{index, name, count}]} of a step with non-finite gradient
     elements (the TOP_TENSORS tensors holding most; affected: how many hold any), else None."""
     total = record.get("grad_nonfinite") or 0
@@ -77,7 +65,7 @@ def nonfinite_counts(record: dict, names: list[str] | None) -> dict | None:
     counts = [(i, c) for i, c in enumerate(record.get("tensor_nonfinite") or []) if c > 0]
     counts.sort(key=lambda ic: (-ic[1], ic[0]))
     return {"total": total, "affected": len(counts),
-            "tensors": [{"index": i, "name": _name(names, i), "count": c}
+            "tensors": [{"index": i, "name": _name(tensors, i), "count": c}
                         for i, c in counts[:TOP_TENSORS]]}
 
 
@@ -108,7 +96,7 @@ def numerical_flags(record: dict, logit_level: float | None, history: int,
     return flags
 
 
-def anatomy(record: dict, names: list[str] | None, logit_level: float | None,
+def anatomy(record: dict, tensors: list[dict] | None, logit_level: float | None,
             history: int, denom_level: float | None = None) -> dict:
     """What a spike adds from its record: logit_max, softmax_denom_min, numerical, and where
     sent, tensors and layer (tensor_grad_norms) and nonfinite (grad_nonfinite above 0)."""
@@ -116,7 +104,7 @@ def anatomy(record: dict, names: list[str] | None, logit_level: float | None,
            "softmax_denom_min": record.get("softmax_denom_min"),
            "numerical": numerical_flags(record, logit_level, history, denom_level)}
     if record.get("tensor_grad_norms") is not None:
-        out.update(tensor_shares(record["tensor_grad_norms"], names))
-    if (nonfinite := nonfinite_counts(record, names)) is not None:
+        out.update(tensor_shares(record["tensor_grad_norms"], tensors))
+    if (nonfinite := nonfinite_counts(record, tensors)) is not None:
         out["nonfinite"] = nonfinite
     return out

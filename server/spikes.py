@@ -16,8 +16,8 @@ A step is a spike when
   the trainer leaves them out of the norm. A numerical edge case, not the data's doing.
 The logits' running level (for the logit_growth flag) is kept the same way as the grad norm's.
 
-Pure: the route (routes/spikes.py) reads the records, passes the run's tensor names (its
-layout's, in order) and adds each outlier row's source and text.
+Pure: the route (routes/spikes.py) reads the records, passes the run's tensors (its layout's
+parameter entries, in order) and adds each outlier row's source and text.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ BOUNDARY = 3         # a spike at most this many steps after a phase change is "
 TOP_ROWS = 3         # outlier candidates kept per spike
 
 
-def find_spikes(records, names: list[str] | None = None) -> list[dict]:
+def find_spikes(records, tensors: list[dict] | None = None) -> list[dict]:
     """Spikes of `records` (in step order), as SpikeFinder lists them."""
-    finder = SpikeFinder(names)
+    finder = SpikeFinder(tensors)
     for r in records:
         finder.feed(r)
     return finder.spikes
@@ -75,10 +75,11 @@ class SpikeFinder:
     `kinds`: what each reason is, in the same order ("ratio", "nonfinite_norm",
     "nonfinite_elements", "clip"), so that a page can tell a spike judged by its ratio from one
     whose ratio is below FACTOR.
-    `names`: the run's parameter tensors' names, in layout order (None: tensors unnamed)."""
+    `tensors`: the run's layout's parameter entries (name, layer), in order (None: tensors
+    unnamed)."""
 
-    def __init__(self, names: list[str] | None = None):
-        self.names = names
+    def __init__(self, tensors: list[dict] | None = None):
+        self.tensors = tensors
         self.spikes: list[dict] = []
         self.norms = RunningMedian()           # of the finite grad norms
         self.logits = RunningMedian()          # of the largest |logit| of each step
@@ -124,7 +125,7 @@ class SpikeFinder:
                 "ratio": norm / level if norm is not None and level else None,
                 "reasons": reasons, "kinds": kinds, "loss": r.get("loss"), "clip_scale": clip,
                 "boundary": _boundary(self.changes, step), "rows": outlier_rows(r),
-                **anatomy(r, self.names, self.logits.level(), len(self.logits),
+                **anatomy(r, self.tensors, self.logits.level(), len(self.logits),
                           self.denoms.level())})
         if clipped:
             self.last_clip = step

@@ -13,10 +13,11 @@ import pytest
 from andrea.metrics import MAX_LAYERS, MAX_TENSORS
 from andrea.model import run_layout
 from andrea.run_config import RunConfig
-from andrea.spike_anatomy import COLLAPSE_DENOM, LOGIT_FACTOR, TOP_TENSORS, layer_of
+from andrea.spike_anatomy import COLLAPSE_DENOM, LOGIT_FACTOR, TOP_TENSORS
 from andrea.spikes import find_spikes
 
-NAMES = [p["name"] for p in run_layout({"preset": "tiny"})["params"]]
+TENSORS = run_layout({"preset": "tiny"})["params"]      # (name, layer, ...) as the route passes
+NAMES = [p["name"] for p in TENSORS]
 HOT = "model.layers.1.mlp.down_proj.weight"
 
 
@@ -48,19 +49,25 @@ def test_max_tensors_is_the_table_of_the_largest_model():
     assert len(biggest["params"]) == MAX_TENSORS
 
 
-def test_layers_are_named_from_the_tensor_names():
-    assert [layer_of(n) for n in (NAMES[0], HOT, "model.layers.12.input_layernorm.weight",
-                                  NAMES[-1])] == ["embed", "layer 1", "layer 12", "final norm"]
+def test_the_layout_names_each_tensors_layer():
+    layer = {p["name"]: p["layer"] for p in run_layout({"preset": "tiny", "n_layer": 13})["params"]}
+    assert [layer[n] for n in (NAMES[0], HOT, "model.layers.12.input_layernorm.weight",
+                               NAMES[-1])] == ["embed", "layer 1", "layer 12", "final norm"]
+    # Every tensor of a layer is named for it, and the table meets the layers in their order.
+    assert all(p["layer"] == f"layer {p['name'].split('.')[2]}"
+               for p in TENSORS if p["name"].startswith("model.layers."))
+    assert list(dict.fromkeys(p["layer"] for p in TENSORS)) == [
+        "embed", "layer 0", "layer 1", "final norm"]
 
 
 def test_a_healthy_run_with_every_new_field_has_no_spikes_and_no_flags():
-    assert find_spikes(healthy(seed=1), NAMES) == []
-    assert find_spikes(healthy(seed=2, n=600), NAMES) == []
+    assert find_spikes(healthy(seed=1), TENSORS) == []
+    assert find_spikes(healthy(seed=2, n=600), TENSORS) == []
 
 
 def test_a_spike_carried_by_one_tensor_names_it_with_its_share_and_layer():
     records = healthy(planted={60: {"hot": 2.0}})
-    (s,) = find_spikes(records, NAMES)
+    (s,) = find_spikes(records, TENSORS)
     norms = records[59]["tensor_grad_norms"]
     total = sum(x * x for x in norms)
     assert math.isclose(total, s["grad_norm"] ** 2)       # the global norm is their root
@@ -90,17 +97,17 @@ def test_unnamed_tensors_keep_their_index_and_give_no_layer():
 def test_shares_hold_for_huge_and_zero_norms():
     records = healthy(planted={60: {"hot": 1e200}})
     records[59]["grad_norm"] = 1e200
-    (s,) = find_spikes(records, NAMES)
+    (s,) = find_spikes(records, TENSORS)
     assert s["tensors"][0]["name"] == HOT and math.isclose(s["tensors"][0]["share"], 1.0)
     zero = healthy(planted={60: {"grad_norm": 9.0, "tensor_grad_norms": [0.0] * len(NAMES)}})
-    (s,) = find_spikes(zero, NAMES)
+    (s,) = find_spikes(zero, TENSORS)
     assert s["tensors"] == [] and s["layer"] is None
 
 
 def test_a_record_without_tensor_norms_has_no_tensor_anatomy():
     records = healthy(planted={60: {"grad_norm": 9.0}})
     del records[59]["tensor_grad_norms"]
-    (s,) = find_spikes(records, NAMES)
+    (s,) = find_spikes(records, TENSORS)
     assert "tensors" not in s and "layer" not in s
 
 
@@ -108,7 +115,7 @@ def test_non_finite_elements_raise_a_spike_with_a_finite_norm_and_say_where():
     counts = [0] * len(NAMES)
     counts[3], counts[10], counts[-1] = 5, 9, 2
     records = healthy(planted={70: {"grad_nonfinite": 16, "tensor_nonfinite": counts}})
-    (s,) = find_spikes(records, NAMES)
+    (s,) = find_spikes(records, TENSORS)
     assert s["step"] == 70 and s["reasons"] == ["16 non-finite gradient elements"]
     assert s["ratio"] < 3 and s["grad_norm"] is not None    # the norm itself looked fine
     assert s["nonfinite"] == {"total": 16, "affected": 3, "tensors": [
@@ -116,20 +123,20 @@ def test_non_finite_elements_raise_a_spike_with_a_finite_norm_and_say_where():
         {"index": len(NAMES) - 1, "name": "model.norm.weight", "count": 2}]}
     (flag,) = s["numerical"]
     assert flag["flag"] == "nonfinite_grad" and flag["text"].startswith("16 non-finite")
-    (one,) = find_spikes(healthy(planted={70: {"grad_nonfinite": 1}}), NAMES)
+    (one,) = find_spikes(healthy(planted={70: {"grad_nonfinite": 1}}), TENSORS)
     assert one["reasons"] == ["1 non-finite gradient element"]
     assert one["nonfinite"] == {"total": 1, "affected": 0, "tensors": []}
 
 
 def test_a_non_finite_norm_with_non_finite_elements_gives_both_reasons():
-    (s,) = find_spikes(healthy(planted={70: {"grad_norm": None, "grad_nonfinite": 4}}), NAMES)
+    (s,) = find_spikes(healthy(planted={70: {"grad_norm": None, "grad_nonfinite": 4}}), TENSORS)
     assert s["reasons"] == ["non-finite grad norm", "4 non-finite gradient elements"]
 
 
 @pytest.mark.parametrize("denom,flagged", [(1.004, True), (1.0, True), (COLLAPSE_DENOM, False),
                                            (1.5, False)])
 def test_a_collapsed_softmax_is_flagged(denom, flagged):
-    (s,) = find_spikes(healthy(planted={60: {"hot": 2.0, "softmax_denom_min": denom}}), NAMES)
+    (s,) = find_spikes(healthy(planted={60: {"hot": 2.0, "softmax_denom_min": denom}}), TENSORS)
     flags = [f for f in s["numerical"] if f["flag"] == "softmax_collapse"]
     assert bool(flags) == flagged and s["softmax_denom_min"] == denom
     if flagged:     # the top token's probability is 1 / the denominator
@@ -142,7 +149,7 @@ def test_logits_grown_past_their_running_median_are_flagged(factor, flagged):
     records = healthy(planted={60: {"hot": 2.0}})
     level = sorted(r["logit_max"] for r in records[9:59])[25]    # the 50 steps before, median
     records[59]["logit_max"] = factor * level
-    (s,) = find_spikes(records, NAMES)
+    (s,) = find_spikes(records, TENSORS)
     assert [f["flag"] for f in s["numerical"]] == (["logit_growth"] if flagged else [])
     if flagged:
         assert f"{factor:.1f}x the median of the last 50 steps" in s["numerical"][0]["text"]
@@ -150,7 +157,7 @@ def test_logits_grown_past_their_running_median_are_flagged(factor, flagged):
 
 def test_no_logit_growth_is_judged_before_the_history_is_there():
     planted = {5: {"grad_norm": None, "logit_max": 500.0}}
-    (s,) = find_spikes(healthy(planted=planted), NAMES)
+    (s,) = find_spikes(healthy(planted=planted), TENSORS)
     assert s["numerical"] == []
 
 
@@ -190,5 +197,5 @@ def test_a_softmax_collapsed_all_along_is_not_flagged_at_a_spike():
     records = healthy(planted={60: {"hot": 2.0}})
     for r in records:
         r["softmax_denom_min"] = 1.0
-    (s,) = find_spikes(records, NAMES)
+    (s,) = find_spikes(records, TENSORS)
     assert not [f for f in s["numerical"] if f["flag"] == "softmax_collapse"]

@@ -155,10 +155,11 @@ def test_andrea_train_prints_a_spike_in_one_line():
 def test_the_spike_line_names_the_layer_tensor_and_numerical_flags():
     from andrea.cli.train_output import spike_line
 
-    names = ["model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight",
-             "model.norm.weight"]
+    tensors = [{"name": "model.embed_tokens.weight", "layer": "embed"},
+               {"name": "model.layers.0.mlp.down_proj.weight", "layer": "layer 0"},
+               {"name": "model.norm.weight", "layer": "final norm"}]
     (s,) = find_spikes(run({50: {"grad_norm": 7.0, "loss": 5.0, "softmax_denom_min": 1.001,
-                                 "tensor_grad_norms": [0.5, 6.97, 0.3]}}), names)
+                                 "tensor_grad_norms": [0.5, 6.97, 0.3]}}), tensors)
     line = spike_line(s)
     assert ("mostly layer 0 (99% of the squared norm; model.layers.0.mlp.down_proj.weight 99%)"
             in line)

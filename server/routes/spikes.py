@@ -72,13 +72,13 @@ class _RunSpikes:
     JSON as last listed (step -> ((rows described, boundary weights known), JSON)), and its last
     answer (last step, JSON, the clock's time when it was begun)."""
 
-    def __init__(self, names: list[str]):
-        self.names = names
+    def __init__(self, tensors: list[dict]):
+        self.tensors = tensors      # the run's layout's (name, layer) of each parameter tensor
         self.lock = asyncio.Lock()
         self.reset()
 
     def reset(self) -> None:
-        self.finder = rule.SpikeFinder(self.names)
+        self.finder = rule.SpikeFinder(self.tensors)
         self.fed: tuple[int, float | None] | None = None
         self.omitted = 0
         self.described: dict[int, dict[int, tuple[str, str] | None]] = {}
@@ -147,11 +147,12 @@ async def _compute(cache: Spikes, run: dict, store, hub, runs) -> tuple[bytes, s
     """The run's answer, made from its kept detector (fed the records it has not seen) and
     kept: (JSON, how it was made)."""
     run_id, last = run["id"], run.get("last_step")
-    names = [p["name"] for p in run_layout(run["config"])["params"]]
+    tensors = [{"name": p["name"], "layer": p["layer"]}
+               for p in run_layout(run["config"])["params"]]
     async with cache.computing:
         state = cache.runs.get(run_id)
-        if state is None or state.names != names:
-            state = cache.runs[run_id] = _RunSpikes(names)
+        if state is None or state.tensors != tensors:
+            state = cache.runs[run_id] = _RunSpikes(tensors)
         cache.runs.move_to_end(run_id)
         while len(cache.runs) > CACHED:
             cache.runs.popitem(last=False)

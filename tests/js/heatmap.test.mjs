@@ -4,38 +4,23 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
-  LEVELS, binColumns, bucketOf, columnAt, heatRows, layerOf, layerValues, logPosition, paletteColor,
+  LEVELS, binColumns, bucketOf, columnAt, heatRows, layerValues, logPosition, paletteColor,
   rowColumns,
   rowNorm, topTensor,
 } from '../../static/js/app/heatmap_data.js';
 import { RunSeries } from '../../static/js/app/series.js';
 import { rng } from '../../static/js/engine/sampler.js';   // seeded: the same norms every run
+import { serverLayout } from './server.mjs';
 
-/** A Llama layout's parameter names in server/model.py build_layout's table order: the
- *  decayed matrices (embed, then each layer's projections), then the norm gains. */
-function llamaNames(nLayer) {
-  const out = ['model.embed_tokens.weight'];
-  for (let i = 0; i < nLayer; i++) {
-    for (const p of ['self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj', 'self_attn.o_proj',
-      'mlp.gate_proj', 'mlp.up_proj', 'mlp.down_proj']) out.push(`model.layers.${i}.${p}.weight`);
-  }
-  for (let i = 0; i < nLayer; i++) {
-    out.push(`model.layers.${i}.input_layernorm.weight`, `model.layers.${i}.post_attention_layernorm.weight`);
-  }
-  out.push('model.norm.weight');
-  return out;
-}
-
-test('a tensor maps to its layer by its name', () => {
-  assert.equal(layerOf('model.embed_tokens.weight'), 'embed');
-  assert.equal(layerOf('model.layers.0.self_attn.q_proj.weight'), 'layer 0');
-  assert.equal(layerOf('model.layers.11.post_attention_layernorm.weight'), 'layer 11');
-  assert.equal(layerOf('model.norm.weight'), 'final norm');
-});
+/** The server's layout of a tiny model with `nLayer` layers: its parameter table (name, layer,
+ *  ...) in server/model.py build_layout's order: the decayed matrices (embed, then each layer's
+ *  projections), then the norm gains. */
+const llamaParams = (nLayer) => serverLayout({ preset: 'tiny', n_layer: nLayer }).params;
 
 test('rows: one per layer in model order, or one per tensor grouped by layer', () => {
-  const names = llamaNames(2);
-  const layers = heatRows(names, 'layer');
+  const params = llamaParams(2);
+  const names = params.map((p) => p.name);
+  const layers = heatRows(params, 'layer');
   assert.deepEqual(layers.labels, ['embed', 'layer 0', 'layer 1', 'final norm']);
   assert.deepEqual(layers.members.flat().sort((a, b) => a - b), names.map((_, i) => i));
   // Layer 1 holds its 7 matrices and its 2 norm gains, though the table lists the gains last.
@@ -43,9 +28,10 @@ test('rows: one per layer in model order, or one per tensor grouped by layer', (
     ['input_layernorm.weight', 'mlp.down_proj.weight', 'mlp.gate_proj.weight', 'mlp.up_proj.weight',
       'post_attention_layernorm.weight', 'self_attn.k_proj.weight', 'self_attn.o_proj.weight',
       'self_attn.q_proj.weight', 'self_attn.v_proj.weight']);
-  const tensors = heatRows(names, 'tensor');
+  const tensors = heatRows(params, 'tensor');
+  const layerOf = new Map(params.map((p) => [p.name, p.layer]));
   assert.equal(tensors.labels.length, names.length);
-  assert.deepEqual(tensors.names.map(layerOf), tensors.names.map(layerOf)
+  assert.deepEqual(tensors.names.map((n) => layerOf.get(n)), tensors.names.map((n) => layerOf.get(n))
     .slice().sort((a, b) => layers.labels.indexOf(a) - layers.labels.indexOf(b)));
   assert.equal(tensors.labels[0], 'embed_tokens');
   assert.equal(tensors.labels.at(-1), 'norm');
@@ -53,15 +39,16 @@ test('rows: one per layer in model order, or one per tensor grouped by layer', (
 });
 
 test('the layers\' norms add up (in squares) to the global norm of all tensors', () => {
-  const names = llamaNames(3);
+  const params = llamaParams(3);
+  const names = params.map((p) => p.name);
   const rand = rng(7);
   const norms = names.map(() => rand() * 3);
   const global = Math.sqrt(norms.reduce((a, v) => a + v * v, 0));
-  const rows = heatRows(names, 'layer');
+  const rows = heatRows(params, 'layer');
   const perLayer = rows.members.map((m) => rowNorm(norms, m));
   assert.ok(Math.abs(Math.hypot(...perLayer) - global) < 1e-12 * global);
   for (const [r, m] of rows.members.entries()) {   // each against a plain loop over the names
-    const want = Math.sqrt(names.reduce((a, n, i) => a + (layerOf(n) === rows.labels[r] ? norms[i] ** 2 : 0), 0));
+    const want = Math.sqrt(params.reduce((a, p, i) => a + (p.layer === rows.labels[r] ? norms[i] ** 2 : 0), 0));
     assert.ok(Math.abs(perLayer[r] - want) <= 1e-12 * want);
   }
   // One non-finite tensor makes its layer's norm non-finite, and only that layer's.
@@ -70,8 +57,9 @@ test('the layers\' norms add up (in squares) to the global norm of all tensors',
 });
 
 test('row columns follow the series: records without per-tensor norms are gaps', () => {
-  const names = llamaNames(2);
-  const rows = heatRows(names, 'layer');
+  const params = llamaParams(2);
+  const names = params.map((p) => p.name);
+  const rows = heatRows(params, 'layer');
   const series = new RunSeries(['grad_norm']);
   const norms = (k) => names.map((_, i) => k + i / 100);
   series.add({ step: 1, tensor_grad_norms: norms(1) });
@@ -147,16 +135,17 @@ test('a layer\'s top tensor and its share of the layer\'s squared norm', () => {
 });
 
 test('a layer\'s norm per record for the compare page: gaps where a record has none', () => {
-  const names = llamaNames(2);
+  const params = llamaParams(2);
+  const names = params.map((p) => p.name);
   const rand = rng(11);
   const recs = [1, 2, 3].map((step) => ({ step, tensor_grad_norms: names.map(() => rand()) }));
   recs.push({ step: 4 });
-  const got = layerValues(recs, names, 'layer 1');
+  const got = layerValues(recs, params, 'layer 1');
   const want = recs.slice(0, 3).map((r) => Math.sqrt(names.reduce((a, n, i) => a
     + (n.startsWith('model.layers.1.') ? r.tensor_grad_norms[i] ** 2 : 0), 0)));
   got.slice(0, 3).forEach((v, i) => assert.ok(Math.abs(v - want[i]) <= 1e-12 * want[i]));
   assert.equal(got[3], null);
-  assert.deepEqual(layerValues(recs, names, 'layer 7'), [null, null, null, null]);
+  assert.deepEqual(layerValues(recs, params, 'layer 7'), [null, null, null, null]);
 });
 
 test('points at the same x (one commit on the wall-clock axis) share one column', () => {

@@ -13,7 +13,7 @@ const $ = (id) => document.getElementById(id);
 export class LayerOverlay {
   /** spec: the compare charts' series (one per found run, same order). */
   constructor(spec) {
-    this.names = new Map();     // run id -> its parameter names (runs with per-tensor norms)
+    this.params = new Map();    // run id -> its parameter table (runs with per-tensor norms)
     this.select = $('layer');
     this.chart = new Chart($('layer-charts'), 'grad norm of the layer', spec,
       { group: 'compare', y: 'L2 norm (before clipping)', positive: true, placeholder: 'No steps recorded.' });
@@ -23,18 +23,17 @@ export class LayerOverlay {
   /** The layouts of the runs that have per-tensor norms now (each asked once). */
   async load(found) {
     await Promise.all(found.map(async (r) => {
-      if (this.names.has(r.id) || !r.metrics.some((m) => hasTensorNorms(m))) return;
+      if (this.params.has(r.id) || !r.metrics.some((m) => hasTensorNorms(m))) return;
       try {
         const layout = await fetchJson(`/api/runs/${r.id}/layout`);
-        this.names.set(r.id, layout.params.map((p) => p.name));
+        this.params.set(r.id, layout.params);
       } catch (e) {
         console.warn(`no layout for run ${r.id}`, e);
       }
     }));
-    // Every layer any run has, in model order (the longest layout's), after the total.
-    const layers = new Set();
-    for (const names of this.names.values()) for (const l of heatRows(names, 'layer').labels) layers.add(l);
-    const order = heatRows([...this.names.values()].flat(), 'layer').labels.filter((l) => layers.has(l));
+    // Every layer any run has, after the total: in model order, the deepest run's first.
+    const lists = [...this.params.values()].map((params) => heatRows(params, 'layer').labels);
+    const order = new Set(lists.sort((a, b) => b.length - a.length).flat());
     const have = new Set([...this.select.options].map((o) => o.value));
     for (const l of order) if (!have.has(l)) this.select.append(new Option(l, l));
     $('layers-card').hidden = false;
@@ -45,13 +44,13 @@ export class LayerOverlay {
     const layer = this.select.value;
     const missing = [];
     const cols = found.map((r) => {
-      const names = this.names.get(r.id);
+      const params = this.params.get(r.id);
       let values;
       if (layer === TOTAL) values = r.metrics.map((m) => m.grad_norm ?? null);
-      else if (!names) {
+      else if (!params) {
         missing.push(shownText(r.run.name));
         values = r.metrics.map(() => null);
-      } else values = layerValues(r.metrics, names, layer);
+      } else values = layerValues(r.metrics, params, layer);
       const by = new Map(r.metrics.map((m, i) => [m.step, values[i]]));
       return smooth(steps.map((s) => by.get(s) ?? null));
     });

@@ -22,7 +22,8 @@ export class GradHeatmap {
   constructor(runId, series) {
     this.runId = runId;
     this.series = series;
-    this.names = null;       // the run's parameter names, in the order of tensor_grad_norms
+    this.params = null;      // the run's parameter table (name, layer), in the order of
+    this.names = null;       // tensor_grad_norms, and its names
     this.asked = false;      // the layout was asked for (once: a run without it stays hidden)
     this.chart = null;
     this.rows = null;        // heatRows(): labels and the tensors of each row
@@ -55,6 +56,7 @@ export class GradHeatmap {
     if (!found) return;
     this.asked = true;
     fetchJson(`/api/runs/${this.runId}/layout`).then((layout) => {
+      this.params = layout.params;
       this.names = layout.params.map((p) => p.name);
       this.make();
     }).catch((e) => console.warn('no heatmap: the run\'s layout is unavailable', e));
@@ -75,7 +77,7 @@ export class GradHeatmap {
   }
 
   setRows(mode) {
-    this.rows = heatRows(this.names, mode);
+    this.rows = heatRows(this.params, mode);
     this.cols = rowColumns(this.rows, this.names.length);
     this.cols.update(this.series, 0);
     $('heatmap-title').textContent = TITLES[mode][0].toUpperCase() + TITLES[mode].slice(1);

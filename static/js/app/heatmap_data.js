@@ -1,41 +1,27 @@
 // The gradient-norm heatmap's data, without the DOM (tests/js/heatmap.test.mjs runs it under
-// Node): the rows (one per layer, or one per parameter tensor) from the run's parameter names,
+// Node): the rows (one per layer, or one per parameter tensor) from the run's parameter table,
 // each row's norm per record from the record's `tensor_grad_norms` (one per tensor, in
 // parameter-table order), the records binned into at most one column per pixel, and the log
 // colour scale.
 import { Derived, lowerBound } from './series.js';
 
-/** The layer a parameter tensor belongs to, from its (Hugging Face) name. */
-export function layerOf(name) {
-  if (name.startsWith('model.embed_tokens.')) return 'embed';
-  const m = /^model\.layers\.(\d+)\./.exec(name);
-  if (m) return `layer ${m[1]}`;
-  if (name === 'model.norm.weight') return 'final norm';
-  return name;                               // a tensor no rule names: a row of its own
-}
-
-/** Where a layer's row goes: embed first, the layers by number, the final norm, then others. */
-function layerRank(label) {
-  if (label === 'embed') return -1;
-  if (label.startsWith('layer ')) return Number(label.slice(6));
-  return label === 'final norm' ? 1e9 : 1e9 + 1;
-}
-
 /** A tensor's name without the parts every name has ("layers.1.mlp.down_proj"). */
 export const shortName = (name) => name.replace(/^model\./, '').replace(/\.weight$/, '');
 
 /**
- * The heatmap's rows for parameter `names` (parameter-table order). mode 'layer': one row per
- * layer; 'tensor': one per tensor, grouped by layer (the table lists the norm gains last) and in
- * table order inside it. -> {mode, labels, names (a row's full name), members: [[tensor index]]}.
+ * The heatmap's rows for the run's parameter tensors `params` (its layout's entries, in table
+ * order: name and layer, server/model.py). mode 'layer': one row per layer, in model order (the
+ * table meets them in it); 'tensor': one per tensor, grouped by layer (the table lists the norm
+ * gains last) and in table order inside it. -> {mode, labels, names (a row's full name),
+ * members: [[tensor index]]}.
  */
-export function heatRows(names, mode = 'layer') {
-  const layers = [...new Set(names.map(layerOf))].sort((a, b) => layerRank(a) - layerRank(b));
-  const byLayer = layers.map((l) => names.flatMap((n, i) => (layerOf(n) === l ? [i] : [])));
+export function heatRows(params, mode = 'layer') {
+  const layers = [...new Set(params.map((p) => p.layer))];
+  const byLayer = layers.map((l) => params.flatMap((p, i) => (p.layer === l ? [i] : [])));
   if (mode === 'layer') return { mode, labels: layers, names: layers, members: byLayer };
   const members = byLayer.flat().map((i) => [i]);
-  return { mode, labels: members.map(([i]) => shortName(names[i])),
-    names: members.map(([i]) => names[i]), members };
+  return { mode, labels: members.map(([i]) => shortName(params[i].name)),
+    names: members.map(([i]) => params[i].name), members };
 }
 
 /** A row's norm from one record's tensor norms: the root of the sum of its tensors' squares;
@@ -190,13 +176,13 @@ export function topTensor(norms, members) {
 }
 
 /** Per record, the norm of layer `layer` ("embed", "layer i", "final norm") from its
- *  tensor_grad_norms under parameter `names` (null: not finite, the layer is not in the
- *  layout, or the record has no per-tensor norms). */
-export function layerValues(records, names, layer) {
-  const members = heatRows(names, 'layer');
+ *  tensor_grad_norms under the run's parameter table `params` (null: not finite, the layer is
+ *  not in the layout, or the record has no per-tensor norms). */
+export function layerValues(records, params, layer) {
+  const members = heatRows(params, 'layer');
   const r = members.labels.indexOf(layer);
   return records.map((rec) => {
-    if (r < 0 || !hasTensorNorms(rec, names.length)) return null;
+    if (r < 0 || !hasTensorNorms(rec, params.length)) return null;
     const v = rowNorm(rec.tensor_grad_norms, members.members[r]);
     return Number.isNaN(v) ? null : v;
   });

@@ -106,6 +106,27 @@ export function limitProblems(layout, B, T, limits) {
   return problems;
 }
 
+/** Per tensor name, the span {offset, numel} of W a matmul reads for it: the tensor, or for the
+ *  first tensor of a fusion group of the layout (`group`: q|k|v, gate|up, laid back to back by
+ *  server/model.py) the whole group, so one matmul computes the group's outputs side by side. */
+export function matmulSpans(params) {
+  const spans = Object.fromEntries(params.map((p) => [p.name, { offset: p.offset, numel: p.numel }]));
+  const opened = new Map();   // group -> the span of its first tensor, grown by the others
+  for (const p of params) {
+    if (p.group === undefined) throw new Error(`${p.name}: the layout says no group (server/model.py)`);
+    if (p.group === null) continue;
+    const span = opened.get(p.group);
+    if (!span) {
+      opened.set(p.group, spans[p.name]);
+    } else if (span.offset + span.numel !== p.offset) {
+      throw new Error(`group ${p.group} is not contiguous at ${p.name}`);
+    } else {
+      span.numel += p.numel;
+    }
+  }
+  return spans;
+}
+
 export class Model {
   /** ctx: {device, lib} from the lab or trainer; layout: the server's parameter table;
    *  precision: 'fp32', or 'mixed' (the linears' matmuls with f16 operands and f32 accumulation
@@ -115,7 +136,7 @@ export class Model {
     this.device = ctx.device;
     this.layout = layout;
     this.config = layout.config;
-    this.params = Object.fromEntries(layout.params.map((p) => [p.name, p]));
+    this.spans = matmulSpans(layout.params);
     if (!['fp32', 'mixed'].includes(precision)) throw new Error(`unknown precision ${precision}`);
     if (precision === 'mixed') {
       const { ok, why } = mixedSupport(ctx);
@@ -145,19 +166,20 @@ export class Model {
     this.built.clear();
   }
 
-  /** Sub-range of `buffer` (W or G) holding tensor `name`, or `count` group members from it. */
-  t(buffer, name, count = 1) {
-    const p = this.params[name];
+  /** Sub-range of `buffer` (W or G) holding tensor `name`; for the first tensor of a fusion
+   *  group, the whole group (matmulSpans). */
+  t(buffer, name) {
+    const p = this.spans[name];
     if (!p) throw new Error(`no tensor ${name} in the layout`);
-    return view(buffer, p.offset, p.numel * count);
+    return view(buffer, p.offset, p.numel);
   }
 
   /** Weights as the matmuls read them: W's f32 sub-range, or with the mirror on, the same
    *  elements of the packed f16 mirror (2 bytes each; offsets stay 256-byte aligned). */
-  tw(name, count = 1) {
-    if (!this.weightsF16) return this.t(this.W, name, count);
-    const p = this.params[name];
-    return { buffer: this.weightsF16, offset: p.offset * 2, size: Math.ceil(p.numel * count / 2) * 4 };
+  tw(name) {
+    if (!this.weightsF16) return this.t(this.W, name);
+    const p = this.spans[name];
+    return { buffer: this.weightsF16, offset: p.offset * 2, size: Math.ceil(p.numel / 2) * 4 };
   }
 
   /** Initialise W on the GPU from `seed`: normal(0, init_std) matrices, ones for norm gains. */
@@ -243,13 +265,21 @@ export class Model {
     const wte = 'model.embed_tokens.weight';
     const f16 = Boolean(this.weightsF16);
 
-    // A linear layer, y[N, n] = (or += with accum) x[N, kk] @ W^T with W the `count` tensors from
-    // `name` (q|k|v and gate|up are fused), and its backward: dx = dy W, dW += dy^T x into G.
-    const linear = (x, name, count, y, n, kk, accum = false) => k.linear({ x,
-      w: this.tw(name, count), y, M: N, N: n, K: kk, accum, wF16: f16 });
-    const linearBackward = (dy, x, name, count, dx, n, kk) => [
-      k.linearBackwardInput({ dy, w: this.tw(name, count), dx, M: N, N: n, K: kk, wF16: f16 }),
-      k.linearBackwardWeight({ dy, x, dw: this.t(G, name, count), part: a.wgradPart,
+    // A linear layer, y[N, n] = (or += with accum) x[N, kk] @ W^T with W [n, kk] the tensor
+    // `name`, or the fusion group it opens (q|k|v and gate|up: the layout's `group`), and its
+    // backward: dx = dy W, dW += dy^T x into G.
+    const weight = (name, n, kk) => {
+      if (this.spans[name]?.numel !== n * kk) {
+        throw new Error(`${name}: the layout holds ${this.spans[name]?.numel} elements, not ${n} x ${kk}`);
+      }
+      return name;
+    };
+    const linear = (x, name, y, n, kk, accum = false) => k.linear({ x,
+      w: this.tw(weight(name, n, kk)), y, M: N, N: n, K: kk, accum, wF16: f16 });
+    const linearBackward = (dy, x, name, dx, n, kk) => [
+      k.linearBackwardInput({ dy, w: this.tw(weight(name, n, kk)), dx, M: N, N: n, K: kk,
+        wF16: f16 }),
+      k.linearBackwardWeight({ dy, x, dw: this.t(G, name), part: a.wgradPart,
         M: N, N: n, K: kk }),
     ];
     // An RMSNorm's backward from dn: its gain's gradient into G, and dx (= or += with accum).
@@ -265,23 +295,23 @@ export class Model {
       forward.push(
         k.rmsnorm({ x: a.res[i], g: this.t(W, p(i, 'input_layernorm')), y: a.n1[i],
           rstd: a.rstd1[i], N, C, eps }),
-        linear(a.n1[i], p(i, 'self_attn.q_proj'), 3, a.qkv[i], 3 * C, C),           // [N, 3C]
+        linear(a.n1[i], p(i, 'self_attn.q_proj'), a.qkv[i], 3 * C, C),           // [N, 3C]
         k.rope({ qkv: a.qkv[i], table: a.rope, N, T, H, D }),
         k.attention({ qkv: a.qkv[i], y: a.att[i], lse: a.lse[i], B, T, H, D }),
         copyOp(a.res[i], a.resMid[i], N * C, 'fork residual'),
-        linear(a.att[i], p(i, 'self_attn.o_proj'), 1, a.resMid[i], C, C, true),     // resMid += o(att)
+        linear(a.att[i], p(i, 'self_attn.o_proj'), a.resMid[i], C, C, true),     // resMid += o(att)
         k.rmsnorm({ x: a.resMid[i], g: this.t(W, p(i, 'post_attention_layernorm')), y: a.n2[i],
           rstd: a.rstd2[i], N, C, eps }),
-        linear(a.n2[i], p(i, 'mlp.gate_proj'), 2, a.gu[i], 2 * F, C),               // [N, 2F]
+        linear(a.n2[i], p(i, 'mlp.gate_proj'), a.gu[i], 2 * F, C),               // [N, 2F]
         k.swiglu({ gu: a.gu[i], h: a.h[i], N, F }),
         copyOp(a.resMid[i], a.res[i + 1], N * C, 'fork residual'),
-        linear(a.h[i], p(i, 'mlp.down_proj'), 1, a.res[i + 1], C, F, true),         // res += down(h)
+        linear(a.h[i], p(i, 'mlp.down_proj'), a.res[i + 1], C, F, true),         // res += down(h)
       );
     }
     forward.push(
       k.rmsnorm({ x: a.res[L], g: this.t(W, 'model.norm.weight'), y: a.nf, rstd: a.rstdf,
         N, C, eps }),
-      linear(a.nf, wte, 1, a.logits, V, C),
+      linear(a.nf, wte, a.logits, V, C),
     );
     // Loss and dlogits (in place over logits), as its own list so logits() can skip it.
     const loss = [k.crossEntropy({ logits: a.logits, targets: a.targets, losses: a.losses,
@@ -290,22 +320,22 @@ export class Model {
 
     // Backward: the forward list in exact reverse, gradients into G (+=).
     const backward = [
-      ...linearBackward(a.logits, a.nf, wte, 1, a.dn, V, C),
+      ...linearBackward(a.logits, a.nf, wte, a.dn, V, C),
       ...normBackward(a.res[L], a.rstdf, 'model.norm.weight', a.dres, false),
     ];
     for (let i = L - 1; i >= 0; i--) {
       backward.push(
         // res[i+1] = resMid + down(h): dres flows to resMid unchanged, and into down.
-        ...linearBackward(a.dres, a.h[i], p(i, 'mlp.down_proj'), 1, a.dh, C, F),
+        ...linearBackward(a.dres, a.h[i], p(i, 'mlp.down_proj'), a.dh, C, F),
         k.swigluBackward({ gu: a.gu[i], dh: a.dh, dgu: a.dgu, N, F }),
-        ...linearBackward(a.dgu, a.n2[i], p(i, 'mlp.gate_proj'), 2, a.dn, 2 * F, C),
+        ...linearBackward(a.dgu, a.n2[i], p(i, 'mlp.gate_proj'), a.dn, 2 * F, C),
         ...normBackward(a.resMid[i], a.rstd2[i], p(i, 'post_attention_layernorm'), a.dres,
           true),                                                            // dres = d resMid
-        ...linearBackward(a.dres, a.att[i], p(i, 'self_attn.o_proj'), 1, a.datt, C, C),
+        ...linearBackward(a.dres, a.att[i], p(i, 'self_attn.o_proj'), a.datt, C, C),
         k.attentionBackward({ qkv: a.qkv[i], y: a.att[i], dy: a.datt, lse: a.lse[i],
           delta: a.delta, dqkv: a.dqkv, ds: a.attnDs, B, T, H, D }),
         k.rope({ qkv: a.dqkv, table: a.rope, N, T, H, D, inverse: true }),
-        ...linearBackward(a.dqkv, a.n1[i], p(i, 'self_attn.q_proj'), 3, a.dn, 3 * C, C),
+        ...linearBackward(a.dqkv, a.n1[i], p(i, 'self_attn.q_proj'), a.dn, 3 * C, C),
         ...normBackward(a.res[i], a.rstd1[i], p(i, 'input_layernorm'), a.dres, true),  // dres = d res[i]
       );
     }
