@@ -10,6 +10,10 @@ export const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 // process), so the module keeps it.
 const instances = [];
 
+// server/run_config.py MIXED_DAWN_TOGGLES (a bench runs where no server is; tests/test_page_facts.py
+// holds the two equal).
+const MIXED_DAWN_TOGGLES = ['allow_unsafe_apis', 'vulkan_enable_f16_on_nvidia'];
+
 /** createContext() on Dawn; exactTimestamps switches off Dawn's timestamp quantization, `toggles`
  *  are more Dawn toggles to enable (e.g. disable_robustness). Dawn's vulkan_enable_f16_on_nvidia
  *  is always on (NVIDIA's Vulkan driver then offers shader-f16 and f16 subgroup matrices; it
@@ -18,8 +22,7 @@ export async function dawnContext({ exactTimestamps = false, toggles = [], mixed
   if (!process.env.DAWN_NODE) throw new Error('set DAWN_NODE to Dawn\'s dawn.node (bench/gpu/README.md)');
   const { create, globals } = createRequire(import.meta.url)(process.env.DAWN_NODE);
   Object.assign(globalThis, globals);
-  const gpu = create([['enable-dawn-features=allow_unsafe_apis', 'vulkan_enable_f16_on_nvidia',
-    ...toggles].join(','),
+  const gpu = create([['enable-dawn-features=' + MIXED_DAWN_TOGGLES.join(','), ...toggles].join(','),
     ...(exactTimestamps ? ['disable-dawn-features=timestamp_quantization'] : [])]);
   instances.push(gpu);
   const { createContext } = await import(`${repo}/static/js/engine/context.js`);

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import typing
 
-from andrea.run_config import CLIP_MODES, OPTIMIZER_HYPER, RunConfig
+from andrea.run_config import CLIP_MODES, MIXED_DAWN_TOGGLES, OPTIMIZER_HYPER, RunConfig
 from andrea.runs.info import ENDED, EXPLAINED, RunStatus
 from andrea.telemetry.protocol import BUSY, STORAGE_BUDGET
 
@@ -19,7 +19,8 @@ def page_facts() -> dict:
     clip_modes: each clip_mode's words (run_config.CLIP_MODES); optimizer_defaults: RunConfig's
     defaults of the optimizer's hyperparameters (for the kernels page and the lab; a trainer
     passes its run's); protocol: the trainer socket's close code for a storage budget used up
-    and the kind of refusal a page retries (telemetry/protocol.py)."""
+    and the kind of refusal a page retries (telemetry/protocol.py); mixed_dawn_toggles: the
+    Dawn toggles mixed precision needs on NVIDIA (the pages name them in their advice)."""
     fields = RunConfig.model_fields
     return {
         "statuses": {"all": list(typing.get_args(RunStatus)), "ended": list(ENDED),
@@ -27,6 +28,7 @@ def page_facts() -> dict:
         "clip_modes": CLIP_MODES,
         "optimizer_defaults": {k: fields[k].default for k in OPTIMIZER_HYPER},
         "protocol": {"storage_budget": STORAGE_BUDGET, "busy": BUSY},
+        "mixed_dawn_toggles": list(MIXED_DAWN_TOGGLES),
     }
 
 

@@ -28,6 +28,12 @@ CLIP_MODES = {
                    "card": ", per-tensor gradient clipping at norm {norm:g}"},
     "off": {"choice": "off", "label": "off", "name": "no clip", "card": ""},
 }
+# The Dawn toggles a Chrome needs for mixed precision on NVIDIA's Vulkan driver, passed as
+# --enable-dawn-features=...: vulkan_enable_f16_on_nvidia gives shader-f16, and with it the f16
+# subgroup matrices (Chrome leaves it off there by default for driver bugs; elsewhere it does
+# nothing); allow_unsafe_apis the experimental subgroup matrices. `andrea train --gpu` passes
+# them, the pages name them (page_facts.py), bench/dawn.mjs sets them under Node.
+MIXED_DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 # The optimizer's hyperparameters with a default here (the engine has none of its own: the
 # trainer passes a run's, the kernels page and the lab these).
 OPTIMIZER_HYPER = ("beta1", "beta2", "eps", "weight_decay", "max_norm", "clip_mode")

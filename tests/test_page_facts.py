@@ -10,11 +10,12 @@ import typing
 from pathlib import Path
 
 from andrea import model_card, schemas
+from andrea.cli import chromium
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
 from andrea.model import SHAPE_FIELDS
 from andrea.page_facts import page_facts
-from andrea.run_config import RunConfig
+from andrea.run_config import MIXED_DAWN_TOGGLES, RunConfig
 from andrea.runs.info import ENDED, EXPLAINED, RunStatus
 from andrea.web.auth import TOKEN_STORAGE_PREFIX, token_init_script
 
@@ -45,6 +46,14 @@ def test_the_facts_are_the_servers_own():
     cfg = {**facts["optimizer_defaults"], "optimizer": "adamw", "clip_mode": "per_tensor",
            "max_norm": 0.5}
     assert model_card.optimizer_text(cfg).endswith(", per-tensor gradient clipping at norm 0.5")
+
+
+def test_the_benches_set_the_servers_dawn_toggles():
+    """bench/dawn.mjs runs under Node where no server is: its copy is held to the server's."""
+    src = (REPO / "bench" / "dawn.mjs").read_text()
+    copy = re.search(r"const MIXED_DAWN_TOGGLES = \[(.*?)\];", src).group(1)
+    assert re.findall(r"'([^']*)'", copy) == list(MIXED_DAWN_TOGGLES)
+    assert "--enable-dawn-features=" + ",".join(MIXED_DAWN_TOGGLES) in chromium.GPU
 
 
 def test_every_page_is_rendered_with_the_facts(client):

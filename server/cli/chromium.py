@@ -22,6 +22,7 @@ import threading
 import urllib.parse
 from typing import Callable
 
+from andrea.run_config import MIXED_DAWN_TOGGLES
 from andrea.web.auth import token_init_script
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -41,13 +42,11 @@ SWIFTSHADER = ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
 # on a Linux server with no display (an H200 with /dev/nvidia* and no /dev/dri) offers no
 # adapter at all. The crash limit is lifted so that a GPU process that crashes comes back every
 # time: `andrea train` resumes the run (a bounded number of times), never a software fallback.
-# Dawn's vulkan_enable_f16_on_nvidia: NVIDIA's Vulkan driver gets shader-f16, and with it the f16
-# subgroup matrices that mixed precision needs (Chrome leaves it off there by default for driver
-# bugs; elsewhere the toggle does nothing). allow_unsafe_apis: the experimental subgroup matrices.
+# The Dawn toggles that mixed precision needs on NVIDIA (run_config.MIXED_DAWN_TOGGLES).
 GPU = ["--enable-unsafe-webgpu", "--ignore-gpu-blocklist", "--disable-gpu-sandbox", "--enable-gpu",
        "--use-angle=vulkan", "--enable-features=Vulkan,VulkanFromANGLE,DefaultANGLEVulkan",
        "--disable-gpu-process-crash-limit",
-       "--enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia"]
+       "--enable-dawn-features=" + ",".join(MIXED_DAWN_TOGGLES)]
 
 
 def extra_args() -> list[str]:

@@ -2,6 +2,7 @@
 // helps; a GPU is told only the flags for the features its adapter lacks.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import './facts.mjs';
 import { mixedMissing } from '../../static/js/app/mixed_note.js';
 
 const gpu = (...features) => ({ software: false, info: { vendor: 'nvidia', architecture: 'hopper' },

@@ -1,7 +1,9 @@
 // Why mixed precision cannot run in this browser, and what could change that: one text for the
 // new-run form's note and for a mixed run's page that cannot train here.
 
-const NVIDIA_FLAGS = '--enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia';
+import { FACTS } from './facts.js';
+
+const NVIDIA_FLAGS = `--enable-dawn-features=${FACTS.mixed_dawn_toggles.join(',')}`;
 
 /** The sentence after "...needs f16 subgroup matrices": what this adapter lacks (`why`, from
  *  mixedSupport or the refused device) and the remedy. `ctx`: the adapter as the engine sees it
