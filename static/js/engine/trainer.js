@@ -15,6 +15,7 @@
 
 import { Prefetcher, parseBatch } from './batches.js';
 import { asBytes, matchSections, sectionBytes, writeSections } from './checkpoint.js';
+import { CheckpointCadence } from './checkpoint_cadence.js';
 import { lostMessage } from './gpu.js';
 import { Model, limitProblems } from './model.js';
 import { encodeOps } from './ops.js';
@@ -23,11 +24,8 @@ import { addGpuTimes, lap, newLoopProfile } from './loop_profile.js';
 import { generate } from './sampler.js';
 import { evalAt, lrAt, sampleAt } from './schedule.js';
 import { RING, STAMPS, slotLayout, stepRecord } from './step_record.js';
-import { checkpointMethods } from './trainer_checkpoints.js';
 
 const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
-const FIRST_AUTO_CHECKPOINT = 20;   // every === null: steps (after the start) to the first one
-const STEP_MS_WINDOW = 16;          // every === null: step time = median of this many records
 
 export class Trainer {
   /**
@@ -66,11 +64,11 @@ export class Trainer {
     this.resumeGate = null;
     this.checkpointConfig = checkpoint;
     this.resumeFrom = resume;
-    // Checkpoint bookkeeping: the one in flight (snapshot + on.checkpoint; never rejects), the
-    // step of the last one taken and of the last one handed over successfully, the step the next
-    // periodic one is due at, recent step times (every === null) and live staging buffers.
-    this.ckpt = { inFlight: null, taken: null, saved: null, next: Infinity, stepMs: [],
-      staging: new Set(), lastError: null };
+    // When the state is read back and handed to on.checkpoint (checkpoint_cadence.js).
+    this.ckpt = new CheckpointCadence(checkpoint, { device: ctx.device, done: () => this.done,
+      sections: () => this.sections, recordOf: (step) => this.ring[(step - 1 + RING) % RING].pending,
+      isBad: (step) => this.badStep !== undefined && this.badStep <= step,
+      deliver: (ck) => this.on.checkpoint(ck), stats: this.stats });
     // A device lost under us (a driver reset, a crashed GPU process, a GPU switched away) stops
     // the run: what was read back is kept, nothing more can be. ctx.destroy() is not a loss.
     this.lost = null;
@@ -135,7 +133,6 @@ export class Trainer {
       weights = at % 4 ? new Float32Array(bytes.slice(w.offset, w.offset + w.bytes).buffer)
         : new Float32Array(bytes.buffer, at, w.bytes / 4);
       this.step = this.done = resume.step;
-      this.ckpt.taken = this.ckpt.saved = resume.step;   // the server holds this state already
     }
     if (this.opt.mirror) {
       // Once, at start: the f16 mirror of the initial (or resumed) weights, rounded as the kernel
@@ -143,10 +140,7 @@ export class Trainer {
       this.opt.initMirror(weights ?? await this.model.getParams());
       this.model.weightsF16 = this.opt.mirror;
     }
-    if (this.checkpointConfig) {
-      const { every } = this.checkpointConfig;
-      this.ckpt.next = every ? this.nextMultiple(this.done) : this.done + FIRST_AUTO_CHECKPOINT;
-    }
+    this.ckpt.start(this.done, Boolean(resume));   // a resumed state: the server holds it
     this.B = c.batch_size;
     this.T = c.seq_len;
     this.plan = await this.model.plan(this.B, this.T);
@@ -205,7 +199,7 @@ export class Trainer {
           if (this.state === 'pausing') {
             this.state = 'paused';
             this.on.status('paused');
-            this.checkpointNow();   // not awaited: resume() may come before the upload is done
+            this.ckpt.now();   // not awaited: resume() may come before the upload is done
           }
           await this.resumeGate;
         }
@@ -257,8 +251,7 @@ export class Trainer {
           lastDone = now;
           slot.done = true;
           slot.pending = null;
-          this.ckpt.stepMs.push(rec.step_ms);
-          if (this.ckpt.stepMs.length > STEP_MS_WINDOW) this.ckpt.stepMs.shift();
+          this.ckpt.recordStepMs(rec.step_ms);
           this.on.record(rec);
           prof.steps++;
           lap(prof, 'readMs', now);
@@ -271,7 +264,7 @@ export class Trainer {
         // unhandled rejection before that.
         slot.pending.catch(() => {});
         prevSlot = slot;
-        this.maybeCheckpoint();   // after this step's submit, before the next: exactly its state
+        this.ckpt.maybe();   // after this step's submit, before the next: exactly its state
         t = lap(prof, 'checkpointMs', t);
         if (sampleAt(step + 1, c)) {
           await this.sample(step + 1, batch);
@@ -283,12 +276,12 @@ export class Trainer {
       // Stop: the state is saved (on.checkpoint's promise awaited) before the status says so.
       // A lost device has no state left to save: the last checkpoint is where it resumes.
       if (!this.lost && !failed) {
-        if (this.state === 'stopping') await this.checkpointNow();
+        if (this.state === 'stopping') await this.ckpt.now();
         // The end: a periodic checkpoint that came due while another was in flight is taken now.
-        else await this.checkpointIfDue();
+        else await this.ckpt.ifDue();
       }
       // Any end: no checkpoint is left in flight (its staging buffers are freed).
-      while (this.ckpt.inFlight) await this.ckpt.inFlight;
+      await this.ckpt.settled();
     } catch (e) {
       // A lost device fails every read back in flight: that is the loss, not a second failure.
       if (!this.lost) {
@@ -353,6 +346,12 @@ export class Trainer {
     this.on.sample(step, text);
   }
 
+  /** The state after the last submitted step, read back (CheckpointCadence.snapshot): not
+   *  handed to on.checkpoint. */
+  checkpoint() {
+    return this.ckpt.snapshot();
+  }
+
   /** Frees every GPU object of the run: model (weights, grads, activations, ops), optimizer,
    *  readback ring, eval buffer, timestamp queries and checkpoint staging. Call once run() has
    *  resolved. */
@@ -360,12 +359,9 @@ export class Trainer {
     this.model?.destroy();
     this.opt?.destroy();
     for (const s of this.ring ?? []) s.buf.destroy();
-    for (const b of this.ckpt.staging) b.destroy();   // a checkpoint still being read back
-    this.ckpt.staging.clear();
+    this.ckpt.destroy();   // a checkpoint still being read back
     this.evalBuf?.destroy();
     this.queryBuf?.destroy();
     this.queries?.destroy();
   }
 }
-
-Object.assign(Trainer.prototype, checkpointMethods);
