@@ -26,8 +26,7 @@ export async function dawnContext({ exactTimestamps = false, toggles = [], mixed
     ...(exactTimestamps ? ['disable-dawn-features=timestamp_quantization'] : [])]);
   instances.push(gpu);
   const { createContext } = await import(`${repo}/static/js/engine/context.js`);
-  const { MMA_FEATURES } = await import(`${repo}/static/js/engine/mma.js`);
-  return createContext({ gpu, requiredFeatures: mixed ? MMA_FEATURES : [],
+  return createContext({ gpu, mixed: mixed ? 'required' : false,
     load: async (f) => fs.readFileSync(path.join(repo, 'shaders', f), 'utf8'),
     onError: (m) => { console.error('GPU error:', m); process.exitCode = 1; } });
 }

@@ -3,7 +3,6 @@
 // the trainer socket (telemetry.js), its checkpoints uploaded as they come, pause, resume and
 // stop, and at the end the trained weights uploaded.
 import { createContext } from '../engine/context.js';
-import { MMA_FEATURES, mixedSupport } from '../engine/mma.js';
 import { fetchLoader } from '../engine/shaders.js';
 import { Trainer } from '../engine/trainer.js';
 import { fetchJson, fetchRetrying, responseDetail, retireToken } from './api.js';
@@ -44,7 +43,9 @@ export async function train(state, run, token) {
   const mixed = config.precision === 'mixed';
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
     onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m),
-    requiredFeatures: mixed ? MMA_FEATURES : [] }).catch(async (e) => {
+    mixed: mixed ? 'required' : false }).catch(async (e) => {
+    // A device with the features that still cannot run the kernel says why.
+    if (mixed && e.reason === 'no-mixed') throw new Error(mixedRunMissing(e.message, e.acquired));
     if (!mixed || e.reason !== 'no-device') throw e;
     // The adapter refused the matrix features: a device without them says what adapter it is.
     const plain = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE) })
@@ -52,11 +53,6 @@ export async function train(state, run, token) {
     plain?.destroy();
     throw new Error(mixedRunMissing(e.message, plain));
   });
-  const support = mixed ? mixedSupport(ctx) : { ok: true };
-  if (!support.ok) {
-    ctx.destroy();
-    throw new Error(mixedRunMissing(support.why, ctx));
-  }
   const { info, software } = ctx;
   // `andrea train --gpu` trains on the GPU or not at all: never on a software fallback.
   if (window.andreaGpuOnly && software) {

@@ -9,19 +9,34 @@
 //   ctx.destroy();   // the device, and with it everything still allocated on it
 
 import { acquireDevice } from './gpu.js';
+import { MMA_FEATURES, mixedSupport } from './mma.js';
 import { ShaderLibrary } from './shaders.js';
 
 /**
  * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL text (fetchLoader() in a page);
  * onError / onLost: told about uncaptured GPU errors and device loss (gpu.js acquireDevice).
- * Returns {adapter, device, info, features, limits, software, lib, errors, allocatedBytes,
+ * mixed: what mixed precision (mma.js) is to this context: 'required' (its features are
+ * required of the adapter, and a device that still cannot run it is refused with why),
+ * 'optional' (requested where the adapter has them) or false (the fp32 engine needs neither).
+ * This is the one place that requests those features and asks mixedSupport: ctx.mixed says
+ * {ok, why}, and a mixed Model reads it.
+ * Returns {adapter, device, info, features, limits, software, mixed, lib, errors, allocatedBytes,
  *          liveBuffers, destroy()}.
  */
 export async function createContext({ gpu, load, onError = null, onLost = null,
-  powerPreference = 'high-performance', requiredFeatures = [], optionalFeatures = [] } = {}) {
-  const acquired = await acquireDevice(gpu, { powerPreference, requiredFeatures, optionalFeatures,
+  powerPreference = 'high-performance', mixed = false, requiredFeatures = [],
+  optionalFeatures = [] } = {}) {
+  if (![false, 'optional', 'required'].includes(mixed)) throw new Error(`mixed: ${mixed}?`);
+  const acquired = await acquireDevice(gpu, { powerPreference,
+    requiredFeatures: [...requiredFeatures, ...(mixed === 'required' ? MMA_FEATURES : [])],
+    optionalFeatures: [...optionalFeatures, ...(mixed === 'optional' ? MMA_FEATURES : [])],
     onError, onLost });
-  const ctx = { ...acquired, allocatedBytes: 0, liveBuffers: 0 };
+  const support = mixed ? mixedSupport(acquired) : { ok: false, why: 'not requested' };
+  if (mixed === 'required' && !support.ok) {
+    acquired.device.destroy();
+    throw Object.assign(new Error(support.why), { reason: 'no-mixed', acquired });
+  }
+  const ctx = { ...acquired, mixed: support, allocatedBytes: 0, liveBuffers: 0 };
   countBuffers(ctx);
   ctx.lib = new ShaderLibrary(ctx.device, load);
   ctx.closing = false;   // set by destroy(): the device's loss then is ours, not a failure

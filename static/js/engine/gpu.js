@@ -18,7 +18,7 @@ export const WANTED_LIMITS = [
 // Optional features every device asks for when present: timestamp-query times the optimizer pass
 // (trainer.js) and each kernel (profiler.js). The fp32 kernels use neither subgroups nor
 // shader-f16 (the f16 mirror is packed with pack2x16float, core WGSL); a mixed-precision run's
-// matmuls need mma.js MMA_FEATURES, which the caller requires (the training page, the lab, bench/).
+// matmuls need mma.js MMA_FEATURES, which context.js requests for a context made with `mixed`.
 export const WANTED_FEATURES = ['timestamp-query'];
 
 export class GPUUnavailableError extends Error {

@@ -3,7 +3,6 @@
 // against PyTorch without knowing about GPU buffers. See README.md beside this file.
 
 import { createContext } from './context.js';
-import { MMA_FEATURES, mixedSupport } from './mma.js';
 
 import * as modelLab from './lab_model.js';
 import * as optimizerLab from './lab_optimizer.js';
@@ -17,9 +16,9 @@ const LAB_MODULES = [modelLab, optimizerLab];
  * passes the server's, RunConfig's: page facts).
  */
 export async function createLab({ gpu, load, getLayout, optimizerDefaults = {} }) {
-  // The mixed-precision kernels' features where the adapter has them (lab.mixed says whether
-  // they can run); the fp32 kernels use neither.
-  const ctx = await createContext({ gpu, load, optionalFeatures: MMA_FEATURES });
+  // The mixed-precision kernels' features where the adapter has them (lab.info.mixed says
+  // whether they can run); the fp32 kernels use neither.
+  const ctx = await createContext({ gpu, load, mixed: 'optional' });
   ctx.getLayout = getLayout;
   ctx.optimizerDefaults = optimizerDefaults;
   // What the server says the kernels support (server/model.py), for kernels run without a model.
@@ -27,7 +26,7 @@ export async function createLab({ gpu, load, getLayout, optimizerDefaults = {} }
   const lab = {
     ctx,
     info: { adapter: ctx.info, features: ctx.features, limits: ctx.limits, software: ctx.software,
-      mixed: mixedSupport(ctx) },
+      mixed: ctx.mixed },
   };
   // Each engine area adds its entries (labEntries(ctx) -> {name: async fn}).
   for (const m of LAB_MODULES) Object.assign(lab, m.labEntries(ctx));

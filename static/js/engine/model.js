@@ -10,7 +10,6 @@ import {
   Kernels, attentionDsNumel, gainPartialNumel, lossFloats, ropeTable, tokenBuckets, tokenBucketsNumel,
   weightGradPartNumel,
 } from './kernels.js';
-import { mixedSupport } from './mma.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
 /** Bytes the adapter binds in one storage buffer. */
@@ -139,7 +138,7 @@ export class Model {
     this.spans = matmulSpans(layout.params);
     if (!['fp32', 'mixed'].includes(precision)) throw new Error(`unknown precision ${precision}`);
     if (precision === 'mixed') {
-      const { ok, why } = mixedSupport(ctx);
+      const { ok, why } = ctx.mixed ?? { why: 'its context was made without mixed (context.js)' };
       if (!ok) throw new Error(`mixed precision is not available on this adapter: ${why}`);
     }
     this.precision = precision;
