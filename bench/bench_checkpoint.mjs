@@ -40,10 +40,8 @@ const model = new Model(ctx, layout);
 await model.init(0);
 const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G,
   maps, hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0, clip_mode: 'global' } });
-if (optim.mirror) {
-  optim.initMirror(await model.getParams());
-  model.weightsF16 = optim.mirror;
-}
+if (optim.mirror) optim.initMirror(await model.getParams());
+model.useOptimizer({ mirror: optim.mirror, scaler: optim.scaler });
 const own = [...model.stateSections(), ...optim.stateSections()];
 const served = input.checkpoint_sections?.[variant.replace('_f16', '')];
 const sections = ck.matchSections(served ?? own.map(({ name, bytes }) => ({ name, bytes })), own);

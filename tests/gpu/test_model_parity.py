@@ -107,7 +107,7 @@ def test_f16_mirror_forward_matches_f16_rounded_matmul_weights(lab_session):
         const mirror = lab.ctx.device.createBuffer({size: args.flat.length * 2,
             usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST});
         lab.ctx.device.queue.writeBuffer(mirror, 0, packHalf2(args.flat));
-        model.weightsF16 = mirror;
+        model.useOptimizer({mirror});
         const logits = await model.logits(args.tokens, 2, 64);
         model.destroy();
         mirror.destroy();

@@ -147,11 +147,21 @@ export class Model {
     const bytes = layout.total_numel * 4;
     this.W = storageBuffer(this.device, bytes, { label: 'W' });   // weights
     this.G = storageBuffer(this.device, bytes, { label: 'G' });   // gradients (+=, zeroed by AdamW)
-    this.weightsF16 = null;  // the optimizer's f16 mirror when it is on (the optimizer owns it)
-    this.lossScaler = null;  // mixed precision: the optimizer's loss scaler (dlogits *= its scale)
+    this.weightsF16 = null;  // the optimizer's f16 mirror when it is on (useOptimizer)
+    this.lossScaler = null;  // mixed precision: the optimizer's loss scaler (useOptimizer)
     this.plans = new Map();  // `${B}x${T}` -> Promise<plan>
     this.built = new Set();  // plans whose buffers exist
     this.destroyed = false;
+  }
+
+  /** What the plans take from the optimizer that updates W: its f16 mirror of W (the matmuls
+   *  read their weights there) and its loss scaler (dlogits *= the scale: mixed precision),
+   *  either null. Given once, before the first plan: a plan made without them would read W
+   *  and leave the loss unscaled, so a later call is refused. */
+  useOptimizer({ mirror = null, scaler = null }) {
+    if (this.plans.size) throw new Error('useOptimizer comes before the first plan');
+    this.weightsF16 = mirror;
+    this.lossScaler = scaler;
   }
 
   /** Frees W, G and every plan's activations and op uniforms (a plan still being built is

@@ -120,7 +120,6 @@ export class Trainer {
         max_norm: c.max_norm, clip_mode: c.clip_mode },
       lossScale: mixed ? {} : null,
     });
-    this.model.lossScaler = this.opt.scaler ?? null;
     if (served) {
       this.sections = matchSections(served, [...this.model.stateSections(), ...this.opt.stateSections()]);
     }
@@ -138,8 +137,8 @@ export class Trainer {
       // Once, at start: the f16 mirror of the initial (or resumed) weights, rounded as the kernel
       // rounds (test_optimizer.py holds packHalf2 to pack2x16float); AdamW keeps it in sync after.
       this.opt.initMirror(weights ?? await this.model.getParams());
-      this.model.weightsF16 = this.opt.mirror;
     }
+    this.model.useOptimizer({ mirror: this.opt.mirror, scaler: this.opt.scaler });
     this.ckpt.start(this.done, Boolean(resume));   // a resumed state: the server holds it
     this.B = c.batch_size;
     this.T = c.seq_len;
