@@ -21,7 +21,8 @@ import { benchArgs } from './args.mjs';
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
 import { engineOps, stepShapes } from './matmul_shapes.mjs';
 
-const { Kernels, weightGradSplit } = await import(`${repo}/static/js/engine/kernels.js`);
+const { Kernels } = await import(`${repo}/static/js/engine/kernels.js`);
+const { weightGradSplit } = await import(`${repo}/static/js/engine/matmul_tiles.js`);
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
 const { readBuffer } = await import(`${repo}/static/js/engine/gpu.js`);
 

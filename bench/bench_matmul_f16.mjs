@@ -42,7 +42,8 @@ const describe = (p) => `${p.BM}x${p.BN} ${p.sgm}x${p.sgn}sg ${p.tm}x${p.tn}t k$
 const toggles = (opt('--toggles', '') || '').split(',').filter(Boolean);
 const ctx = await dawnContext({ exactTimestamps: true, toggles, mixed: true });
 const { device, lib } = ctx;
-const { Kernels, weightGradPartNumel } = await import(`${repo}/static/js/engine/kernels.js`);
+const { Kernels } = await import(`${repo}/static/js/engine/kernels.js`);
+const { weightGradPartNumel } = await import(`${repo}/static/js/engine/matmul_tiles.js`);
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
 const { readBuffer } = await import(`${repo}/static/js/engine/gpu.js`);
 const kernels = new Kernels(device, lib, { maxHeadDim: 128 });

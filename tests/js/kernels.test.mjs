@@ -2,10 +2,10 @@
 // gradient, tile choice, grids, scratch sizes, activation sizes and adapter limit checks.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import {
-  gainPartialNumel, matmulShape, ropeTable, tokenBuckets, tokenBucketsNumel, weightGradPartNumel,
-  weightGradSplit,
-} from '../../static/js/engine/kernels.js';
+import { gainPartialNumel } from '../../static/js/engine/kernels.js';
+import { matmulShape, weightGradPartNumel, weightGradSplit } from '../../static/js/engine/matmul_tiles.js';
+import { ropeTable } from '../../static/js/engine/rope.js';
+import { tokenBuckets, tokenBucketsNumel } from '../../static/js/engine/token_buckets.js';
 import { activationBytes, activationShapes, limitProblems } from '../../static/js/engine/model.js';
 import { f32bits, grid1d, releaseOps, view } from '../../static/js/engine/ops.js';
 

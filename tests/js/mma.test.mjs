@@ -4,7 +4,7 @@
 // product; bench/bench_mixed_parity.mjs: a whole backward against fp32); SwiftShader has none.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { weightGradPartNumel } from '../../static/js/engine/kernels.js';
+import { weightGradPartNumel } from '../../static/js/engine/matmul_tiles.js';
 import { mmaSplit } from '../../static/js/engine/mma_ops.js';
 import { MMA_TILE, mixedSupport, mmaPlan, mmaShader } from '../../static/js/engine/mma.js';
 

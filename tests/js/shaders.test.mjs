@@ -7,7 +7,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { checked } from '../../static/js/engine/gpu.js';
-import { Kernels, WBK, attentionDsNumel } from '../../static/js/engine/kernels.js';
+import { Kernels, attentionDsNumel } from '../../static/js/engine/kernels.js';
+import { WBK } from '../../static/js/engine/matmul_tiles.js';
 import { BLOCK_THREADS, Optimizer } from '../../static/js/engine/optimizer.js';
 import { ShaderLibrary, bindGroup, parseBindings } from '../../static/js/engine/shaders.js';
 import { REPO } from './paths.mjs';
@@ -216,7 +217,7 @@ test('pipeline creation failures name the pipeline; bind groups refuse unknown n
 
 test('sizes a WGSL const shares with its launcher agree', async () => {
   const core = await load('lib/matmul_core.wgsl');
-  assert.equal(Number(core.match(/const WBK: u32 = (\d+)u;/)[1]), WBK);   // kernels.js WIDE_BIG_BYTES
+  assert.equal(Number(core.match(/const WBK: u32 = (\d+)u;/)[1]), WBK);   // matmul_tiles.js WIDE_BIG_BYTES
   const opt = await load('12_optimizer.wgsl');
   assert.equal(Number(opt.match(/override WG8: u32 = (\d+)u \* BPW;/)[1]), BLOCK_THREADS);
 });

@@ -2,9 +2,10 @@
 // each kernel against PyTorch. All arrays in and out are plain typed arrays.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import {
-  Kernels, attentionDsNumel, gainPartialNumel, lossFloats, ropeTable, tokenBuckets, weightGradPartNumel,
-} from './kernels.js';
+import { Kernels, attentionDsNumel, gainPartialNumel, lossFloats } from './kernels.js';
+import { weightGradPartNumel } from './matmul_tiles.js';
+import { ropeTable } from './rope.js';
+import { tokenBuckets } from './token_buckets.js';
 import { createModel } from './model.js';
 import { encodeOps, releaseOps } from './ops.js';
 

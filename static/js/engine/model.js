@@ -6,10 +6,10 @@
 // N = B * T rows.
 
 import { readBuffer, storageBuffer } from './gpu.js';
-import {
-  Kernels, attentionDsNumel, gainPartialNumel, lossFloats, ropeTable, tokenBuckets, tokenBucketsNumel,
-  weightGradPartNumel,
-} from './kernels.js';
+import { Kernels, attentionDsNumel, gainPartialNumel, lossFloats } from './kernels.js';
+import { weightGradPartNumel } from './matmul_tiles.js';
+import { ropeTable } from './rope.js';
+import { tokenBuckets, tokenBucketsNumel } from './token_buckets.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 
 /** Bytes the adapter binds in one storage buffer. */
