@@ -4,7 +4,7 @@ import { SHADER_BASE } from './assets.js';
 import { FACTS } from './facts.js';
 import { createContext } from '../engine/context.js';
 import { createModel } from '../engine/model.js';
-import { ENTRY, Optimizer } from '../engine/optimizer.js';
+import { Optimizer } from '../engine/optimizer.js';
 import { profileOps, summarize } from '../engine/profiler.js';
 import { fetchLoader } from '../engine/shaders.js';
 
@@ -82,54 +82,22 @@ async function profile(event) {
   }
 }
 
-/** The optimizer phase of `variant` as two rows: the grad norm (reduce_norm_sq and
- *  finalize_grad_stats) and the update, each timed in its own pass (median of 5). */
+/** The optimizer phase of `variant`: each of its kernels (Optimizer.ops(): the grad norm's
+ *  reduction and finalizers, the update, ...) timed as the model's are, a row per kernel. */
 async function profileOptimizer(model, variant) {
   const maps = variant.startsWith('adamw_8bit') ? await fetchJson('/api/optimizer/maps') : null;
   const opt = await Optimizer.create(state.ctx, model.layout, { variant, W: model.W, G: model.G, maps,
     hyper: FACTS.optimizer_defaults });
   try {
     opt.setStep(1, 1e-3);
-    const median = async (encodeIn) => {
-      const ms = [];
-      for (let i = 0; i < 5; i++) {
-        ms.push(await timePass(state.ctx.device, (enc, timestampWrites) => {
-          const pass = enc.beginComputePass({ timestampWrites });
-          encodeIn(pass);
-          pass.end();
-        }));
-      }
-      return ms.sort((a, b) => a - b)[2];
-    };
-    const norm = await median((pass) => opt.encodeNorm(pass));
-    const update = await median((pass) => opt.encodeUpdate(pass));
-    return [
-      { label: `optimizer grad norm (${variant})`, file: '12_optimizer.wgsl', entry: 'reduce_norm_sq',
-        calls: 1, ms: norm },
-      { label: `optimizer update (${variant})`, file: '12_optimizer.wgsl', entry: ENTRY[variant],
-        calls: opt.updateDispatches, ms: update },
-    ];
+    const ops = opt.ops().map((op) => ({ ...op, label: `${op.label} (${variant})` }));
+    await profileOps(state.ctx.device, ops);               // warm-up
+    return summarize(await profileOps(state.ctx.device, ops));
   } finally {
     opt.destroy();
   }
 }
 
-/** GPU ms of whatever `encode(encoder, timestampWrites)` puts in one pass. */
-async function timePass(device, encode) {
-  const querySet = device.createQuerySet({ type: 'timestamp', count: 2 });
-  const resolve = device.createBuffer({ size: 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
-  const read = device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-  const enc = device.createCommandEncoder();
-  encode(enc, { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 });
-  enc.resolveQuerySet(querySet, 0, 2, resolve, 0);
-  enc.copyBufferToBuffer(resolve, 0, read, 0, 16);
-  device.queue.submit([enc.finish()]);
-  await read.mapAsync(GPUMapMode.READ);
-  const [a, b] = new BigUint64Array(read.getMappedRange());
-  read.unmap();
-  for (const o of [querySet, resolve, read]) o.destroy();
-  return Number(b - a) / 1e6;
-}
 
 async function main() {
   const presets = await fetchJson('/api/presets');

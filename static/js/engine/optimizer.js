@@ -5,6 +5,8 @@
 //   const opt = await Optimizer.create(ctx, layout, {variant, W, G, maps, ...});
 //   each step:  opt.setStep(step, lr);   // queue.writeBuffer of 64 bytes, before the submit
 //               opt.encode(encoder);     // or opt.encodeInPass(pass) inside an open compute pass
+//   opt.ops()   the step's dispatches as op records (ops.js), as the kernels' are: what encode()
+//               encodes, in its order, for encodeOps and the profiler (profiler.js profileOps)
 //   opt.stats   GPUBuffer f32 [4 + 4T] = (grad_norm, clip_scale, grad_norm^2, #non-finite grad
 //               elements), then per tensor t of layout.params (sum of g^2, #non-finite, clip
 //               scale, 0); STORAGE | COPY_SRC: copy opt.statsBytes of it into the trainer's
@@ -21,10 +23,10 @@
 import { align, checked } from './gpu.js';
 import { packHalf2, prepare8 } from './optimizer_tables.js';
 import { normSegments, windowSegments } from './norm_segments.js';
-import { buildLossScale, encodeScaleUpdate, lossScaleStats } from './optimizer_loss_scale.js';
-import { plan8, planFp32 } from './optimizer_plans.js';
+import { LOSS_SCALE_BINDINGS, lossScaleStats, scalerInit } from './optimizer_loss_scale.js';
+import { elementGrid, grid2d, plan8, planFp32, planWindows } from './optimizer_plans.js';
 import { hyperUniform, mergeHyper } from './optimizer_hyper.js';
-import { bindGroup } from './shaders.js';
+import { encodeDispatch, launch } from './ops.js';
 
 export const FILE = '12_optimizer.wgsl';
 export const VARIANTS = ['adamw', 'adamw_f16', 'adamw_8bit', 'adamw_8bit_f16'];
@@ -42,8 +44,6 @@ const BINDINGS = {
   adamw: ['hp', 'cu', 'stats', 'w4', 'g4', 'm4', 'v4'],
   adamw_8bit: ['hp', 'cu', 'stats', 'w4', 'g4', 'codes', 'small', 'tables'],
 };
-export const MAX_GRID = 65535;          // maxComputeWorkgroupsPerDimension (WebGPU default and minimum)
-export const WINDOW_ALIGN = 256;        // elements: keeps every sub-range offset 256-byte aligned
 const VEC4_PER_THREAD = 16;      // norm: vec4s each thread sums before the workgroup tree (barriers
                                  // are what costs on CPU adapters)
 const WG_FINAL = 256;            // finalize_* threads (a workgroup per tensor, then one)
@@ -51,10 +51,6 @@ const WG_FINAL = 256;            // finalize_* threads (a workgroup per tensor, 
 // layout (WG8 = 64 * BPW there, in WGSL; tests/js/shaders.test.mjs holds the two equal).
 export const BLOCK_THREADS = 64;
 const BLOCK_ELEMS = 4 * BLOCK_THREADS;
-export const MIN_BLOCK_ROUNDS = 16;     // 8-bit: blocks per group of 64 threads before its tables pay off
-// 8-bit persistent grid on a software adapter: a CPU runs a handful of workgroups at a time and
-// each loads ~10 KB of tables at CPU speed, so a few workgroups with many rounds each are fastest.
-const SOFTWARE_GROUPS = 4;
 
 const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 
@@ -104,7 +100,7 @@ export class Optimizer {
     this.G = G;
     this.maps = maps;
     this.mirror = mirror;
-    this.lossScale = lossScale ? { init: 65536, growth: 2000, ...lossScale } : null;
+    this.lossScale = lossScale ? { init: 65536, growth: 2000, ...lossScale } : null;   // GradScaler's
     // 8-bit blocks per workgroup: 64 threads each, within the device's workgroup size.
     bpw = Math.max(1, Math.min(bpw, Math.floor(limits.maxComputeInvocationsPerWorkgroup / BLOCK_THREADS)));
     this.tuning = { wg, wgReduce, bpw, persistent, nwg8 };
@@ -126,17 +122,6 @@ export class Optimizer {
     this.notes = [];   // what the optimizer decided (splits), for the UI and logs
     this._passDesc = { label };
     this._chunks = [];   // per-window uniforms, destroyed with the optimizer
-  }
-
-  /** 8-bit persistent workgroups for a chunk of `rounds` rounds of bpw blocks. The grid never
-   *  changes a result bit (each block is updated by one group of 64 threads in the same way,
-   *  whichever workgroup takes it), only the speed, so the default follows the adapter and the
-   *  problem, not one GPU's core count: as many workgroups as the chunk fills with at least
-   *  MIN_BLOCK_ROUNDS rounds each (the tables each one loads then pay off), and on a software
-   *  adapter at most SOFTWARE_GROUPS. bench/bench_optimizer.mjs --tune times other grids. */
-  defaultGroups8(rounds) {
-    const filled = Math.ceil(rounds / MIN_BLOCK_ROUNDS);
-    return this.ctx.software ? Math.min(SOFTWARE_GROUPS, filled) : filled;
   }
 
   setHyper(h) {
@@ -164,10 +149,7 @@ export class Optimizer {
         `this device allows ${perStage}`);
     }
     // Element windows (fp32 update and the norm): [k * windowElems, ...) over [0, n).
-    this.windows = [];
-    for (let base = 0; base < this.n; base += this.windowElems) {
-      this.windows.push({ base, len: Math.min(this.windowElems, this.n - base) });
-    }
+    this.windows = planWindows(this.n, this.windowElems);
     if (this.windows.length > 1) {
       this.notes.push(`mega-buffer of ${this.n * 4} B split into ${this.windows.length} bindings ` +
         `(maxStorageBufferBindingSize ${this.windowElems * 4} B)`);
@@ -180,25 +162,21 @@ export class Optimizer {
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
 
     // Norm partials: one per segment (norm_segments.js), summed per tensor in index order.
-    const plan = normSegments(this.layout, this.partialElems);
-    for (const win of this.windows) {
-      [win.pbase, win.pend] = windowSegments(plan.segs, plan.count, win.base, win.len);
-      const groups = Math.max(win.pend - win.pbase, 1);
-      const x = Math.min(groups, MAX_GRID);
-      win.gridR = [x, Math.ceil(groups / x)];
-    }
-    this.segs = this._buffer(plan.segs.byteLength, 'segs', plan.segs);
-    this.tsegs = this._buffer(plan.tsegs.byteLength, 'tsegs', plan.tsegs);
-    this.partials = this._buffer(Math.max(plan.count, 1) * 8, 'partials');
+    const segPlan = normSegments(this.layout, this.partialElems);
+    this.segs = this._buffer(segPlan.segs.byteLength, 'segs', segPlan.segs);
+    this.tsegs = this._buffer(segPlan.tsegs.byteLength, 'tsegs', segPlan.tsegs);
+    this.partials = this._buffer(Math.max(segPlan.count, 1) * 8, 'partials');
 
     const reduceConsts = { WG_R: wgReduce, VPT: VEC4_PER_THREAD };
-    const pipes = [
-      this.lib.pipeline(FILE, 'reduce_norm_sq', reduceConsts, BINDINGS.reduce_norm_sq),
-      this.lib.pipeline(FILE, 'finalize_tensor_stats', { WG_F: WG_FINAL },
-        BINDINGS.finalize_tensor_stats),
-      this.lib.pipeline(FILE, 'finalize_grad_stats', { WG_F: WG_FINAL }, BINDINGS.finalize_grad_stats),
-      this.lib.pipeline(FILE, 'scale_tensor_grads', reduceConsts, BINDINGS.scale_tensor_grads),
-    ];
+    const pipe = (entry, constants, names = BINDINGS[entry]) =>
+      this.lib.pipeline(FILE, entry, constants, names);
+    const pipes = {
+      reduce: pipe('reduce_norm_sq', reduceConsts),
+      tensor: pipe('finalize_tensor_stats', { WG_F: WG_FINAL }),
+      final: pipe('finalize_grad_stats', { WG_F: WG_FINAL }),
+      scale: pipe('scale_tensor_grads', reduceConsts),
+    };
+    let updatePlan;
     if (this.is8) {
       let t;
       ({ plan: this.plan, quant: this.quant, state8: this.state8, tables: t } =
@@ -207,35 +185,79 @@ export class Optimizer {
       this.codes = this._buffer(Math.max(this.state8.codesBytes, 4), 'codes');
       this.small = this._buffer(Math.max(this.state8.smallFloats * 4, 16), 'small');
       this.stateBytes = this.state8.codesBytes + this.state8.smallFloats * 4;
-      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant],
-        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants, ...skip }, this.updateBindings));
+      pipes.update = pipe(ENTRY[this.variant],
+        { BPW: bpw, PERSISTENT: persistent ? 1 : 0, ...this.quant.constants, ...skip }, this.updateBindings);
+      const planned = plan8(this.plan, { windowElems: this.windowElems, codesBytes: this.codes.size,
+        bpw, persistent, nwg8, software: this.ctx.software });
+      this.notes.push(...planned.notes);
+      updatePlan = planned.dispatches;
     } else {
       this.M = this._buffer(this.n * 4, 'M');
       this.V = this._buffer(this.n * 4, 'V');
       this.stateBytes = 2 * this.n * 4;
-      pipes.push(this.lib.pipeline(FILE, ENTRY[this.variant], { WG: wg, ...skip }, this.updateBindings));
+      pipes.update = pipe(ENTRY[this.variant], { WG: wg, ...skip }, this.updateBindings);
+      updatePlan = planFp32(this.windows, wg);
     }
     if (this.f16 && !this.mirror) {
       this.mirror = this._buffer(this.n * 2, 'mirror');
       this._ownsMirror = true;
     }
-    [this.pReduce, this.pTensor, this.pFinal, this.pScale, this.pUpdate] = await Promise.all(pipes);
-    if (this.lossScale) await buildLossScale(this, wg);
+    if (this.lossScale) {
+      this.scaler = this._buffer(16, 'scaler', scalerInit(this.lossScale));
+      pipes.unscale = pipe('unscale_grads', { WG: wg }, LOSS_SCALE_BINDINGS.unscale_grads);
+      pipes.zero = pipe('zero_skipped_grads', { WG: wg }, LOSS_SCALE_BINDINGS.zero_skipped_grads);
+      pipes.grow = pipe('update_loss_scale', { GROWTH: this.lossScale.growth },
+        LOSS_SCALE_BINDINGS.update_loss_scale);
+    }
+    const p = Object.fromEntries(await Promise.all(Object.entries(pipes)
+      .map(async ([k, v]) => [k, await v])));
+    this.pUpdate = p.update;
 
-    // Per-window chunk uniforms and bind groups (once).
+    // The step's dispatches as op records, each with its uniforms and bind group made once.
     await checked(d, `optimizer ${this.variant} bind groups`, () => {
+      const op = (pipeline, resources, grid, what) => ({
+        ...launch(d, pipeline, resources, grid, `${this.label}.${pipeline.label}`),
+        label: `optimizer ${what}`, file: FILE, entry: pipeline.label.split(':')[1] });
+      const ops = { unscale: [], reduce: [], scale: [], update: [], zero: [] };
       for (const win of this.windows) {
-        const seg = { cu: this._chunk({ base: win.base, n4: win.len / 4, pbase: win.pbase,
-          nseg: win.pend - win.pbase }), segs: this.segs,
-        g4: this._range(this.G, win.base, win.len, 4) };
-        win.reduceGroup = this._group(this.pReduce, { ...seg, partials: this.partials });
-        win.scaleGroup = this._group(this.pScale, { ...seg, stats: this.stats });
+        const [pbase, pend] = windowSegments(segPlan.segs, segPlan.count, win.base, win.len);
+        const g4 = this._range(this.G, win.base, win.len, 4);
+        const seg = { cu: this._chunk({ base: win.base, n4: win.len / 4, pbase, nseg: pend - pbase }),
+          segs: this.segs, g4 };
+        ops.reduce.push(op(p.reduce, { ...seg, partials: this.partials }, grid2d(pend - pbase),
+          'grad norm'));
+        ops.scale.push(op(p.scale, { ...seg, stats: this.stats }, grid2d(pend - pbase),
+          'per-tensor clip'));
+        if (this.lossScale) {
+          const cu = this._chunk({ base: win.base, n4: win.len / 4 });
+          const grid = elementGrid(win.len, wg);
+          ops.unscale.push(op(p.unscale, { cu, g4, scaler: this.scaler }, grid, 'loss unscale'));
+          ops.zero.push(op(p.zero, { cu, g4, stats: this.stats }, grid, 'skipped step'));
+        }
       }
-      this.tensorGroup = this._group(this.pTensor,
-        { tsegs: this.tsegs, partials: this.partials, stats: this.stats });
-      this.finalGroup = this._group(this.pFinal,
-        { hp: this.uHyper, stats: this.stats, tsegs: this.tsegs });
-      this.updates = this.is8 ? plan8(this, bpw, persistent, nwg8) : planFp32(this, wg);
+      ops.tensor = [op(p.tensor, { tsegs: this.tsegs, partials: this.partials, stats: this.stats },
+        [this.tensors, 1], 'tensor norms')];
+      ops.final = [op(p.final, { hp: this.uHyper, stats: this.stats, tsegs: this.tsegs }, [1, 1],
+        'clip scale')];
+      ops.grow = this.lossScale
+        ? [op(p.grow, { stats: this.stats, scaler: this.scaler }, [1, 1], 'loss scale')] : [];
+      for (const u of updatePlan) {
+        const res = { hp: this.uHyper, stats: this.stats,
+          w4: this._range(this.W, u.base, u.len, 4), g4: this._range(this.G, u.base, u.len, 4) };
+        if (this.is8) {
+          Object.assign(res, {
+            cu: this._chunk({ base: u.base, b0: u.b0, b1: u.b1, qbase: u.qbase,
+              m32: this.state8.m32, v32: this.state8.v32 }),
+            codes: { buffer: this.codes, offset: u.codesOffset, size: u.codesSize },
+            small: this.small, tables: this.tables });
+        } else {
+          Object.assign(res, { cu: this._chunk({ base: u.base, n4: u.n4 }),
+            m4: this._range(this.M, u.base, u.len, 4), v4: this._range(this.V, u.base, u.len, 4) });
+        }
+        if (this.f16) res.mirror = this._range(this.mirror, u.base, u.len, 2);
+        ops.update.push(op(p.update, res, u.grid, 'update'));
+      }
+      this._ops = ops;
     });
   }
 
@@ -261,15 +283,31 @@ export class Optimizer {
     return { buffer, offset: baseElems * bytesPerElem, size: lenElems * bytesPerElem };
   }
 
-  /** Bind group of pipeline record `p` (shaders.js) from resources by binding name. */
-  _group(p, resources) {
-    return bindGroup(this.device, p, resources, `${this.label}.${p.label}`);
-  }
-
   /** Hyperparameters of step `step` (1-based) with learning rate `lr` (optimizer_hyper.js). */
   setStep(step, lr) {
     hyperUniform(this.hyper, this.layout.decay_numel, step, lr, this._hpData);
     this.device.queue.writeBuffer(this.uHyper, 0, this._hpData);
+  }
+
+  /** Phase 1 as op records: with loss scaling G unscaled first; per-segment sums of g^2,
+   *  per-tensor sums, then grad_norm and the clip scales into `stats`; with per-tensor
+   *  clipping, G scaled by each tensor's own. */
+  normOps() {
+    const o = this._ops;
+    return [...o.unscale, ...o.reduce, ...o.tensor, ...o.final,
+      ...(this.hyper.clip_mode === 'per_tensor' ? o.scale : [])];
+  }
+
+  /** Phase 2 as op records: the AdamW update (reads clip_scale from `stats`, zeroes G); with
+   *  loss scaling, then G zeroed after a skipped step and the scale updated. */
+  updateOps() {
+    const o = this._ops;
+    return [...o.update, ...o.zero, ...o.grow];
+  }
+
+  /** A whole optimizer step as op records, in the order encode() encodes them. */
+  ops() {
+    return [...this.normOps(), ...this.updateOps()];
   }
 
   /** Encode norm, finalize and update as one compute pass of `encoder`. */
@@ -286,26 +324,9 @@ export class Optimizer {
     this.encodeUpdate(pass);
   }
 
-  /** Phase 1: per-segment sums of g^2, per-tensor sums, then grad_norm and the clip scales
-   *  into `stats`; with per-tensor clipping, G scaled by each tensor's own. */
+  /** Phase 1 (normOps) into an open compute pass. */
   encodeNorm(pass) {
-    if (this.lossScale) this._perWindow(pass, this.pUnscale, 'unscaleGroup', 'gridE');
-    this._perWindow(pass, this.pReduce, 'reduceGroup');
-    pass.setPipeline(this.pTensor.pipeline);
-    pass.setBindGroup(0, this.tensorGroup);
-    pass.dispatchWorkgroups(this.tensors);
-    pass.setPipeline(this.pFinal.pipeline);
-    pass.setBindGroup(0, this.finalGroup);
-    pass.dispatchWorkgroups(1);
-    if (this.hyper.clip_mode === 'per_tensor') this._perWindow(pass, this.pScale, 'scaleGroup');
-  }
-
-  _perWindow(pass, p, group, grid = 'gridR') {
-    pass.setPipeline(p.pipeline);
-    for (const win of this.windows) {
-      pass.setBindGroup(0, win[group]);
-      pass.dispatchWorkgroups(win[grid][0], win[grid][1]);
-    }
+    for (const op of this.normOps()) encodeDispatch(pass, op);
   }
 
   /** {grad_norm, clip_scale, nonfinite, tensor_sq: Float64Array [T], tensor_nonfinite: [T]}
@@ -317,24 +338,18 @@ export class Optimizer {
       grad_norm: f[0], clip_scale: f[1], nonfinite: f[3],
       tensor_sq: Float64Array.from({ length: T }, (_, t) => f[4 + 4 * t]),
       tensor_nonfinite: Float64Array.from({ length: T }, (_, t) => f[5 + 4 * t]),
-      ...(this.lossScale ? lossScaleStats(this, f) : {}),
+      ...(this.lossScale ? lossScaleStats(f, T) : {}),
     };
   }
 
-  /** Phase 2: the AdamW update (reads clip_scale from `stats`, zeroes G); with loss scaling,
-   *  then G zeroed after a skipped step and the scale updated. */
+  /** Phase 2 (updateOps) into an open compute pass. */
   encodeUpdate(pass) {
-    pass.setPipeline(this.pUpdate.pipeline);
-    for (const u of this.updates) {
-      pass.setBindGroup(0, u.group);
-      pass.dispatchWorkgroups(u.grid[0], u.grid[1]);
-    }
-    if (this.lossScale) encodeScaleUpdate(this, pass);
+    for (const op of this.updateOps()) encodeDispatch(pass, op);
   }
 
   /** Number of update dispatches per step (1 unless a binding had to be split). */
   get updateDispatches() {
-    return this.updates.length;
+    return this._ops.update.length;
   }
 
   /** The optimizer's part of a checkpoint, in the order server/optim.py checkpoint_sections
