@@ -46,6 +46,11 @@ NOT_GZIPPED = (*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream", wire
 # for each buried everything else `andrea serve` says. The run's own and the lab's ad-hoc ones.
 _BATCH_PATH = re.compile(r"/api/(?:runs/[^/?]+/)?(?:val_)?batches/\d+(?:\?.*)?")
 
+# Every route of the app, in the order create_app includes them; the pages get their paths by
+# name (page_facts.route_paths).
+ROUTERS = (health.router, pages.router, presets.router, data.router, runs.router, exports.router,
+           spikes.router, checkpoints.router, telemetry.router)
+
 
 class QuietBatchFetches(logging.Filter):
     """Drops uvicorn's access log lines of batch fetches that succeeded; a refused one (a bad
@@ -108,7 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     templates = Jinja2Templates(directory=str(asset_dir("templates")))
     templates.env.globals.update(version=__version__, static_base=f"/static/{version}/",
                                  shader_base=f"/shaders/{version}/",
-                                 run_token_key=TOKEN_STORAGE_PREFIX, facts=page_facts())
+                                 run_token_key=TOKEN_STORAGE_PREFIX, facts=page_facts(ROUTERS))
     templates.env.filters["shown"] = shown_text     # user text: bidi controls neutralised
     # tojson keeps the order of the facts' tables (the clip modes' order is the experiment's).
     templates.env.policies["json.dumps_kwargs"] = {"sort_keys": False}
@@ -155,8 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        idle_timeout_s=settings.idle_timeout_s,
                        upload_timeout_s=settings.upload_timeout_s,
                        min_upload_bytes_per_s=settings.min_upload_bytes_per_s)
-    for router in (health.router, pages.router, presets.router, data.router, runs.router,
-                   exports.router, spikes.router, checkpoints.router, telemetry.router):
+    for router in ROUTERS:
         app.include_router(router)
     return app
 

@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 
 from andrea import model_card, schemas
+from andrea.app import ROUTERS
 from andrea.cli import chromium
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
@@ -32,7 +33,7 @@ def _page_facts(html: str) -> dict:
 
 
 def test_the_facts_are_the_servers_own():
-    facts = page_facts()
+    facts = page_facts(ROUTERS)
     assert facts["statuses"] == {"all": list(typing.get_args(RunStatus)), "ended": list(ENDED),
                                  "explained": list(EXPLAINED)}
     assert set(ENDED) <= set(typing.get_args(RunStatus)) >= set(EXPLAINED)
@@ -48,6 +49,26 @@ def test_the_facts_are_the_servers_own():
     assert model_card.optimizer_text(cfg).endswith(", per-tensor gradient clipping at norm 0.5")
 
 
+def test_the_pages_make_their_urls_from_the_servers_routes(client):
+    """No page module writes an API, page or socket path of its own: each is routePath(name)
+    over the routes the app serves, and every name a module asks for is one of them."""
+    routes = page_facts(ROUTERS)["routes"]
+    assert routes["get_run"] == "/api/runs/{run_id}"
+    assert routes["trainer_socket"] == "/ws/runs/{run_id}"
+    asked = set()
+    for folder in (APP, ENGINE):
+        for path in folder.glob("*.js"):
+            src = path.read_text()
+            code = re.sub(r"^\s*(//|\*|/\*\*).*$", "", src, flags=re.M)     # comments aside
+            assert not re.search(r"[`'](/api/|/ws/|/runs[/`']|/compare)", code), path.name
+            asked |= set(re.findall(r"routePath\('(\w+)'", src))
+    assert asked and asked <= set(routes), asked - set(routes)
+    # The table is the app's: the app makes each path from the route's name.
+    for name, path in routes.items():
+        params = {k: "{" + k + "}" for k in re.findall(r"\{(\w+)", path)}
+        assert client.app.url_path_for(name, **params) == path, name
+
+
 def test_the_benches_set_the_servers_dawn_toggles():
     """bench/dawn.mjs runs under Node where no server is: its copy is held to the server's."""
     src = (REPO / "bench" / "dawn.mjs").read_text()
@@ -61,11 +82,11 @@ def test_every_page_is_rendered_with_the_facts(client):
     for path in ["/", f"/runs/{run['id']}", "/runs", "/compare", "/kernels", "/lab",
                  "/diagnostics", "/runs/no-such-run"]:
         facts = _page_facts(client.get(path).text)
-        assert facts == page_facts(), path
-        assert list(facts["clip_modes"]) == list(page_facts()["clip_modes"])   # in order
+        assert facts == page_facts(ROUTERS), path
+        assert list(facts["clip_modes"]) == list(page_facts(ROUTERS)["clip_modes"])   # in order
     # The form's clipping choices are in the facts' words.
     html = client.get("/").text
-    for mode, words in page_facts()["clip_modes"].items():
+    for mode, words in page_facts(ROUTERS)["clip_modes"].items():
         assert re.search(rf'<option value="{mode}"[^>]*>{re.escape(words["choice"])}</option>',
                          html.replace("&#39;", "'")), mode
 

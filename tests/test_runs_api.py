@@ -26,6 +26,9 @@ def test_minimal_config_gets_defaults(client):
     assert body["config"]["clip_mode"] == "global" and body["config"]["max_norm"] == 1.0
     assert "clip" not in body["config"]
     assert len(body["token"]) >= 24 and body["layout"]["config"]["n_embd"] == 64
+    rid = body["id"]
+    assert body["data"]["batches"] == f"/api/runs/{rid}/batches/{{step}}"
+    assert body["data"]["val_batches"] == f"/api/runs/{rid}/val_batches/{{index}}"
     # The 8-bit default keeps the embedding's (the tied head's) state in 32-bit, as bitsandbytes
     # users do (server/optim.py; tests/test_optim_maps.py checks the all-8-bit bound of 0.3x).
     q8, fp32 = body["optimizer_state"]["adamw_8bit"], body["optimizer_state"]["adamw"]

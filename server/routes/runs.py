@@ -115,9 +115,13 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
     return RunCreated(
         id=run_id, token=token, config=cfg, layout=layout,
         optimizer_state=optimizer_memory(layout),
-        data={"batches": f"/api/runs/{run_id}/batches/{{step}}",
-              "val_batches": f"/api/runs/{run_id}/val_batches/{{index}}",
-              "tokenizer": f"/api/tokenizer/{layout['config']['vocab_size']}",
+        # The run's data routes, made by the app from their names ({step} and {index} left
+        # for the trainer to fill).
+        data={"batches": request.app.url_path_for("run_batch", run_id=run_id, step="{step}"),
+              "val_batches": request.app.url_path_for("run_val_batch", run_id=run_id,
+                                                      index="{index}"),
+              "tokenizer": request.app.url_path_for(
+                  "tokenizer", key=str(layout["config"]["vocab_size"])),
               "spec": spec.to_dict()},
         checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]))
 

@@ -6,7 +6,7 @@
 // waits for a training tab (compare_train.js). Each run is named and tagged for its clip mode, so
 // the three are told apart (and found together) in the runs list.
 import { fetchJson, jsonBody, resumeLink, saveToken, withToken } from './api.js';
-import { FACTS, clipWords } from './facts.js';
+import { FACTS, clipWords, routePath } from './facts.js';
 
 export const CLIP_MODES = Object.keys(FACTS.clip_modes);
 export const EXPERIMENT_TAG = 'clip-experiment';
@@ -33,9 +33,9 @@ export function experimentLabels(config) {
 async function makeRuns(base, json) {
   const made = [];
   for (const config of experimentConfigs(base)) {
-    const run = await json('/api/runs', jsonBody('POST', config));
+    const run = await json(routePath('create_run'), jsonBody('POST', config));
     saveToken(run.id, run.token);
-    await json(`/api/runs/${run.id}`, withToken(run.id, jsonBody('PATCH', experimentLabels(config))));
+    await json(routePath('update_run', { run_id: run.id }), withToken(run.id, jsonBody('PATCH', experimentLabels(config))));
     made.push(run);
   }
   return made;
@@ -66,6 +66,6 @@ export function bindClipExperiment(button, { config, problems, fail,
       if (tab) tab.opener = null;
     }
     document.body.dataset.experiment = made.map((r) => r.id).join(',');
-    location.href = `/compare?ids=${made.map((r) => r.id).join(',')}`;
+    location.href = `${routePath('compare')}?ids=${made.map((r) => r.id).join(',')}`;
   });
 }

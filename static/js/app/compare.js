@@ -6,7 +6,7 @@
 // that wait for a training tab (compare_train.js).
 import { fetchJson } from './api.js';
 import { COLORS, Chart, DASHES, fmtBytes } from './charts.js';
-import { clipWords } from './facts.js';
+import { clipWords, routePath } from './facts.js';
 import { LayerOverlay } from './compare_layers.js';
 import { showTrainLinks } from './compare_train.js';
 import { smooth } from './series.js';
@@ -57,8 +57,8 @@ function labeller(found) {
 function fetchRuns() {
   return Promise.all(ids.map(async (id) => {
     const [run, metrics] = await Promise.all([
-      fetchJson(`/api/runs/${id}`).catch(() => null),          // "no such run" in the table
-      fetchJson(`/api/runs/${id}/metrics`).catch(() => []),
+      fetchJson(routePath('get_run', { run_id: id })).catch(() => null),          // "no such run" in the table
+      fetchJson(routePath('get_metrics', { run_id: id })).catch(() => []),
     ]);
     return { id, run, metrics };
   }));
@@ -87,7 +87,7 @@ function summary(runs, found, base) {
     if (base && id === base.id) tr.className = 'baseline';
     const losses = finiteLosses(metrics);
     const a = document.createElement('a');
-    a.href = `/runs/${id}`;
+    a.href = routePath('run_page', { run_id: id });
     setShown(a, run.name);
     const i = found.findIndex((r) => r.id === id);
     const swatch = document.createElement('span');

@@ -6,6 +6,7 @@ import { fetchJson } from './api.js';
 import { Chart } from './charts.js';
 import { hasTensorNorms, heatRows, layerValues } from './heatmap_data.js';
 import { shownText } from './text.js';
+import { routePath } from './facts.js';
 
 export const TOTAL = 'all layers total';
 const $ = (id) => document.getElementById(id);
@@ -25,7 +26,7 @@ export class LayerOverlay {
     await Promise.all(found.map(async (r) => {
       if (this.params.has(r.id) || !r.metrics.some((m) => hasTensorNorms(m))) return;
       try {
-        const layout = await fetchJson(`/api/runs/${r.id}/layout`);
+        const layout = await fetchJson(routePath('get_run_layout', { run_id: r.id }));
         this.params.set(r.id, layout.params);
       } catch (e) {
         console.warn(`no layout for run ${r.id}`, e);

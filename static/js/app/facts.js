@@ -9,3 +9,14 @@ if (!FACTS) throw new Error('no page facts: load this module from an Andrea page
 /** How clip_mode `mode` reads as `kind` ('choice', 'label', 'name'; server/run_config.py
  *  CLIP_MODES); an unknown mode as itself. */
 export const clipWords = (mode, kind) => FACTS.clip_modes[mode]?.[kind] ?? mode;
+
+/** The path of route `name` (the server's name for it, page_facts.py route_paths: 'get_run' ->
+ *  '/api/runs/{run_id}') with each {param} filled in from `params`, URI-encoded. */
+export function routePath(name, params = {}) {
+  const template = FACTS.routes[name];
+  if (template === undefined) throw new Error(`no route ${name} on this server`);
+  return template.replace(/\{(\w+)(?::\w+)?\}/g, (_, key) => {
+    if (params[key] === undefined || params[key] === null) throw new Error(`route ${name} needs ${key}`);
+    return encodeURIComponent(String(params[key]));
+  });
+}

@@ -10,6 +10,7 @@ import {
   LEVELS, NONFINITE_COLOR, PALETTE, binColumns, bucketOf, columnAt, hasTensorNorms, heatRows,
   paletteColor, rowColumns, shortName, topTensor,
 } from './heatmap_data.js';
+import { routePath } from './facts.js';
 
 const $ = (id) => document.getElementById(id);
 const REDRAW_MS = 300;    // live, at most one redraw this often: each one bins every shown step
@@ -55,7 +56,7 @@ export class GradHeatmap {
     for (let i = from; i < recs.length && !found; i++) found = hasTensorNorms(recs[i]);
     if (!found) return;
     this.asked = true;
-    fetchJson(`/api/runs/${this.runId}/layout`).then((layout) => {
+    fetchJson(routePath('get_run_layout', { run_id: this.runId })).then((layout) => {
       this.params = layout.params;
       this.names = layout.params.map((p) => p.name);
       this.make();

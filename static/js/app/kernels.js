@@ -1,7 +1,7 @@
 // Kernels page: profile one training step on this GPU and read each kernel's WGSL beside its time.
 import { fetchJson } from './api.js';
 import { SHADER_BASE } from './assets.js';
-import { FACTS } from './facts.js';
+import { FACTS, routePath } from './facts.js';
 import { createContext } from '../engine/context.js';
 import { createModel } from '../engine/model.js';
 import { Optimizer } from '../engine/optimizer.js';
@@ -22,7 +22,7 @@ async function planFor(preset, B) {
   if (state.held?.key === key) return state.held;
   state.held?.model.destroy();
   state.held = null;
-  const layout = await fetchJson(`/api/presets/${preset}/layout`);
+  const layout = await fetchJson(routePath('get_preset_layout', { name: preset }));
   const model = await createModel(state.ctx, layout, { seed: 0 });
   try {
     state.held = { key, model, plan: await model.plan(B, layout.config.seq_len) };
@@ -85,7 +85,7 @@ async function profile(event) {
 /** The optimizer phase of `variant`: each of its kernels (Optimizer.ops(): the grad norm's
  *  reduction and finalizers, the update, ...) timed as the model's are, a row per kernel. */
 async function profileOptimizer(model, variant) {
-  const maps = variant.startsWith('adamw_8bit') ? await fetchJson('/api/optimizer/maps') : null;
+  const maps = variant.startsWith('adamw_8bit') ? await fetchJson(routePath('optimizer_maps')) : null;
   const opt = await Optimizer.create(state.ctx, model.layout, { variant, W: model.W, G: model.G, maps,
     hyper: FACTS.optimizer_defaults });
   try {
@@ -100,7 +100,7 @@ async function profileOptimizer(model, variant) {
 
 
 async function main() {
-  const presets = await fetchJson('/api/presets');
+  const presets = await fetchJson(routePath('list_presets'));
   $('preset').replaceChildren(...presets.map((p) => new Option(p.name, p.name)));
   try {
     state.ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE) });

@@ -8,6 +8,7 @@ import { bindClipExperiment } from './clip_experiment.js';
 import { fmtCount } from './format.js';
 import { mixedMissing } from './mixed_note.js';
 import { isolated, shownText } from './text.js';
+import { routePath } from './facts.js';
 
 const $ = (id) => document.getElementById(id);
 const form = $('new-run');
@@ -110,13 +111,13 @@ async function layoutOf(c) {
   const shape = Object.fromEntries(SHAPE.filter((k) => k in c).map((k) => [k, c[k]]));
   const key = JSON.stringify(shape);
   if (!state.layouts.has(key)) {
-    state.layouts.set(key, json('/api/run_config/layout', jsonBody('POST', shape)));
+    state.layouts.set(key, json(routePath('run_config_layout'), jsonBody('POST', shape)));
   }
   return state.layouts.get(key);
 }
 
 async function corpusOf(vocabSize) {
-  if (!state.corpora.has(vocabSize)) state.corpora.set(vocabSize, json(`/api/corpus?vocab_size=${vocabSize}`));
+  if (!state.corpora.has(vocabSize)) state.corpora.set(vocabSize, json(`${routePath('corpus')}?vocab_size=${vocabSize}`));
   return state.corpora.get(vocabSize);
 }
 
@@ -257,9 +258,9 @@ async function start(event) {
   }
   $('start').disabled = true;
   try {
-    const run = await json('/api/runs', jsonBody('POST', config()));
+    const run = await json(routePath('create_run'), jsonBody('POST', config()));
     saveToken(run.id, run.token);
-    location.href = `/runs/${run.id}`;
+    location.href = routePath('run_page', { run_id: run.id });
   } catch (e) {
     $('form-error').textContent = `Cannot start: ${e.message}`;
     $('form-error').hidden = false;
@@ -282,7 +283,7 @@ function showPrecision({ ok, why }, device) {
 }
 
 async function main() {
-  const presets = await json('/api/presets');
+  const presets = await json(routePath('list_presets'));
   $('preset').replaceChildren(...presets.map((p) => new Option(
     `${p.name} (${(p.n_params / 1e6).toFixed(1)} M parameters, context ${p.config.seq_len} tokens)`, p.name)));
   let mixed = { ok: false, why: 'no WebGPU here' };

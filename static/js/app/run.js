@@ -10,6 +10,7 @@ import { RunSeries, evalLosses, skippedSteps } from './series.js';
 import { followSpikes } from './spikes.js';
 import { watch } from './telemetry.js';
 import { train } from './training.js';
+import { routePath } from './facts.js';
 
 const body = document.body;
 
@@ -53,7 +54,7 @@ function view() {
 async function main() {
   const { runId } = state;
   takeLinkToken(runId);   // opened from a resume link: the token kept, the fragment dropped
-  const res = await fetch(`/api/runs/${runId}`);
+  const res = await fetch(routePath('get_run', { run_id: runId }));
   if (!res.ok) {
     setStatus(`No run ${runId} here.`, 'bad');
     body.dataset.status = 'missing';
@@ -77,7 +78,7 @@ async function main() {
     return;
   }
   if (run.checkpoint?.last_step) {   // a resumed run: the steps before its checkpoint
-    addRecords(state, await fetchJson(`/api/runs/${runId}/metrics`));
+    addRecords(state, await fetchJson(routePath('get_metrics', { run_id: runId })));
     resumedAt(state, run.checkpoint.last_step, false);
   }
   try {

@@ -11,6 +11,7 @@ import {
   Derived, clipEvents, elapsedColumn, phaseMarks, rowOf, runningSmooth, sourceColumns,
 } from './series.js';
 import { stat } from './run_view.js';
+import { routePath } from './facts.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -198,7 +199,7 @@ export class RunCharts {
 
   /** The bandit's per-source charts, once the run's sources and phases are known. */
   async loadSources() {
-    const fresh = await fetchJson(`/api/runs/${this.runId}/data`);
+    const fresh = await fetchJson(routePath('run_data', { run_id: this.runId }));
     const first = !this.dataInfo;
     this.dataInfo = fresh;
     if (first) {

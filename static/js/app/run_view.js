@@ -4,7 +4,7 @@
 // rate), each with the run's token when this tab holds it; the run's resume link to copy. The
 // functions that need the page's state take it (run.js).
 import { fetchJson, heldToken, jsonBody, resumeLink, saveToken, withToken } from './api.js';
-import { clipWords } from './facts.js';
+import { clipWords, routePath } from './facts.js';
 import { fmtBytes, fmtCount, fmtDuration, fmtTokensPerS, fmtValue } from './format.js';
 import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
 import { progress } from './series.js';
@@ -166,7 +166,7 @@ export function showRun(state, run) {
   if (run.checkpoint?.last_step) {
     stat('last checkpoint', `step ${run.checkpoint.last_step}`, 'last checkpoint', 'setup');
     const a = $('checkpoint-model');
-    a.href = `/api/runs/${runId}/model.safetensors?step=${run.checkpoint.last_step}`;
+    a.href = `${routePath('get_model', { run_id: runId })}?step=${run.checkpoint.last_step}`;
     a.textContent = `model.safetensors (step ${run.checkpoint.last_step})`;
     a.hidden = false;
   }
@@ -179,7 +179,7 @@ export function showRun(state, run) {
   }
   if (config.parent) {
     const a = $('parent');
-    a.href = `/runs/${config.parent.run}`;
+    a.href = routePath('run_page', { run_id: config.parent.run });
     a.textContent = `branched from ${config.parent.run} at step ${config.parent.step}`;
     a.hidden = false;
   }
@@ -208,7 +208,7 @@ export function showRun(state, run) {
   if (run.has_weights) showModelLink();
   stat('preset', run.model_name ?? config.preset, 'model', 'setup');
   if (!state.trainTokens) {
-    fetchJson(`/api/corpus?vocab_size=${config.vocab_size}`).then((c) => {
+    fetchJson(`${routePath('corpus')}?vocab_size=${config.vocab_size}`).then((c) => {
       // Only the run's sources feed it (config.sources; null: every one).
       state.trainTokens = c.sources.filter((s) => !config.sources || config.sources.includes(s.name))
         .map((s) => ({ name: s.name, n: s.train_tokens }));
@@ -276,7 +276,7 @@ async function saveEdit(state, event) {
   const tags = $('edit-tags').value.split(',').map((t) => t.trim()).filter(Boolean);
   let out;
   try {
-    out = await fetchJson(`/api/runs/${state.runId}`, withToken(state.runId, jsonBody('PATCH',
+    out = await fetchJson(routePath('update_run', { run_id: state.runId }), withToken(state.runId, jsonBody('PATCH',
       { name: $('edit-name').value, tags, notes: $('edit-notes').value })));
   } catch (e) {
     $('edit-status').textContent = `Not saved: ${e.message}`;
@@ -291,7 +291,7 @@ async function saveEdit(state, event) {
 async function resumeHere(state) {
   $('resume-run').disabled = true;
   try {
-    const { token } = await fetchJson(`/api/runs/${state.runId}/resume`,
+    const { token } = await fetchJson(routePath('resume_run', { run_id: state.runId }),
       withToken(state.runId, { method: 'POST' }));
     saveToken(state.runId, token);
   } catch (e) {
@@ -308,15 +308,15 @@ async function branchHere(state, run) {
   const lr = Number($('branch-lr').value);
   let out;
   try {
-    const schema = await fetchJson('/api/run_config');   // RunConfig's own fields
+    const schema = await fetchJson(routePath('run_config_schema'));   // RunConfig's own fields
     const cfg = Object.fromEntries(Object.entries(run.config)
       .filter(([k]) => k in schema.properties && k !== 'parent'));
-    out = await fetchJson('/api/runs', withToken(state.runId, jsonBody('POST',
+    out = await fetchJson(routePath('create_run'), withToken(state.runId, jsonBody('POST',
       { ...cfg, lr, parent: { run: state.runId, step: run.checkpoint.last_step } })));
   } catch (e) {
     showError(`Cannot branch: ${e.message}`);
     return;
   }
   saveToken(out.id, out.token);
-  location.href = `/runs/${out.id}`;
+  location.href = routePath('run_page', { run_id: out.id });
 }

@@ -5,6 +5,7 @@ import { jsonBody, responseDetail, withToken } from './api.js';
 import { fmtDuration } from './format.js';
 import { statusLabel } from './run_status.js';
 import { setShown, shownText } from './text.js';
+import { routePath } from './facts.js';
 
 const POLL_MS = 3000;
 const tbody = document.querySelector('#runs tbody');
@@ -104,7 +105,7 @@ function render() {
     box.setAttribute('aria-label', `select ${shownText(r.name)}`);
     cell(tr, box);
     const name = document.createElement('span');
-    name.append(setShown(link(`/runs/${r.id}`, ''), r.name));
+    name.append(setShown(link(routePath('run_page', { run_id: r.id }), ''), r.name));
     const sub = document.createElement('small');
     sub.className = 'muted';
     sub.textContent = ` ${r.id}`;
@@ -127,8 +128,8 @@ function render() {
     cell(tr, elapsedOf(r) === null ? '–' : fmtDuration(elapsedOf(r)));
     cell(tr, new Date(r.created_at * 1000).toLocaleString());
     const ex = document.createElement('span');
-    ex.append(link(`/api/runs/${r.id}/metrics?format=csv`, 'csv'), ' ',
-      link(`/api/runs/${r.id}/metrics`, 'json'));
+    ex.append(link(`${routePath('get_metrics', { run_id: r.id })}?format=csv`, 'csv'), ' ',
+      link(routePath('get_metrics', { run_id: r.id }), 'json'));
     cell(tr, ex);
     const actions = document.createElement('span');
     const rename = Object.assign(document.createElement('button'), { className: 'secondary rename', textContent: 'Rename' });
@@ -202,7 +203,7 @@ async function saveRename({ id, input, why, save }) {
   }
   save.disabled = true;
   try {
-    const res = await fetch(`/api/runs/${id}`, withToken(id, jsonBody('PATCH', { name })));
+    const res = await fetch(routePath('update_run', { run_id: id }), withToken(id, jsonBody('PATCH', { name })));
     if (!res.ok) {
       why.textContent = `Not renamed: ${await responseDetail(res)}`;
       input.focus();
@@ -230,7 +231,7 @@ async function endRename(id, saved = false) {
 async function deleteRun(r) {
   if (!confirm(`Delete ${shownText(r.name)} (${r.id})? Its metrics, samples, checkpoints and weights are ` +
     'removed for good.')) return;
-  const res = await fetch(`/api/runs/${r.id}`, withToken(r.id, { method: 'DELETE' }));
+  const res = await fetch(routePath('delete_run', { run_id: r.id }), withToken(r.id, { method: 'DELETE' }));
   if (!res.ok && res.status !== 404) {
     alert(`Not deleted: ${await responseDetail(res)}`);
   }
@@ -245,7 +246,7 @@ const nextPage = (link) => /<([^>]+)>\s*;\s*rel="next"/.exec(link ?? '')?.[1] ??
 /** The first `state.pages` pages of the runs list, each page's Link header naming the next. */
 async function readPages() {
   const texts = [];
-  let url = '/api/runs';
+  let url = routePath('list_runs');
   let total = null;
   for (let i = 0; i < state.pages && url; i++) {
     const res = await fetch(url);
@@ -284,7 +285,7 @@ async function main() {
   button.addEventListener('click', () => {
     // In the order shown; the compare page picks fp32 AdamW as its baseline by default.
     const ids = [...tbody.querySelectorAll('input:checked')].map((b) => b.value);
-    location.href = `/compare?ids=${ids.join(',')}`;
+    location.href = `${routePath('compare')}?ids=${ids.join(',')}`;
   });
   for (const b of document.querySelectorAll('button.sort')) {
     b.addEventListener('click', () => {

@@ -8,6 +8,7 @@ import { fetchJson } from './api.js';
 import { $ } from './run_view.js';
 import { anatomyParts, topTensorText } from './spike_anatomy.js';
 import { setShown, shownText } from './text.js';
+import { routePath } from './facts.js';
 
 const REFRESH_MS = 10_000;
 
@@ -22,7 +23,7 @@ export function followSpikes(runId, ended, onSteps = () => {}, onOpen = () => {}
   }, true);   // (toggle does not bubble)
   const tick = async () => {
     try {
-      const found = await fetchJson(`/api/runs/${runId}/spikes`);
+      const found = await fetchJson(routePath('get_spikes', { run_id: runId }));
       showSpikes(found);
       onSteps(found.spikes.map((s) => s.step));
     } catch (e) {

@@ -15,7 +15,7 @@
 // good: every promise a caller waits on (committed, sync, and any made later) rejects with a
 // SocketRefused carrying the server's reason, and onState says 'refused'.
 
-import { FACTS } from './facts.js';
+import { FACTS, routePath } from './facts.js';
 
 const FLUSH_MS = 250;
 /** The trainer socket's close code for "the server's storage budget is used up", and the kind
@@ -62,7 +62,7 @@ export class TrainerSocket {
 
   connect() {
     if (this.closed || this.failed) return;
-    const ws = new this.WS(this.url ?? wsUrl(`/ws/runs/${this.runId}`));
+    const ws = new this.WS(this.url ?? wsUrl(routePath('trainer_socket', { run_id: this.runId })));
     this.ws = ws;
     this.ready = false;
     this.lastError = null;
@@ -207,7 +207,7 @@ export function watch(runId, onMessage, onState = () => {}) {
   let last = null;          // every record up to this step has been received
   const open = () => {
     const after = last === null ? '' : `?after=${last}`;
-    const ws = new WebSocket(wsUrl(`/ws/runs/${runId}/watch${after}`));
+    const ws = new WebSocket(wsUrl(`${routePath('viewer_socket', { run_id: runId })}${after}`));
     ws.onopen = () => { retry = 500; onState('connected'); };
     ws.onmessage = (ev) => {
       const msg = JSON.parse(ev.data);

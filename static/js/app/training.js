@@ -11,6 +11,7 @@ import { mixedMissing } from './mixed_note.js';
 import { $, addRecords, addSample, setStatus, showError, showModelLink, stat } from './run_view.js';
 import { SocketRefused, TrainerSocket } from './telemetry.js';
 import { utf8Decoder } from './text.js';
+import { routePath } from './facts.js';
 
 const body = document.body;
 
@@ -64,9 +65,9 @@ export async function train(state, run, token) {
     description: info.description, software };
   stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`, 'adapter', 'setup');
   const [layout, maps, tok] = await Promise.all([
-    fetchJson(`/api/runs/${runId}/layout`),
-    fetchJson('/api/optimizer/maps'),
-    fetchJson(`/api/tokenizer/${config.vocab_size}`),
+    fetchJson(routePath('get_run_layout', { run_id: runId })),
+    fetchJson(routePath('optimizer_maps')),
+    fetchJson(routePath('tokenizer', { key: config.vocab_size })),
   ]);
   // Retried until the server answers: an outage makes training wait for its batch, not fail.
   const fetchBody = (url) => fetchRetrying(url, {}, { onRetry: (why) => reach.set(url, why) })
@@ -76,7 +77,7 @@ export async function train(state, run, token) {
   let resume = null;
   if (from !== null) {
     setStatus(`Loading the checkpoint of step ${from}…`);
-    const res = await fetchRetrying(`/api/runs/${runId}/checkpoints/${from}`,
+    const res = await fetchRetrying(routePath('get_checkpoint', { run_id: runId, step: from }),
       { headers: { authorization: `Bearer ${token}` } });
     resume = { step: from, data: await res.arrayBuffer() };
   }
@@ -86,8 +87,8 @@ export async function train(state, run, token) {
   const uploader = new CheckpointUploader(runId, token, socket);
   trainer = await Trainer.create({
     ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume,
-    loadBatch: (step) => fetchBody(`/api/runs/${runId}/batches/${step}`),
-    loadValBatch: (i) => fetchBody(`/api/runs/${runId}/val_batches/${i}`),
+    loadBatch: (step) => fetchBody(routePath('run_batch', { run_id: runId, step })),
+    loadValBatch: (i) => fetchBody(routePath('run_val_batch', { run_id: runId, index: i })),
     on: {
       checkpoint: (ckpt) => uploader.upload(ckpt),
       record: (r) => {
@@ -205,7 +206,7 @@ class CheckpointUploader {
       // Record K first: a checkpoint of step K is only useful with steps 1..K committed (the
       // server resumes only from such a checkpoint).
       await this.socket.committed(ckpt.step);
-      const res = await fetch(`/api/runs/${this.runId}/checkpoints/${ckpt.step}`, {
+      const res = await fetch(routePath('put_checkpoint', { run_id: this.runId, step: ckpt.step }), {
         method: 'PUT', body: new Blob(ckpt.parts),
         headers: { authorization: `Bearer ${this.token}`, 'content-type': 'application/octet-stream',
           'x-andrea-chunk-sha256': ckpt.chunkSha256.join(',') } });
@@ -262,7 +263,7 @@ async function saveWeights(runId, trainer, token, reach) {
     const w = await trainer.model.getParams();
     // A Blob, not the array itself: Chrome's renderer crashes sending an ArrayBuffer body of
     // hundreds of MB (120m: 478 MB), and streams a Blob (sent again whole by a retry).
-    await fetchRetrying(`/api/runs/${runId}/weights`, { method: 'PUT', body: new Blob([w]),
+    await fetchRetrying(routePath('put_weights', { run_id: runId }), { method: 'PUT', body: new Blob([w]),
       headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' } },
     { onRetry: (why) => reach.set('weights', why) });
     showModelLink();

@@ -12,14 +12,17 @@ const LAB_MODULES = [modelLab, optimizerLab];
 /**
  * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL source;
  * getLayout: ({preset} | {config}) => layout JSON from the server (server/model.py);
+ * getMaps: () => the 8-bit quantization maps (server/optim.py quantization_maps()), for an
+ * 8-bit optimizer entry whose caller passes none;
  * optimizerDefaults: the hyperparameters an optimizer entry's caller may leave out (a page
  * passes the server's, RunConfig's: page facts).
  */
-export async function createLab({ gpu, load, getLayout, optimizerDefaults = {} }) {
+export async function createLab({ gpu, load, getLayout, getMaps = null, optimizerDefaults = {} }) {
   // The mixed-precision kernels' features where the adapter has them (lab.info.mixed says
   // whether they can run); the fp32 kernels use neither.
   const ctx = await createContext({ gpu, load, mixed: 'optional' });
   ctx.getLayout = getLayout;
+  ctx.getMaps = getMaps ?? (() => { throw new Error('pass `maps` (server/optim.py quantization_maps())'); });
   ctx.optimizerDefaults = optimizerDefaults;
   // What the server says the kernels support (server/model.py), for kernels run without a model.
   ctx.modelLimits = (await getLayout({ preset: 'tiny' })).limits;

@@ -5,13 +5,6 @@ import { readBuffer, storageBuffer } from './gpu.js';
 import { Optimizer } from './optimizer.js';
 import { mergeHyper } from './optimizer_hyper.js';
 
-async function fetchMaps() {
-  if (typeof fetch !== 'function') throw new Error('pass `maps` (server/optim.py quantization_maps())');
-  const res = await fetch('/api/optimizer/maps');
-  if (!res.ok) throw new Error(`GET /api/optimizer/maps failed: ${res.status}`);
-  return res.json();
-}
-
 export function labEntries(ctx) {
   return {
     /**
@@ -36,7 +29,7 @@ export function labEntries(ctx) {
       const opt = await Optimizer.create(ctx, layout, {
         variant, W, G, maxBindingBytes, ...tuning,
         label: `lab.${variant}`,
-        maps: is8 ? (maps || await fetchMaps()) : null,
+        maps: is8 ? (maps || await ctx.getMaps()) : null,
         hyper: mergeHyper({ ...ctx.optimizerDefaults },
           { beta1, beta2, eps, weight_decay, max_norm, clip, clip_mode }), lossScale,
       });
