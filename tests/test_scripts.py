@@ -67,22 +67,32 @@ def test_serve_reuses_the_environment_and_serves(tmp_path):
     assert f"open http://127.0.0.1:{port}/" in out
 
 
-def test_markers_select_the_tests_by_what_they_need():
+def test_markers_select_the_tests_by_what_they_need(tmp_path):
     """conftest.py's markers: `-m "not browser"` leaves out the e2e and GPU tests and keeps the
-    server's; `-m db` takes the PostgreSQL parameter of a store test and not its SQLite one."""
-    def collected(marker, *paths):
-        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                            "no:cacheprovider", "-m", marker, *paths], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
-        return {line for line in r.stdout.splitlines() if "::" in line}
-
+    server's; `-m db` takes the PostgreSQL parameter of a store test and not its SQLite one.
+    One collection (a plugin prints each test's markers as pytest's -m reads them), not one per
+    selection: each costs ~20 s of imports."""
+    (tmp_path / "marker_dump.py").write_text(
+        "def pytest_collection_finish(session):\n"
+        "    for item in session.items:\n"
+        "        print('MARKS', item.nodeid, *sorted({m.name for m in item.iter_markers()}))\n")
     paths = ("e2e/test_diagnostics.py", "tests/gpu/test_kernels.py", "tests/test_model_layout.py",
              "tests/test_store.py")
-    light = collected("not browser", *paths)
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                        "no:cacheprovider", "-p", "marker_dump", *paths], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    marks = {line.split()[1]: set(line.split()[2:]) for line in r.stdout.splitlines()
+             if line.startswith("MARKS ")}
+
+    def collected(want):
+        return {t for t, m in marks.items() if want(m)}
+
+    light = collected(lambda m: "browser" not in m)
     assert light and all(t.startswith(("tests/test_model_layout", "tests/test_store"))
                          for t in light)
-    gpu = collected("gpu", *paths)
+    gpu = collected(lambda m: "gpu" in m)
     assert gpu and all(t.startswith("tests/gpu/") for t in gpu)
-    db = collected("db", *paths)
+    db = collected(lambda m: "db" in m)
     assert db and all("postgresql" in t for t in db)
     assert any("sqlite" in t for t in light - db)
