@@ -143,16 +143,18 @@ def optimizer_memory(layout: dict, policy: str = DEFAULT_8BIT_POLICY) -> dict:
     return out
 
 
-def checkpoint_sections(layout: dict, optimizer: str,
-                        policy: str = DEFAULT_8BIT_POLICY) -> list[dict]:
+def checkpoint_sections(layout: dict, optimizer: str, policy: str = DEFAULT_8BIT_POLICY,
+                        precision: str = "fp32") -> list[dict]:
     """THE list of a checkpoint's sections, in file order: raw little-endian bytes, no header,
     no padding. W, then the optimizer state exactly as the GPU holds it (the f16 mirror is
-    recomputed from W, so it is not stored). The engine checks its buffers against this list;
-    the server checks upload sizes against it."""
+    recomputed from W, so it is not stored); a mixed-precision run's then ends with the loss
+    scaler (f32 [4]: scale, clean steps, applied steps, 0), so that it resumes exactly. The
+    engine checks its buffers against this list; the server checks upload sizes against it."""
     n = layout["total_numel"]
+    scaler = [{"name": "scaler", "bytes": 16}] if precision == "mixed" else []
     if optimizer in ("adamw", "adamw_f16"):
         return [{"name": "W", "bytes": 4 * n}, {"name": "M", "bytes": 4 * n},
-                {"name": "V", "bytes": 4 * n}]
+                {"name": "V", "bytes": 4 * n}, *scaler]
     if optimizer == "adamw_8bit":
         plan = block_plan(layout, policy)
         # codes: m and v, one byte per element of each 256-element block; small: the absmax
@@ -160,7 +162,7 @@ def checkpoint_sections(layout: dict, optimizer: str,
         small = 4 * (-(-2 * plan["q_blocks"] // 4) * 4 + 2 * plan["f32_numel"])
         return [{"name": "W", "bytes": 4 * n},
                 {"name": "codes", "bytes": 2 * BLOCKSIZE * plan["q_blocks"]},
-                {"name": "small", "bytes": small}]
+                {"name": "small", "bytes": small}, *scaler]
     raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(VARIANTS)}")
 
 

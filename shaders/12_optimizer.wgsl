@@ -88,11 +88,17 @@
 // Dynamic loss scaling (mixed precision; torch.amp.GradScaler's rule, kept on the GPU so that no
 // step waits for a readback). The loss gradient was multiplied by the scale (07_loss.wgsl
 // scale_dlogits); the step order becomes
-//   unscale_grads -> reduce_norm_sq ... -> adamw_update* (SKIP_NONFINITE) -> zero_skipped_grads
-//   -> update_loss_scale
-//   @binding(14) scaler : f32 [4]   (scale, clean steps since it last changed, 0, 0)
-//   @binding(2) stats   : f32 [4 + 4T + 4]: the tail [4 + 4T] = the scale this step used,
-//                         [+1] = 1 when the step was skipped
+//   unscale_grads -> reduce_norm_sq ... -> bias_correct -> adamw_update* (SKIP_NONFINITE)
+//   -> zero_skipped_grads -> update_loss_scale
+//   @binding(14) scaler : f32 [4]   (scale, clean steps since it last changed, applied steps, 0):
+//                         the loss scaling's state, part of a mixed run's checkpoint
+//   @binding(2) stats   : f32 [4 + 4T + 8]: the tail [4 + 4T] = the scale this step used,
+//                         [+1] = 1 when the step was skipped, [+2..+5] this step's bias-corrected
+//                         neg_step, bc2_sqrt, q32_step, q32_eps (bias_correct), [+6, +7] 0
+// bias_correct (1 thread): Adam's bias corrections 1 - beta^t for t = the applied steps + 1, as
+//   torch's AdamW under GradScaler counts them (a skipped step is no step of the optimizer's);
+//   the host cannot know t when it writes hp (the skip is decided on the GPU), so with
+//   SKIP_NONFINITE the update entry points take these four from the tail, not from hp.
 // unscale_grads (per chunk, as adamw_update): g *= 1 / scale (a power of two: exact).
 // SKIP_NONFINITE: the update entry points leave W, M, V (and the 8-bit state) as they are when
 //   the step's gradient has a non-finite element (stats[3] > 0); zero_skipped_grads then zeroes
@@ -303,6 +309,16 @@ fn scale_tensor_grads(@builtin(workgroup_id) wid: vec3<u32>,
 
 // ---------------------------------------------------------------- fp32 AdamW (+ f16 mirror)
 
+// This step's bias-corrected (neg_step, bc2_sqrt, q32_step, q32_eps): the host's, or with loss
+// scaling the GPU's, which counts applied steps only (bias_correct).
+fn adam_step() -> vec4<f32> {
+  if (SKIP_NONFINITE) {
+    let tail = arrayLength(&stats) - 8u;
+    return vec4<f32>(stats[tail + 2u], stats[tail + 3u], stats[tail + 4u], stats[tail + 5u]);
+  }
+  return vec4<f32>(hp.neg_step, hp.bc2_sqrt, hp.q32_step, hp.q32_eps);
+}
+
 // One vec4 of the chunk: returns the new weights (written already).
 fn adam4(i: u32) -> vec4<f32> {
   if (SKIP_NONFINITE && stats[3] > 0.0) { return w4[i]; }   // zero_skipped_grads zeroes g
@@ -313,8 +329,9 @@ fn adam4(i: u32) -> vec4<f32> {
   let m_old = m4[i];
   let m = fma(vec4<f32>(hp.omb1), g - m_old, m_old);        // torch lerp_ (weight < 0.5)
   let v = v4[i] * hp.beta2 + (hp.omb2 * g) * g;             // torch mul_ + addcmul_
-  let denom = sqrt(v) / hp.bc2_sqrt + hp.eps;
-  w = w + (hp.neg_step * m) / denom;                        // torch addcdiv_
+  let step = adam_step();
+  let denom = sqrt(v) / step.y + hp.eps;
+  w = w + (step.x * m) / denom;                             // torch addcdiv_
   w4[i] = w;
   m4[i] = m;
   v4[i] = v;
@@ -361,12 +378,25 @@ fn zero_skipped_grads(@builtin(global_invocation_id) gid: vec3<u32>,
 }
 
 @compute @workgroup_size(1)
+fn bias_correct() {
+  let tail = arrayLength(&stats) - 8u;
+  let t = scaler[2] + 1.0;          // this step's, if it is applied
+  let bc1 = 1.0 - pow(hp.beta1, t);
+  let bc2_sqrt = sqrt(1.0 - pow(hp.beta2, t));
+  stats[tail + 2u] = -(hp.lr / bc1);
+  stats[tail + 3u] = bc2_sqrt;
+  stats[tail + 4u] = -hp.lr * bc2_sqrt / bc1;
+  stats[tail + 5u] = hp.eps * bc2_sqrt;
+}
+
+@compute @workgroup_size(1)
 fn update_loss_scale() {
-  let tail = arrayLength(&stats) - 4u;
+  let tail = arrayLength(&stats) - 8u;
   let scale = scaler[0];
   let skipped = stats[3] > 0.0;
   stats[tail] = scale;
   stats[tail + 1u] = select(0.0, 1.0, skipped);
+  if (!skipped) { scaler[2] = scaler[2] + 1.0; }
   if (skipped) {
     scaler[0] = scale * 0.5;
     scaler[1] = 0.0;

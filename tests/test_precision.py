@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 from andrea.cli.train_args import add_train_arguments, run_config
 from andrea.model_card import optimizer_text
 from andrea.spikes import find_spikes
+from tests.test_checkpoints import put, state
 from tests.test_telemetry import hello, metrics, new_run, record, send_metrics, ws_url
 
 
@@ -26,6 +27,21 @@ def test_precision_defaults_to_fp32_and_takes_mixed(client):
     made = client.post("/api/runs", json={"preset": "tiny", "precision": "mixed"})
     assert made.status_code == 201, made.text
     assert client.get(f"/api/runs/{made.json()['id']}").json()["config"]["precision"] == "mixed"
+
+
+def test_a_mixed_runs_checkpoint_holds_its_loss_scaler(client):
+    """The loss scaler (scale, clean steps, applied steps: f32 [4]) ends a mixed run's checkpoint,
+    so a resume goes on with the same scale and Adam step count; an fp32 run's is as it was."""
+    for optimizer in ("adamw", "adamw_8bit"):
+        fp32, mixed = (client.post("/api/runs", json={
+            "preset": "tiny", "optimizer": optimizer, "precision": p}).json()
+            for p in ("fp32", "mixed"))
+        a, b = fp32["checkpoint"]["sections"], mixed["checkpoint"]["sections"]
+        assert b == [*a, {"name": "scaler", "bytes": 16}] and a[-1]["name"] != "scaler"
+        body = state(mixed)
+        r = put(client, mixed, 1, body)
+        assert r.status_code == 201, r.text
+        assert put(client, mixed, 2, body[:-16]).status_code == 400    # an fp32-sized body
 
 
 @pytest.mark.parametrize("bad", ["bf16", "f16", True, None, 16])

@@ -96,7 +96,8 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     run_id, cfg = run["id"], run["config"]
     if not 1 <= step <= cfg["steps"]:
         raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
-    sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"])
+    sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"],
+                                   precision=cfg.get("precision", "fp32"))
     expected = sum(s["bytes"] for s in sections)
     declared = request.headers.get("content-length")
     if declared is not None:        # refused before reading a byte of a wrong-sized body

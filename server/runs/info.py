@@ -45,7 +45,8 @@ RESUMABLE = ("interrupted", "stopped", "paused", "running", "failed")
 def checkpoint_info(config: dict, last_step: int | None) -> dict:
     """What a trainer needs to write and read the run's checkpoints."""
     layout = run_layout(config)
-    return {"sections": checkpoint_sections(layout, config["optimizer"]),
+    return {"sections": checkpoint_sections(layout, config["optimizer"],
+                                            precision=config.get("precision", "fp32")),
             "chunk_bytes": checkpoints.CHUNK_BYTES,
             "every": config.get("checkpoint_every"), "last_step": last_step}
 

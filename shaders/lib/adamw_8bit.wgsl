@@ -123,11 +123,12 @@ fn finish8(r: In8, t: u32, grp: u32, lid: u32) -> Out8 {
     m = fma(g, vec4<f32>(hp.omb1), m * hp.beta1);
     v = v * hp.beta2 + (hp.omb2 * g) * g;
     if (e.x < hp.decay_end) { w = w * hp.decay; }
+    let step = adam_step();   // (neg_step, bc2_sqrt, q32_step, q32_eps)
     if (is8) {
-      let denom = sqrt(v) / hp.bc2_sqrt + hp.eps;
-      w = w + (hp.neg_step * m) / denom;
+      let denom = sqrt(v) / step.y + hp.eps;
+      w = w + (step.x * m) / denom;
     } else {
-      w = fma(m / (sqrt(v) + hp.q32_eps), vec4<f32>(hp.q32_step), w);
+      w = fma(m / (sqrt(v) + step.w), vec4<f32>(step.z), w);
     }
   }
 

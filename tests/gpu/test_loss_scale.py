@@ -3,11 +3,10 @@ with a non-finite gradient, update_loss_scale) through the lab page (Chromium + 
 against torch.amp.GradScaler with torch.optim.AdamW and clip_grad_norm_ on the CPU.
 
 The gradients fed to the engine are what a backward under the scale makes: the true gradient times
-the scale GradScaler holds at that step, with NaN and Inf planted on two steps. One deliberate
-difference: the engine's Adam bias correction counts every step, skipped ones too (the host sets
-the step number before the GPU knows of the skip), where torch counts applied steps only; the
-reference sets AdamW's state["step"] to the engine's count before each step, and holds everything
-else to torch's own code.
+the scale GradScaler holds at that step, with NaN and Inf planted on two steps. Adam's bias
+corrections count the applied steps only, as torch's AdamW does under GradScaler (a skipped step is
+no optimizer step): the engine keeps that count on the GPU (12_optimizer.wgsl bias_correct), since
+the host sets a step's hyperparameters before the GPU decides its skip.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ BAD = {3: np.inf, 6: np.nan}   # steps whose gradient gets a non-finite element
 
 def scaled_run(layout, w0, grads):
     """torch with GradScaler; returns (params, the gradients the engine is fed, scale per step,
-    skipped per step, final scale)."""
+    skipped per step, final scale, the steps AdamW applied: its state's `step`)."""
     ps = [torch.nn.Parameter(t) for t in tensors(layout, w0)]
     decay = [q for q, p in zip(ps, layout["params"]) if p["decay"]]
     no_decay = [q for q, p in zip(ps, layout["params"]) if not p["decay"]]
@@ -54,24 +53,24 @@ def scaled_run(layout, w0, grads):
             q.grad = t.clone()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(ps, MAX_NORM)
-        for q in ps:
-            if "step" in opt.state.get(q, {}):
-                opt.state[q]["step"] = torch.tensor(float(s))   # torch adds 1: the engine's s + 1
         scaler.step(opt)
         scaler.update()
         scales.append(scale)
         skipped.append(s in BAD)
-    return ps, fed, np.array(scales), np.array(skipped), scaler.get_scale()
+    return (ps, fed, np.array(scales), np.array(skipped), scaler.get_scale(),
+            int(opt.state[ps[0]]["step"]))
 
 
 def test_dynamic_loss_scaling_matches_grad_scaler(lab_session, layout, problem):
     w0, grads = problem
-    ps, fed, scales, skipped, final = scaled_run(layout, w0, grads)
+    ps, fed, scales, skipped, final, steps = scaled_run(layout, w0, grads)
     assert skipped.any() and (scales != scales[0]).any(), "the test should skip and grow"
     out = run_steps(lab_session, layout, w0, fed, lossScale={"init": INIT, "growth": GROWTH})
     np.testing.assert_array_equal(out["loss_scales"], scales)
     np.testing.assert_array_equal(out["skipped"] > 0, skipped)
     assert out["scaler"][0] == final
+    applied = len(grads) - skipped.sum()
+    assert out["scaler"][2] == applied == steps, "the applied steps Adam counted"
     dw = np.abs(out["params"] - flatten(layout, ps))
     print(report("fp32 AdamW + loss scaling vs torch GradScaler, w", dw))
     assert dw.max() <= 1e-6, report("w", dw)
@@ -95,4 +94,5 @@ def test_a_skipped_step_leaves_weights_and_state_alone(lab_session, layout, prob
                 np.testing.assert_array_equal(both["state"][k], first["state"][k], err_msg=variant)
         np.testing.assert_array_equal(both["skipped"], [0, 1])
         assert both["scaler"][0] == INIT / 2 and both["scaler"][1] == 0
+        assert both["scaler"][2] == 1         # one applied step: the next one's Adam t is 2
         assert not both["grads"].any()

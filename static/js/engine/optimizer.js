@@ -11,9 +11,10 @@
 //               elements), then per tensor t of layout.params (sum of g^2, #non-finite, clip
 //               scale, 0); STORAGE | COPY_SRC: copy opt.statsBytes of it into the trainer's
 //               readback ring after encode(). readStats() decodes such a copy.
-//   opt.scaler  (with lossScale) f32 [4] = (loss scale, clean steps): mixed precision's dynamic
-//               loss scale, which the model's loss multiplies dlogits by (07_loss scale_dlogits);
-//               stats then ends with 4 more floats (the scale the step used, 1 if it was skipped).
+//   opt.scaler  (with lossScale) f32 [4] = (loss scale, clean steps, applied steps, 0): mixed
+//               precision's dynamic loss scale, which the model's loss multiplies dlogits by
+//               (07_loss scale_dlogits), and the count Adam's bias corrections use; stats then
+//               ends with 8 more floats (the scale the step used, 1 if it was skipped, ...).
 //   opt.mirror  (f16 variants) u32 [total_numel / 2]: element i of W as f16 in half i % 2 of word
 //               i / 2, low half first; the tensor at element offset o starts at byte 2 * o.
 //   opt.destroy()  frees every buffer it created (the mirror too, unless it was handed in).
@@ -23,7 +24,9 @@
 import { align, checked } from './gpu.js';
 import { packHalf2, prepare8 } from './optimizer_tables.js';
 import { normSegments, windowSegments } from './norm_segments.js';
-import { LOSS_SCALE_BINDINGS, lossScaleStats, scalerInit } from './optimizer_loss_scale.js';
+import {
+  LOSS_SCALE_BINDINGS, LOSS_SCALE_STATS_BYTES, lossScaleStats, scalerInit,
+} from './optimizer_loss_scale.js';
 import { elementGrid, grid2d, plan8, planFp32, planWindows } from './optimizer_plans.js';
 import { hyperUniform, mergeHyper } from './optimizer_hyper.js';
 import { encodeDispatch, launch } from './ops.js';
@@ -155,7 +158,7 @@ export class Optimizer {
         `(maxStorageBufferBindingSize ${this.windowElems * 4} B)`);
     }
     this.tensors = this.layout.params.length;
-    this.statsBytes = 16 + 16 * this.tensors + (this.lossScale ? 16 : 0);
+    this.statsBytes = 16 + 16 * this.tensors + (this.lossScale ? LOSS_SCALE_STATS_BYTES : 0);
     this.stats = this._buffer(this.statsBytes, 'stats');
     const skip = this.lossScale ? { SKIP_NONFINITE: 1 } : {};
     this.uHyper = d.createBuffer({ label: `${this.label}.hyper`, size: 64,
@@ -205,6 +208,7 @@ export class Optimizer {
     if (this.lossScale) {
       this.scaler = this._buffer(16, 'scaler', scalerInit(this.lossScale));
       pipes.unscale = pipe('unscale_grads', { WG: wg }, LOSS_SCALE_BINDINGS.unscale_grads);
+      pipes.bias = pipe('bias_correct', {}, LOSS_SCALE_BINDINGS.bias_correct);
       pipes.zero = pipe('zero_skipped_grads', { WG: wg }, LOSS_SCALE_BINDINGS.zero_skipped_grads);
       pipes.grow = pipe('update_loss_scale', { GROWTH: this.lossScale.growth },
         LOSS_SCALE_BINDINGS.update_loss_scale);
@@ -241,6 +245,8 @@ export class Optimizer {
         'clip scale')];
       ops.grow = this.lossScale
         ? [op(p.grow, { stats: this.stats, scaler: this.scaler }, [1, 1], 'loss scale')] : [];
+      ops.bias = this.lossScale ? [op(p.bias, { hp: this.uHyper, stats: this.stats,
+        scaler: this.scaler }, [1, 1], 'bias correction')] : [];
       for (const u of updatePlan) {
         const res = { hp: this.uHyper, stats: this.stats,
           w4: this._range(this.W, u.base, u.len, 4), g4: this._range(this.G, u.base, u.len, 4) };
@@ -299,10 +305,11 @@ export class Optimizer {
   }
 
   /** Phase 2 as op records: the AdamW update (reads clip_scale from `stats`, zeroes G); with
-   *  loss scaling, then G zeroed after a skipped step and the scale updated. */
+   *  loss scaling, first the step's bias corrections (from the applied steps), then after the
+   *  update G zeroed after a skipped step and the scale updated. */
   updateOps() {
     const o = this._ops;
-    return [...o.update, ...o.zero, ...o.grow];
+    return [...o.bias, ...o.update, ...o.zero, ...o.grow];
   }
 
   /** A whole optimizer step as op records, in the order encode() encodes them. */
@@ -355,15 +362,17 @@ export class Optimizer {
   /** The optimizer's part of a checkpoint, in the order server/optim.py checkpoint_sections
    *  lists it: fp32 variants M, V (f32 [n] each); 8-bit variants codes (u8 [2, 256] per 8-bit
    *  block: the codes buffer as the kernel keeps it) and small (f32: absmax pairs, then f32 m and
-   *  v of the small tensors). bytes = what the buffer holds from its start (its allocation is
-   *  rounded up). The f16 mirror is not state: it is recomputed from W (initMirror). */
+   *  v of the small tensors); with loss scaling (mixed precision) then the scaler (f32 [4]).
+   *  bytes = what the buffer holds from its start (its allocation is rounded up). The f16 mirror
+   *  is not state: it is recomputed from W (initMirror). */
   stateSections() {
+    const scaler = this.lossScale ? [{ name: 'scaler', buffer: this.scaler, bytes: 16 }] : [];
     if (this.is8) {
       return [{ name: 'codes', buffer: this.codes, bytes: this.state8.codesBytes },
-        { name: 'small', buffer: this.small, bytes: this.state8.smallFloats * 4 }];
+        { name: 'small', buffer: this.small, bytes: this.state8.smallFloats * 4 }, ...scaler];
     }
     return [{ name: 'M', buffer: this.M, bytes: this.n * 4 },
-      { name: 'V', buffer: this.V, bytes: this.n * 4 }];
+      { name: 'V', buffer: this.V, bytes: this.n * 4 }, ...scaler];
   }
 
   /** Host f32 weights -> the f16 mirror (once, when W is uploaded; steps keep it in sync). */
