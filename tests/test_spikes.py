@@ -15,7 +15,7 @@ from andrea.spikes import BOUNDARY, FACTOR, QUIET, find_spikes, outlier_rows
 def settings(tmp_path) -> Settings:
     """Each spike list current: these tests read a run's spikes right after its trainer's
     records (the window a trained run's list may lag, spikes_fresh_s, is tested in
-    test_workshop_reads.py)."""
+    test_web_reads.py)."""
     return Settings(data_dir=tmp_path / "data", spikes_fresh_s=0)
 
 

@@ -1,5 +1,6 @@
-"""What readers can cost the server (issue 32, workshop safety), against real servers with small
-limits (ANDREA_* settings) where it matters:
+"""What readers can cost the server (server/web/limits.py ReadBudget, routes/spikes.py,
+routes/exports.py, telemetry/viewer.py), against real servers with small limits (ANDREA_*
+settings) where it matters:
 
 - GET /api/runs/{id}/spikes: one computation per (run, last step), shared by every request
   that comes meanwhile (single-flight), and incremental: a new answer feeds only the new

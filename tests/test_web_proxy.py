@@ -1,10 +1,10 @@
-"""Owner's rights behind the README's reverse proxy (issue 32, item 1): `andrea serve` on
-127.0.0.1 with ANDREA_ALLOWED_HOSTS=workshop.local, and a real nginx in front of it configured
-as the README says (Host passed through, X-Forwarded-For added, websockets upgraded). A
-participant who names `localhost` (with or without the server's port) gets no owner's rights
-through it: resume, rename, branch and delete all need the run's token, and nothing changes.
-The operator's direct requests on the machine are trusted only when ANDREA_LOCAL_OWNER=1 asks
-for it, and even then never through the proxy."""
+"""Owner's rights behind the README's reverse proxy (server/web/deps.py request_is_local):
+`andrea serve` on 127.0.0.1 with ANDREA_ALLOWED_HOSTS=workshop.local, and a real nginx in front
+of it configured as the README says (Host passed through, X-Forwarded-For added, websockets
+upgraded). A participant who names `localhost` (with or without the server's port) gets no
+owner's rights through it: resume, rename, branch and delete all need the run's token, and
+nothing changes. The operator's direct requests on the machine are trusted only when
+ANDREA_LOCAL_OWNER=1 asks for it, and even then never through the proxy."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
 from andrea.web.deps import NO_TOKEN
-from tests.test_workshop_auth import (
+from tests.test_web_auth import (
     ADMIN,
     bearer,
     files,

@@ -1,8 +1,9 @@
-"""Issue 23, item 4: bounded bodies and connection times, each attack against a real `andrea
-serve` with small limits (ANDREA_MAX_BODY_BYTES=4096, header and idle timeouts of 1 s, 8
-connections per client address). Before: JSON bodies were read whole (4 x 200 MiB: 2.5-3.4 GB
-RSS), trickled headers held their connections for ever, one client could hold every socket.
-Each test asserts the clear answer and that nothing changed; deadlines only bound the waits."""
+"""Bounded bodies and connection times (server/web/limits.py, web/uvicorn_limits.py), each
+attack against a real `andrea serve` with small limits (ANDREA_MAX_BODY_BYTES=4096, header and
+idle timeouts of 1 s, 8 connections per client address). Before: JSON bodies were read whole (4
+x 200 MiB: 2.5-3.4 GB RSS), trickled headers held their connections for ever, one client could
+hold every socket. Each test asserts the clear answer and that nothing changed; deadlines only
+bound the waits."""
 
 from __future__ import annotations
 

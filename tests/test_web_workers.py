@@ -1,8 +1,9 @@
-"""No request can hold a worker (issue 23, item 3), against a real server: batch requests that
-wait for a bandit's training losses wait on the event loop (at most MAX_WAITING per run, a far
-step answered at once), long reads (exports, the runs list, CSV) run on their own connections
-so another run's trainer keeps its acks, an export never loads a whole run, and held
-model.safetensors downloads leave nothing on disk."""
+"""No request can hold a worker (the event loop and its threads: routes/data.py waits,
+routes/exports.py streams), against a real server: batch requests that wait for a bandit's
+training losses wait on the event loop (at most MAX_WAITING per run, a far step answered at
+once), long reads (exports, the runs list, CSV) run on their own connections so another run's
+trainer keeps its acks, an export never loads a whole run, and held model.safetensors downloads
+leave nothing on disk."""
 
 from __future__ import annotations
 

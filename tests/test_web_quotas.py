@@ -1,4 +1,4 @@
-"""Quotas with clear answers (issue 23, item 2), each against a real server with small limits
+"""Quotas with clear answers (server/web/quotas.py), each against a real server with small limits
 (ANDREA_* settings): new runs per client (429 + Retry-After) and in all (507), the data dir's
 free-space floor (507 for a new run, a checkpoint and the weights, nothing written), samples per
 run (dropped past the quota, the trainer told once, training goes on), the metrics rate (the

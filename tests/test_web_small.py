@@ -1,5 +1,5 @@
-"""Five small workshop-safety findings, each attack against a real `andrea serve` (raw sockets,
-as tests/test_workshop_limits.py) or its pages. Before:
+"""Five small bounds of the web layer (server/web/, runs/sweep.py, shown.py), each attack
+against a real `andrea serve` (raw sockets, as tests/test_web_limits.py) or its pages. Before:
 1. a server killed mid-branch left a hidden half-branch for ever, counted in X-Total-Count;
 2. batches were gzipped (a 33 MB batch: 0.18 s plain, 11 s gzipped);
 3. request heads of 66-125 KB passed the 64 KiB bound when they came in one read;
@@ -31,7 +31,7 @@ from andrea.store import Store
 from andrea.store.run_rows import BRANCH_PAGE
 from andrea.web.uvicorn_limits import MAX_HEAD_BYTES
 from tests.test_checkpoints import digests, folder, headers, state
-from tests.test_workshop_limits import answer, connect, head, new_run, read_all
+from tests.test_web_limits import answer, connect, head, new_run, read_all
 
 # Any upload has 1 s, more at 256 KiB/s of its size: a 1.68 MB checkpoint 6.4 s, a 560 KB
 # weights file 2.1 s, a JSON body 1 s. The idle timeout stays 30 s: it is never what bites here.

@@ -1,7 +1,8 @@
-"""Issue 23, item 1: every state change is authorized. Each finding is reproduced against a real
-server (`andrea serve` on loopback with ANDREA_ALLOWED_HOSTS=workshop.lan: a request under
-that name comes from another machine of the workshop's LAN) and answered with a clear refusal
-that changes nothing: the run's row as the API shows it, its token, its files on disk."""
+"""Who may change a run (server/web/auth.py, web/deps.py): every state change is authorized.
+Each finding is reproduced against a real server (`andrea serve` on loopback with
+ANDREA_ALLOWED_HOSTS=workshop.lan: a request under that name comes from another machine of the
+workshop's LAN) and answered with a clear refusal that changes nothing: the run's row as the API
+shows it, its token, its files on disk."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ LAN = "workshop.lan"
 def server(tmp_path_factory):
     """(url, data dir, port) of one `andrea serve` for the whole module: a workshop's names,
     and the operator's own requests on this machine trusted (ANDREA_LOCAL_OWNER=1;
-    tests/test_workshop_proxy.py has the default, which trusts none)."""
+    tests/test_web_proxy.py has the default, which trusts none)."""
     data = tmp_path_factory.mktemp("workshop") / "data"
     proc, url = start_server(data, env={"ANDREA_ALLOWED_HOSTS": LAN,
                                         "ANDREA_ADMIN_TOKEN": ADMIN,
