@@ -1,9 +1,10 @@
 // New-run page: pick preset, optimizer and hyperparameters; see the memory the choice needs on
 // this GPU; start. The run's write token stays in this tab's sessionStorage, never in a URL.
-import { acquireDevice } from '../engine/gpu.js';
-import { mixedSupport } from '../engine/mma.js';
+import { createContext } from '../engine/context.js';
 import { activationBytes, limitProblems } from '../engine/model.js';
+import { fetchLoader } from '../engine/shaders.js';
 import { HttpError, jsonBody, responseDetail, saveToken } from './api.js';
+import { SHADER_BASE } from './assets.js';
 import { bindClipExperiment } from './clip_experiment.js';
 import { fmtCount } from './format.js';
 import { mixedMissing } from './mixed_note.js';
@@ -270,8 +271,8 @@ async function start(event) {
 
 /** Mixed precision is offered where this browser's adapter has f16 subgroup matrices; the
  *  note says why not elsewhere, and how Chrome offers them where a flag would (mixed_note.js).
- *  `device`: acquireDevice's answer (null: no WebGPU here). */
-function showPrecision({ ok, why }, device) {
+ *  `ctx`: the engine's context on this adapter (null: no WebGPU here). */
+function showPrecision({ ok, why }, ctx) {
   const option = [...$('precision').options].find((o) => o.value === 'mixed');
   if (!option) return;
   option.disabled = !ok;
@@ -279,23 +280,24 @@ function showPrecision({ ok, why }, device) {
   $('precision-note').textContent = ok
     ? 'This GPU has f16 matrix units for WGSL: mixed precision runs its matmuls there.'
     : 'Mixed precision needs f16 subgroup matrices (WGSL\'s matrix units), and ' +
-      `${mixedMissing(why, device, 'choose fp32')}.`;
+      `${mixedMissing(why, ctx, 'choose fp32')}.`;
 }
 
 async function main() {
   const presets = await json(routePath('list_presets'));
   $('preset').replaceChildren(...presets.map((p) => new Option(
     `${p.name} (${(p.n_params / 1e6).toFixed(1)} M parameters, context ${p.config.seq_len} tokens)`, p.name)));
-  let mixed = { ok: false, why: 'no WebGPU here' };
-  let device = null;
+  // The adapter's limits and what it says of mixed precision, as a training tab's context would
+  // have them (the features requested where it has them; context.js asks mixedSupport).
+  let ctx = null;
   try {
-    device = await acquireDevice(navigator.gpu);
-    state.limits = device.limits;
-    mixed = mixedSupport({ features: [...device.adapter.features], adapter: device.adapter });
+    ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE), mixed: 'optional' });
+    ctx.destroy();
+    state.limits = ctx.limits;
   } catch {
     state.limits = null;
   }
-  showPrecision(mixed, device);
+  showPrecision(ctx?.mixed ?? { ok: false, why: 'no WebGPU here' }, ctx);
   showPresetShape(presets);
   $('preset').addEventListener('change', () => showPresetShape(presets));
   form.addEventListener('input', () => updateMemory().catch(console.error));
