@@ -6,9 +6,7 @@ full disk or an unusable data dir, and bandit batches that survive a restart."""
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import socket
 import sqlite3
 import struct
@@ -20,80 +18,19 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
-from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS
-
-# ---- helpers ---------------------------------------------------------------------------------
-
-
-def rss_mib(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
-def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def n_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def record(step: int, loss: float = 5.0) -> dict:
-    return {"step": step, "loss": loss, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
-            "tokens_per_s": 100.0, "step_ms": 12.0}
-
-
-def ws_url(url: str, path: str) -> str:
-    return url.replace("http://", "ws://") + path
-
-
-def new_run(url: str, **cfg) -> dict:
-    r = httpx.post(url + "/api/runs", json={"preset": "tiny", **cfg})
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def hello(ws, token: str, last=None) -> dict:
-    ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": last}))
-    return json.loads(ws.recv(timeout=10))
-
-
-def fill(url: str, run: dict, first: int, last: int, per: int = MAX_RECORDS) -> None:
-    with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
-        assert hello(ws, run["token"])["type"] == "welcome"
-        for i in range(first, last + 1, per):
-            ws.send(json.dumps({"type": "metrics", "records": [
-                record(s) for s in range(i, min(i + per, last + 1))]}))
-            assert json.loads(ws.recv(timeout=30))["type"] == "ack"
-
-
-def expect_close(ws, code: int) -> str:
-    """Reads to the close; every message before it is an error message. Returns its text."""
-    messages = []
-    with pytest.raises(ConnectionClosed) as e:
-        for _ in range(1000):
-            msg = json.loads(ws.recv(timeout=15))
-            if msg["type"] == "error":
-                messages.append(msg["message"])
-    assert e.value.rcvd is not None and e.value.rcvd.code == code, (e.value, messages)
-    assert messages, "no error message before the close"
-    return messages[-1]
-
-
-def raw_ws(url: str, path: str, rcvbuf: int = 4096, host: str | None = None) -> socket.socket:
-    """A websocket that never reads (its receive buffer tiny): the handshake, then silence."""
-    h, port = url.removeprefix("http://").split(":")
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.connect((h, int(port)))
-    key = base64.b64encode(os.urandom(16)).decode()
-    s.sendall((f"GET {path} HTTP/1.1\r\nHost: {host or f'{h}:{port}'}\r\nUpgrade: websocket\r\n"
-               f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-               "Sec-WebSocket-Version: 13\r\n\r\n").encode())
-    return s
+from andrea.telemetry import MAX_MESSAGE_BYTES
+from tests.trainer_client import (
+    cpu_s,
+    expect_close,
+    fill,
+    hello,
+    n_fds,
+    new_run,
+    raw_ws,
+    record,
+    rss_mib,
+    ws_url,
+)
 
 
 @pytest.fixture

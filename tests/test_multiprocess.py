@@ -25,8 +25,7 @@ from andrea.cli.launch import free_port, start_server, stop_server
 from andrea.data.bandit import PhaseSchedule
 from andrea.data.spec import BatchSpec
 from tests.redis_server import INSTALL, redis_binary, redis_server
-from tests.test_hardening import new_run, record, ws_url
-from tests.trainer_client import send_records
+from tests.trainer_client import new_run, record, send_records, ws_url
 
 pytestmark = pytest.mark.db   # every test here shares its runs through Redis
 

@@ -15,8 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from andrea.cli.launch import free_port, start_server, stop_server
-from tests.test_hardening import raw_ws, record, rss_mib
-from tests.trainer_client import send_records
+from tests.trainer_client import raw_ws, record, rss_mib, send_records
 
 RUNS, STEPS, PER = 3, 24_000, 250          # 250 records every ~0.2 s per trainer
 SILENT, SLOW, FAST = 12, 3, 6

@@ -46,7 +46,7 @@ from andrea.telemetry.protocol import MAX_MESSAGE_BYTES, STORAGE_BUDGET
 from andrea.web.quotas import MessageRates
 from tests import aio
 from tests.fake_disk.sitecustomize import _used as files_bytes
-from tests.test_hardening import hello, record, ws_url
+from tests.trainer_client import hello, record, ws_url
 
 ADMIN = "storage-test-operator"
 MIB = 1 << 20

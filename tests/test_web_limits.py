@@ -20,7 +20,7 @@ from andrea.cli.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.paths import run_dir
 from tests.test_checkpoints import digests, folder, headers, state
-from tests.test_hardening import n_fds, rss_mib
+from tests.trainer_client import n_fds, rss_mib
 
 LIMIT = 4096
 PER_CLIENT = 8

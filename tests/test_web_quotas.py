@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
 from tests import aio
-from tests.test_hardening import hello, record, ws_url
+from tests.trainer_client import hello, record, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
 

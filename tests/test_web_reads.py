@@ -39,7 +39,7 @@ from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import main
 from andrea.routes.spikes import HEADER, Spikes
 from andrea.web.quotas import ClientSlots, RateLimiter
-from tests.test_hardening import expect_close, fill, hello, new_run, record, rss_mib, ws_url
+from tests.trainer_client import expect_close, fill, hello, new_run, record, rss_mib, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
 

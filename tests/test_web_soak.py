@@ -19,8 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
-from tests.test_hardening import new_run, record, rss_mib, ws_url
-from tests.trainer_client import send_records
+from tests.trainer_client import new_run, record, rss_mib, send_records, ws_url
 
 STEPS, PER = 6000, 100              # a trainer's records, in batches of PER every ~0.1 s
 LAN = "workshop.lan"                # a name that is not loopback: no local convenience

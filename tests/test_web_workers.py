@@ -28,7 +28,7 @@ from andrea.data.run_registry import MAX_WAITING
 from andrea.model import run_layout
 from andrea.store import Store
 from tests import aio
-from tests.test_hardening import hello, new_run, record, rss_mib, ws_url
+from tests.trainer_client import hello, new_run, record, rss_mib, ws_url
 
 # Enough connections and exports at once from this one client for the crowd below (the
 # per-client caps are other tests' subject), and waiting batches that outlast a loaded machine's

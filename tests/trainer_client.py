@@ -1,10 +1,22 @@
-"""A test's own training tab: sends step records over a trainer socket (websockets' sync client)
-the way the page does, each batch acknowledged before the next."""
+"""A test's own training tab and viewers against a live server: runs made over HTTP, step
+records sent over a trainer socket (websockets' sync client) the way the page does, each batch
+acknowledged before the next, a socket's close read to its code, a websocket that never reads;
+and what the tests measure of the server's process (/proc: memory, CPU time, open files)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket
 import time
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from andrea.telemetry import MAX_RECORDS
 
 
 def send_records(ws, first: int, last: int, per: int, record, pause: float, on_ack) -> None:
@@ -19,3 +31,74 @@ def send_records(ws, first: int, last: int, per: int, record, pause: float, on_a
         on_ack(ack["step"])
         step = batch[-1]["step"] + 1
         time.sleep(pause)
+
+
+def rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def n_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def record(step: int, loss: float = 5.0) -> dict:
+    return {"step": step, "loss": loss, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
+            "tokens_per_s": 100.0, "step_ms": 12.0}
+
+
+def ws_url(url: str, path: str) -> str:
+    return url.replace("http://", "ws://") + path
+
+
+def new_run(url: str, **cfg) -> dict:
+    r = httpx.post(url + "/api/runs", json={"preset": "tiny", **cfg})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def hello(ws, token: str, last=None) -> dict:
+    ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": last}))
+    return json.loads(ws.recv(timeout=10))
+
+
+def fill(url: str, run: dict, first: int, last: int, per: int = MAX_RECORDS) -> None:
+    with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
+        assert hello(ws, run["token"])["type"] == "welcome"
+        for i in range(first, last + 1, per):
+            ws.send(json.dumps({"type": "metrics", "records": [
+                record(s) for s in range(i, min(i + per, last + 1))]}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "ack"
+
+
+def expect_close(ws, code: int) -> str:
+    """Reads to the close; every message before it is an error message. Returns its text."""
+    messages = []
+    with pytest.raises(ConnectionClosed) as e:
+        for _ in range(1000):
+            msg = json.loads(ws.recv(timeout=15))
+            if msg["type"] == "error":
+                messages.append(msg["message"])
+    assert e.value.rcvd is not None and e.value.rcvd.code == code, (e.value, messages)
+    assert messages, "no error message before the close"
+    return messages[-1]
+
+
+def raw_ws(url: str, path: str, rcvbuf: int = 4096, host: str | None = None) -> socket.socket:
+    """A websocket that never reads (its receive buffer tiny): the handshake, then silence."""
+    h, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.connect((h, int(port)))
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall((f"GET {path} HTTP/1.1\r\nHost: {host or f'{h}:{port}'}\r\nUpgrade: websocket\r\n"
+               f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+               "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    return s
