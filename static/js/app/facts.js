@@ -1,6 +1,7 @@
 // Facts the server owns (server/page_facts.py: the run statuses, the clip modes and their words,
-// the optimizer's default hyperparameters), rendered into every page by templates/base.html as
-// JSON, so no module keeps a copy of its own. Under Node (the page modules' tests) there is no
+// the optimizer's default hyperparameters, the protocol's storage-budget code and retried
+// refusal, mixed precision's Dawn toggles, every route's path by name), rendered into every page
+// by templates/base.html as JSON, so no module keeps a copy of its own. Under Node (the page modules' tests) there is no
 // page: tests/js/facts.mjs puts the server's facts where this module looks before it loads.
 const el = globalThis.document?.getElementById('andrea-facts');
 export const FACTS = el ? JSON.parse(el.textContent) : globalThis.andreaFacts;

@@ -24,12 +24,11 @@ import { ShaderLibrary } from './shaders.js';
  *          liveBuffers, destroy()}.
  */
 export async function createContext({ gpu, load, onError = null, onLost = null,
-  powerPreference = 'high-performance', mixed = false, requiredFeatures = [],
-  optionalFeatures = [] } = {}) {
+  powerPreference = 'high-performance', mixed = false } = {}) {
   if (![false, 'optional', 'required'].includes(mixed)) throw new Error(`mixed: ${mixed}?`);
   const acquired = await acquireDevice(gpu, { powerPreference,
-    requiredFeatures: [...requiredFeatures, ...(mixed === 'required' ? MMA_FEATURES : [])],
-    optionalFeatures: [...optionalFeatures, ...(mixed === 'optional' ? MMA_FEATURES : [])],
+    requiredFeatures: mixed === 'required' ? MMA_FEATURES : [],
+    optionalFeatures: mixed === 'optional' ? MMA_FEATURES : [],
     onError, onLost });
   const support = mixed ? mixedSupport(acquired) : { ok: false, why: 'not requested' };
   if (mixed === 'required' && !support.ok) {

@@ -28,8 +28,8 @@
  *  32-deep slices in one buffer, the next prefetched into registers. */
 export const MMA_TILE = Object.freeze({ sgm: 2, sgn: 2, tm: 4, tn: 4, bk: 32, nbuf: 1 });
 
-/** The device features the kernel needs: a mixed-precision caller requests them (createContext's
- *  requiredFeatures); the fp32 engine never does. */
+/** The device features the kernel needs: createContext requests them for its `mixed`; the fp32
+ *  engine never does. */
 export const MMA_FEATURES = ['shader-f16', 'chromium-experimental-subgroup-matrix'];
 
 /** Workgroup memory of the engine's tile, over the three operand layouts it runs. */

@@ -171,8 +171,8 @@ export class Optimizer {
     this.partials = this._buffer(Math.max(segPlan.count, 1) * 8, 'partials');
 
     const reduceConsts = { WG_R: wgReduce, VPT: VEC4_PER_THREAD };
-    const pipe = (entry, constants, names = BINDINGS[entry]) =>
-      this.lib.pipeline(FILE, entry, constants, names);
+    const pipe = async (entry, constants, names = BINDINGS[entry]) =>
+      ({ ...await this.lib.pipeline(FILE, entry, constants, names), entry });
     const pipes = {
       reduce: pipe('reduce_norm_sq', reduceConsts),
       tensor: pipe('finalize_tensor_stats', { WG_F: WG_FINAL }),
@@ -221,7 +221,7 @@ export class Optimizer {
     await checked(d, `optimizer ${this.variant} bind groups`, () => {
       const op = (pipeline, resources, grid, what) => ({
         ...launch(d, pipeline, resources, grid, `${this.label}.${pipeline.label}`),
-        label: `optimizer ${what}`, file: FILE, entry: pipeline.label.split(':')[1] });
+        label: `optimizer ${what}`, file: FILE, entry: pipeline.entry });
       const ops = { unscale: [], reduce: [], scale: [], update: [], zero: [] };
       for (const win of this.windows) {
         const [pbase, pend] = windowSegments(segPlan.segs, segPlan.count, win.base, win.len);
@@ -263,7 +263,12 @@ export class Optimizer {
         if (this.f16) res.mirror = this._range(this.mirror, u.base, u.len, 2);
         ops.update.push(op(p.update, res, u.grid, 'update'));
       }
-      this._ops = ops;
+      // A step's lists, made once (encode() allocates nothing): the norm phase with and
+      // without per-tensor clipping (setHyper may switch it), the update phase.
+      const norm = [...ops.unscale, ...ops.reduce, ...ops.tensor, ...ops.final];
+      this._ops = { norm, normPerTensor: [...norm, ...ops.scale],
+        update: [...ops.bias, ...ops.update, ...ops.zero, ...ops.grow],
+        updates: ops.update.length };
     });
   }
 
@@ -299,17 +304,14 @@ export class Optimizer {
    *  per-tensor sums, then grad_norm and the clip scales into `stats`; with per-tensor
    *  clipping, G scaled by each tensor's own. */
   normOps() {
-    const o = this._ops;
-    return [...o.unscale, ...o.reduce, ...o.tensor, ...o.final,
-      ...(this.hyper.clip_mode === 'per_tensor' ? o.scale : [])];
+    return this.hyper.clip_mode === 'per_tensor' ? this._ops.normPerTensor : this._ops.norm;
   }
 
   /** Phase 2 as op records: the AdamW update (reads clip_scale from `stats`, zeroes G); with
    *  loss scaling, first the step's bias corrections (from the applied steps), then after the
    *  update G zeroed after a skipped step and the scale updated. */
   updateOps() {
-    const o = this._ops;
-    return [...o.bias, ...o.update, ...o.zero, ...o.grow];
+    return this._ops.update;
   }
 
   /** A whole optimizer step as op records, in the order encode() encodes them. */
@@ -356,7 +358,7 @@ export class Optimizer {
 
   /** Number of update dispatches per step (1 unless a binding had to be split). */
   get updateDispatches() {
-    return this._ops.update.length;
+    return this._ops.updates;
   }
 
   /** The optimizer's part of a checkpoint, in the order server/optim.py checkpoint_sections
