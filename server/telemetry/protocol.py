@@ -126,9 +126,10 @@ TrainerMessage = TypeAdapter(Annotated[Union[Metrics, Status, Sample, Ping, Hell
 ViewerMessage = TypeAdapter(Annotated[Union[From, Ping], Field(discriminator="type")])
 
 
-# What a refusal is, where a client acts on it: the error message's `kind` (its text is for
-# people). A trainer's page retries `busy` a few times (its own previous socket may hold the run
-# for a moment after a network drop) and takes every other 1008 or 1003 as final.
+# What a refusal is, for a client to tell refusals apart: the error message's `kind` (its text
+# is for people). A trainer's page retries `busy` a few times (its own previous socket may hold
+# the run for a moment after a network drop) and takes every other 1008 or 1003, `revoked`
+# among them, as final.
 BUSY = "busy"               # another trainer holds the run
 REVOKED_TOKEN = "revoked"   # the run was resumed elsewhere: this token is void
 

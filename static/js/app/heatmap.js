@@ -23,8 +23,8 @@ export class GradHeatmap {
   constructor(runId, series) {
     this.runId = runId;
     this.series = series;
-    this.params = null;      // the run's parameter table (name, layer), in the order of
-    this.names = null;       // tensor_grad_norms, and its names
+    this.params = null;      // the run's parameter table (name, layer): tensor_grad_norms' order
+    this.names = null;       // ... and its names
     this.asked = false;      // the layout was asked for (once: a run without it stays hidden)
     this.chart = null;
     this.rows = null;        // heatRows(): labels and the tensors of each row
