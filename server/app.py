@@ -26,7 +26,17 @@ from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
 from andrea.page_facts import page_facts
-from andrea.routes import checkpoints, data, exports, health, pages, presets, runs, spikes
+from andrea.routes import (
+    checkpoints,
+    data,
+    exports,
+    health,
+    pages,
+    presets,
+    room,
+    runs,
+    spikes,
+)
 from andrea.runs import sweep
 from andrea.runs.lifecycle import RunBusy
 from andrea.shown import shown_text
@@ -49,7 +59,7 @@ _BATCH_PATH = re.compile(r"/api/(?:runs/[^/?]+/)?(?:val_)?batches/\d+(?:\?.*)?")
 # Every route of the app, in the order create_app includes them; the pages get their paths by
 # name (page_facts.route_paths).
 ROUTERS = (health.router, pages.router, presets.router, data.router, runs.router, exports.router,
-           spikes.router, checkpoints.router, telemetry.router)
+           spikes.router, checkpoints.router, room.router, telemetry.router)
 
 
 class QuietBatchFetches(logging.Filter):
@@ -86,7 +96,8 @@ async def _lifespan(app: FastAPI):
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # Runs that never started: those left from before a restart now, then every few seconds.
     await sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
-                           settings.data_dir if settings.shares_store else None)
+                           settings.data_dir if settings.shares_store else None,
+                           app.state.checkpoints)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed

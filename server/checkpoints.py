@@ -68,7 +68,7 @@ def sidecar_name(step: int) -> str:
     return f"{step:09d}.json"
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -76,7 +76,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename, fsync the folder."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=TEMP_SUFFIX)
     try:
@@ -88,7 +88,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def parse_digests(header: str | None, total: int, chunk_bytes: int) -> list[str]:
@@ -262,6 +262,21 @@ class CheckpointStore:
             self._active.add(upload.path)
         return upload
 
+    def write(self, run_id: str, step: int, parts: list[bytes], optimizer: str,
+              sections: list[dict]) -> dict:
+        """Checkpoint `step` from bytes the server made (a room's global version: room/rounds.py),
+        through the same upload, digests and commit as a trainer's."""
+        chunk = CHUNK_BYTES
+        whole = b"".join(parts) if len(parts) != 1 else parts[0]
+        digests = [hashlib.sha256(whole[i:i + chunk]).hexdigest()
+                   for i in range(0, max(len(whole), 1), chunk)]
+        upload = self.begin(run_id, step, len(whole), digests, chunk)
+        try:
+            upload.write(whole)
+            return self.commit(run_id, upload, optimizer, sections)
+        finally:
+            self.discard(upload)
+
     def discard(self, upload: Upload) -> None:
         upload.discard()
         with self._lock:
@@ -285,10 +300,10 @@ class CheckpointStore:
             self._clean(folder)
             if old is not None:                    # uncommit before replacing the data
                 (folder / sidecar_name(step)).unlink()
-                _fsync_dir(folder)
+                fsync_dir(folder)
             os.replace(upload.path, folder / ckpt_name(step))
-            _fsync_dir(folder)
-            _write_atomic(folder / sidecar_name(step),
+            fsync_dir(folder)
+            write_atomic(folder / sidecar_name(step),
                           json.dumps(meta, indent=1).encode())
         finally:
             self.discard(upload)
@@ -300,7 +315,7 @@ class CheckpointStore:
         for meta in self.list(run_id)[:-self.kept]:
             (folder / sidecar_name(meta["step"])).unlink(missing_ok=True)   # uncommit first
             (folder / ckpt_name(meta["step"])).unlink(missing_ok=True)
-        _fsync_dir(folder)
+        fsync_dir(folder)
 
     def link(self, src_run: str, step: int, dest_run: str) -> dict:
         """Checkpoint `step` of src_run becomes dest_run's (a branch): hard links where the
@@ -321,8 +336,8 @@ class CheckpointStore:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, target)
-        _fsync_dir(dest)
-        _write_atomic(dest / sidecar_name(step), json.dumps(meta, indent=1).encode())
+        fsync_dir(dest)
+        write_atomic(dest / sidecar_name(step), json.dumps(meta, indent=1).encode())
         return meta
 
     def remove_run(self, run_id: str) -> None:

@@ -46,6 +46,37 @@ class Parent(BaseModel):
     step: int = Field(ge=1)
 
 
+class RoomConfig(BaseModel):
+    """A room run: the room's workers (browser tabs, anyone with its join link) train one model
+    together by DiLoCo (Douillard et al. 2023). From the same global weights each runs
+    inner_steps AdamW steps on its own batches, then sends its pseudo-gradient (global minus its
+    weights); the server clips each to clip_multiple x the round's median norm, averages them,
+    and applies SGD with Nesterov momentum (outer_lr, outer_momentum: the paper's 0.7 and 0.9)
+    to make the next global version (server/room/). The run's `steps` are each worker's inner
+    steps in all: steps / inner_steps rounds."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    inner_steps: int = Field(50, ge=1, le=100_000, description="H: inner steps per round")
+    outer_lr: float = Field(0.7, gt=0, le=10)
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    codec: Literal["int8", "f16", "f32"] = Field("int8", description=(
+        "how pseudo-gradients travel: int8 block-wise absmax (~4x less than f32), f16 or f32"))
+    max_workers: int = Field(16, ge=1, le=64)
+    quorum: int = Field(1, ge=1, le=64, description=(
+        "pseudo-gradients a round needs to close at its deadline"))
+    round_deadline_s: float = Field(120.0, gt=0, le=86_400, description=(
+        "after a round's first pseudo-gradient, how long the others have"))
+    clip_multiple: float = Field(2.0, ge=1, le=1000, description=(
+        "each pseudo-gradient is clipped to this multiple of the round's median norm"))
+    missed_rounds: int = Field(3, ge=1, le=10_000, description=(
+        "a worker that sends nothing for this many rounds in a row has left the room"))
+
+    @model_validator(mode="after")
+    def _quorum_fits(self):
+        if self.quorum > self.max_workers:
+            raise ValueError(f"quorum ({self.quorum}) exceeds max_workers ({self.max_workers})")
+        return self
+
+
 class RunConfig(BaseModel):
     """Everything but `preset` has a default, so {"preset": "tiny"} is a valid run. Strict: a
     number is a JSON number and a switch a JSON boolean ("100" or true for steps: 422)."""
@@ -104,6 +135,8 @@ class RunConfig(BaseModel):
     # A branch: a new run that starts from another run's checkpoint (same preset and
     # optimizer). Set by the run page's branch button, never by the new-run form.
     parent: Parent | None = Field(None, json_schema_extra={"form": False})
+    # A room run (RoomConfig): trained by the workers who join it, not by one tab.
+    room: RoomConfig | None = Field(None, json_schema_extra={"form": False})
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +165,16 @@ class RunConfig(BaseModel):
             self.warmup_steps = min(MAX_WARMUP, self.steps // 10)
         if self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _room_fits(self):
+        if self.room is not None:
+            if self.parent is not None:
+                raise ValueError("a room run cannot be a branch")
+            if self.data_mode != "uniform":
+                raise ValueError("a room run draws its batches uniformly (data_mode 'uniform'): "
+                                 "the source bandit follows one trainer's losses")
         return self
 
     @model_validator(mode="after")

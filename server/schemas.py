@@ -110,6 +110,12 @@ class CheckpointInfo(BaseModel):
     last_step: int | None           # the newest checkpoint; a resumed run starts after it
 
 
+class RoomLinks(BaseModel):
+    join_token: str                 # joins the room as a worker (never the run's owner)
+    room: str                       # GET: the room now
+    batches: str                    # a worker's batches ({version}, {slot}, {step} to fill)
+
+
 class RunCreated(BaseModel):
     id: str
     token: str                      # the write token: shown once, stored only as a hash
@@ -118,6 +124,7 @@ class RunCreated(BaseModel):
     optimizer_state: dict[str, OptimizerState]
     data: RunDataLinks
     checkpoint: CheckpointInfo      # a branch starts after checkpoint.last_step
+    room: RoomLinks | None = None   # a room run's join token (shown once) and its routes
 
 
 class Run(BaseModel):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal, Sequence, get_args
 
 from andrea.model import run_model
+from andrea.room.shards import batch_steps
 
 Mode = Literal["uniform", "fixed", "bandit"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -76,6 +77,7 @@ class BatchSpec:
         """The data side of a stored run config (RunConfig plus its corpus_hash)."""
         return cls(seed=config["seed"], batch_size=config["batch_size"],
                    seq_len=config["seq_len"], vocab_size=run_model(config).vocab_size,
-                   total_steps=config["steps"], mode=config["data_mode"],
+                   total_steps=batch_steps(config) if config.get("room") else config["steps"],
+                   mode=config["data_mode"],
                    corpus_hash=config["corpus_hash"],
                    sources=tuple(config.get("sources") or ()))

@@ -94,6 +94,9 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     stay as they were. Its bytes are reserved in the storage budget (507 past the data dir's
     floor, uploads at once counted together) until it is stored or refused."""
     run_id, cfg = run["id"], run["config"]
+    if cfg.get("room"):
+        raise HTTPException(409, "a room run's checkpoints are its global versions, made by the "
+                                 "server at each round's close: nothing is uploaded here")
     if not 1 <= step <= cfg["steps"]:
         raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
     sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"],
@@ -206,6 +209,9 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
         run = await store.run(store.get_run, run_id)
         if run is None:     # a delete came first (it holds the same lock)
             raise HTTPException(404, gone)
+        if run["config"].get("room"):
+            raise HTTPException(409, "a room run is not resumed: its workers join it again "
+                                     "and take its newest global version")
         if run["status"] not in RESUMABLE:
             raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
         # Refused before anything changes (its token, its records): on other text its first

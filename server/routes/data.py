@@ -37,9 +37,10 @@ from andrea.data.run_registry import MAX_REPORT_LAG, MAX_WAITING, RunRegistry
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.model import PRESETS, VOCAB_SIZES
+from andrea.room.shards import batch_step, rounds_total
 from andrea.run_config import RunConfig
 from andrea.schemas import CorpusInfo, LossesTaken, RunData, TokenizerInfo
-from andrea.web.deps import DataDep, RunsDep, StoreDep, bearer, check_write_token
+from andrea.web.deps import DataDep, RunDep, RunsDep, StoreDep, bearer, check_write_token
 
 router = APIRouter(prefix="/api", tags=["data"])
 
@@ -170,6 +171,26 @@ async def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: in
 async def run_batch(hub: DataDep, runs: RunsDep, run_id: str, step: Step) -> Response:
     """B x (T + 1) training tokens for `step`: the same bytes for the same (run, step)."""
     return await _batch_response(hub, runs, run_id, step, "train")
+
+
+@router.get("/runs/{run_id}/room/batches/{version}/{slot}/{step}", response_class=Response,
+            responses=BATCH)
+async def room_batch(hub: DataDep, runs: RunsDep, run: RunDep, version: Index, slot: Index,
+                     step: Step) -> Response:
+    """A room worker's batch: the one of its slot's inner step `step` in the round that trains
+    global version `version` (room/shards.py): no two workers of a round share one."""
+    cfg = run["config"]
+    room = cfg.get("room")
+    if not room:
+        raise HTTPException(404, f"run {run['id']} is not a room run")
+    for value, bound, what in ((version, rounds_total(cfg), "rounds"),
+                               (slot, room["max_workers"], "worker slots"),
+                               (step, room["inner_steps"], "inner steps per round")):
+        if value >= bound:
+            raise HTTPException(400, f"this room has {bound} {what} (from 0); {value} is past "
+                                     "them")
+    return await _batch_response(hub, runs, run["id"], batch_step(cfg, version, slot, step),
+                                 "train")
 
 
 @router.get("/runs/{run_id}/val_batches/{index}", response_class=Response, responses=BATCH)

@@ -31,6 +31,7 @@ from andrea.data.spec import BatchSpec
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
+from andrea.room.rounds import Room
 from andrea.routes.run_files import gone_meanwhile, link_parent
 from andrea.run_config import RunConfig
 from andrea.runs.info import checkpoint_info, read_run
@@ -104,7 +105,16 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
     spec = BatchSpec.of_run(cfg)
     layout = run_layout(cfg)
     await _storage_quota(cfg, layout, data, settings, storage)
-    if config.parent is None:
+    join_token = None
+    if config.room is not None:
+        # A room run is open to its workers from now on: `running` until its last round closes
+        # (the sweep never expires it), its join token shown once, as the write token is.
+        join_token = new_token()
+        await store.run(store.create_run, run_id, cfg, token_hash(token), None)
+        await asyncio.to_thread(Room(ckpts.data_dir, ckpts, run_id, cfg, layout).create,
+                                join_token)
+        await store.run(store.set_status, run_id, "running", "a room run: open to its workers")
+    elif config.parent is None:
         await store.run(store.create_run, run_id, cfg, token_hash(token), None)
         # Its viewers (and the list) read "never started" once the grace period has passed
         # without a trainer; the app's sweep expires it too (after a restart: expire_runs).
@@ -123,7 +133,13 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
               "tokenizer": request.app.url_path_for(
                   "tokenizer", key=str(layout["config"]["vocab_size"])),
               "spec": spec.to_dict()},
-        checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]))
+        checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]),
+        room=join_token and {
+            "join_token": join_token,
+            "room": request.app.url_path_for("get_room", run_id=run_id),
+            "batches": request.app.url_path_for("room_batch", run_id=run_id,
+                                                version="{version}", slot="{slot}",
+                                                step="{step}")})
 
 
 async def _run_quotas(request: Request, limiter, store, settings) -> None:
@@ -178,6 +194,9 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     if parent is None:
         raise HTTPException(404, f"unknown parent run {parent_id!r}")
     pc = parent["config"]
+    if pc.get("room"):
+        raise HTTPException(409, f"run {parent_id} is a room run: its checkpoints hold the "
+                                 "room's global weights, not one trainer's state to go on from")
     if (run_model(pc), pc["optimizer"]) != (run_model(cfg), cfg["optimizer"]):
         raise HTTPException(409, f"a branch keeps its parent's model and optimizer (the "
                                  f"checkpoint's sections): run {parent_id} is {model_name(pc)} "

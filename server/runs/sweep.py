@@ -1,7 +1,8 @@
 """The app's sweep of runs, apart from any request: runs that no trainer ever started become
 `abandoned` (once each new run's grace period has passed, expire_later, and every
-EXPIRE_EVERY_S, expire_runs), and branches a dead process left half-copied are removed
-(drop_unfinished_branches: at start, and by the sweep of processes that share a store)."""
+EXPIRE_EVERY_S, expire_runs), room runs' rounds close at their deadline, and branches a dead
+process left half-copied are removed (drop_unfinished_branches: at start, and by the sweep of
+processes that share a store)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from andrea.paths import run_dir
+from andrea.room.lifecycle import close_due_rounds
 from andrea.runs.info import abandoned_message
 from andrea.runs.lifecycle import publish_run
 
@@ -57,15 +59,19 @@ async def drop_unfinished_branches(store, data_dir: Path, before: float | None) 
     return dropped
 
 
-async def expire_runs(store, fanout, grace_s: float, data_dir: Path | None = None) -> None:
+async def expire_runs(store, fanout, grace_s: float, data_dir: Path | None = None,
+                      ckpts=None) -> None:
     """The app's sweep, started with its lifespan (app.py): now, for the runs left from before
     a restart, then every EXPIRE_EVERY_S in the background, for what a run's own timer
     (expire_later) missed (the store out of reach then, the process that made it gone). With
     `data_dir` (processes sharing the store), also the branches whose copy stopped moving
-    BRANCH_STALE_S ago (drop_unfinished_branches: their process died)."""
+    BRANCH_STALE_S ago (drop_unfinished_branches: their process died). With `ckpts`, also the
+    room runs' rounds whose deadline passed (room/lifecycle.py)."""
     async def sweep(failing: bool) -> bool:
         try:
             await expire(store, fanout, grace_s)
+            if ckpts is not None:
+                await close_due_rounds(store, fanout, ckpts)
             if data_dir is not None:
                 await drop_unfinished_branches(store, data_dir, time.time() - BRANCH_STALE_S)
             return False

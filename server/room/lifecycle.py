@@ -1,0 +1,64 @@
+"""What a room's rounds do to its run: the room of a stored run, its viewers told when a round
+closes, the run finished after its last one, and the app's sweep that closes rounds at their
+deadline (runs/sweep.py calls close_due_rounds). Nothing here is HTTP's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from andrea.checkpoints import CheckpointStore
+from andrea.model import run_layout
+from andrea.room.rounds import Room
+from andrea.runs.lifecycle import publish_run
+
+
+def room_of_run(ckpts: CheckpointStore, run: dict) -> Room | None:
+    """The room of a stored run; None for a run that is not a room run."""
+    if not run["config"].get("room"):
+        return None
+    return Room(ckpts.data_dir, ckpts, run["id"], run["config"], run_layout(run["config"]))
+
+
+async def after_close(store, fanout, room: Room) -> None:
+    """A round closed (under the run's lock): its viewers told, and the run finished after its
+    last round."""
+    st = await asyncio.to_thread(room.load)
+    fanout.publish(room.run_id, {"type": "room", "event": "version", "version": st["version"],
+                                 "round": st.get("last_round")})
+    if st["finished"]:
+        await store.run(store.set_status, room.run_id, "finished")
+        await publish_run(store, fanout, room.run_id)
+
+
+async def close_due_rounds(store, fanout, ckpts: CheckpointStore) -> list[str]:
+    """Every room whose open round passed its deadline with a quorum is closed (the app's
+    sweep). Returns the runs whose round closed."""
+    closed = []
+    now = time.time()
+    for run_id in await asyncio.to_thread(_rooms_waiting, ckpts.data_dir):
+        run = await store.run(store.get_run, run_id)
+        room = run and room_of_run(ckpts, run)
+        if room is None:
+            continue
+        async with fanout.run_lock(run_id):
+            if await asyncio.to_thread(room.close_if_due, now) is not None:
+                closed.append(run_id)
+                await after_close(store, fanout, room)
+    return closed
+
+
+def _rooms_waiting(data_dir: Path) -> list[str]:
+    """The runs whose room has a pseudo-gradient waiting (read without the lock: the round is
+    looked at again under it)."""
+    out = []
+    for state in (data_dir / "runs").glob("*/room/state.json"):
+        try:
+            st = json.loads(state.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not st.get("finished") and st["open"]["first_at"] is not None:
+            out.append(state.parent.parent.name)
+    return out

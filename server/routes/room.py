@@ -1,0 +1,229 @@
+"""A room run's API (server/room/): workers join with the room's join link, train a global
+version, send their pseudo-gradients, and take the next version.
+
+  GET    /api/runs/{id}/room                     the room now: version, workers, open round,
+                                                 closed rounds (public, as every run's reads)
+  POST   /api/runs/{id}/room/workers             join (Bearer: the join token) -> worker id,
+                                                 data slot, worker token, version to train
+  DELETE /api/runs/{id}/room/workers             leave (Bearer: the worker token)
+  GET    /api/runs/{id}/room/weights/{v}         global version v's weights, f32 [total_numel]
+  PUT    /api/runs/{id}/room/weights/0           version 0 from a worker's seeded init (the
+                                                 first wins; Bearer: a worker token)
+  POST   /api/runs/{id}/room/deltas/{v}          the worker's pseudo-gradient for version v
+                                                 (global - its weights, in the room's codec)
+  POST   /api/runs/{id}/room/reports/{v}         its inner losses of that round, and the eval
+                                                 loss of version v's weights
+  GET    /api/runs/{id}/room/reports             every report
+  GET    /api/runs/{id}/room/batches/{v}/{slot}/{step}   (data.py) a worker's batch
+
+Only a worker's token may send (the join token only joins: a participant is never the run's
+owner). A pseudo-gradient is exactly the codec's size for the model (413/400 before a byte is
+stored otherwise), reserved in the storage budget like a checkpoint, one per worker and round
+(409 for a second or a stale one), and refused when not finite (422). Every change happens
+under the run's lock; rounds close when every worker answered, or by the app's sweep at their
+deadline (room/lifecycle.py close_due_rounds)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+import tempfile
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
+
+from andrea.checkpoints import CheckpointError, CheckpointStore
+from andrea.room.lifecycle import after_close, room_of_run
+from andrea.room.rounds import Room, RoomError
+from andrea.routes.run_files import gone_meanwhile, http_error
+from andrea.web.deps import (
+    CheckpointsDep,
+    FanoutDep,
+    RunDep,
+    StorageDep,
+    StoreDep,
+    bearer,
+)
+
+router = APIRouter(prefix="/api/runs/{run_id}/room", tags=["room"])
+log = logging.getLogger("andrea.room")
+
+FLUSH_BYTES = 4 << 20
+Version = Annotated[int, Path(ge=0, lt=2**31, description="a global version of the room")]
+
+
+def room_of(run: dict, ckpts: CheckpointStore) -> Room:
+    room = room_of_run(ckpts, run)
+    if room is None:
+        raise HTTPException(404, f"run {run['id']} is not a room run")
+    return room
+
+
+async def _call(fn, *args):
+    """A Room method in a thread; its refusals as HTTP answers."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except RoomError as e:
+        raise HTTPException(e.status, str(e)) from None
+    except (CheckpointError, OSError) as e:
+        raise http_error(e) or e
+
+
+@router.get("")
+async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
+    room = room_of(run, ckpts)
+    st = await _call(room.load)
+    rounds = await _call(room.closed_rounds)
+    cfg = run["config"]["room"]
+    open_ = st["open"]
+    return {
+        "version": st["version"], "rounds": room.rounds, "finished": st["finished"],
+        "config": cfg, "numel": room.numel, "delta_bytes": room.expected_bytes(),
+        # what one worker would send per inner step with per-step fp32 gradient all-reduce
+        # (its whole gradient once a step), beside what it sends per round here
+        "allreduce_bytes_per_step": 4 * room.numel,
+        "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k != "token_sha256"}}
+                    for w, info in st["workers"].items()],
+        "open": {"received": sorted(map(int, open_["received"])),
+                 "refused": {int(k): v for k, v in open_["refused"].items()},
+                 "first_at": open_["first_at"],
+                 "deadline_at": open_["first_at"] and open_["first_at"] + cfg["round_deadline_s"],
+                 "stale": open_.get("stale", 0)},
+        "closed": rounds,
+    }
+
+
+@router.post("/workers", status_code=201)
+async def join(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep) -> dict:
+    room = room_of(run, ckpts)
+    async with fanout.run_lock(run["id"]):
+        joined = await _call(room.join, bearer(request), time.time())
+    fanout.publish(run["id"], {"type": "room", "event": "joined", "worker": joined["worker"]})
+    return {**joined, "rounds": room.rounds, "room": run["config"]["room"]}
+
+
+@router.delete("/workers", status_code=204)
+async def leave(run: RunDep, request: Request, ckpts: CheckpointsDep,
+                fanout: FanoutDep) -> Response:
+    room = room_of(run, ckpts)
+    async with fanout.run_lock(run["id"]):
+        await _call(room.leave, bearer(request), time.time())
+    fanout.publish(run["id"], {"type": "room", "event": "left"})
+    return Response(status_code=204)
+
+
+@router.get("/weights/{version}", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+async def get_weights(run: RunDep, version: Version, ckpts: CheckpointsDep) -> Response:
+    room = room_of(run, ckpts)
+    body = await _call(room.weights, version)
+    return Response(body, media_type="application/octet-stream",
+                    headers={"cache-control": "no-store"})
+
+
+@router.put("/weights/0", status_code=201)
+async def put_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep,
+                   storage: StorageDep, store: StoreDep) -> dict:
+    room = room_of(run, ckpts)
+    path = await _receive(request, room, 4 * room.numel, "version 0's weights", storage)
+    try:
+        async with fanout.run_lock(run["id"]):
+            await gone_meanwhile(store, ckpts.data_dir, run["id"], "room weights")
+            body = await asyncio.to_thread(path.read_bytes)
+            st = await _call(room.publish_init, bearer(request), body, time.time())
+    finally:
+        path.unlink(missing_ok=True)
+    fanout.publish(run["id"], {"type": "room", "event": "version", "version": st["version"]})
+    return {"version": st["version"]}
+
+
+@router.post("/deltas/{version}")
+async def post_delta(run: RunDep, version: Version, request: Request, ckpts: CheckpointsDep,
+                     fanout: FanoutDep, storage: StorageDep, store: StoreDep) -> dict:
+    room = room_of(run, ckpts)
+    path = await _receive(request, room, room.expected_bytes(),
+                          f"a {room.room['codec']} pseudo-gradient", storage)
+    try:
+        async with fanout.run_lock(run["id"]):
+            await gone_meanwhile(store, ckpts.data_dir, run["id"], "pseudo-gradient")
+            got = await _call(room.accept, bearer(request), version, path, time.time())
+            if got["closed"]:
+                await after_close(store, fanout, room)
+    finally:
+        path.unlink(missing_ok=True)      # (gone once taken into the round)
+    return got
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=True)
+    losses: list[float] = Field(max_length=100_000)
+    eval_loss: float | None = None
+
+
+@router.post("/reports/{version}", status_code=204)
+async def post_report(run: RunDep, version: Version, body: Report, request: Request,
+                      ckpts: CheckpointsDep, fanout: FanoutDep) -> Response:
+    room = room_of(run, ckpts)
+    async with fanout.run_lock(run["id"]):
+        await _call(room.report, bearer(request), version, body.losses, body.eval_loss,
+                    time.time())
+    fanout.publish(run["id"], {"type": "room", "event": "report", "version": version})
+    return Response(status_code=204)
+
+
+@router.get("/reports")
+async def get_reports(run: RunDep, ckpts: CheckpointsDep) -> list[dict]:
+    return await _call(room_of(run, ckpts).reports)
+
+
+async def _receive(request: Request, room: Room, expected: int, what: str,
+                   storage) -> pathlib.Path:
+    """The body into a temp file in the room's folder (exactly `expected` bytes, refused as
+    soon as it is not), reserved in the storage budget while it streams."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdecimal()):
+            raise HTTPException(400, f"bad Content-Length {declared[:40]!r}")
+        _check_length(int(declared), expected, what)
+    held = await storage.reserve(expected, what)
+    await asyncio.to_thread(room.dir.mkdir, parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=room.dir, suffix=".part")
+    path = pathlib.Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            size, pending = 0, bytearray()
+            async for piece in request.stream():
+                size += len(piece)
+                if size > expected:
+                    _check_length(size, expected, what, more=True)
+                pending += piece
+                if len(pending) >= FLUSH_BYTES:
+                    await asyncio.to_thread(f.write, pending)
+                    held.wrote(len(pending))
+                    pending = bytearray()
+            await asyncio.to_thread(f.write, pending)
+            held.wrote(len(pending))
+            _check_length(size, expected, what)
+        return path
+    except ClientDisconnect:
+        path.unlink(missing_ok=True)
+        raise HTTPException(400, f"the client went away during the upload of {what}; nothing "
+                                 "was stored") from None
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        held.release()
+
+
+def _check_length(got: int, expected: int, what: str, more: bool = False) -> None:
+    if got != expected:
+        raise HTTPException(413 if got > expected else 400,
+                            f"{what} of this room's model is exactly {expected} bytes; the body "
+                            f"is {got} bytes{' or more' if more else ''}. Nothing was stored")

@@ -1,0 +1,378 @@
+"""Room runs (server/room/): the codecs, the outer step against torch's SGD with Nesterov
+momentum, rounds through the API (clipping to the median norm, refusals, stale and duplicate
+deltas, who may send), each worker's own batches, a restart mid-round, a crash mid-close, the
+deadline, and a poisoned round with real PyTorch workers whose global eval loss is unharmed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from andrea.app import create_app
+from andrea.data import wire
+from andrea.room import codec, rounds
+from andrea.room.outer import nesterov_step
+from tests.conftest import LocalClient
+from tests.reference import hf_model, random_params
+
+
+def room_config(**room) -> dict:
+    return {"preset": "tiny", "steps": 6, "batch_size": 2, "seed": 5,
+            "room": {"inner_steps": 3, "codec": "f32", "max_workers": 8, **room}}
+
+
+def create(client, **room) -> dict:
+    r = client.post("/api/runs", json=room_config(**room))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def join(client, run: dict) -> dict:
+    r = client.post(f"/api/runs/{run['id']}/room/workers",
+                    headers=bearer(run["room"]["join_token"]))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def send(client, run: dict, worker: dict, version: int, delta: np.ndarray, name="f32"):
+    return client.post(f"/api/runs/{run['id']}/room/deltas/{version}",
+                       content=codec.encode(delta, name), headers=bearer(worker["token"]))
+
+
+def weights(client, run: dict, version: int) -> np.ndarray:
+    r = client.get(f"/api/runs/{run['id']}/room/weights/{version}")
+    assert r.status_code == 200, r.text
+    return np.frombuffer(r.content, "<f4").copy()
+
+
+def publish(client, run: dict, worker: dict, w: np.ndarray):
+    return client.put(f"/api/runs/{run['id']}/room/weights/0", content=w.tobytes(),
+                      headers=bearer(worker["token"]))
+
+
+def torch_outer(w0: np.ndarray, grads: list[np.ndarray], lr=0.7, mu=0.9) -> np.ndarray:
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt = torch.optim.SGD([p], lr=lr, momentum=mu, nesterov=True)
+    for g in grads:
+        p.grad = torch.from_numpy(g.copy())
+        opt.step()
+    return p.detach().numpy()
+
+
+def clipped_mean(deltas: list[np.ndarray], multiple: float = 2.0) -> np.ndarray:
+    """What a round averages: each delta clipped to `multiple` x the median norm (float64
+    here, from the definition)."""
+    norms = np.array([np.linalg.norm(d.astype(np.float64)) for d in deltas])
+    limit = multiple * np.median(norms)
+    scaled = [d.astype(np.float64) * min(1.0, limit / n) for d, n in zip(deltas, norms)]
+    return (sum(scaled) / len(deltas)).astype(np.float32)
+
+
+@pytest.fixture
+def app_client(settings):
+    with LocalClient(create_app(settings)) as c:
+        yield c
+
+
+# ---- codecs and the outer step ---------------------------------------------------------------
+
+def test_codecs_round_trip_within_their_precision_and_refuse_bad_bodies():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(10_000) * np.exp(rng.standard_normal(10_000))).astype(np.float32)
+    assert np.array_equal(codec.decode(codec.encode(x, "f32"), "f32", x.size), x)
+    f16 = codec.decode(codec.encode(x, "f16"), "f16", x.size)
+    assert np.all(np.abs(f16 - x) <= np.abs(x) * 2.0 ** -11 + 2.0 ** -24)
+    body = codec.encode(x, "int8")
+    assert len(body) == codec.payload_bytes("int8", x.size) == 4 * 40 + x.size
+    q = codec.decode(body, "int8", x.size)
+    scale = np.repeat(np.abs(np.pad(x, (0, 240))).reshape(-1, 256).max(1) / 127, 256)[:x.size]
+    assert np.all(np.abs(q - x) <= scale / 2 * (1 + 1e-6))
+    rel = np.linalg.norm(q - x) / np.linalg.norm(x)
+    # Rounding to nearest leaves an error uniform over one step: RMS step / sqrt(12) (a code
+    # that truncated would leave twice that).
+    uniform = np.sqrt(np.mean(scale.astype(np.float64) ** 2) / 12) / np.sqrt(np.mean(x ** 2.0))
+    print(f"\nint8 block-wise reconstruction: relative L2 error {rel:.2e} "
+          f"(rounding's {uniform:.2e})")
+    assert 0.8 * uniform < rel < 1.2 * uniform
+    with pytest.raises(codec.DeltaRefused, match="bytes"):
+        codec.decode(body[:-1], "int8", x.size)
+    bad = x.copy()
+    bad[7] = np.nan
+    with pytest.raises(codec.DeltaRefused, match="not finite"):
+        codec.decode(codec.encode(bad, "f32"), "f32", x.size)
+    with pytest.raises(codec.DeltaRefused, match="not finite"):   # past f16's range: inf
+        codec.decode(codec.encode(np.float32([1e6]), "f16"), "f16", 1)
+    scales = np.frombuffer(body, "<f4", 40).copy()
+    scales[3] = np.inf
+    with pytest.raises(codec.DeltaRefused, match="scale"):
+        codec.decode(scales.tobytes() + body[160:], "int8", x.size)
+
+
+def test_the_outer_step_is_torch_sgd_with_nesterov_momentum():
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal(5000).astype(np.float32)
+    grads = [rng.standard_normal(5000).astype(np.float32) * 0.1 for _ in range(4)]
+    w, m = w0.copy(), np.zeros_like(w0)
+    for i, g in enumerate(grads):
+        nesterov_step(w, m, g, 0.7, 0.9, first=i == 0)
+    np.testing.assert_allclose(w, torch_outer(w0, grads), rtol=1e-6, atol=1e-6)
+
+
+# ---- rounds through the API ----------------------------------------------------------------
+
+def test_a_round_clips_to_the_median_norm_refuses_nans_and_steps_like_torch(app_client):
+    c = app_client
+    run = create(c)
+    numel = run["layout"]["total_numel"]
+    assert c.get(f"/api/runs/{run['id']}").json()["status"] == "running"
+    workers = [join(c, run) for _ in range(5)]
+    assert [w["slot"] for w in workers] == [0, 1, 2, 3, 4]
+    assert workers[0]["version"] is None            # nobody published version 0 yet
+    w0 = random_params(run["layout"], seed=2)
+    assert publish(c, run, workers[0], w0).status_code == 201
+    assert publish(c, run, workers[1], w0 + 1).status_code == 409    # the first one wins
+    assert np.array_equal(weights(c, run, 0), w0)
+
+    rng = np.random.default_rng(3)
+    mask = rounds.param_mask(run["layout"])
+    honest = [(rng.standard_normal(numel) * 1e-3).astype(np.float32) * mask for _ in range(3)]
+    huge = honest[0] * 100
+    for w, d in zip(workers[:3], honest):
+        r = send(c, run, w, 0, d)
+        assert r.status_code == 200 and r.json() == {"closed": False, "version": 0}, r.text
+    assert send(c, run, workers[3], 0, huge).json() == {"closed": False, "version": 0}
+    nan = honest[1].copy()
+    nan[123] = np.nan
+    r = send(c, run, workers[4], 0, nan)      # the last to answer: the round closes without it
+    assert r.status_code == 422 and "not finite" in r.json()["detail"]
+    assert "closed" in r.json()["detail"]
+
+    want = torch_outer(w0, [clipped_mean([*honest, huge])])
+    np.testing.assert_allclose(weights(c, run, 1), want, rtol=1e-6, atol=1e-7)
+    room = c.get(f"/api/runs/{run['id']}/room").json()
+    assert room["version"] == 1 and not room["finished"]
+    last = room["closed"][-1]
+    scales = {int(k): v["clip_scale"] for k, v in last["workers"].items()}
+    assert scales[0] == scales[1] == scales[2] == 1.0 and scales[3] < 0.03
+    assert list(last["refused"]) == ["4"]
+    assert [w["bytes"] for w in room["workers"]] == [4 * numel] * 4 + [0]
+    # The next round trains version 1: a delta for 0 now is stale, dropped and counted.
+    r = send(c, run, workers[0], 0, honest[0])
+    assert r.status_code == 409 and "dropped" in r.json()["detail"]
+    assert c.get(f"/api/runs/{run['id']}/room").json()["open"]["stale"] == 1
+    # Round 1, the last (6 steps in rounds of 3): the run is finished after it.
+    for w, d in zip(workers, [*honest, honest[0], honest[1]]):
+        assert send(c, run, w, 1, d).status_code == 200
+    room = c.get(f"/api/runs/{run['id']}/room").json()
+    assert room["version"] == 2 and room["finished"]
+    assert c.get(f"/api/runs/{run['id']}").json()["status"] == "finished"
+    assert c.post(f"/api/runs/{run['id']}/room/workers",
+                  headers=bearer(run["room"]["join_token"])).status_code == 409
+    # The exported model of a version is the room's global weights.
+    assert c.get(f"/api/runs/{run['id']}/model.safetensors?step=2").status_code == 200
+
+
+def test_only_workers_send_and_only_what_the_model_takes(app_client):
+    c = app_client
+    run = create(c, max_workers=2)
+    rid, numel = run["id"], run["layout"]["total_numel"]
+    assert c.post(f"/api/runs/{rid}/room/workers",
+                  headers=bearer("not-the-join-token")).status_code == 403
+    assert c.post(f"/api/runs/{rid}/room/workers",
+                  headers=bearer(run["token"])).status_code == 403   # the owner's token: no
+    a, b = join(c, run), join(c, run)
+    r = c.post(f"/api/runs/{rid}/room/workers", headers=bearer(run["room"]["join_token"]))
+    assert r.status_code == 409 and "full" in r.json()["detail"]
+    assert publish(c, run, {"token": run["room"]["join_token"]},
+                   np.zeros(numel, np.float32)).status_code == 403
+    assert publish(c, run, a, np.zeros(numel - 1, np.float32)).status_code == 400
+    assert publish(c, run, a, np.zeros(numel, np.float32)).status_code == 201
+    d = np.zeros(numel, np.float32)
+    assert c.post(f"/api/runs/{rid}/room/deltas/0", content=d.tobytes()).status_code == 403
+    assert c.post(f"/api/runs/{rid}/room/deltas/0", content=d.tobytes() + b"1234",
+                  headers=bearer(a["token"])).status_code == 413
+    assert c.post(f"/api/runs/{rid}/room/deltas/0", content=d[:-1].tobytes(),
+                  headers=bearer(a["token"])).status_code == 400
+    assert send(c, run, a, 0, d).status_code == 200
+    assert send(c, run, a, 0, d).status_code == 409                 # one per round
+    # A worker that leaves is out of the round (which then closes on the others) and its
+    # token is refused from then on.
+    assert c.delete(f"/api/runs/{rid}/room/workers", headers=bearer(b["token"])).status_code == 204
+    assert send(c, run, b, 0, d).status_code == 403
+    # The room is not the trainer socket's, nor resumed, nor given checkpoints by hand.
+    assert c.post(f"/api/runs/{rid}/resume").status_code == 409
+    assert c.put(f"/api/runs/{rid}/checkpoints/1", content=b"x",
+                 headers=bearer(run["token"])).status_code == 409
+    with c.websocket_connect(f"/ws/runs/{rid}") as ws:
+        ws.send_json({"type": "hello", "token": run["token"]})
+        msg = ws.receive_json()
+        assert msg["type"] == "error" and "room" in msg["message"]
+    # Reports: losses of a round, finite, at most inner_steps of them.
+    url = f"/api/runs/{rid}/room/reports/0"
+    assert c.post(url, json={"losses": [3.0, 2.9, 2.8], "eval_loss": 3.1},
+                  headers=bearer(a["token"])).status_code == 204
+    assert c.post(url, json={"losses": [1.0] * 4}, headers=bearer(a["token"])).status_code == 422
+    assert c.post(url, json={"losses": [1.0]}).status_code == 403
+    assert c.get(f"/api/runs/{rid}/room/reports").json()[0]["losses"] == [3.0, 2.9, 2.8]
+    # A room run is not branched.
+    assert c.post("/api/runs", json={"preset": "tiny", "steps": 6,
+                                     "parent": {"run": rid, "step": 1}}).status_code == 409
+
+
+def test_each_worker_slot_draws_its_own_batches_again_at_every_rerun(app_client):
+    c = app_client
+    run = create(c)
+    url = run["room"]["batches"]
+
+    def batch(version, slot, step):
+        r = c.get(url.format(version=version, slot=slot, step=step))
+        assert r.status_code == 200, r.text
+        return wire.decode(r.content).tokens.tobytes()
+
+    seen = {(v, s, i): batch(v, s, i) for v in range(2) for s in range(3) for i in range(3)}
+    assert len(set(seen.values())) == len(seen)
+    assert batch(1, 2, 1) == seen[(1, 2, 1)]
+    for bad in ((2, 0, 0), (0, 8, 0), (0, 0, 3)):     # rounds, slots, inner steps
+        assert c.get(url.format(version=bad[0], slot=bad[1], step=bad[2])).status_code == 400
+    # The plain batch route's index of (round 1, slot 2, step 1) is the same batch.
+    step = (1 * 8 + 2) * 3 + 1
+    assert c.get(f"/api/runs/{run['id']}/batches/{step}").content[40:] != b""
+    assert wire.decode(c.get(f"/api/runs/{run['id']}/batches/{step}").content).tokens.tobytes() \
+        == seen[(1, 2, 1)]
+
+
+def test_a_restart_mid_round_and_a_crash_mid_close_lose_nothing(settings, monkeypatch):
+    with LocalClient(create_app(settings)) as c:
+        run = create(c)
+        numel = run["layout"]["total_numel"]
+        ws = [join(c, run) for _ in range(3)]
+        w0 = random_params(run["layout"], seed=4)
+        publish(c, run, ws[0], w0)
+        rng = np.random.default_rng(5)
+        mask = rounds.param_mask(run["layout"])
+        ds = [(rng.standard_normal(numel) * 1e-3).astype(np.float32) * mask for _ in range(3)]
+        for w, d in zip(ws[:2], ds):
+            assert send(c, run, w, 0, d).json()["closed"] is False
+    # The server stops with two of three pseudo-gradients in; the next one has them. Its last
+    # close dies after committing version 1 and before the room's state says so.
+    real_save = rounds.Room._save
+    calls = []
+
+    def crash_once(self, st):
+        if st["version"] == 1 and not calls:
+            calls.append(1)
+            raise OSError("killed mid-close")
+        real_save(self, st)
+    monkeypatch.setattr(rounds.Room, "_save", crash_once)
+    with LocalClient(create_app(settings), raise_server_exceptions=False) as c:
+        assert c.get(f"/api/runs/{run['id']}/room").json()["open"]["received"] == [0, 1]
+        assert send(c, run, ws[2], 0, ds[2]).status_code == 500
+    monkeypatch.setattr(rounds.Room, "_save", real_save)
+    with LocalClient(create_app(settings)) as c:
+        room = c.get(f"/api/runs/{run['id']}/room").json()
+        assert room["version"] == 1 and room["open"]["received"] == []
+        assert [r["round"] for r in room["closed"]] == [0]
+        np.testing.assert_allclose(weights(c, run, 1), torch_outer(w0, [clipped_mean(ds)]),
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_a_round_closes_at_its_deadline_with_a_quorum(app_client):
+    c = app_client
+    run = create(c, quorum=1, round_deadline_s=0.1)
+    a, _ = join(c, run), join(c, run)            # the second never sends
+    publish(c, run, a, np.zeros(run["layout"]["total_numel"], np.float32))
+    assert send(c, run, a, 0, np.zeros(run["layout"]["total_numel"], np.float32)).json() == \
+        {"closed": False, "version": 0}
+    deadline = time.monotonic() + 30           # the app's sweep runs every few seconds
+    while c.get(f"/api/runs/{run['id']}/room").json()["version"] != 1:
+        assert time.monotonic() < deadline, "the sweep never closed the round"
+        time.sleep(0.2)
+
+
+# ---- a poisoned round with real workers ----------------------------------------------------
+
+class TorchWorker:
+    """A room worker in PyTorch (HF LlamaForCausalLM from the layout, torch's AdamW): H inner
+    steps on its slot's batches from the global version, then global minus its weights."""
+
+    def __init__(self, client, run: dict):
+        self.c, self.run = client, run
+        self.me = join(client, run)
+        self.opt_state = None
+
+    def train(self, version: int, w: np.ndarray) -> np.ndarray:
+        layout = self.run["layout"]
+        model = hf_model(layout, w.copy())
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95),
+                                weight_decay=0.1)
+        for step in range(self.run["config"]["room"]["inner_steps"]):
+            tokens = batch_tokens(self.c, self.run["room"]["batches"].format(
+                version=version, slot=self.me["slot"], step=step))
+            loss = lm_loss(model, tokens)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        named = dict(model.named_parameters())
+        mine = np.zeros_like(w)
+        for p in layout["params"]:
+            mine[p["offset"]:p["offset"] + p["numel"]] = named[p["name"]].detach().numpy().ravel()
+        return w - mine
+
+
+def batch_tokens(client, url: str) -> torch.Tensor:
+    return torch.from_numpy(wire.decode(client.get(url).content).tokens.astype(np.int64))
+
+
+def lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=tokens[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             tokens[:, 1:].reshape(-1))
+
+
+def eval_loss(client, run: dict, w: np.ndarray) -> float:
+    model = hf_model(run["layout"], w.copy())
+    with torch.no_grad():
+        return float(np.mean([lm_loss(model, batch_tokens(
+            client, f"/api/runs/{run['id']}/val_batches/{i}")) for i in range(4)]))
+
+
+def test_a_poisoned_worker_cannot_wreck_the_global_model(app_client):
+    """Three honest PyTorch workers train a round; in a second room of the same config a fourth
+    sends 100x its pseudo-gradient and a fifth NaNs. The global model's eval loss after the
+    round is no worse than the honest room's (the clipped 100x delta counts like a typical one),
+    and far from what the unclipped mean would give."""
+    c = app_client
+    cfg = {"inner_steps": 4, "max_workers": 8, "codec": "int8", "outer_lr": 0.7}
+    honest_run, poisoned_run = create(c, **cfg), create(c, **cfg)
+    w0 = random_params(honest_run["layout"], seed=6, scale=1.0)
+    losses = {}
+    for run, bad in ((honest_run, False), (poisoned_run, True)):
+        workers = [TorchWorker(c, run) for _ in range(3)]
+        extra = [join(c, run) for _ in range(2)] if bad else []
+        publish(c, run, workers[0].me, w0)
+        deltas = [w.train(0, w0) for w in workers]
+        for w, d in zip(workers, deltas):
+            assert send(c, run, w.me, 0, d, "int8").status_code == 200
+        if bad:
+            assert send(c, run, extra[0], 0, deltas[0] * 100, "int8").status_code == 200
+            nan = deltas[1].copy()
+            nan[::1000] = np.nan
+            assert send(c, run, extra[1], 0, nan, "int8").status_code == 422
+        losses[bad] = eval_loss(c, run, weights(c, run, 1))
+        if bad:
+            unclipped = torch_outer(w0, [np.mean([*deltas, deltas[0] * 100], axis=0)])
+            losses["unclipped"] = eval_loss(c, run, unclipped)
+    before = eval_loss(c, honest_run, w0)
+    print(f"\neval loss: before {before:.4f}  honest round {losses[False]:.4f}  with a 100x and "
+          f"a NaN worker {losses[True]:.4f}  (the 100x unclipped: {losses['unclipped']:.4f})")
+    assert losses[False] < before                                  # the round helped
+    # Unharmed: no worse than the honest round, give or take a tenth of what the round gained.
+    assert losses[True] < losses[False] + 0.1 * (before - losses[False])
+    assert losses["unclipped"] > before + 1.0                      # what clipping prevented
