@@ -270,7 +270,7 @@ class Chromium:
         return found
 
     def drive(self, url: str, run: dict, timeout: float,
-              tick: Callable[[], str | None]) -> dict:
+              tick: Callable[[], str | None], join_token: str | None = None) -> dict:
         """Opens the run page with the write token in sessionStorage (never in the URL), so the
         page trains the run; watches it until done, failing fast on page and asset errors and on
         what `tick` (called twice a second; it polls the server) returns as an error.
@@ -278,7 +278,8 @@ class Chromium:
         page never said (then errors say why), and after Ctrl-C when the page could not stop the
         run; refused is the server's reason when it refused the page's trainer socket for good
         (a revoked token, another trainer: the page then ends `failed` at once, error_text
-        saying why)."""
+        saying why). With `join_token`, the page of a room run is opened from its join link
+        and joins the room as a worker at once (static/js/app/room.js)."""
         run_id = run["id"]
         origin = urllib.parse.urlparse(url)
         errors: list[str] = []
@@ -309,10 +310,15 @@ class Chromium:
                 page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
                 page.on("response", on_response)
                 page.on("requestfailed", on_failed)
-                page.add_init_script(token_init_script(run_id, run["token"]))
+                if join_token is None:
+                    page.add_init_script(token_init_script(run_id, run["token"]))
+                else:
+                    page.add_init_script("window.andreaAutoJoin = true;")
                 if self.gpu:   # the page refuses a software adapter rather than train on it
                     page.add_init_script("window.andreaGpuOnly = true;")
-                page.goto(f"{url}/runs/{run_id}")
+                join = "" if join_token is None else \
+                    "#join=" + urllib.parse.quote(join_token, safe="")
+                page.goto(f"{url}/runs/{run_id}{join}")
                 state["done"] = self._watch(page, errors, timeout, tick, interrupt)
                 if interrupt.seen:
                     raise KeyboardInterrupt

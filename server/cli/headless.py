@@ -25,6 +25,7 @@ from pathlib import Path
 from andrea.checkpoints import newest_usable
 from andrea.cli import http_client
 from andrea.cli.chromium import BrowserError, Chromium, drive_result
+from andrea.cli.room_join import join_room
 from andrea.cli.train_args import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -134,6 +135,8 @@ def _start_server(args, result: dict):
 def _train(args, config: dict, result: dict, secret: dict, browser: Chromium,
            own_server: bool = False) -> int:
     url = result["server"]
+    if args.join or config.get("room"):   # a worker of a room run (room_join.py)
+        return join_room(args, config, result, browser, _http)
     if args.resume:   # a new write token; the tab that trained it before is refused from now on
         resumed = _http("POST", f"{url}/api/runs/{args.resume}/resume", token=args.token)
         run = {"id": args.resume, "token": resumed["token"], "config": resumed["run"]["config"]}

@@ -7,6 +7,7 @@ before any browser or server starts. A bad one is a TrainError with the usage ex
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import types
 import typing
@@ -57,6 +58,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     for name, field in run_config_model().model_fields.items():
         if name == "parent":   # set through --branch (a run and a step), not as a raw object
             continue
+        if name == "room":     # an object: given as JSON
+            config.add_argument("--room", dest="room", type=json.loads, default=argparse.SUPPRESS,
+                                metavar="JSON", help=(
+                                    "a room run (trained by the tabs that join it), e.g. "
+                                    "'{\"inner_steps\": 50, \"codec\": \"int8\"}': "
+                                    "see RoomConfig").replace("%", "%%"))
+            continue
         kwargs = _flag_type(field.annotation)
         default = "tiny" if name == "preset" else field.default
         help_text = "; ".join(filter(None, [
@@ -72,6 +80,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a NEW run that continues RUN_ID from its checkpoint STEP (default: "
                              "its last), with RUN_ID's config changed by the config flags given "
                              "(e.g. a failed run again with a lower --lr)")
+    parser.add_argument("--join", metavar="RUN_ID",
+                        help="train in room run RUN_ID as one of its workers (its join token: "
+                             "--token; a room's join link ends in #join=...)")
     parser.add_argument("--token", default=os.environ.get("ANDREA_TOKEN") or None,
                         help="the write token of the run to --resume, or of the --branch parent "
                              "(or the operator's): a server other machines reach asks for it "
@@ -98,12 +109,13 @@ def run_config(args: argparse.Namespace) -> dict:
         if getattr(args, "resume", None):
             raise TrainError("--resume and --branch exclude each other", EXIT_USAGE)
         return config     # validated by the server on top of the parent's config
-    if getattr(args, "resume", None):
-        if config:
-            given = ", ".join("--" + k.replace("_", "-") for k in config)
-            raise TrainError(f"--resume continues the run with its own config; drop {given}",
-                             EXIT_USAGE)
-        return config
+    for flag in ("resume", "join"):
+        if getattr(args, flag, None):
+            if config:
+                given = ", ".join("--" + k.replace("_", "-") for k in config)
+                raise TrainError(f"--{flag} trains the run with its own config; drop {given}",
+                                 EXIT_USAGE)
+            return config
     config.setdefault("preset", "tiny")
     try:
         run_config_model().model_validate(config)

@@ -35,6 +35,9 @@ async def run_page(request: Request, templates: TemplatesDep, store: StoreDep, r
     if run is None:
         return _render(templates, request, "not_found.html", status_code=404,
                        title="No such run", what=f"There is no run {run_id} on this server.")
+    if run["config"].get("room"):      # trained by the tabs that join it: its room's page
+        return _render(templates, request, "room.html", title=run["name"], run_id=run_id,
+                       run_name=run["name"])
     return _render(templates, request, "run.html", title=run["name"], run_id=run_id,
                    run_name=run["name"], name_max=schemas.NAME_MAX, notes_max=schemas.NOTES_MAX)
 

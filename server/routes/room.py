@@ -100,7 +100,8 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
 
 
 @router.post("/workers", status_code=201)
-async def join(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep) -> dict:
+async def join_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
+                    fanout: FanoutDep) -> dict:
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
         joined = await _call(room.join, bearer(request), time.time())
@@ -109,7 +110,7 @@ async def join(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: Fan
 
 
 @router.delete("/workers", status_code=204)
-async def leave(run: RunDep, request: Request, ckpts: CheckpointsDep,
+async def leave_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
                 fanout: FanoutDep) -> Response:
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
@@ -120,7 +121,7 @@ async def leave(run: RunDep, request: Request, ckpts: CheckpointsDep,
 
 @router.get("/weights/{version}", response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}}})
-async def get_weights(run: RunDep, version: Version, ckpts: CheckpointsDep) -> Response:
+async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep) -> Response:
     room = room_of(run, ckpts)
     body = await _call(room.weights, version)
     return Response(body, media_type="application/octet-stream",
@@ -128,7 +129,7 @@ async def get_weights(run: RunDep, version: Version, ckpts: CheckpointsDep) -> R
 
 
 @router.put("/weights/0", status_code=201)
-async def put_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep,
+async def put_room_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep,
                    storage: StorageDep, store: StoreDep) -> dict:
     room = room_of(run, ckpts)
     path = await _receive(request, room, 4 * room.numel, "version 0's weights", storage)
@@ -144,7 +145,7 @@ async def put_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout:
 
 
 @router.post("/deltas/{version}")
-async def post_delta(run: RunDep, version: Version, request: Request, ckpts: CheckpointsDep,
+async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts: CheckpointsDep,
                      fanout: FanoutDep, storage: StorageDep, store: StoreDep) -> dict:
     room = room_of(run, ckpts)
     path = await _receive(request, room, room.expected_bytes(),
@@ -167,7 +168,7 @@ class Report(BaseModel):
 
 
 @router.post("/reports/{version}", status_code=204)
-async def post_report(run: RunDep, version: Version, body: Report, request: Request,
+async def post_room_report(run: RunDep, version: Version, body: Report, request: Request,
                       ckpts: CheckpointsDep, fanout: FanoutDep) -> Response:
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
@@ -178,7 +179,7 @@ async def post_report(run: RunDep, version: Version, body: Report, request: Requ
 
 
 @router.get("/reports")
-async def get_reports(run: RunDep, ckpts: CheckpointsDep) -> list[dict]:
+async def get_room_reports(run: RunDep, ckpts: CheckpointsDep) -> list[dict]:
     return await _call(room_of(run, ckpts).reports)
 
 

@@ -83,9 +83,10 @@ export function retryDelayMs(res, backoffMs) {
  *  for a cause that passes), with backoff at most MAX_BACKOFF_MS apart or after the
  *  Retry-After the server asks for; `attempts` bounds the tries. 4xx is final and reported
  *  ("url: status detail"). `onRetry(why)` hears each failed try ("unreachable: Failed to
- *  fetch", "503 ..."), and onRetry(null) the answer that follows one. `sleep` is for tests. */
+ *  fetch", "503 ..."), and onRetry(null) the answer that follows one. `accept`: 4xx statuses
+ *  returned as answers rather than thrown. `sleep` is for tests. */
 export async function fetchRetrying(url, init = {}, { attempts = Infinity, onRetry = () => {},
-  sleep = (ms) => new Promise((r) => setTimeout(r, ms)) } = {}) {
+  accept = [], sleep = (ms) => new Promise((r) => setTimeout(r, ms)) } = {}) {
   let wait = 250;
   for (let i = 1; ; i++) {
     let res = null;
@@ -95,7 +96,7 @@ export async function fetchRetrying(url, init = {}, { attempts = Infinity, onRet
     } catch (e) {
       why = `unreachable: ${e.message}`;
     }
-    if (res?.ok) {
+    if (res?.ok || accept.includes(res?.status)) {
       if (i > 1) onRetry(null);
       return res;
     }

@@ -42,6 +42,12 @@ export class Prefetcher {
     this.pending.set(step, p);
   }
 
+  /** Training goes on from `step` (a room worker that skipped rounds): batches asked for
+   *  steps before it are dropped. */
+  jump(step) {
+    for (const s of this.pending.keys()) if (s < step) this.pending.delete(s);
+  }
+
   async get(step) {
     for (let s = step; s <= step + this.depth; s++) this.request(s);
     const batch = await this.pending.get(step);

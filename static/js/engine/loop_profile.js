@@ -5,13 +5,14 @@
  *  (prefetch), for a ring slot (the GPU running ahead), writing the batch and the optimizer's
  *  step uniforms, encoding, submitting, reading a slot back (per-source sums, on.record), and
  *  from mapAsync to its resolution; submitting evals, checkpoint copies and samples (which
- *  drain the ring first); with timestamp-query, the GPU's ms inside training steps (first pass
+ *  drain the ring first), and a room worker's rounds (sync: its pseudo-gradient sent, the next
+ *  version awaited); with timestamp-query, the GPU's ms inside training steps (first pass
  *  begin to optimizer end) and between consecutive ones (idle, or running an eval, a sample or
  *  checkpoint copies). bench/bench_trainer.mjs prints it. */
 export function newLoopProfile() {
   return { steps: 0, batchWaitMs: 0, ringWaitMs: 0, uploadMs: 0, encodeMs: 0, submitMs: 0,
-    readMs: 0, mapMs: 0, evalMs: 0, checkpointMs: 0, sampleMs: 0, gpuSteps: 0, gpuBusyMs: 0,
-    gpuIdleMs: 0 };
+    readMs: 0, mapMs: 0, evalMs: 0, checkpointMs: 0, sampleMs: 0, syncMs: 0, gpuSteps: 0,
+    gpuBusyMs: 0, gpuIdleMs: 0 };
 }
 
 /** Adds the ms since `t` to prof[key]; -> now. */

@@ -38,6 +38,10 @@ export class Trainer {
    * resume: null | {step (steps done, 0-based next step), data: ArrayBuffer (the sections
    * concatenated)}. A resume whose data or sections do not fit this engine is refused (throws)
    * before anything is written.
+   * start: the first step without a resume (a room worker that joins at round r starts at r H);
+   * sync: null | {every, at(stepsDone) -> Promise<next step | undefined>}: every `every` steps,
+   * once their records are read back, training waits for `at`, which may replace the weights
+   * (setWeights) and say which step comes next (a room worker: room_worker.js).
    */
   static async create(opts) {
     const t = new Trainer(opts);
@@ -51,13 +55,13 @@ export class Trainer {
   }
 
   constructor({ ctx, layout, config, maps = null, loadBatch, loadValBatch = null, decode = null,
-    on = {}, checkpoint = null, resume = null }) {
-    Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode });
+    on = {}, checkpoint = null, resume = null, start = 0, sync = null }) {
+    Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode, sync });
     this.on = { record: () => {}, sample: () => {}, status: () => {}, checkpoint: () => {}, ...on };
     this.device = ctx.device;
     this.state = 'created';
-    this.step = 0;                 // next 0-based step to run; records are 1-based
-    this.done = 0;                 // steps submitted: the state a checkpoint encoded now holds
+    this.step = start;             // next 0-based step to run; records are 1-based
+    this.done = start;             // steps submitted: the state a checkpoint encoded now holds
     this.stats = { ringWaits: 0, gpuStarved: 0, submitted: 0, checkpoints: 0, checkpointErrors: 0,
       loop: newLoopProfile() };
     this.lastGpu = { end: undefined };   // the previous step's GPU end (timestamp ns)
@@ -267,7 +271,17 @@ export class Trainer {
         t = lap(prof, 'checkpointMs', t);
         if (sampleAt(step + 1, c)) {
           await this.sample(step + 1, batch);
-          lap(prof, 'sampleMs', t);
+          t = lap(prof, 'sampleMs', t);
+        }
+        if (this.sync && (step + 1) % this.sync.every === 0 && this.state !== 'stopping') {
+          await Promise.all(this.ring.map((s) => s.pending));
+          const next = await this.sync.at(step + 1);
+          if (next !== undefined) {
+            this.step = next - 1;   // (the loop's ++ follows)
+            this.done = next;
+            this.prefetch.jump(next);
+          }
+          lap(prof, 'syncMs', t);
         }
       }
       await Promise.all(this.ring.map((s) => s.pending));
@@ -315,10 +329,19 @@ export class Trainer {
     return Boolean(this.loadValBatch) && evalAt(step + 1, this.config);
   }
 
+  /** Eval loss of the weights now on held-out batch `index` (a room worker's measure of a
+   *  global version). */
+  async evalLoss(index) {
+    return (await this.encodeEvalBatch(index)).loss;
+  }
+
   /** Eval loss on a held-out batch, submitted right after the step (forward + loss only, G
    *  untouched). Resolves once submitted, to {loss: Promise<number>}. */
-  async encodeEval(step) {
-    const index = Math.floor((step + 1) / this.config.eval_every) % 4;
+  encodeEval(step) {
+    return this.encodeEvalBatch(Math.floor((step + 1) / this.config.eval_every) % 4);
+  }
+
+  async encodeEvalBatch(index) {
     const val = parseBatch(await this.loadValBatch(index));
     if (this.evalPending) await this.evalPending;
     // From here to submit nothing awaits, so no other step's batch can slip in between.
@@ -343,6 +366,13 @@ export class Trainer {
     const ids = await generate(this.model, prompt, n, { seed: this.config.seed * 1000003 + step });
     const text = this.decode ? this.decode(prompt) + '⟨…⟩' + this.decode(ids) : ids.join(' ');
     this.on.sample(step, text);
+  }
+
+  /** Replaces the weights (a room's global version; f32 [total_numel]) between steps; the
+   *  optimizer state stays. Call with no step in flight (sync.at is such a place). */
+  setWeights(w) {
+    this.model.setParams(w);
+    if (this.opt.mirror) this.opt.initMirror(w);
   }
 
   /** The state after the last submitted step, read back (CheckpointCadence.snapshot): not

@@ -1,0 +1,86 @@
+"""A room run end to end: three Chromium pages join from the room's join link and a fourth
+worker through `andrea train --join`, and they train `tiny` together (SwiftShader WebGPU); a
+fifth page joins and leaves mid-run. The server averages their int8 pseudo-gradients round by
+round, and the room's page shows every worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+
+H, ROUNDS, WORKERS = 4, 3, 4
+TIMEOUT = 600_000
+
+
+def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_server):
+    r = httpx.post(f"{live_server}/api/runs", json={
+        "preset": "tiny", "steps": H * ROUNDS, "batch_size": 2, "seed": 7, "lr": 0.004,
+        "warmup_steps": 2,
+        "room": {"inner_steps": H, "codec": "int8", "max_workers": 8, "round_deadline_s": 300}})
+    assert r.status_code == 201, r.text
+    run = r.json()
+    link = f"{live_server}/runs/{run['id']}#join={run['room']['join_token']}"
+    pages, errors = [], []
+    cli = subprocess.Popen([sys.executable, "-m", "andrea", "train", "--join", run["id"],
+                            "--token", run["room"]["join_token"], "--server", live_server,
+                            "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(WORKERS - 1):
+        page = browser.new_context().new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(link)
+        page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+        assert page.url.endswith(f"/runs/{run['id']}")          # the token left the bar
+        pages.append(page)
+    for page in pages:
+        page.click("#join")
+    # A fifth joins once the room trains version 1, then leaves: the rounds go on without it.
+    room_url = f"{live_server}/api/runs/{run['id']}/room"
+    extra = browser.new_context().new_page()
+    extra.goto(link)
+    extra.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    extra.wait_for_function(
+        f"fetch('{room_url}').then(r => r.json()).then(r => r.version >= 1)", polling=500,
+        timeout=TIMEOUT)
+    extra.click("#join")
+    extra.wait_for_function("document.body.dataset.workerStatus === 'running'", timeout=TIMEOUT)
+    extra.click("#leave")
+    extra.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+    for page in pages:
+        page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+        assert page.evaluate("document.body.dataset.done") == "finished", page.inner_text("main")
+    out, err = cli.communicate(timeout=TIMEOUT / 1000)
+    assert cli.returncode == 0, out + err
+    result = json.loads(out)
+    assert result["ok"] and result["version"] == ROUNDS and "#join=" in result["join_link"]
+    assert not errors, errors
+
+    room = httpx.get(room_url).json()
+    assert room["finished"] and room["version"] == ROUNDS
+    workers = {w["worker"]: w for w in room["workers"]}
+    assert len(workers) == WORKERS + 1
+    gone = [w for w in workers.values() if w["left"] is not None]
+    assert len(gone) == 1 and gone[0]["deltas"] < ROUNDS
+    assert sorted(w["deltas"] for w in workers.values() if w["left"] is None) == [ROUNDS] * WORKERS
+    assert all(len(c["workers"]) >= WORKERS for c in room["closed"])   # every page, every round
+    assert all(c["refused"] == {} for c in room["closed"])
+    # int8 pseudo-gradients: ~4x less than f32, and per round far below per-step all-reduce.
+    assert room["delta_bytes"] < 0.26 * 4 * room["numel"]
+    assert room["allreduce_bytes_per_step"] * H / room["delta_bytes"] > 4 * H * 0.95
+    # The global model learned: each version's eval loss (a worker's measure of it) falls.
+    reports = httpx.get(f"{room_url}/reports").json()
+    evals = {r["version"]: r["eval_loss"] for r in reports if r["eval_loss"] is not None}
+    assert sorted(evals) == list(range(ROUNDS + 1)), evals
+    print(f"\nglobal eval loss by version: {[round(evals[v], 4) for v in sorted(evals)]}")
+    assert evals[ROUNDS] < evals[0] - 0.1
+    assert all(len(r["losses"]) == H for r in reports
+               if r["worker"] != gone[0]["worker"] and r["version"] < ROUNDS)
+    # The room's page lists every worker, the one that left with why.
+    page = pages[0]
+    page.reload()
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    assert page.locator("#workers tbody tr").count() == WORKERS + 1
+    assert "left" in page.inner_text(f"#workers tr[data-worker='{gone[0]['worker']}']")
+    assert page.get_attribute("[data-chart='global eval loss']", "data-points") == str(ROUNDS + 1)

@@ -1,0 +1,108 @@
+// A room worker (server/room/: DiLoCo across the room's tabs). One Trainer whose weights come
+// from the room's global versions: each round it takes version v, measures its eval loss,
+// trains H inner steps on its slot's batches (the Trainer's own AdamW state carried from round
+// to round, as DiLoCo's inner optimizer is), sends its pseudo-gradient (global minus its
+// weights, in the room's codec) and waits for version v + 1. Round r trains version r, so the
+// Trainer's step s is round floor(s / H)'s inner step s mod H, and the learning rate follows
+// the run's schedule over its steps.
+//
+// DOM-free: the app hands in the room's network as functions (room.js):
+//   room = {weights(v) -> ArrayBuffer (f32 [total_numel]), publish(ArrayBuffer) -> {version}
+//           | null (another worker published version 0 first), send(v, ArrayBuffer) -> any,
+//           report(v, losses, evalLoss), nextVersion(after) -> the newest version > after}
+//   loadBatch(version, step), loadValBatch(index) -> ArrayBuffer
+//   on = {record(rec), round({version, losses, evalLoss, bytes}), status(status, message)}
+
+import { encodeDelta, pseudoGradient } from './room_codec.js';
+import { Trainer } from './trainer.js';
+
+const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
+
+export class RoomWorker {
+  /** config: the run's (with config.room); version: the one to train first (null: none yet:
+   *  train from the run's seed and publish it as version 0). */
+  static async create({ ctx, layout, config, maps = null, version, room, loadBatch,
+    loadValBatch, on = {} }) {
+    const w = new RoomWorker({ config, room, on });
+    const H = config.room.inner_steps;
+    w.rounds = Math.ceil(config.steps / H);
+    w.trainer = await Trainer.create({
+      ctx, layout, maps, loadValBatch,
+      // The Trainer runs every inner step of the run; samples, evals and checkpoints are the
+      // room's business, not one worker's.
+      config: { ...config, steps: w.rounds * H, eval_every: 0, sample_every: 0 },
+      loadBatch: (step) => loadBatch(Math.floor(step / H), step % H),
+      start: (version ?? 0) * H,
+      sync: { every: H, at: (done) => w.endRound(done / H - 1) },
+      on: { record: (rec) => w.record(rec), status: (...a) => w.on.status(...a) },
+    });
+    await w.take(version);
+    return w;
+  }
+
+  constructor({ config, room, on }) {
+    this.config = config;
+    this.room = room;
+    this.on = { record: () => {}, round: () => {}, status: () => {}, ...on };
+    this.losses = [];
+    this.bytesSent = 0;
+  }
+
+  /** Trains until the room's last round or stop(); resolves to the Trainer's final state. */
+  run() {
+    return this.trainer.run();
+  }
+
+  stop(reason) {
+    this.trainer.stop(reason);
+  }
+
+  destroy() {
+    this.trainer.destroy();
+  }
+
+  record(rec) {
+    this.losses.push(rec.loss);
+    this.on.record(rec);
+  }
+
+  /** Loads version `version` (null: publishes this worker's seeded weights as version 0, or
+   *  takes the one another worker published first) and measures its eval loss. */
+  async take(version) {
+    let w;
+    if (version === null) {
+      w = await this.trainer.model.getParams();
+      const published = await this.room.publish(w.slice().buffer);
+      version = 0;
+      if (!published) w = new Float32Array(await this.room.weights(0));
+    } else {
+      w = new Float32Array(await this.room.weights(version));
+    }
+    this.trainer.setWeights(w);
+    this.version = version;
+    this.global = w;
+    let sum = 0;
+    for (let i = 0; i < EVAL_BATCHES; i++) sum += await this.trainer.evalLoss(i);
+    this.evalLoss = sum / EVAL_BATCHES;
+  }
+
+  /** After round `round`'s H steps (their records read back): send the pseudo-gradient, report,
+   *  take the next version. -> the next step to train (the Trainer's sync). */
+  async endRound(round) {
+    const mine = await this.trainer.model.getParams();
+    const body = encodeDelta(pseudoGradient(this.global, mine), this.config.room.codec);
+    await this.room.send(this.version, body);   // stale (the round closed without it): dropped
+    this.bytesSent += body.byteLength;
+    const losses = this.losses;
+    this.losses = [];
+    await this.room.report(this.version, losses, this.evalLoss);
+    this.on.round({ version: this.version, round, losses, evalLoss: this.evalLoss,
+      bytes: body.byteLength });
+    const next = await this.room.nextVersion(this.version);
+    await this.take(next);
+    if (next < this.rounds) return next * this.config.room.inner_steps;
+    // The room's last version: its eval loss reported too, and the Trainer is at its end.
+    await this.room.report(next, [], this.evalLoss);
+    return this.rounds * this.config.room.inner_steps;
+  }
+}

@@ -1,0 +1,45 @@
+// The browser's pseudo-gradient encoder (engine/room_codec.js) gives the server's reference bytes
+// (server/room/codec.py encode) for every codec, on values that exercise rounding ties, blocks
+// of zeros, a short last block, tiny and huge magnitudes.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { CODECS, encodeDelta, payloadBytes, pseudoGradient } from '../../static/js/engine/room_codec.js';
+import { serverJson } from './server.mjs';
+
+function values(n) {
+  const x = new Float32Array(n);
+  let s = 12345;
+  for (let i = 0; i < n; i++) {
+    s = (s * 1103515245 + 12345) % 2 ** 31;
+    const u = s / 2 ** 31;
+    x[i] = (u - 0.5) * 10 ** (Math.floor(u * 1e6) % 9 - 6);
+  }
+  x.fill(0, 256, 512);                          // a block of zeros: scale 0
+  x[700] = 70000;                               // past f16's range: inf there
+  // A block of scale 1 (absmax 127) with codes at ties: x.5 rounds to the even code.
+  x[768] = 127;
+  for (let i = 769; i < 800; i++) x[i] = (i % 2 ? 1 : -1) * ((i - 769) % 8 + 0.5);
+  return x;
+}
+
+test('JS and Python encode a pseudo-gradient to the same bytes in every codec', () => {
+  const x = values(256 * 5 + 77);
+  const b64 = Buffer.from(x.buffer).toString('base64');
+  const want = serverJson('import base64, json, sys; import numpy as np; '
+    + 'from andrea.room.codec import encode; '
+    + 'x = np.frombuffer(base64.b64decode(sys.argv[1]), "<f4"); '
+    + 'print(json.dumps({c: base64.b64encode(encode(x, c)).decode() for c in sys.argv[2:]}))',
+  b64, ...CODECS);
+  for (const codec of CODECS) {
+    const got = Buffer.from(encodeDelta(x, codec));
+    assert.equal(got.length, payloadBytes(codec, x.length), codec);
+    assert.equal(got.toString('base64'), want[codec], `${codec} bytes differ`);
+  }
+});
+
+test('the pseudo-gradient is global minus the worker, rounded to f32 once', () => {
+  const g = Float32Array.from([1, 1e8, -3.5, 0.1]);
+  const w = Float32Array.from([0.75, 1, 1e-9, 0.3]);
+  assert.deepEqual(Array.from(pseudoGradient(g, w)), Array.from(g).map((v, i) => Math.fround(v - w[i])));
+  assert.throws(() => pseudoGradient(g, w.subarray(1)), /floats/);
+});
