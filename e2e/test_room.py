@@ -84,3 +84,26 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     assert page.locator("#workers tbody tr").count() == WORKERS + 1
     assert "left" in page.inner_text(f"#workers tr[data-worker='{gone[0]['worker']}']")
     assert page.get_attribute("[data-chart='global eval loss']", "data-points") == str(ROUNDS + 1)
+
+
+def andrea_train(*args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "andrea", "train", *args, "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_one_f32_worker_trains_its_round_exactly_as_a_plain_run(live_server):
+    """Round 0's inner steps are the Trainer's own steps on the plain run's batches (slot 0 of
+    round 0 draws batch index i at step i) with the same schedule: bit for bit the same
+    losses."""
+    common = ("--preset", "tiny", "--steps", "8", "--batch-size", "2", "--seed", "9",
+              "--server", live_server)
+    plain = andrea_train(*common, "--eval-every", "0", "--sample-every", "0")
+    room = andrea_train(*common, "--room", json.dumps({"inner_steps": 8, "codec": "f32"}))
+    assert room["ok"] and room["version"] == 1
+    want = [m["loss"] for m in httpx.get(
+        f"{live_server}/api/runs/{plain['run_id']}/metrics").json()]
+    reports = httpx.get(f"{live_server}/api/runs/{room['run_id']}/room/reports").json()
+    got = next(r["losses"] for r in reports if r["version"] == 0)
+    assert len(want) == 8 and got == want
