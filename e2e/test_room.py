@@ -107,3 +107,22 @@ def test_one_f32_worker_trains_its_round_exactly_as_a_plain_run(live_server):
     reports = httpx.get(f"{live_server}/api/runs/{room['run_id']}/room/reports").json()
     got = next(r["losses"] for r in reports if r["version"] == 0)
     assert len(want) == 8 and got == want
+
+
+def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, live_server):
+    page.goto(live_server + "/")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.select_option("#preset", "tiny")
+    page.check("#room-run")
+    page.fill("input[name='room.inner_steps']", "5")
+    page.select_option("select[name='room.codec']", "f16")
+    page.wait_for_function("!document.getElementById('start').disabled")
+    page.click("#start")
+    page.wait_for_url("**/runs/*")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    run_id = page.url.rsplit("/", 1)[1]
+    assert "#" not in page.url                        # the join token left the address bar
+    config = httpx.get(f"{live_server}/api/runs/{run_id}").json()["config"]
+    assert config["room"]["inner_steps"] == 5 and config["room"]["codec"] == "f16"
+    assert page.is_visible("#join") and page.is_visible("#copy-join")
+    assert "waiting for its first worker" in page.inner_text("#status")

@@ -208,13 +208,13 @@ class StoredRunConfig(RunConfig):
     corpus_hash: str
 
 
-def form_fields() -> dict[str, dict]:
+def form_fields(model: type[BaseModel] = RunConfig) -> dict[str, dict]:
     """Per field, what an HTML input needs: default ("": the server decides), min, max, step,
     required (a field whose default is None may be left empty), hint, and a Literal's choices.
     min_exclusive / max_exclusive: a float's bound that the value itself may not take (lr > 0),
     which HTML's inclusive min and max cannot say: the page checks it (new_run.js)."""
     out = {}
-    for name, prop in RunConfig.model_json_schema()["properties"].items():
+    for name, prop in model.model_json_schema()["properties"].items():
         if prop.get("form") is False:
             continue
         kind = next((p for p in prop.get("anyOf", [prop]) if p.get("type") != "null"), {})

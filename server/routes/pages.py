@@ -7,7 +7,7 @@ from andrea import schemas
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
 from andrea.model import SHAPE_FIELDS
-from andrea.run_config import form_fields
+from andrea.run_config import RoomConfig, form_fields
 from andrea.web.deps import StoreDep, TemplatesDep
 
 router = APIRouter(default_response_class=HTMLResponse, include_in_schema=False)
@@ -24,6 +24,7 @@ def index(request: Request, templates: TemplatesDep):
     # fields that make the model are what model.run_model reads; the bandit's phase lengths and
     # the data warning's passes are the data modules'.
     return _render(templates, request, "index.html", title="New run", fields=form_fields(),
+                   room_fields=form_fields(RoomConfig),
                    shape_fields=("preset", *SHAPE_FIELDS, "seq_len"),
                    phase_lengths=PHASE_LENGTHS, passes_warning=PASSES_WARNING)
 

@@ -43,8 +43,13 @@ async function json(url, init) {
  *  is rendered from its schema); an empty optional number is left out: the server decides. */
 function config() {
   const out = {};
+  const room = {};
   for (const el of form.elements) {
     if (!el.name || (el.type === 'radio' && !el.checked)) continue;
+    if (el.name.startsWith('room.')) {   // a room run's field (templates/index.html)
+      if (el.value !== '') room[el.name.slice(5)] = el.type === 'number' ? Number(el.value) : el.value;
+      continue;
+    }
     if (el.type === 'checkbox') out[el.name] = el.checked;
     else if (el.value !== '') {
       out[el.name] = el.type === 'number' || 'number' in el.dataset ? Number(el.value) : el.value;
@@ -54,6 +59,7 @@ function config() {
   // default, all of them), else the checked ones' names.
   const boxes = sourceBoxes();
   if (boxes.some((b) => !b.checked)) out.sources = boxes.filter((b) => b.checked).map((b) => b.value);
+  if ($('room-run').checked) out.room = room;
   return out;
 }
 
@@ -261,7 +267,9 @@ async function start(event) {
   try {
     const run = await json(routePath('create_run'), jsonBody('POST', config()));
     saveToken(run.id, run.token);
-    location.href = routePath('run_page', { run_id: run.id });
+    // A room run's page takes its join token from the fragment (never sent to a server).
+    location.href = routePath('run_page', { run_id: run.id }) +
+      (run.room ? `#join=${encodeURIComponent(run.room.join_token)}` : '');
   } catch (e) {
     $('form-error').textContent = `Cannot start: ${e.message}`;
     $('form-error').hidden = false;
@@ -300,6 +308,7 @@ async function main() {
   showPrecision(ctx?.mixed ?? { ok: false, why: 'no WebGPU here' }, ctx);
   showPresetShape(presets);
   $('preset').addEventListener('change', () => showPresetShape(presets));
+  $('room-run').addEventListener('change', () => { $('room-fields').hidden = !$('room-run').checked; });
   form.addEventListener('input', () => updateMemory().catch(console.error));
   form.addEventListener('input', () => updateData().catch((e) => {
     $('data-budget').textContent = `Corpus unavailable: ${e.message}`;
