@@ -1,4 +1,4 @@
-"""Runs outlive their tab: a run whose browser dies after step 25 resumes from its step-20
+"""Runs outlive their tab: a run whose browser dies after step 17 resumes from its step-16
 checkpoint in a new browser (and through `andrea train --resume`) and ends bit for bit where an
 uninterrupted run with the same config ends: every step's loss, grad norm and clip scale, and the
 exported model.safetensors."""
@@ -16,14 +16,14 @@ import pytest
 from andrea.web.auth import token_init_script
 from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER, QUIET_FLAGS
 
-# A GPU runs the tiny model's 60 steps before the browser could be killed at step 25: longer there.
-STEPS, KILL_AFTER, EVERY = (600 if GPU_BROWSER else 60), 25, 10
+# A GPU runs the tiny model's 40 steps before the browser could be killed at step 17: longer there.
+STEPS, KILL_AFTER, EVERY = (600 if GPU_BROWSER else 40), 17, 8
 FIELDS = ("loss", "grad_norm", "clip_scale", "lr")
 
 
 def config(optimizer: str, seed: int, data_mode: str = "uniform", f16: bool = False) -> dict:
     return {"preset": "tiny", "optimizer": optimizer, "steps": STEPS, "batch_size": 2,
-            "seed": seed, "checkpoint_every": EVERY, "eval_every": 20, "sample_every": 0,
+            "seed": seed, "checkpoint_every": EVERY, "eval_every": 2 * EVERY, "sample_every": 0,
             "data_mode": data_mode, "f16_mirror": f16}
 
 

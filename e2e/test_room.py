@@ -84,6 +84,10 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     assert page.locator("#workers tbody tr").count() == WORKERS + 1
     assert "left" in page.inner_text(f"#workers tr[data-worker='{gone[0]['worker']}']")
     assert page.get_attribute("[data-chart='global eval loss']", "data-points") == str(ROUNDS + 1)
+    # /compare draws its global eval loss at the tokens it took, in one browser's steps.
+    page.goto(f"{live_server}/compare?ids={run['id']}")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    assert page.get_attribute("[data-chart='eval loss']", "data-points") == str(ROUNDS + 1)
 
 
 def andrea_train(*args: str) -> dict:

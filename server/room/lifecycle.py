@@ -25,7 +25,7 @@ def room_of_run(ckpts: CheckpointStore, run: dict) -> Room | None:
 async def after_close(store, fanout, room: Room) -> None:
     """A round closed (under the run's lock): its viewers told, and the run finished after its
     last round."""
-    st = await asyncio.to_thread(room.load)
+    st = await asyncio.to_thread(room.read)
     fanout.publish(room.run_id, {"type": "room", "event": "version", "version": st["version"],
                                  "round": st.get("last_round")})
     if st["finished"]:

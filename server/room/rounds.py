@@ -90,12 +90,18 @@ class Room:
         self._save({"version": None, "join_token_sha256": token_hash(join_token),
                     "workers": {}, "open": _open_round(), "finished": False})
 
-    def load(self) -> dict:
-        """The state, after finishing a close that a crash interrupted (see the docstring)."""
+    def read(self) -> dict:
+        """The state as committed (a close in progress under the lock is not in it yet)."""
         try:
-            st = json.loads(self._path().read_text(encoding="utf-8"))
+            return json.loads(self._path().read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise RoomError(404, f"run {self.run_id} is not a room run") from None
+
+    def load(self) -> dict:
+        """The state for a change, under the run's lock: first a close that a crash interrupted
+        is finished (see the docstring). Only under the lock: without it, a close in progress
+        would look interrupted."""
+        st = self.read()
         v = st["version"]
         if v is not None and not st["finished"] and st["open"]["received"] \
                 and self.ckpts.get(self.run_id, v + 1) is not None:
@@ -169,7 +175,7 @@ class Room:
         return st
 
     def weights(self, version: int) -> bytes:
-        st = self.load()
+        st = self.read()
         if st["version"] is None or version > st["version"]:
             raise RoomError(404, f"the room has no version {version} yet "
                                  f"(newest: {st['version']})")

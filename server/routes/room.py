@@ -78,7 +78,7 @@ async def _call(fn, *args):
 @router.get("")
 async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
     room = room_of(run, ckpts)
-    st = await _call(room.load)
+    st = await _call(room.read)
     rounds = await _call(room.closed_rounds)
     cfg = run["config"]["room"]
     open_ = st["open"]

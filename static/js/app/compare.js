@@ -1,7 +1,7 @@
 // Compare page: the chosen runs overlaid (loss, eval loss, grad norm, learning rate, step and
-// optimizer time), each run in its own colour and dash; the difference of each run's loss to a
-// baseline run (fp32 AdamW by default, chosen in a select); a summary table and the settings
-// in which the runs differ; the gradient norm of one layer (compare_layers.js). While a run may
+// optimizer time), each run in its own colour and dash (a room run: its global eval loss at
+// the same total tokens); the difference of each run's loss to a baseline run (fp32 AdamW by
+// default, chosen in a select); a summary table and the settings in which the runs differ; the gradient norm of one layer (compare_layers.js). While a run may
 // still change the page reads them again every REFRESH_MS, and offers the runs made in this tab
 // that wait for a training tab (compare_train.js).
 import { fetchJson } from './api.js';
@@ -49,19 +49,39 @@ function labeller(found) {
     const { name, config } = r.run;
     const clip = clipWords(config.clip_mode, 'name');
     const says = clipDiffers && !name.includes(clip) ? `, ${clip}` : '';
-    return `${shownText(name)} (${config.optimizer}${config.f16_mirror ? ' + f16' : ''}${says})`;
+    const room = config.room ? `, a room of its workers: x its tokens in one browser's steps` : '';
+    return `${shownText(name)} (${config.optimizer}${config.f16_mirror ? ' + f16' : ''}${says}${room})`;
   };
 }
 
-/** Each id's run and its records ({id, run: null, metrics: []} for an unknown run). */
+/** Each id's run and its records ({id, run: null, metrics: []} for an unknown run); a room
+ *  run's are roomRecords. */
 function fetchRuns() {
   return Promise.all(ids.map(async (id) => {
     const [run, metrics] = await Promise.all([
       fetchJson(routePath('get_run', { run_id: id })).catch(() => null),          // "no such run" in the table
       fetchJson(routePath('get_metrics', { run_id: id })).catch(() => []),
     ]);
+    if (run?.config.room) return { id, run, metrics: await roomRecords(id) };
     return { id, run, metrics };
   }));
+}
+
+/** A room run beside one-browser runs at the same total tokens: each global version's eval
+ *  loss at the step a single browser of the same batch reaches after as many tokens (the
+ *  inner steps of every pseudo-gradient averaged into the versions before it). */
+async function roomRecords(id) {
+  const [room, reports] = await Promise.all([
+    fetchJson(routePath('get_room', { run_id: id })),
+    fetchJson(routePath('get_room_reports', { run_id: id })),
+  ]);
+  const H = room.config.inner_steps;
+  const steps = [0];   // tokens before version v, in one browser's steps
+  for (const round of room.closed) steps[round.version] = steps[round.round] + H * Object.keys(round.workers).length;
+  const evals = new Map();
+  for (const r of reports) if (r.eval_loss !== null && steps[r.version] !== undefined) evals.set(r.version, r.eval_loss);
+  return [...evals].sort((a, b) => a[0] - b[0])
+    .map(([v, loss]) => ({ step: steps[v], eval_loss: loss, version: v }));
 }
 
 /** One x axis over the union of steps; per key, each run a column with gaps where it has no

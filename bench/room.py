@@ -1,0 +1,171 @@
+"""Room runs measured side by side (server/room/, DiLoCo across browser tabs): W workers as W
+tabs of one Chromium sharing its GPU, with H inner steps per round, against one browser that
+trains the same total tokens and one with W x the batch for as many steps as a worker takes
+(what synchronous data parallelism would give). Every model's final weights are evaluated the
+same way afterwards (PyTorch, HF LlamaForCausalLM from the flat weights, the run's first
+EVAL_BATCHES validation batches), and each room's traffic is put beside per-step fp32 gradient
+all-reduce (each worker sending its whole gradient every inner step).
+
+On the GPU machine, after bench/gpu/unpack_app.sh (bench/gpu/README.md):
+    . /tmp/andrea-gpu/env.sh && python3 -m bench.room --gpu --preset 12m --batch 32 \\
+        --tokens-steps 2000 --workers 4 8 --inner 25 100
+Anywhere (SwiftShader, CPU timings), a smoke run of the same measurements:
+    python -m bench.room --preset tiny --batch 4 --tokens-steps 64 --workers 2 --inner 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from andrea.cli.chromium import CHROMIUM, webgpu_args
+from andrea.cli.launch import served
+from andrea.paths import weights_path
+
+EVAL_BATCHES = 8
+
+
+def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
+             gpu: bool) -> dict:
+    """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds."""
+    from playwright.sync_api import sync_playwright
+
+    r = httpx.post(f"{url}/api/runs", json={
+        "preset": preset, "batch_size": B, "steps": steps, "seed": 1,
+        "room": {"inner_steps": H, "codec": codec, "max_workers": max(W, 1),
+                 "round_deadline_s": 3600}}, timeout=60)
+    r.raise_for_status()
+    run = r.json()
+    link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"
+    t0 = time.monotonic()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
+        pages = []
+        for _ in range(W):
+            page = browser.new_context().new_page()
+            page.add_init_script("window.andreaAutoJoin = true;" +
+                                 ("window.andreaGpuOnly = true;" if gpu else ""))
+            page.goto(link)
+            pages.append(page)
+        for page in pages:
+            page.wait_for_function("document.body.dataset.done !== undefined",
+                                   timeout=24 * 3600_000, polling=1000)
+            done = page.evaluate("document.body.dataset.done")
+            if done != "finished":
+                raise SystemExit(f"a worker ended {done}: {page.inner_text('#error')}")
+        browser.close()
+    room = httpx.get(f"{url}/api/runs/{run['id']}/room", timeout=60).json()
+    return {"id": run["id"], "seconds": time.monotonic() - t0, "rounds": room["rounds"],
+            "version": room["version"], "sent": sum(w["bytes"] for w in room["workers"]),
+            "allreduce": room["allreduce_bytes_per_step"] * steps * W,
+            "weights": f"/api/runs/{run['id']}/room/weights/{room['version']}"}
+
+
+def final_weights(url: str, data_dir: Path, r: dict) -> np.ndarray:
+    """A room's last global version; a single run's final upload (in the server's data dir)."""
+    if "weights" in r:
+        return np.frombuffer(httpx.get(url + r["weights"], timeout=600).content, "<f4").copy()
+    return np.fromfile(weights_path(data_dir, r["id"]), "<f4")
+
+
+def single_run(url: str, preset: str, B: int, steps: int, gpu: bool) -> dict:
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "andrea", "train", *(["--gpu"] if gpu else []), "--server", url,
+           "--preset", preset, "--batch-size", str(B), "--steps", str(steps), "--seed", "1",
+           "--eval-every", "0", "--sample-every", "0", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    result = json.loads(r.stdout)
+    if not result.get("ok"):
+        raise SystemExit(f"{' '.join(cmd)}: {result.get('error')}\n{r.stderr[-2000:]}")
+    return {"id": result["run_id"], "seconds": time.monotonic() - t0}
+
+
+def eval_loss(url: str, run_id: str, w: np.ndarray) -> float:
+    """Mean cross-entropy of the weights on the run's first EVAL_BATCHES validation batches."""
+    import torch
+
+    from andrea.data import wire
+    from tests.reference import hf_model
+
+    layout = httpx.get(f"{url}/api/runs/{run_id}/layout", timeout=60).json()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = hf_model(layout, w).to(dev)
+    losses = []
+    with torch.no_grad():
+        for i in range(EVAL_BATCHES):
+            body = httpx.get(f"{url}/api/runs/{run_id}/val_batches/{i}", timeout=60).content
+            tokens = torch.from_numpy(wire.decode(body).tokens.astype(np.int64)).to(dev)
+            logits = model(input_ids=tokens[:, :-1]).logits
+            losses.append(float(torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))))
+    return float(np.mean(losses))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--preset", default="12m")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--tokens-steps", type=int, default=2000,
+                    help="the total tokens of every run, in steps of one browser at --batch")
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--inner", type=int, nargs="+", default=[25, 100])
+    ap.add_argument("--codec", default="int8")
+    ap.add_argument("--rows", nargs="+", default=["one", "wide", "room"],
+                    choices=["one", "wide", "room"], help="which runs to train and measure")
+    ap.add_argument("--out")
+    ap.add_argument("--data-dir", type=Path)
+    args = ap.parse_args()
+    lines = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = args.data_dir or Path(tmp)
+        measure(args, data_dir, say)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+def measure(args, data_dir: Path, say) -> None:
+    """Each row trained, then evaluated and printed at once (a long bench split over several
+    calls keeps what it measured)."""
+    S, B = args.tokens_steps, args.batch
+    plan = []
+    if "one" in args.rows:
+        plan.append(("one browser, same tokens", lambda url: single_run(
+            url, args.preset, B, S, args.gpu), False))
+    for W in args.workers:
+        if "wide" in args.rows:
+            plan.append((f"one browser, batch {W}x ({S // W} steps)", lambda url, W=W: single_run(
+                url, args.preset, W * B, S // W, args.gpu), False))
+        for H in args.inner if "room" in args.rows else ():
+            plan.append((f"room of {W}, H {H} ({S // W} steps each)", lambda url, W=W, H=H:
+                         room_run(url, args.preset, B, W, H, S // W, args.codec, args.gpu), True))
+    with served(data_dir) as url:
+        say(f"# {args.preset} B {B}, every run {S} x B x T tokens; {args.codec} pseudo-gradients; "
+            f"eval: mean CE on {EVAL_BATCHES} validation batches (PyTorch, the final weights)")
+        say(f"{'run':42s} {'eval loss':>9s} {'minutes':>7s} {'sent':>10s} {'all-reduce':>10s} "
+            f"{'less':>6s}")
+        for name, make, room in plan:
+            r = make(url)
+            loss = eval_loss(url, r["id"], final_weights(url, data_dir, r))
+            sent = f"{r['sent'] / 2**20:9.1f}M" if room else ""
+            allr = f"{r['allreduce'] / 2**20:9.1f}M" if room else ""
+            less = f"{r['allreduce'] / r['sent']:5.0f}x" if room else ""
+            say(f"{name:42s} {loss:9.4f} {r['seconds'] / 60:7.2f} {sent:>10s} {allr:>10s} "
+                f"{less:>6s}")
+
+
+if __name__ == "__main__":
+    main()
