@@ -2,8 +2,8 @@
 tabs of one Chromium sharing its GPU, with H inner steps per round, against one browser that
 trains the same total tokens and one with W x the batch for as many steps as a worker takes
 (what synchronous data parallelism would give). Every model's final weights are evaluated the
-same way afterwards (PyTorch, HF LlamaForCausalLM from the flat weights, the run's first
-EVAL_BATCHES validation batches), and each room's traffic is put beside per-step fp32 gradient
+same way afterwards (the engine in a /lab page: the mean loss on the run's first EVAL_BATCHES
+validation batches), and each room's traffic is put beside per-step fp32 gradient
 all-reduce (each worker sending its whole gradient every inner step).
 
 On the GPU machine, after bench/gpu/unpack_app.sh (bench/gpu/README.md):
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 from andrea.cli.chromium import CHROMIUM, webgpu_args
 from andrea.cli.launch import served
@@ -69,11 +68,55 @@ def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: s
             "weights": f"/api/runs/{run['id']}/room/weights/{room['version']}"}
 
 
-def final_weights(url: str, data_dir: Path, r: dict) -> np.ndarray:
-    """A room's last global version; a single run's final upload (in the server's data dir)."""
-    if "weights" in r:
-        return np.frombuffer(httpx.get(url + r["weights"], timeout=600).content, "<f4").copy()
-    return np.fromfile(weights_path(data_dir, r["id"]), "<f4")
+def final_weights(data_dir: Path, r: dict) -> str:
+    """Where a run's final weights are: a room's last global version (a URL), a single run's
+    final upload (a file in the server's data dir, fulfilled by the eval page's route)."""
+    return r.get("weights") or str(weights_path(data_dir, r["id"]))
+
+
+EVAL_JS = """
+async ({layoutUrl, weightsUrl, valUrl, n}) => {
+  const { parseBatch } = await import('/static/js/engine/batches.js');
+  const layout = await (await fetch(layoutUrl)).json();
+  const w = new Float32Array(await (await fetch(weightsUrl)).arrayBuffer());
+  const model = await window.andrea.lab.createModel({ layout });
+  model.setParams(w);
+  let sum = 0;
+  for (let i = 0; i < n; i++) {
+    const b = parseBatch(await (await fetch(valUrl.replace('{i}', i))).arrayBuffer());
+    sum += (await model.lossAndGrads(b.inputs, b.targets, b.B, b.T)).loss;
+  }
+  model.destroy();
+  return sum / n;
+}
+"""
+
+
+class Evaluator:
+    """The engine in a /lab page: a run's final weights' mean loss on its first EVAL_BATCHES
+    validation batches (the same kernels for every run)."""
+
+    def __init__(self, url: str, gpu: bool):
+        from playwright.sync_api import sync_playwright
+        self._p = sync_playwright().start()
+        self._browser = self._p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
+        self.page = self._browser.new_page()
+        self.page.set_default_timeout(3600_000)
+        self.page.route("**/bench-weights/**", lambda route: route.fulfill(
+            body=Path(route.request.url.split("/bench-weights", 1)[1]).read_bytes(),
+            content_type="application/octet-stream"))
+        self.page.goto(url + "/lab")
+        self.page.wait_for_function("document.body.dataset.lab === 'ready'")
+
+    def loss(self, run_id: str, weights: str) -> float:
+        return self.page.evaluate(EVAL_JS, {
+            "layoutUrl": f"/api/runs/{run_id}/layout",
+            "weightsUrl": weights if weights.startswith("/api/") else "/bench-weights" + weights,
+            "valUrl": f"/api/runs/{run_id}/val_batches/{{i}}", "n": EVAL_BATCHES})
+
+    def close(self) -> None:
+        self._browser.close()
+        self._p.stop()
 
 
 def single_run(url: str, preset: str, B: int, steps: int, gpu: bool) -> dict:
@@ -86,27 +129,6 @@ def single_run(url: str, preset: str, B: int, steps: int, gpu: bool) -> dict:
     if not result.get("ok"):
         raise SystemExit(f"{' '.join(cmd)}: {result.get('error')}\n{r.stderr[-2000:]}")
     return {"id": result["run_id"], "seconds": time.monotonic() - t0}
-
-
-def eval_loss(url: str, run_id: str, w: np.ndarray) -> float:
-    """Mean cross-entropy of the weights on the run's first EVAL_BATCHES validation batches."""
-    import torch
-
-    from andrea.data import wire
-    from tests.reference import hf_model
-
-    layout = httpx.get(f"{url}/api/runs/{run_id}/layout", timeout=60).json()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = hf_model(layout, w).to(dev)
-    losses = []
-    with torch.no_grad():
-        for i in range(EVAL_BATCHES):
-            body = httpx.get(f"{url}/api/runs/{run_id}/val_batches/{i}", timeout=60).content
-            tokens = torch.from_numpy(wire.decode(body).tokens.astype(np.int64)).to(dev)
-            logits = model(input_ids=tokens[:, :-1]).logits
-            losses.append(float(torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))))
-    return float(np.mean(losses))
 
 
 def main() -> None:
@@ -154,12 +176,16 @@ def measure(args, data_dir: Path, say) -> None:
                          room_run(url, args.preset, B, W, H, S // W, args.codec, args.gpu), True))
     with served(data_dir) as url:
         say(f"# {args.preset} B {B}, every run {S} x B x T tokens; {args.codec} pseudo-gradients; "
-            f"eval: mean CE on {EVAL_BATCHES} validation batches (PyTorch, the final weights)")
+            f"eval: mean loss of the final weights on {EVAL_BATCHES} validation batches")
         say(f"{'run':42s} {'eval loss':>9s} {'minutes':>7s} {'sent':>10s} {'all-reduce':>10s} "
             f"{'less':>6s}")
         for name, make, room in plan:
             r = make(url)
-            loss = eval_loss(url, r["id"], final_weights(url, data_dir, r))
+            judge = Evaluator(url, args.gpu)
+            try:
+                loss = judge.loss(r["id"], final_weights(data_dir, r))
+            finally:
+                judge.close()
             sent = f"{r['sent'] / 2**20:9.1f}M" if room else ""
             allr = f"{r['allreduce'] / 2**20:9.1f}M" if room else ""
             less = f"{r['allreduce'] / r['sent']:5.0f}x" if room else ""
