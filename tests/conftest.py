@@ -4,6 +4,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from andrea.app import create_app
+from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from tests import pg
 
@@ -42,3 +43,19 @@ def pg_url(pg_cluster) -> str:
     after the test; skipped when PostgreSQL is not installed."""
     with pg_cluster.database() as url:
         yield url
+
+
+@pytest.fixture
+def server_with_env(tmp_path, monkeypatch):
+    """A fresh `andrea serve` with its settings from the environment (short deadlines)."""
+    procs = []
+
+    def start(**env):
+        for k, v in env.items():
+            monkeypatch.setenv(f"ANDREA_{k.upper()}", str(v))
+        proc, url = start_server(tmp_path / "data")
+        procs.append(proc)
+        return proc, url
+    yield start
+    for p in procs:
+        stop_server(p)

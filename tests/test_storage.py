@@ -468,3 +468,37 @@ def test_a_runs_stored_records_are_read_cheaply_from_either_store(request, tmp_p
         assert freed == 0 if db == "postgresql" else freed > 0
     finally:
         store.close()
+
+
+# ---- a full disk, told to the trainer and the API ---------------------------------------
+
+
+def test_a_full_disk_is_told_to_the_trainer_and_the_api(tmp_path):
+    data = tmp_path / "data"
+    proc, url = start_server(data)
+    try:
+        run = new_run(url, steps=100_000)
+    finally:
+        stop_server(proc)
+    proc, url = start_server(data, file_limit=1 << 20)        # no file past 1 MiB: the WAL fills up
+    try:
+        with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
+            hello(ws, run["token"])
+            with pytest.raises(ConnectionClosed) as e:
+                for i in range(1, 100_000, 2000):
+                    ws.send(json.dumps({"type": "metrics", "records": [
+                        record(s) for s in range(i, i + 2000)]}))
+                    msg = json.loads(ws.recv(timeout=30))
+                    if msg["type"] == "error":
+                        error = msg["message"]
+            assert e.value.rcvd.code == 1013
+        assert "andrea.sqlite" in error and "kept" in error, error
+        # Small writes may still fit in what the failed batch left; once nothing fits, the API
+        # says why with a 503 (never a bare 500).
+        for _ in range(400):
+            r = httpx.post(url + "/api/runs", json={"preset": "tiny"})
+            if r.status_code != 201:
+                break
+        assert r.status_code == 503 and "andrea.sqlite" in r.json()["detail"], r.text
+    finally:
+        stop_server(proc)

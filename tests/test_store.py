@@ -14,9 +14,11 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
+from andrea.cli.launch import start_server
 from andrea.metrics import COLUMNS
 from andrea.store import Store, StoreUnavailable, engine_url
 from tests import aio
+from tests.trainer_client import record
 
 CFG = {"preset": "tiny", "optimizer": "adamw"}
 RESUMABLE = ("running", "stopped", "interrupted", "failed")
@@ -859,3 +861,46 @@ def test_a_server_restart_under_open_connections_recovers(store_backend):
         assert store.get_run("a")["id"] == "a"
     finally:
         store.close()
+
+
+# ---- a database that cannot be written or opened ---------------------------------------
+
+
+def test_a_read_only_database_answers_503_with_the_reason(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from andrea.app import create_app
+    from andrea.config import Settings
+    from andrea.store import Store
+
+    settings = Settings(data_dir=tmp_path / "data")
+    with TestClient(create_app(settings)) as c:
+        run = c.post("/api/runs", json={"preset": "tiny"}).json()
+
+        def read_only(self):
+            conn = getattr(self._local, "ro", None)
+            if conn is None:
+                conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                       isolation_level=None, check_same_thread=False)
+                conn.row_factory = sqlite3.Row
+                self._local.ro = conn
+            return conn
+        monkeypatch.setattr(Store, "_conn", read_only)
+        r = c.post("/api/runs", json={"preset": "tiny"})
+        assert r.status_code == 503 and "andrea.sqlite" in r.json()["detail"] and \
+            "readonly" in r.json()["detail"], r.text
+        with c.websocket_connect(f"/ws/runs/{run['id']}") as ws:
+            ws.send_json({"type": "hello", "token": run["token"]})
+            ws.receive_json()
+            ws.send_json({"type": "metrics", "records": [record(1)]})
+            error = ws.receive_json()
+            assert error["type"] == "error" and "readonly" in error["message"]
+
+
+def test_start_up_names_the_database_it_cannot_open(tmp_path):
+    data = tmp_path / "data"
+    (data / "andrea.sqlite").mkdir(parents=True)          # not a file: cannot be opened
+    with pytest.raises(RuntimeError):
+        start_server(data, timeout=30)
+    log = (data / "server.log").read_text()
+    assert str(data / "andrea.sqlite") in log and "StoreUnavailable" in log, log[-2000:]

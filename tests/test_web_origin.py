@@ -1,0 +1,39 @@
+"""The Host and Origin allow-list (web/origin_check.py, config's host parsing), on a real
+server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from tests.trainer_client import (
+    new_run,
+    ws_url,
+)
+
+# ---- Host and Origin -----------------------------------------------------------------------------
+
+
+def test_host_and_origin_are_checked_against_the_allow_list(server_with_env):
+    proc, url = server_with_env(allowed_hosts="andrea.lan")
+    port = int(url.rsplit(":", 1)[1])
+    assert httpx.get(url + "/api/runs", headers={"host": f"evil.example:{port}"}).status_code \
+        == 400
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"andrea.lan:{port}"):
+        assert httpx.get(url + "/api/runs", headers={"host": host}).status_code == 200, host
+    run = new_run(url)
+    path = f"/ws/runs/{run['id']}/watch"
+    with pytest.raises(InvalidStatus):           # DNS rebinding: the page's own Host
+        connect(ws_url(url, path), additional_headers={"host": f"evil.example:{port}"},
+                origin=f"http://evil.example:{port}")
+    with pytest.raises(InvalidStatus):           # Origin not in the list, even if Host is
+        connect(ws_url(url, path), origin=f"http://evil.example:{port}")
+    with pytest.raises(InvalidStatus):           # an allowed name on another port
+        connect(ws_url(url, path), origin=f"http://localhost:{port + 1}")
+    for origin in (f"http://localhost:{port}", f"http://andrea.lan:{port}"):
+        with connect(ws_url(url, path), origin=origin) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "run"
