@@ -130,3 +130,39 @@ def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, liv
     assert config["room"]["inner_steps"] == 5 and config["room"]["codec"] == "f16"
     assert page.is_visible("#join") and page.is_visible("#copy-join")
     assert "waiting for its first worker" in page.inner_text("#status")
+
+
+def test_a_room_rides_out_a_server_restart_with_nothing_lost(browser, tmp_path):
+    """The server goes away mid-run and comes back on the same data dir: the workers wait for it
+    (batches, pseudo-gradients, reports and the next version are retried), the open round's
+    pseudo-gradients are still there, and every round closes with both workers in it."""
+    from andrea.cli.launch import free_port, start_server, stop_server
+
+    port = free_port()
+    server, url = start_server(tmp_path / "data", port)
+    try:
+        run = httpx.post(f"{url}/api/runs", json={
+            "preset": "tiny", "steps": 18, "batch_size": 2, "seed": 3,
+            "room": {"inner_steps": 6, "codec": "f16", "round_deadline_s": 600}}).json()
+        link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"
+        pages = []
+        for _ in range(2):
+            page = browser.new_context().new_page()
+            page.add_init_script("window.andreaAutoJoin = true;")
+            page.goto(link)
+            pages.append(page)
+        pages[0].wait_for_function(
+            f"fetch('{url}/api/runs/{run['id']}/room').then(r => r.json())"
+            ".then(r => r.version >= 1)", polling=250, timeout=TIMEOUT)
+        stop_server(server)
+        server, _ = start_server(tmp_path / "data", port)
+        for page in pages:
+            page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+            assert page.evaluate("document.body.dataset.done") == "finished", \
+                page.inner_text("main")
+        room = httpx.get(f"{url}/api/runs/{run['id']}/room").json()
+        assert room["finished"] and room["version"] == 3
+        assert [len(c["workers"]) for c in room["closed"]] == [2, 2, 2]
+        assert [w["deltas"] for w in room["workers"]] == [3, 3]
+    finally:
+        stop_server(server)

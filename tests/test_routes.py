@@ -93,15 +93,17 @@ def _inputs(html: str) -> dict[str, dict[str, str]]:
 
 
 def test_run_form_takes_defaults_and_bounds_from_run_config(client):
-    from andrea.run_config import RunConfig
+    from andrea.run_config import RoomConfig, RunConfig
 
     fields = _inputs(client.get("/").text)
     assert {"batch_size", "steps", "seed", "lr", "warmup_steps", "eval_every"} <= set(fields)
-    schema = RunConfig.model_json_schema()["properties"]
+    assert {"room.inner_steps", "room.outer_lr", "room.outer_momentum"} <= set(fields)
     for name, attrs in fields.items():
-        prop = schema[name]
+        # A room run's fields (room.<field>) are RoomConfig's.
+        model, field = (RoomConfig, name[5:]) if name.startswith("room.") else (RunConfig, name)
+        prop = model.model_json_schema()["properties"][field]
         bound = next(p for p in prop.get("anyOf", [prop]) if p.get("type") != "null")
-        default = RunConfig.model_fields[name].default
+        default = model.model_fields[field].default
         if default is None:     # the server decides: empty, and may stay empty
             assert attrs["value"] == "" and "required" not in attrs, name
         else:

@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
 import {
   HttpError, MAX_BACKOFF_MS, detailText, fetchJson, fetchRetrying, forgetToken, heldToken, responseDetail,
-  resumeLink, retireToken, retryDelayMs, saveToken, savedToken, takeLinkToken, tokenKey, withToken,
+  resumeLink, retireToken, retryDelayMs, saveToken, savedToken, takeJoinToken, takeLinkToken, tokenKey,
+  withToken,
 } from '../../static/js/app/api.js';
 
 const realFetch = globalThis.fetch;
@@ -141,4 +142,18 @@ test('a trained run\'s token still authorizes; a resume link hands it over and l
   assert.deepEqual(replaced, ['/runs/r2']);
   assert.equal(takeLinkToken('r3', new URL('http://x/runs/r3'), hist), false);
   assert.equal(heldToken('r3'), null);
+});
+
+test('a room\'s join link leaves its token in this tab, apart from any write token, and the bar', () => {
+  const store = new Map();
+  globalThis.document = { documentElement: { dataset: { runTokenKey: 'pre.' } } };
+  globalThis.sessionStorage = { getItem: (k) => store.get(k) ?? null, setItem: (k, v) => store.set(k, v),
+    removeItem: (k) => store.delete(k) };
+  const replaced = [];
+  const hist = { state: null, replaceState: (s, t, u) => replaced.push(u) };
+  assert.equal(takeJoinToken('r1', new URL('http://x/runs/r1#join=j%2B1'), hist), 'j+1');
+  assert.deepEqual(replaced, ['/runs/r1']);
+  assert.equal(takeJoinToken('r1', new URL('http://x/runs/r1'), hist), 'j+1');   // kept
+  assert.equal(heldToken('r1'), null);          // a participant is never the run's owner
+  assert.equal(takeJoinToken('r2', new URL('http://x/runs/r2'), hist), null);
 });

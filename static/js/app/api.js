@@ -163,6 +163,18 @@ export function withToken(runId, init = {}) {
   return { ...init, headers: { ...(init.headers ?? {}), authorization: `Bearer ${token}` } };
 }
 
+/** A room run's join token (server/room/): kept apart from the run's write token, which a
+ *  participant never holds. The room's page takes it from its join link (#join=...). */
+export function takeJoinToken(runId, loc = location, hist = history) {
+  const key = `${tokenKey(runId)}:join`;
+  const token = new URLSearchParams(loc.hash.slice(1)).get('join');
+  if (token) {
+    sessionStorage.setItem(key, token);
+    hist.replaceState(hist.state, '', loc.pathname + loc.search);
+  }
+  return sessionStorage.getItem(key);
+}
+
 /** The link that takes `runId` with its token to another browser: the token rides in the
  *  fragment, which no request sends to a server (takeLinkToken reads it there). */
 export function resumeLink(origin, runId, token) {

@@ -6,7 +6,7 @@
 import { createContext } from '../engine/context.js';
 import { RoomWorker } from '../engine/room_worker.js';
 import { fetchLoader } from '../engine/shaders.js';
-import { fetchJson, fetchRetrying, responseDetail } from './api.js';
+import { fetchJson, fetchRetrying, responseDetail, takeJoinToken } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { COLORS, Chart, fmtBytes } from './charts.js';
 import { routePath } from './facts.js';
@@ -16,20 +16,8 @@ import { watch } from './telemetry.js';
 const body = document.body;
 const runId = $('room').dataset.runId;
 const POLL_MS = 500;             // how often a worker looks for the next global version
-const JOIN_KEY = `andrea.room.${runId}`;   // sessionStorage: the room's join token
 
 const state = { run: null, room: null, reports: [], worker: null, mine: [], charts: null };
-
-/** The join token from the page's link (#join=..., then dropped from the address bar) or
- *  from this tab's storage; null when this tab has none. */
-function joinToken() {
-  const token = new URLSearchParams(location.hash.slice(1)).get('join');
-  if (token) {
-    sessionStorage.setItem(JOIN_KEY, token);
-    history.replaceState(history.state, '', location.pathname + location.search);
-  }
-  return sessionStorage.getItem(JOIN_KEY);
-}
 
 function joinLink(token) {
   return `${location.origin}${routePath('run_page', { run_id: runId })}#join=${encodeURIComponent(token)}`;
@@ -207,7 +195,7 @@ async function join(token) {
 }
 
 async function main() {
-  const token = joinToken();
+  const token = takeJoinToken(runId);   // from the join link, or kept by this tab
   const res = await fetch(routePath('get_run', { run_id: runId }));
   if (!res.ok) {
     setStatus(`No run ${runId} here.`, 'bad');
