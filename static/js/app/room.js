@@ -156,8 +156,8 @@ async function join(token) {
     onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m),
     mixed: config.precision === 'mixed' ? 'required' : false });
   const [layout, maps] = await Promise.all([
-    fetchJson(routePath('get_run_layout', { run_id: runId })),
-    fetchJson(routePath('optimizer_maps')),
+    fetchRetrying(routePath('get_run_layout', { run_id: runId })).then((r) => r.json()),
+    fetchRetrying(routePath('optimizer_maps')).then((r) => r.json()),
   ]);
   setStatus('Compiling kernels and taking the global weights…');
   if (window.andreaGpuOnly && ctx.software) {   // `andrea train --gpu`: never a fallback
