@@ -202,6 +202,11 @@ def test_only_workers_send_and_only_what_the_model_takes(app_client):
                   headers=bearer(a["token"])).status_code == 400
     assert send(c, run, a, 0, d).status_code == 200
     assert send(c, run, a, 0, d).status_code == 409                 # one per round
+    # A worker's tab that reloads joins as that worker again: the same id and slot.
+    r = c.post(f"/api/runs/{rid}/room/workers", headers={
+        **bearer(run["room"]["join_token"]), "x-andrea-worker-token": b["token"]})
+    assert r.status_code == 201 and (r.json()["worker"], r.json()["slot"]) == \
+        (b["worker"], b["slot"])
     # A worker that leaves is out of the round (which then closes on the others) and its
     # token is refused from then on.
     assert c.delete(f"/api/runs/{rid}/room/workers", headers=bearer(b["token"])).status_code == 204

@@ -118,14 +118,22 @@ class Room:
             os.fsync(f.fileno())
 
     # ---- workers -------------------------------------------------------------------------
-    def join(self, join_token: str, now: float) -> dict:
+    def join(self, join_token: str, now: float, worker_token: str | None = None) -> dict:
         """A new worker: its id, data slot and token (shown once), and the version to train
-        (None: none yet; train from the run's seed and publish version 0)."""
+        (None: none yet; train from the run's seed and publish version 0). With the token of a
+        worker still in the room (its tab reloaded or crashed), that worker again: the same id
+        and slot, from the current version (one it already sent for this round is kept; a
+        second is refused as a duplicate)."""
         st = self.load()
         if not token_matches(st["join_token_sha256"], join_token):
             raise RoomError(403, "wrong or missing join token: use the room's join link")
         if st["finished"]:
             raise RoomError(409, "this room run is finished: there is nothing left to train")
+        if worker_token:
+            for wid, w in _active(st).items():
+                if token_matches(w["token_sha256"], worker_token):
+                    return {"worker": int(wid), "slot": w["slot"], "token": worker_token,
+                            "version": st["version"], "rejoined": True}
         active = _active(st)
         taken = {w["slot"] for w in active.values()}
         free = [s for s in range(self.room["max_workers"]) if s not in taken]

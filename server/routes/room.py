@@ -5,6 +5,7 @@ version, send their pseudo-gradients, and take the next version.
                                                  closed rounds (public, as every run's reads)
   POST   /api/runs/{id}/room/workers             join (Bearer: the join token) -> worker id,
                                                  data slot, worker token, version to train
+                                                 (X-Andrea-Worker-Token: that worker again)
   DELETE /api/runs/{id}/room/workers             leave (Bearer: the worker token)
   GET    /api/runs/{id}/room/weights/{v}         global version v's weights, f32 [total_numel]
   PUT    /api/runs/{id}/room/weights/0           version 0 from a worker's seeded init (the
@@ -103,8 +104,11 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
 async def join_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
                     fanout: FanoutDep) -> dict:
     room = room_of(run, ckpts)
+    # A tab that was a worker before (reloaded, crashed) sends that worker's token to be it
+    # again: X-Andrea-Worker-Token.
+    again = request.headers.get("x-andrea-worker-token")
     async with fanout.run_lock(run["id"]):
-        joined = await _call(room.join, bearer(request), time.time())
+        joined = await _call(room.join, bearer(request), time.time(), again)
     fanout.publish(run["id"], {"type": "room", "event": "joined", "worker": joined["worker"]})
     return {**joined, "rounds": room.rounds, "room": run["config"]["room"]}
 

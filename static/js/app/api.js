@@ -175,6 +175,15 @@ export function takeJoinToken(runId, loc = location, hist = history) {
   return sessionStorage.getItem(key);
 }
 
+/** The room worker this tab was (its token), so a reload joins as that worker again; null. */
+export function heldWorkerToken(runId) {
+  return sessionStorage.getItem(`${tokenKey(runId)}:worker`);
+}
+
+export function saveWorkerToken(runId, token) {
+  sessionStorage.setItem(`${tokenKey(runId)}:worker`, token);
+}
+
 /** The link that takes `runId` with its token to another browser: the token rides in the
  *  fragment, which no request sends to a server (takeLinkToken reads it there). */
 export function resumeLink(origin, runId, token) {

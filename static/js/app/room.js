@@ -6,7 +6,9 @@
 import { createContext } from '../engine/context.js';
 import { RoomWorker } from '../engine/room_worker.js';
 import { fetchLoader } from '../engine/shaders.js';
-import { fetchJson, fetchRetrying, responseDetail, takeJoinToken } from './api.js';
+import {
+  fetchJson, fetchRetrying, heldWorkerToken, responseDetail, saveWorkerToken, takeJoinToken,
+} from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { COLORS, Chart, fmtBytes } from './charts.js';
 import { routePath } from './facts.js';
@@ -146,10 +148,12 @@ function roomNetwork(me) {
 async function join(token) {
   $('join').hidden = true;
   setStatus('Joining the room…');
-  const res = await fetch(routePath('join_room', { run_id: runId }),
-    { method: 'POST', headers: { authorization: `Bearer ${token}` } });
+  const again = heldWorkerToken(runId);   // this tab was a worker before it reloaded
+  const res = await fetch(routePath('join_room', { run_id: runId }), { method: 'POST',
+    headers: { authorization: `Bearer ${token}`, ...(again ? { 'x-andrea-worker-token': again } : {}) } });
   if (!res.ok) throw new Error(`could not join: ${await responseDetail(res)}`);
   const me = await res.json();
+  saveWorkerToken(runId, me.token);
   $('mode').textContent = `(worker ${me.worker} trains here)`;
   const config = state.run.config;
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
