@@ -30,8 +30,13 @@ from andrea.web.uvicorn_limits import transport_of
 
 log = logging.getLogger("andrea.web.limits")
 
-# PUT /api/runs/{id}/checkpoints/{step} and PUT /api/runs/{id}/weights.
-SIZED_UPLOADS = re.compile(r"/api/runs/[^/]+/(checkpoints/[^/]+|weights)")
+# PUT /api/runs/{id}/checkpoints/{step}, PUT /api/runs/{id}/weights, and a room's
+# PUT /api/runs/{id}/room/weights/0 and POST /api/runs/{id}/room/deltas/{version}: each route
+# refuses any size but its own exact one, before and while reading.
+SIZED_UPLOADS = {
+    "PUT": re.compile(r"/api/runs/[^/]+/(checkpoints/[^/]+|weights|room/weights/0)"),
+    "POST": re.compile(r"/api/runs/[^/]+/room/deltas/[^/]+"),
+}
 DISCONNECT: Message = {"type": "http.disconnect"}
 
 
@@ -57,7 +62,8 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        sized = scope["method"] == "PUT" and SIZED_UPLOADS.fullmatch(scope["path"])
+        pattern = SIZED_UPLOADS.get(scope["method"])
+        sized = pattern is not None and pattern.fullmatch(scope["path"])
         limit = None if sized else self.max_body_bytes
         declared = _content_length(scope)
         if limit is not None and declared is not None and declared > limit:
