@@ -381,3 +381,21 @@ def test_a_poisoned_worker_cannot_wreck_the_global_model(app_client):
     # Unharmed: no worse than the honest round, give or take a tenth of what the round gained.
     assert losses[True] < losses[False] + 0.1 * (before - losses[False])
     assert losses["unclipped"] > before + 1.0                      # what clipping prevented
+
+
+def test_a_models_weights_and_pseudo_gradients_pass_the_body_limit(tmp_path):
+    """They are sized uploads (web/limits.py): a server whose JSON bodies may be 64 KiB still
+    takes a version 0 and a pseudo-gradient of 560 KB, each exactly the model's size."""
+    from andrea.config import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", max_body_bytes=64 << 10)
+    with LocalClient(create_app(settings)) as c:
+        run = create(c)
+        w = join(c, run)
+        numel = run["layout"]["total_numel"]
+        assert 4 * numel > settings.max_body_bytes
+        assert publish(c, run, w, np.zeros(numel, np.float32)).status_code == 201
+        assert send(c, run, w, 0, np.zeros(numel, np.float32)).status_code == 200
+        r = c.post(f"/api/runs/{run['id']}/room/reports/0", json={"losses": [1.0] * 100_000},
+                   headers=bearer(w["token"]))
+        assert r.status_code == 413              # a report is JSON: the limit holds
