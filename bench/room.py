@@ -33,14 +33,14 @@ EVAL_BATCHES = 8
 
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
-             gpu: bool) -> dict:
+             gpu: bool, outer: dict) -> dict:
     """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds."""
     from playwright.sync_api import sync_playwright
 
     r = httpx.post(f"{url}/api/runs", json={
         "preset": preset, "batch_size": B, "steps": steps, "seed": 1,
         "room": {"inner_steps": H, "codec": codec, "max_workers": max(W, 1),
-                 "round_deadline_s": 3600}}, timeout=60)
+                 "round_deadline_s": 3600, **outer}}, timeout=60)
     r.raise_for_status()
     run = r.json()
     link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"
@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--inner", type=int, nargs="+", default=[25, 100])
     ap.add_argument("--codec", default="int8")
+    ap.add_argument("--outer-lr", type=float, help="default: the room's (0.7)")
+    ap.add_argument("--outer-momentum", type=float, help="default: the room's (0.9)")
     ap.add_argument("--rows", nargs="+", default=["one", "wide", "room"],
                     choices=["one", "wide", "room"], help="which runs to train and measure")
     ap.add_argument("--out")
@@ -163,6 +165,8 @@ def measure(args, data_dir: Path, say) -> None:
     """Each row trained, then evaluated and printed at once (a long bench split over several
     calls keeps what it measured)."""
     S, B = args.tokens_steps, args.batch
+    outer = {k: v for k, v in (("outer_lr", args.outer_lr), ("outer_momentum", args.outer_momentum))
+             if v is not None}
     plan = []
     if "one" in args.rows:
         plan.append(("one browser, same tokens", lambda url: single_run(
@@ -172,8 +176,10 @@ def measure(args, data_dir: Path, say) -> None:
             plan.append((f"one browser, batch {W}x ({S // W} steps)", lambda url, W=W: single_run(
                 url, args.preset, W * B, S // W, args.gpu), False))
         for H in args.inner if "room" in args.rows else ():
-            plan.append((f"room of {W}, H {H} ({S // W} steps each)", lambda url, W=W, H=H:
-                         room_run(url, args.preset, B, W, H, S // W, args.codec, args.gpu), True))
+            plan.append((f"room of {W}, H {H} ({S // W} steps each){' ' * bool(outer)}"
+                         + " ".join(f"{k} {v}" for k, v in outer.items()), lambda url, W=W, H=H:
+                         room_run(url, args.preset, B, W, H, S // W, args.codec, args.gpu,
+                                  outer), True))
     with served(data_dir) as url:
         say(f"# {args.preset} B {B}, every run {S} x B x T tokens; {args.codec} pseudo-gradients; "
             f"eval: mean loss of the final weights on {EVAL_BATCHES} validation batches")
