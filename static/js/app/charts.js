@@ -146,6 +146,7 @@ export class Chart {
 
   lineOpts() {
     const xTime = this.xMode === 'time';
+    const xName = this.xMode === 'step' ? 'step' : this.xMode;   // e.g. a room's 'global version'
     const fmtX = xTime ? (v) => fmtDuration(v) : (v) => (v === null ? '–' : String(Math.round(v)));
     return {
       width: this.width(), height: this.height,
@@ -153,7 +154,7 @@ export class Chart {
         x: { time: false },
         y: this.log ? { distr: 3, log: 10, range: logRange } : { distr: 1, range: linRange },
       },
-      series: [{ label: xTime ? 'elapsed' : 'step', value: (u, v) => fmtX(v) },
+      series: [{ label: xTime ? 'elapsed' : xName, value: (u, v) => fmtX(v) },
         ...this.seriesSpec.map((s, i) => {
           const color = s.color || COLORS[i % COLORS.length];
           return {
@@ -171,7 +172,7 @@ export class Chart {
       legend: { live: true },
       plugins: [marksPlugin(this.marks, '#c9a0dc')],
       axes: [
-        { label: xTime ? 'elapsed (wall clock)' : 'step', labelSize: 20, size: 32,
+        { label: xTime ? 'elapsed (wall clock)' : xName, labelSize: 20, size: 32,
           ...(xTime ? {} : { incrs: STEP_INCRS }),
           values: (u, splits) => (xTime ? durationTicks(splits) : tickLabels(splits)) },
         { label: this.yTitle, labelSize: 20,

@@ -58,7 +58,7 @@ function drawCharts() {
   if (!state.charts) {
     state.charts = {
       eval: new Chart($('charts'), 'global eval loss', [{ label: 'eval loss', points: true }],
-        { y: 'loss', x: 'round', placeholder: 'No version measured yet.' }),
+        { y: 'loss', x: 'global version', placeholder: 'No version measured yet.' }),
       inner: null, workers: 0,
     };
   }
@@ -73,7 +73,7 @@ function drawCharts() {
     state.charts.inner?.destroy();
     state.charts.inner = new Chart($('charts'), 'inner loss per worker',
       ids.map((id) => ({ label: `worker ${id}`, color: COLORS[id % COLORS.length] })),
-      { y: 'loss', placeholder: 'No round reported yet.' });
+      { y: 'loss', x: 'inner step', placeholder: 'No round reported yet.' });
     state.charts.workers = ids.length;
   }
   const byStep = new Map();

@@ -1,0 +1,48 @@
+"""Makes docs/room-page.png, the README's picture of a room run: a `tiny` room of WORKERS tabs
+(SwiftShader) trained through its join link, then the room's page at 1280 px in headless
+Chromium. Usage (from the checkout, in its .venv):
+python docs/screenshot_room.py [ROUNDS]"""
+
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+from playwright.sync_api import sync_playwright
+
+from andrea.cli.chromium import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.cli.launch import served
+
+OUT = Path(__file__).with_name("room-page.png")
+WORKERS, H = 3, 10
+
+
+def main(rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as data, served(Path(data)) as url:
+        run = httpx.post(f"{url}/api/runs", json={
+            "preset": "tiny", "steps": H * rounds, "batch_size": 4, "lr": 0.004,
+            "room": {"inner_steps": H, "codec": "int8"}}).json()
+        link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM,
+                                        args=["--headless=new", *QUIET, *SWIFTSHADER])
+            workers = []
+            for _ in range(WORKERS):
+                page = browser.new_context().new_page()
+                page.add_init_script("window.andreaAutoJoin = true;")
+                page.goto(link)
+                workers.append(page)
+            for page in workers:
+                page.wait_for_function("document.body.dataset.done !== undefined",
+                                       timeout=3_600_000)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(f"{url}/runs/{run['id']}")
+            page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(OUT), full_page=True)
+            browser.close()
+    print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
