@@ -36,7 +36,7 @@ from andrea.cli.train_args import (
 )
 from andrea.cli.train_output import (
     adapter_name,
-    one_reason,
+    page_exit,
     progress,
     progress_bar,
     report,
@@ -226,17 +226,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         "median_step_ms": step_ms[len(step_ms) // 2] if step_ms else None,
         "adapter": info.get("adapter"),
         "readback": page["stats"]})
-    if page["interrupted"]:
-        result["error"] = "interrupted"
-        return EXIT_INTERRUPTED
-    result["ok"] = page["done"] == "finished" and not page["errors"]
-    if not result["ok"]:
-        result["error"] = one_reason([
-            *page["errors"], page["error_text"],
-            None if page["done"] else f"no result within {args.timeout:.0f} s"]) or \
-            f"the run ended {page['done']}"
-        return EXIT_FAILED
-    return 0
+    return page_exit(result, page, args.timeout)
 
 
 class SpikeLog:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 from andrea.cli import http_client
-from andrea.cli.train_args import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, TrainError
-from andrea.cli.train_output import one_reason, progress, progress_bar
+from andrea.cli.train_args import EXIT_USAGE, TrainError
+from andrea.cli.train_output import page_exit, progress, progress_bar
 
 CONNECT_S = 5
 SERVER_GONE_S = 60      # a room's workers ride out a server restart: the command waits as long
@@ -59,14 +59,4 @@ def join_room(args, config: dict, result: dict, browser, http) -> int:
                    "version": room["version"], "rounds": room["rounds"],
                    "workers": len(room["workers"]), "sent_bytes": sum(w["bytes"] for w in mine),
                    "readback": page["stats"]})
-    if page["interrupted"]:
-        result["error"] = "interrupted"
-        return EXIT_INTERRUPTED
-    result["ok"] = page["done"] == "finished" and not page["errors"]
-    if not result["ok"]:
-        result["error"] = one_reason([
-            *page["errors"], page["error_text"],
-            None if page["done"] else f"no result within {args.timeout:.0f} s"]) or \
-            f"the worker ended {page['done']}"
-        return EXIT_FAILED
-    return 0
+    return page_exit(result, page, args.timeout, "worker")

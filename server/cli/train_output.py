@@ -41,6 +41,23 @@ _SEEN_AS = re.compile(r"^(?:(?:page error|browser|Cannot train here|Training fai
                       r"Uncaught|[A-Za-z]*Error):\s*)+")
 
 
+def page_exit(result: dict, page: dict, timeout: float, what: str = "run") -> int:
+    """How the page ended (chromium.drive's result) as the command's exit code, with
+    result["ok"] and, when it failed, result["error"]: 130 interrupted, 1 failed, 0 finished."""
+    from andrea.cli.train_args import EXIT_FAILED, EXIT_INTERRUPTED
+    if page["interrupted"]:
+        result["error"] = "interrupted"
+        return EXIT_INTERRUPTED
+    result["ok"] = page["done"] == "finished" and not page["errors"]
+    if result["ok"]:
+        return 0
+    result["error"] = one_reason([
+        *page["errors"], page["error_text"],
+        None if page["done"] else f"no result within {timeout:.0f} s"]) or \
+        f"the {what} ended {page['done']}"
+    return EXIT_FAILED
+
+
 def one_reason(reasons) -> str:
     """The reasons joined, each said once: a reason whose message another reason already
     contains is dropped, keeping the more informative one (the longer; the first of equals)."""
