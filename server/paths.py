@@ -2,6 +2,7 @@
 
   <data_dir>/runs/<run_id>/weights.f32       the training tab's final upload (routes/runs.py)
   <data_dir>/runs/<run_id>/checkpoints/      its training checkpoints (checkpoints.py)
+  <data_dir>/runs/<run_id>/room/             a room run's state and open round (room/rounds.py)
 
 Deleting a run removes its whole folder.
 """
@@ -27,3 +28,7 @@ def weights_path(data_dir: Path, run_id: str) -> Path:
 
 def checkpoints_dir(data_dir: Path, run_id: str) -> Path:
     return run_dir(data_dir, run_id) / "checkpoints"
+
+
+def room_dir(data_dir: Path, run_id: str) -> Path:
+    return run_dir(data_dir, run_id) / "room"

@@ -16,8 +16,8 @@ round is needed), so one worker's 100x delta moves the model no more than a typi
 pseudo-gradient of the wrong size or with a value that is not finite is refused at upload.
 
 Closing a round v: W and momentum of version v read, the clipped mean applied by the outer
-optimizer (outer.py), checkpoint v+1 committed, then state.json says v+1, then the round's line
-is appended and its deltas removed. A crash after the commit and before state.json is redone at
+optimizer (outer.py), checkpoint v+1 committed, the round's line appended, then state.json says
+v+1 and the round's deltas are removed. A crash after the commit and before state.json is redone at
 the next load from the same files (the same bytes: the commit is a no-op; the round's line may
 be written twice, and is read once), so a restart resumes at the last closed round with nothing
 lost."""
@@ -29,12 +29,13 @@ import math
 import os
 import shutil
 import time
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from andrea.checkpoints import CheckpointStore, fsync_dir, write_atomic
-from andrea.paths import run_dir
+from andrea.paths import room_dir
 from andrea.room.codec import DeltaRefused, decode, payload_bytes
 from andrea.room.outer import nesterov_step
 from andrea.room.shards import rounds_total
@@ -49,10 +50,6 @@ class RoomError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-
-
-def room_dir(data_dir: Path, run_id: str) -> Path:
-    return run_dir(data_dir, run_id) / "room"
 
 
 def sections(numel: int) -> list[dict]:
@@ -80,6 +77,11 @@ class Room:
         self.dir = room_dir(data_dir, run_id)
         self.rounds = rounds_total(config)
 
+    @cached_property
+    def mask(self) -> np.ndarray:
+        """Where the flat buffer holds a parameter (param_mask): made once per Room."""
+        return param_mask(self.layout)
+
     # ---- state ---------------------------------------------------------------------------
     def _path(self) -> Path:
         return self.dir / "state.json"
@@ -105,7 +107,7 @@ class Room:
         v = st["version"]
         if v is not None and not st["finished"] and st["open"]["received"] \
                 and self.ckpts.get(self.run_id, v + 1) is not None:
-            st = self._close(st, st["open"].get("closing_at") or time.time())
+            st = self._close(st, time.time())
         return st
 
     def _save(self, st: dict) -> None:
@@ -173,10 +175,13 @@ class Room:
         self.worker_of(st, token)
         if st["version"] is not None:
             raise RoomError(409, f"the room already has version {st['version']}: download it")
-        w = decode(weights, "f32", self.numel) if len(weights) == 4 * self.numel else None
-        if w is None:
+        if len(weights) != 4 * self.numel:
             raise RoomError(400, f"version 0 of this model is {4 * self.numel} bytes of f32 "
                                  f"weights, not {len(weights)}")
+        try:
+            w = decode(weights, "f32", self.numel)
+        except DeltaRefused as e:      # not finite
+            raise RoomError(422, f"version 0 refused: {e}") from None
         self._commit(0, w, np.zeros(self.numel, np.float32))
         st["version"] = 0
         self._save(st)
@@ -210,7 +215,7 @@ class Room:
         worker, open_ = st["workers"][wid], st["open"]
         if st["version"] is None or version != st["version"]:
             worker["stale"] += 1
-            open_["stale"] = open_.get("stale", 0) + 1
+            open_["stale"] += 1
             self._save(st)
             raise RoomError(409, f"version {version} is not the one being trained (now "
                                  f"{st['version']}): this pseudo-gradient is dropped; download "
@@ -226,7 +231,7 @@ class Room:
             closed = self._maybe_close(st, now)
             raise RoomError(422, f"pseudo-gradient refused: {e}; the round goes on without "
                                  f"it{' (and it closed)' if closed else ''}") from None
-        delta[~param_mask(self.layout)] = 0
+        delta[~self.mask] = 0
         nbytes = body_path.stat().st_size
         folder = self.dir / "deltas" / str(version)
         folder.mkdir(parents=True, exist_ok=True)
@@ -273,21 +278,19 @@ class Room:
 
     def _close(self, st: dict, now: float) -> dict:
         v, open_ = st["version"], st["open"]
-        open_["closing_at"] = now
         ids = sorted(open_["received"], key=int)
         norms = np.array([open_["received"][w]["norm"] for w in ids])
         limit = self.room["clip_multiple"] * float(np.median(norms))
-        meta, f = self.ckpts.open_verified(self.run_id, v)
+        _, f = self.ckpts.open_verified(self.run_id, v)
         with f:
             weights = np.frombuffer(f.read(4 * self.numel), "<f4").astype(np.float32)
             momentum = np.frombuffer(f.read(4 * self.numel), "<f4").astype(np.float32)
         total = np.zeros(self.numel, np.float32)      # the one running sum
         scales = {}
-        mask = param_mask(self.layout)
         for w in ids:
             delta = decode((self.dir / "deltas" / str(v) / f"{w}.bin").read_bytes(),
                            self.room["codec"], self.numel)
-            delta[~mask] = 0
+            delta[~self.mask] = 0
             norm = open_["received"][w]["norm"]
             scales[w] = min(1.0, limit / norm) if norm > 0 else 1.0
             if scales[w] < 1.0:
@@ -298,10 +301,10 @@ class Room:
                       self.room["outer_momentum"], first=(v == 0))
         self._commit(v + 1, weights, momentum)
         line = {"round": v, "version": v + 1, "closed_at": now,
-                "opened_at": open_.get("opened_at"), "median_norm": float(np.median(norms)),
+                "opened_at": open_["opened_at"], "median_norm": float(np.median(norms)),
                 "clip_limit": limit, "outer_grad_norm": float(np.linalg.norm(total)),
                 "workers": {w: {**open_["received"][w], "clip_scale": scales[w]} for w in ids},
-                "refused": open_["refused"], "stale": open_.get("stale", 0)}
+                "refused": open_["refused"], "stale": open_["stale"]}
         for wid, worker in _active(st).items():      # who sent nothing this round
             if wid not in open_["received"] and wid not in open_["refused"]:
                 worker["missed"] += 1

@@ -95,7 +95,7 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
                  "refused": {int(k): v for k, v in open_["refused"].items()},
                  "first_at": open_["first_at"],
                  "deadline_at": open_["first_at"] and open_["first_at"] + cfg["round_deadline_s"],
-                 "stale": open_.get("stale", 0)},
+                 "stale": open_["stale"]},
         "closed": rounds,
     }
 
@@ -197,11 +197,13 @@ async def _receive(request: Request, room: Room, expected: int, what: str,
             raise HTTPException(400, f"bad Content-Length {declared[:40]!r}")
         _check_length(int(declared), expected, what)
     held = await storage.reserve(expected, what)
-    await asyncio.to_thread(room.dir.mkdir, parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=room.dir, suffix=".part")
-    path = pathlib.Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
+        path = await asyncio.to_thread(_temp_file, room.dir)
+    except BaseException:
+        held.release()
+        raise
+    try:
+        with open(path, "wb") as f:
             size, pending = 0, bytearray()
             async for piece in request.stream():
                 size += len(piece)
@@ -232,3 +234,11 @@ def _check_length(got: int, expected: int, what: str, more: bool = False) -> Non
         raise HTTPException(413 if got > expected else 400,
                             f"{what} of this room's model is exactly {expected} bytes; the body "
                             f"is {got} bytes{' or more' if more else ''}. Nothing was stored")
+
+
+def _temp_file(folder: pathlib.Path) -> pathlib.Path:
+    """An empty temp file in the room's folder, for a body on its way in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=folder, suffix=".part")
+    os.close(fd)
+    return pathlib.Path(name)
