@@ -278,7 +278,8 @@ def test_a_run_no_trainer_takes_is_never_started_after_the_grace_and_its_viewers
     from andrea.app import create_app
     from andrea.config import Settings
 
-    with TestClient(create_app(Settings(data_dir=tmp_path, start_grace_s=2))) as c:   # room for a loaded machine
+    # 2 s: room for a loaded machine between a run's creation and its trainer's hello.
+    with TestClient(create_app(Settings(data_dir=tmp_path, start_grace_s=2))) as c:
         lone = c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
         held = c.post("/api/runs", json={"preset": "tiny", "steps": 5}).json()
         with c.websocket_connect(f"/ws/runs/{held['id']}") as trainer, \
