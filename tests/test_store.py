@@ -198,6 +198,18 @@ def test_set_status_keeps_what_it_is_told_to_keep(store):
     run = store.get_run("a")
     assert (run["status"], run["message"], run["adapter"]) == \
         ("interrupted", "boom", {"vendor": "x"})
+
+
+def test_set_status_only_from_the_statuses_it_is_given(store):
+    """A watchdog that found a run running must not mark it interrupted once a resume made it
+    `created` in between: the check and the write are one transaction."""
+    store.create_run("a", CFG, "h")
+    store.set_status("a", "running")
+    assert store.resume_run("a", 0, "h2", RESUMABLE) is None
+    assert store.set_status("a", "interrupted", "gone", only=("running", "paused")) == "created"
+    assert store.get_run("a")["status"] == "created"
+    assert store.set_status("a", "interrupted", "gone", only=("created",)) == "interrupted"
+    assert store.get_run("a")["message"] == "gone"
     assert store.set_status("nope", "running") is None
 
 

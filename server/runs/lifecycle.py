@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from andrea.broker import BrokerUnavailable
 from andrea.fanout import Fanout
@@ -79,7 +80,7 @@ async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_i
             return
     except BrokerUnavailable:
         return      # cannot tell: leave it; the next trainer or watchdog decides
-    run = await store.run(store.get_run, run_id)
-    if run and run["status"] in statuses:
-        await store.run(store.set_status, run_id, "interrupted", message)
+    # One transaction reads and sets: a resume between a read and a write would be undone.
+    if await store.run(partial(store.set_status, run_id, "interrupted", message,
+                               only=statuses)) == "interrupted":
         await publish_run(store, fanout, run_id)

@@ -160,14 +160,17 @@ class Runs:
         return "revoked" if revoked else "wrong"
 
     def set_status(self, run_id: str, status: str, message: str | None = None,
-                   adapter: dict | None = None, keep: tuple[str, ...] = ()) -> str | None:
-        """Sets the status unless the run's status is in `keep` (and differs): then nothing
-        changes. Returns the status the run has afterwards (None: unknown run)."""
+                   adapter: dict | None = None, keep: tuple[str, ...] = (),
+                   only: tuple[str, ...] = ()) -> str | None:
+        """Sets the status unless the run's status is in `keep` (and differs), or `only` is
+        given and the status is not in it: then nothing changes. Returns the status the run has
+        afterwards (None: unknown run)."""
         with self._tx(write=True) as db:
             row = self._lock_run(db, run_id, "status")
             if row is None:
                 return None
-            if row["status"] in keep and row["status"] != status:
+            if (row["status"] in keep and row["status"] != status
+                    or only and row["status"] not in only):
                 return row["status"]
             db.execute(text(
                 "UPDATE runs SET status = :status, message = COALESCE(:message, message),"
