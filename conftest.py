@@ -86,3 +86,22 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.db)
         if "soak" in item.path.stem:
             item.add_marker(pytest.mark.soak)
+    _longest_first(items)
+
+
+# The files that take longest, in the order to start them: pytest-xdist (scripts/test: a file per
+# worker at a time) hands out files in collection order, and a long file started last is the
+# suite's tail (the 300-step quality test began last and ran alone for minutes). Then the other
+# browser files, then the rest. Measured with `bash scripts/test ... --durations=0`.
+_LONGEST = ("e2e/test_resume.py", "e2e/test_training_quality.py", "e2e/test_training.py",
+            "e2e/test_room.py", "e2e/test_headless_cli.py", "e2e/test_server_restart.py")
+
+
+def _longest_first(items) -> None:
+    def rank(item):
+        name = "/".join(item.path.parts[-2:])
+        if name in _LONGEST:
+            return _LONGEST.index(name)
+        return len(_LONGEST) + (0 if item.get_closest_marker("browser") else 1)
+    items.sort(key=rank)       # stable: a file's tests keep their order
+
