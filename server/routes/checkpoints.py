@@ -27,18 +27,16 @@ from andrea.checkpoints import (
     READ_BYTES,
     CheckpointError,
     CheckpointStore,
-    Upload,
     newest_usable,
     parse_digests,
 )
 from andrea.data.batches import corpus_mismatch
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
-from andrea.routes.run_files import gone_meanwhile, http_error
+from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly
 from andrea.runs.info import RESUMABLE
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
-from andrea.storage import Reservation
 from andrea.store import StoreUnavailable
 from andrea.web.auth import new_token, token_hash
 from andrea.web.deps import (
@@ -60,7 +58,6 @@ from andrea.web.deps import (
 router = APIRouter(prefix="/api", tags=["checkpoints"])
 log = logging.getLogger("andrea.checkpoints")
 
-FLUSH_BYTES = 4 << 20      # body bytes gathered before one write+hash in a worker thread
 Step = Annotated[int, Path(ge=0)]
 
 WHY_NOT_RESUMABLE = {
@@ -119,7 +116,8 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
         raise
     meta = None
     try:
-        await _receive(request, upload, expected, cfg, sections, held)
+        await receive_exactly(request, expected, upload.write, held, lambda size, more:
+                              _check_length(size, expected, cfg, sections, more))
         async with fanout.run_lock(run_id):
             # The run may have been deleted, or a resume revoked this token, while the body
             # streamed in.
@@ -143,28 +141,6 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
             with contextlib.suppress(HTTPException, StoreUnavailable):
                 await gone_meanwhile(store, ckpts.data_dir, run_id, "checkpoint")
     return {"step": meta["step"], "bytes": meta["bytes"], "sha256": meta["sha256"]}
-
-
-async def _receive(request: Request, upload: Upload, expected: int, cfg: dict,
-                   sections: list[dict], held: Reservation) -> None:
-    """The body into the upload, hashed and written in worker threads a few MiB at a time
-    (each told to the storage budget); a body past `expected` is refused as soon as it gets
-    there."""
-    size = 0
-    pending = bytearray()
-    async for piece in request.stream():
-        size += len(piece)
-        if size > expected:
-            _check_length(size, expected, cfg, sections, more=True)
-        pending += piece
-        if len(pending) >= FLUSH_BYTES:
-            buf, pending = pending, bytearray()
-            await asyncio.to_thread(upload.write, buf)
-            held.wrote(len(buf))
-    if pending:
-        await asyncio.to_thread(upload.write, pending)
-        held.wrote(len(pending))
-    _check_length(size, expected, cfg, sections)
 
 
 @router.get("/runs/{run_id}/checkpoints")

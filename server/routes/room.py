@@ -42,7 +42,7 @@ from starlette.requests import ClientDisconnect
 from andrea.checkpoints import CheckpointError, CheckpointStore
 from andrea.room.lifecycle import after_close, room_of_run
 from andrea.room.rounds import Room, RoomError
-from andrea.routes.run_files import gone_meanwhile, http_error
+from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly
 from andrea.web.deps import (
     CheckpointsDep,
     FanoutDep,
@@ -55,7 +55,6 @@ from andrea.web.deps import (
 router = APIRouter(prefix="/api/runs/{run_id}/room", tags=["room"])
 log = logging.getLogger("andrea.room")
 
-FLUSH_BYTES = 4 << 20
 Version = Annotated[int, Path(ge=0, lt=2**31, description="a global version of the room")]
 
 
@@ -204,19 +203,8 @@ async def _receive(request: Request, room: Room, expected: int, what: str,
         raise
     try:
         with open(path, "wb") as f:
-            size, pending = 0, bytearray()
-            async for piece in request.stream():
-                size += len(piece)
-                if size > expected:
-                    _check_length(size, expected, what, more=True)
-                pending += piece
-                if len(pending) >= FLUSH_BYTES:
-                    await asyncio.to_thread(f.write, pending)
-                    held.wrote(len(pending))
-                    pending = bytearray()
-            await asyncio.to_thread(f.write, pending)
-            held.wrote(len(pending))
-            _check_length(size, expected, what)
+            await receive_exactly(request, expected, f.write, held, lambda size, more:
+                                  _check_length(size, expected, what, more))
         return path
     except ClientDisconnect:
         path.unlink(missing_ok=True)

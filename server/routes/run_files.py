@@ -1,17 +1,46 @@
-"""What the routes that write a run's files share (checkpoint and weights uploads, a branch's
-linked checkpoint): the HTTP answer for a refused checkpoint or a full disk, and the run's folder
-when the run is deleted meanwhile. A module of its own, so that no route imports another."""
+"""What the routes that write a run's files share (checkpoint, weights and room uploads, a
+branch's linked checkpoint): a body streamed to disk at exactly its size, the HTTP answer for a
+refused checkpoint or a full disk, and the run's folder when the run is deleted meanwhile. A
+module of its own, so that no route imports another."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 
 from fastapi import HTTPException
+from starlette.requests import Request
 
 from andrea.checkpoints import CheckpointError, CheckpointStore, disk_error
 from andrea.fanout import Fanout
 from andrea.paths import run_dir
+from andrea.storage import Reservation
+
+FLUSH_BYTES = 4 << 20      # body bytes gathered before one write in a worker thread
+
+
+async def receive_exactly(request: Request, expected: int, write: Callable[[bytes], object],
+                          held: Reservation, refuse: Callable[[int, bool], None]) -> None:
+    """The request's body through `write`, called in a worker thread a few MiB at a time (each
+    told to `held`, the body's reservation in the storage budget), never held whole.
+    `refuse(size, more)` raises for a body that is not exactly `expected` bytes: as soon as it
+    gets past them (more: the body goes on), or at its end."""
+    size, pending = 0, bytearray()
+    async for piece in request.stream():
+        size += len(piece)
+        if size > expected:
+            refuse(size, True)
+        pending += piece
+        if len(pending) >= FLUSH_BYTES:
+            buf, pending = pending, bytearray()
+            await asyncio.to_thread(write, buf)
+            held.wrote(len(buf))
+    if pending:
+        await asyncio.to_thread(write, pending)
+        held.wrote(len(pending))
+    if size != expected:
+        refuse(size, False)
 
 
 def http_error(e: Exception) -> HTTPException | None:

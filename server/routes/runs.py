@@ -32,7 +32,7 @@ from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
 from andrea.room.rounds import Room
-from andrea.routes.run_files import gone_meanwhile, link_parent
+from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly
 from andrea.run_config import RunConfig
 from andrea.runs.info import checkpoint_info, read_run
 from andrea.runs.lifecycle import no_trainer, publish_run
@@ -315,28 +315,23 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
     held = await storage.reserve(expected, "the weights")     # 507 past the floor
     dest = weights_path(settings.data_dir, run_id)
     tmp = dest.with_suffix(".part")
-    size = 0
+    def refuse(size: int, more: bool) -> None:
+        raise HTTPException(413 if size > expected else 400,
+                            f"weights must be exactly {expected} bytes (got {size}"
+                            f"{' or more' if more else ''})")
+
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:   # streamed to disk off the event loop, never held whole
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > expected:
-                    break
-                await asyncio.to_thread(f.write, chunk)
-                held.wrote(len(chunk))
-        if size != expected:
-            raise HTTPException(413 if size > expected else 400,
-                                f"weights must be exactly {expected} bytes (got {size}"
-                                f"{' or more' if size > expected else ''})")
+        with open(tmp, "wb") as f:
+            await receive_exactly(request, expected, f.write, held, refuse)
         async with fanout.run_lock(run_id):     # a delete takes it too: not between the two
             await gone_meanwhile(store, settings.data_dir, run_id, "weights")
             # A resume (which takes this lock) may have revoked the token while the body came.
             await check_write_token(store, run_id, bearer(request))
             tmp.replace(dest)   # atomic: a reader never sees half a file
     except ClientDisconnect:
-        log.warning("run %s: the weights upload was aborted by the client after %d of %d bytes; "
-                    "nothing was stored", run_id, size, expected)
+        log.warning("run %s: the weights upload of %d bytes was aborted by the client; "
+                    "nothing was stored", run_id, expected)
         raise HTTPException(400, "the client went away during the upload; nothing was stored") \
             from None
     except FileNotFoundError:   # the run's folder went with a delete while the body streamed
