@@ -246,13 +246,17 @@ class CheckpointStore:
             f.close()
             raise
 
+    def open_section(self, run_id: str, step: int, index: int = 0):
+        """(its bytes, the verified file open at the start of section `index`)."""
+        meta, f = self.open_verified(run_id, step)
+        f.seek(sum(s["bytes"] for s in meta["sections"][:index]))
+        return meta["sections"][index]["bytes"], f
+
     def read_section(self, run_id: str, step: int, index: int = 0) -> bytes:
         """One section's bytes (export takes W, section 0), after verifying the file."""
-        meta, f = self.open_verified(run_id, step)
+        size, f = self.open_section(run_id, step, index)
         with f:
-            start = sum(s["bytes"] for s in meta["sections"][:index])
-            f.seek(start)
-            return f.read(meta["sections"][index]["bytes"])
+            return f.read(size)
 
     # ---- writing --------------------------------------------------------------------------
     def begin(self, run_id: str, step: int, expected: int, digests: list[str],

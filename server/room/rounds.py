@@ -187,7 +187,8 @@ class Room:
         self._save(st)
         return st
 
-    def weights(self, version: int) -> bytes:
+    def open_weights(self, version: int):
+        """(bytes, the verified file open at version `version`'s weights): for streaming."""
         st = self.read()
         if st["version"] is None or version > st["version"]:
             raise RoomError(404, f"the room has no version {version} yet "
@@ -195,7 +196,7 @@ class Room:
         if self.ckpts.get(self.run_id, version) is None:
             raise RoomError(410, f"version {version} is no longer kept: download "
                                  f"{st['version']}")
-        return self.ckpts.read_section(self.run_id, version, 0)
+        return self.ckpts.open_section(self.run_id, version, 0)
 
     def _commit(self, version: int, weights: np.ndarray, momentum: np.ndarray) -> None:
         self.ckpts.write(self.run_id, version, [weights.astype("<f4").tobytes(),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
@@ -24,7 +23,6 @@ from starlette.requests import ClientDisconnect
 
 from andrea import checkpoints
 from andrea.checkpoints import (
-    READ_BYTES,
     CheckpointError,
     CheckpointStore,
     newest_usable,
@@ -33,7 +31,7 @@ from andrea.checkpoints import (
 from andrea.data.batches import corpus_mismatch
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
-from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly
+from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly, stream_file
 from andrea.runs.info import RESUMABLE
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
@@ -157,17 +155,9 @@ async def get_checkpoint(step: Step, run: TokenRunDep, ckpts: CheckpointsDep):
         meta, f = await asyncio.to_thread(ckpts.open_verified, run["id"], step)
     except CheckpointError as e:
         raise http_error(e) from None
-    return StreamingResponse(_stream(f), media_type="application/octet-stream", headers={
+    return StreamingResponse(stream_file(f), media_type="application/octet-stream", headers={
         "content-length": str(meta["bytes"]), "x-andrea-sha256": meta["sha256"],
         "cache-control": "no-store"})
-
-
-async def _stream(f) -> AsyncIterator[bytes]:
-    try:
-        while block := await asyncio.to_thread(f.read, READ_BYTES):
-            yield block
-    finally:
-        f.close()
 
 
 @router.post("/runs/{run_id}/resume")

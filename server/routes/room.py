@@ -35,14 +35,14 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
 from andrea.checkpoints import CheckpointError, CheckpointStore
 from andrea.room.lifecycle import after_close, room_of_run
 from andrea.room.rounds import Room, RoomError
-from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly
+from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly, stream_file
 from andrea.web.deps import (
     CheckpointsDep,
     FanoutDep,
@@ -122,13 +122,15 @@ async def leave_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
     return Response(status_code=204)
 
 
-@router.get("/weights/{version}", response_class=Response,
+@router.get("/weights/{version}", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}}})
-async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep) -> Response:
+async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep):
+    """Streamed from the verified file, as a checkpoint is: N workers that download a version
+    at once hold no copy of it each."""
     room = room_of(run, ckpts)
-    body = await _call(room.weights, version)
-    return Response(body, media_type="application/octet-stream",
-                    headers={"cache-control": "no-store"})
+    size, f = await _call(room.open_weights, version)
+    return StreamingResponse(stream_file(f, size), media_type="application/octet-stream",
+                             headers={"content-length": str(size), "cache-control": "no-store"})
 
 
 @router.put("/weights/0", status_code=201)

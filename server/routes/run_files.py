@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import HTTPException
 from starlette.requests import Request
 
-from andrea.checkpoints import CheckpointError, CheckpointStore, disk_error
+from andrea.checkpoints import READ_BYTES, CheckpointError, CheckpointStore, disk_error
 from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.storage import Reservation
@@ -41,6 +41,23 @@ async def receive_exactly(request: Request, expected: int, write: Callable[[byte
         held.wrote(len(pending))
     if size != expected:
         refuse(size, False)
+
+
+async def stream_file(f, size: int | None = None) -> AsyncIterator[bytes]:
+    """An open file's bytes from where it stands (`size` of them, or to its end), read in
+    worker threads a MiB at a time, never held whole; the file is closed at the end."""
+    try:
+        left = size
+        while left is None or left > 0:
+            block = await asyncio.to_thread(f.read, READ_BYTES if left is None
+                                            else min(READ_BYTES, left))
+            if not block:
+                break
+            if left is not None:
+                left -= len(block)
+            yield block
+    finally:
+        f.close()
 
 
 def http_error(e: Exception) -> HTTPException | None:
