@@ -9,7 +9,7 @@ import pytest
 
 # The same Chromium and flags as `andrea train` (server/cli/chromium.py).
 from andrea.cli.chromium import CHROMIUM, QUIET, webgpu_args
-from andrea.cli.launch import served
+from andrea.cli.launch import start_server, stop_server
 
 QUIET_FLAGS = QUIET
 # ANDREA_GPU_BROWSER=1: on a machine with a real GPU, the flags of `andrea train --gpu`.
@@ -24,9 +24,15 @@ def server_data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def live_server(server_data_dir) -> str:
-    """`andrea serve` in a subprocess on a free loopback port; yields its base URL."""
-    with served(server_data_dir) as url:
+    """`andrea serve` in a subprocess on a free loopback port; yields its base URL. One server
+    for every test file of an xdist worker, so the per-client burst of new runs (a workshop's
+    bound: tests/test_web_quotas.py holds it) is lifted here: how many runs a worker's files
+    create in a row depends on which files it was handed."""
+    proc, url = start_server(server_data_dir, env={"ANDREA_RUN_BURST": "100000"})
+    try:
         yield url
+    finally:
+        stop_server(proc)
 
 
 @pytest.fixture(scope="session")
