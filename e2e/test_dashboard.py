@@ -341,7 +341,9 @@ def test_bandit_run_shows_per_source_loss_and_weights(page, live_server):
     page.wait_for_function(f"document.getElementById('charts').dataset.steps === '{step}'")
     page.wait_for_function("Number(document.querySelector('[data-chart=\"sampling weight per "
                            "source\"]')?.dataset.points || 0) > 0")
-    assert page.get_attribute("[data-chart='loss per source']", "data-points") == str(step)
+    # Each chart draws in its own frame: wait for this one's points rather than read them now.
+    page.wait_for_function("document.querySelector('[data-chart=\"loss per source\"]')"
+                           f"?.dataset.points === '{step}'")
     marks = page.evaluate("window.andreaCharts.loss.marks()")
     assert marks and min(marks) <= batches[0][-1]["step"] + 1, marks
     page.screenshot(path=str(SHOTS / "run-bandit-1440.png"), full_page=True)
