@@ -12,6 +12,7 @@ from websockets.sync.client import connect
 from andrea.metrics import COLUMNS, MAX_TENSORS
 from andrea.model import run_layout
 from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS, RECORDS_PER_MESSAGE
+from tests.trainer_client import reconnected
 
 # The tiny model's parameter tensors (new_run's default): one per-tensor entry each.
 TENSORS = [p["name"] for p in run_layout({"preset": "tiny"})["params"]]
@@ -58,8 +59,7 @@ def test_reconnect_and_resend_lose_nothing_and_duplicate_nothing(live_server, se
         assert send_metrics(ws, [record(s) for s in range(1, 6)]) == {"type": "ack", "step": 5}
         ws.send(json.dumps({"type": "metrics", "records": [record(s) for s in range(6, 9)]}))
         # Drop the connection before reading the ack: the client cannot know 6..8 landed.
-    with connect(url) as ws:
-        welcome = hello(ws, run["token"], last=5)
+    with reconnected(url, run["token"], last=5) as (ws, welcome):
         assert welcome["last_committed_step"] == 8
         # A client that resends everything after its last ack changes nothing...
         assert send_metrics(ws, [record(s, loss=99.0) for s in range(6, 9)])["step"] == 8
@@ -237,8 +237,8 @@ def test_bad_anatomy_fields_close_1003_naming_the_field_and_the_step(live_server
         hello(ws, run["token"])
         send_metrics(ws, [record(1)])
     for case, (payload, field) in BAD_ANATOMY.items():
-        with connect(url) as ws:
-            hello(ws, run["token"], last=1)
+        with reconnected(url, run["token"], last=1) as (ws, welcome):
+            assert welcome["type"] == "welcome", welcome
             ws.send(payload)
             msg = json.loads(ws.recv(timeout=10))
             assert msg["type"] == "error" and field in msg["message"], (case, msg)

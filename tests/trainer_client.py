@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from andrea.telemetry import MAX_RECORDS
+from andrea.telemetry.protocol import BUSY
 
 
 def send_records(ws, first: int, last: int, per: int, record, pause: float, on_ack) -> None:
@@ -67,6 +69,21 @@ def new_run(url: str, **cfg) -> dict:
 def hello(ws, token: str, last=None) -> dict:
     ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": last}))
     return json.loads(ws.recv(timeout=10))
+
+
+@contextmanager
+def reconnected(url: str, token: str, last=None):
+    """(socket, its hello's answer) of a trainer back after it dropped its socket, as the page
+    comes back: while the server has not yet seen the old socket go (refused with kind busy,
+    "another trainer holds this run"), it tries again, for up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        with connect(url) as ws:
+            answer = hello(ws, token, last)
+            if answer.get("kind") != BUSY or time.monotonic() > deadline:
+                yield ws, answer
+                return
+        time.sleep(0.05)
 
 
 def fill(url: str, run: dict, first: int, last: int, per: int = MAX_RECORDS) -> None:
