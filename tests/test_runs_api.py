@@ -271,7 +271,6 @@ def test_a_run_no_trainer_takes_is_never_started_after_the_grace_and_its_viewers
     """Settings.start_grace_s (ANDREA_START_GRACE_S): past it, a run no trainer took is
     `abandoned` (pages: "never started") without anyone listing runs, and a viewer watching it
     is told; a run whose trainer is connected is left alone."""
-    import time
 
     from fastapi.testclient import TestClient
 
@@ -289,9 +288,7 @@ def test_a_run_no_trainer_takes_is_never_started_after_the_grace_and_its_viewers
             first = viewer.receive_json()
             assert first["type"] == "run" and first["run"]["status"] == "created"
             assert first["run"]["connected"] is False
-            t0 = time.monotonic()
             told = viewer.receive_json()        # the grace passes: no request needed
-            assert time.monotonic() - t0 < 5
             assert told["type"] == "run" and told["run"]["status"] == "abandoned"
             assert "within 2 s" in told["run"]["message"]
             info = c.get(f"/api/runs/{held['id']}").json()
