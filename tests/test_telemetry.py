@@ -12,21 +12,11 @@ from websockets.sync.client import connect
 from andrea.metrics import COLUMNS, MAX_TENSORS
 from andrea.model import run_layout
 from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS, RECORDS_PER_MESSAGE
-from tests.trainer_client import reconnected
+from tests.trainer_client import hello, new_run, reconnected, ws_url
 
 # The tiny model's parameter tensors (new_run's default): one per-tensor entry each.
 TENSORS = [p["name"] for p in run_layout({"preset": "tiny"})["params"]]
 N = len(TENSORS)
-
-
-def ws_url(live_server, path):
-    return live_server.replace("http://", "ws://") + path
-
-
-def new_run(live_server, **cfg):
-    r = httpx.post(live_server + "/api/runs", json={"preset": "tiny", **cfg})
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
 def record(step, loss=None):
@@ -34,10 +24,6 @@ def record(step, loss=None):
             "grad_norm": 1.5, "clip_scale": 0.66, "lr": 1e-3, "tokens_per_s": 100.0,
             "step_ms": 12.0}
 
-
-def hello(ws, token, last=None):
-    ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": last}))
-    return json.loads(ws.recv(timeout=10))
 
 
 def send_metrics(ws, records):

@@ -204,7 +204,7 @@ async def _receive(request: Request, room: Room, expected: int, what: str,
         held.release()
         raise
     try:
-        with open(path, "wb") as f:
+        with await asyncio.to_thread(open, path, "wb") as f:
             await receive_exactly(request, expected, f.write, held, lambda size, more:
                                   _check_length(size, expected, what, more))
         return path

@@ -46,15 +46,10 @@ async def receive_exactly(request: Request, expected: int, write: Callable[[byte
 async def stream_file(f, size: int | None = None) -> AsyncIterator[bytes]:
     """An open file's bytes from where it stands (`size` of them, or to its end), read in
     worker threads a MiB at a time, never held whole; the file is closed at the end."""
+    left = size if size is not None else float("inf")
     try:
-        left = size
-        while left is None or left > 0:
-            block = await asyncio.to_thread(f.read, READ_BYTES if left is None
-                                            else min(READ_BYTES, left))
-            if not block:
-                break
-            if left is not None:
-                left -= len(block)
+        while left > 0 and (block := await asyncio.to_thread(f.read, int(min(READ_BYTES, left)))):
+            left -= len(block)
             yield block
     finally:
         f.close()

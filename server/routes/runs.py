@@ -315,14 +315,14 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
     held = await storage.reserve(expected, "the weights")     # 507 past the floor
     dest = weights_path(settings.data_dir, run_id)
     tmp = dest.with_suffix(".part")
+
     def refuse(size: int, more: bool) -> None:
         raise HTTPException(413 if size > expected else 400,
                             f"weights must be exactly {expected} bytes (got {size}"
                             f"{' or more' if more else ''})")
 
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with await asyncio.to_thread(_open_part, tmp) as f:    # off the event loop
             await receive_exactly(request, expected, f.write, held, refuse)
         async with fanout.run_lock(run_id):     # a delete takes it too: not between the two
             await gone_meanwhile(store, settings.data_dir, run_id, "weights")
@@ -342,3 +342,9 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
         tmp.unlink(missing_ok=True)     # (gone once it replaced the weights)
     # Viewers show the model link now, without a reload.
     await publish_run(store, fanout, run_id, has_weights=True)
+
+
+def _open_part(path):
+    """The upload's file, open for writing, its folder made first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "wb")
