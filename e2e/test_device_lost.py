@@ -16,16 +16,16 @@ import httpx
 
 from andrea.web.auth import token_init_script
 from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER
+from tests.small_model import SMALL, cli_args
 
-# On a GPU the tiny model's steps take a millisecond or two: a longer run, so that the crash
+# On a GPU the small model's steps take a millisecond or two: a longer run, so that the crash
 # comes mid-run there too.
 STEPS, EVERY, CRASH_AFTER = (3000 if GPU_BROWSER else 50), 10, 22
 FIELDS = ("loss", "grad_norm", "clip_scale", "lr")
-PRESET = "tiny"
 
 
 def config(seed: int) -> dict:
-    return {"preset": PRESET, "optimizer": "adamw", "steps": STEPS, "batch_size": 2,
+    return {**SMALL, "optimizer": "adamw", "steps": STEPS, "batch_size": 2,
             "seed": seed, "checkpoint_every": EVERY, "eval_every": 20, "sample_every": 0}
 
 
@@ -100,7 +100,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 def test_andrea_train_resumes_after_a_lost_device_by_itself(live_server):
-    args = ["train", "--server", live_server, "--preset", PRESET, "--steps", str(STEPS),
+    args = ["train", "--server", live_server, *cli_args(), "--steps", str(STEPS),
             "--batch-size", "2", "--checkpoint-every", str(EVERY), "--sample-every", "0",
             "--seed", "42", "--json", *(["--gpu"] if GPU_BROWSER else [])]
     r = subprocess.run([sys.executable, "-c", CRASHING_TRAIN, *args], capture_output=True,

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+from tests.small_model import cli_args
+
 
 def andrea(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "andrea", "train", "--headless", *args],
@@ -12,7 +14,7 @@ def andrea(*args, timeout=600, env=None):
 
 
 def test_cli_completes_a_short_run(live_server):
-    r = andrea("--preset", "tiny", "--optimizer", "adamw_8bit", "--steps", "8",
+    r = andrea(*cli_args(), "--optimizer", "adamw_8bit", "--steps", "8",
                "--batch-size", "2", "--server", live_server, "--json")
     assert r.returncode == 0, r.stderr + r.stdout
     result = json.loads(r.stdout.strip().splitlines()[-1])

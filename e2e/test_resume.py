@@ -15,14 +15,15 @@ import pytest
 
 from andrea.web.auth import token_init_script
 from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER, QUIET_FLAGS
+from tests.small_model import SMALL
 
-# A GPU runs the tiny model's 40 steps before the browser could be killed at step 17: longer there.
+# A GPU runs the small model's 40 steps before the browser could be killed at step 17: longer there.
 STEPS, KILL_AFTER, EVERY = (600 if GPU_BROWSER else 40), 17, 8
 FIELDS = ("loss", "grad_norm", "clip_scale", "lr")
 
 
 def config(optimizer: str, seed: int, data_mode: str = "uniform", f16: bool = False) -> dict:
-    return {"preset": "tiny", "optimizer": optimizer, "steps": STEPS, "batch_size": 2,
+    return {**SMALL, "optimizer": optimizer, "steps": STEPS, "batch_size": 2,
             "seed": seed, "checkpoint_every": EVERY, "eval_every": 2 * EVERY, "sample_every": 0,
             "data_mode": data_mode, "f16_mirror": f16}
 

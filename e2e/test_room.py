@@ -1,7 +1,8 @@
 """A room run end to end: three Chromium pages join from the room's join link and a fourth
-worker through `andrea train --join`, and they train `tiny` together (SwiftShader WebGPU); a
-fifth page joins and leaves mid-run. The server averages their int8 pseudo-gradients round by
-round, and the room's page shows every worker."""
+worker through `andrea train --join`, and they train the suite's small model
+(tests/small_model.py) together (SwiftShader WebGPU); a fifth page joins and leaves mid-run.
+The server averages their int8 pseudo-gradients round by round, and the room's page shows every
+worker."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 import time
 
 import httpx
+
+from tests.small_model import SMALL, cli_args
 
 H, ROUNDS, WORKERS = 4, 3, 4
 TIMEOUT = 600_000
@@ -27,7 +30,7 @@ def wait_room(url: str, until) -> dict:
 
 def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_server):
     r = httpx.post(f"{live_server}/api/runs", json={
-        "preset": "tiny", "steps": H * ROUNDS, "batch_size": 2, "seed": 7, "lr": 0.004,
+        **SMALL, "steps": H * ROUNDS, "batch_size": 2, "seed": 7, "lr": 0.004,
         "warmup_steps": 2,
         "room": {"inner_steps": H, "codec": "int8", "max_workers": 8, "round_deadline_s": 300}})
     assert r.status_code == 201, r.text
@@ -109,7 +112,7 @@ def test_one_f32_worker_trains_its_round_exactly_as_a_plain_run(live_server):
     """Round 0's inner steps are the Trainer's own steps on the plain run's batches (slot 0 of
     round 0 draws batch index i at step i) with the same schedule: bit for bit the same
     losses."""
-    common = ("--preset", "tiny", "--steps", "8", "--batch-size", "2", "--seed", "9",
+    common = (*cli_args(), "--steps", "8", "--batch-size", "2", "--seed", "9",
               "--server", live_server)
     plain = andrea_train(*common, "--eval-every", "0", "--sample-every", "0")
     room = andrea_train(*common, "--room", json.dumps({"inner_steps": 8, "codec": "f32"}))
@@ -150,7 +153,7 @@ def test_a_room_rides_out_a_server_restart_with_nothing_lost(browser, tmp_path):
     server, url = start_server(tmp_path / "data", port)
     try:
         run = httpx.post(f"{url}/api/runs", json={
-            "preset": "tiny", "steps": 18, "batch_size": 2, "seed": 3,
+            **SMALL, "steps": 18, "batch_size": 2, "seed": 3,
             "room": {"inner_steps": 6, "codec": "f16", "round_deadline_s": 600}}).json()
         link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"
         pages = []

@@ -11,6 +11,7 @@ import pytest
 from websockets.sync.client import connect
 
 from andrea.web.auth import token_init_script
+from tests.small_model import SMALL
 
 STEPS = 30
 TIMEOUT = 300_000
@@ -25,8 +26,10 @@ def fill(page, **fields):
 def start_run(page, live_server, optimizer):
     page.goto(live_server + "/")
     page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
-    page.select_option("#preset", "tiny")
+    page.select_option("#preset", SMALL["preset"])
     page.check(f"input[name=optimizer][value={optimizer}]")
+    page.click("#shape summary")      # the model's own shape: the suite's small model
+    fill(page, **{k: v for k, v in SMALL.items() if k != "preset"})
     fill(page, batch_size=4, steps=STEPS, warmup_steps=3, lr=0.004, eval_every=10,
          sample_every=15)
     page.wait_for_function("!document.getElementById('start').disabled")
@@ -61,6 +64,7 @@ def test_train_from_the_ui(page, live_server, server_data_dir, page_errors, opti
     check_run_in_db(server_data_dir, run_id)
     api = httpx.get(f"{live_server}/api/runs/{run_id}").json()
     assert api["config"]["optimizer"] == optimizer
+    assert {k: api["config"][k] for k in SMALL} == SMALL     # the shape the form was given
     assert api["samples"], "a text sample was generated and stored"
     metrics = httpx.get(f"{live_server}/api/runs/{run_id}/metrics").json()
     assert any(m.get("eval_loss") for m in metrics)
@@ -187,7 +191,7 @@ def train_here(context, live_server, run):
 def test_a_short_run_with_the_defaults_ends_with_a_sample_and_an_eval(browser, live_server):
     """sample_every 100 and eval_every 50 (the defaults) in an 8-step run: a sample early (at a
     quarter of the run) and one at the last step, which is also evaluated."""
-    run = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny", "steps": 8,
+    run = httpx.post(f"{live_server}/api/runs", json={**SMALL, "steps": 8,
                                                       "batch_size": 4}).json()
     assert (run["config"]["sample_every"], run["config"]["eval_every"]) == (100, 50)
     ctx = browser.new_context()
