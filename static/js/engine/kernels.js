@@ -18,10 +18,12 @@ const WG_ELEMENT = 256;   // one thread per element: init, embed, rope, swiglu (
 const WG_VOCAB_ROW = 64;  // one workgroup per vocabulary row, threads over channels: embed backward
 // One workgroup per row, tree-reduced: rmsnorm (+ backward) over C, cross entropy over V. Rows of
 // up to SHORT_ROW elements get SHORT_ROW_THREADS threads, longer ones ROW_THREADS. A CPU adapter
-// pays for every thread at each barrier of the tree: on SwiftShader, tiny's norms and loss (C 64,
-// V 512) run ~6x faster with 8 threads than with 64, a fifth of its whole step. A function of
-// the row length only, so the summation tree, and the result bits, are the same on every adapter.
-const SHORT_ROW = 512;
+// pays for every thread at each barrier of the tree: on SwiftShader, tiny's norms (C 64) run ~6x
+// faster with 8 threads than with 64. A GPU wants the wider workgroups: with 8 threads, 12m's
+// norms (C 384) took 2.5x as long on an H100 and its step 4% (fp32) to 9% (mixed) longer
+// (bench/results/row_threads_h100.txt), so SHORT_ROW stops below 12m's width. A function of the
+// row length only, so the summation tree, and the result bits, are the same on every adapter.
+const SHORT_ROW = 256;
 const SHORT_ROW_THREADS = 8;
 const ROW_THREADS = 64;
 const rowThreads = (len) => (len <= SHORT_ROW ? SHORT_ROW_THREADS : ROW_THREADS);
