@@ -20,7 +20,7 @@ import { benchArgs } from './args.mjs';
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
 import { engineOps, stepShapes } from './matmul_shapes.mjs';
 import { mmaPlan, mmaShader } from '../static/js/engine/mma.js';
-import { mmaGemm, mmaSplit } from '../static/js/engine/mma_ops.js';
+import { mmaGemm, mmaSplit, mmaTile } from '../static/js/engine/mma_ops.js';
 
 const argv = process.argv.slice(2);
 const { opt, specs } = benchArgs(argv, ['--iters', '--only', '--torch', '--toggles', '--variant-ids']);
@@ -47,6 +47,9 @@ const { weightGradPartNumel } = await import(`${repo}/static/js/engine/matmul_ti
 const { grid1d, launch, uniformWords, encodeDispatch } = await import(`${repo}/static/js/engine/ops.js`);
 const { readBuffer } = await import(`${repo}/static/js/engine/gpu.js`);
 const kernels = new Kernels(device, lib, { maxHeadDim: 128 });
+// The engine's mixed linears as a step launches them (`mixed`: mma_ops.js picks the tile, MMA_TILE
+// or a smaller one; the shapes no tile fills run fp32 and show as `-`).
+const mixedKernels = new Kernels(device, lib, { maxHeadDim: 128, mixed: true });
 const configs = (ctx.adapter.info.subgroupMatrixConfigs ?? []).map((c) =>
   `${c.componentType}x${c.componentType}->${c.resultComponentType} M${c.M}N${c.N}K${c.K}`);
 console.log(`bench_matmul_f16 on ${ctx.info.vendor} ${ctx.info.architecture} ${ctx.info.description}; ` +
@@ -164,7 +167,8 @@ const addPipe = await lib.pipeline('11_linear_backward.wgsl', 'add_partials', { 
 /** Scratch floats for the split-K slabs of shape s (GEMM g): the engine's and every variant's. */
 function partNumel(s, g) {
   const slabs = variants.map((v) => mmaSplit(g.Mg, g.Ng, g.Kg, true, mmaPlan({ ...v, aT: g.aT, bT: g.bT })).splits);
-  return Math.max(4, s.kind === 'dW' ? weightGradPartNumel(s.M, s.N, s.K) : 0, Math.max(...slabs) * g.Mg * g.Ng);
+  return Math.max(4, s.kind === 'dW' ? weightGradPartNumel(s.M, s.N, s.K, true) : 0,
+    Math.max(...slabs) * g.Mg * g.Ng);
 }
 
 async function mmaOps(v, g, bufs) {
@@ -212,6 +216,10 @@ for (const spec of specs) {
     const exact = exactRows(g, A.f32, B.f32, rowsChecked);
     const cands = [{ id: 'fp32', ops: await engineOps(kernels, s, { x: s.kind === 'dW' ? bufs.b32 : bufs.a32,
       w: bufs.b32, dy: bufs.a32, y: bufs.c, dx: bufs.c, dw: bufs.c, part: bufs.part }) }];
+    if (mmaTile(g.Mg, g.Ng, g.Kg)) {
+      cands.push({ id: 'mixed', ops: await engineOps(mixedKernels, s, { x: s.kind === 'dW' ? bufs.b32 : bufs.a32,
+        w: bufs.b32, dy: bufs.a32, y: bufs.c, dx: bufs.c, dw: bufs.c, part: bufs.part }) });
+    }
     for (const v of variants) {
       const r = await mmaOps(v, g, bufs);
       if (r) cands.push({ id: v.id, ...r });
@@ -242,7 +250,7 @@ for (const spec of specs) {
     console.log(`  ${id.padEnd(12)} ${tot.toFixed(2).padStart(8)} ms   fp32 engine / this ${(fp32 / tot).toFixed(2)}`);
   }
   const best = shapes.reduce((a, _, i) => a + Math.min(...Object.entries(stepTotals)
-    .filter(([id]) => !['fp32', 'cuBLAS fp32', 'cuBLAS tf32', 'cuBLAS fp16'].includes(id) && stepTotals[id][i] !== undefined)
+    .filter(([id]) => !['fp32', 'mixed', 'cuBLAS fp32', 'cuBLAS tf32', 'cuBLAS fp16'].includes(id) && stepTotals[id][i] !== undefined)
     .map(([, list]) => list[i])), 0);
   console.log(`  best variant per shape ${best.toFixed(2).padStart(8)} ms   fp32 engine / this ${(fp32 / best).toFixed(2)}`);
   for (const b of Object.values(bufs)) b.destroy();

@@ -30,7 +30,10 @@ def bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return K * U / (1 - K * U) * (a.abs() @ b.abs())
 
 
-@pytest.mark.parametrize("M,N,K", [(256, 384, 128), (1024, 384, 256)])
+# The engine tile (128 x 128 x 32), then shapes only smaller tiles fill (mma_ops.js mmaTile): tiny's
+# q|k|v at B 4, and a custom width of 48 with an FFN of 96 (16 x 16 tiles).
+@pytest.mark.parametrize("M,N,K", [(256, 384, 128), (1024, 384, 256), (256, 192, 64),
+                                   (128, 48, 96)])
 def test_mixed_linears_match_torch_on_f16_operands(lab_session, M, N, K):
     mixed = call(lab_session, "return lab.info.mixed;")
     if not mixed["ok"]:

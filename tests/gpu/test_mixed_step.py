@@ -24,9 +24,11 @@ from andrea.data import wire
 from tests import reference as ref
 from tests.lab import call
 
-# tiny's vocabulary and context with a width, heads and FFN whose matmuls fill 128 x 128 x 32.
-SHAPE = {"preset": "tiny", "n_embd": 128, "n_head": 2, "ffn_dim": 256, "batch_size": 2,
-         "steps": 1, "precision": "mixed", "eval_every": 0, "sample_every": 0}
+# tiny's vocabulary and context with a width, heads and FFN whose matmuls fill 128 x 128 x 32;
+# and tiny itself, whose matmuls take the smaller tiles (mma_ops.js mmaTile).
+RUN = {"batch_size": 2, "steps": 1, "precision": "mixed", "eval_every": 0, "sample_every": 0}
+SHAPES = {"engine_tile": {"preset": "tiny", "n_embd": 128, "n_head": 2, "ffn_dim": 256},
+          "tiny": {"preset": "tiny"}}
 
 STEP = """
     const {Trainer} = await import('/static/js/engine/trainer.js');
@@ -47,12 +49,15 @@ def norms(layout, grads):
                      for p in layout["params"]])
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("f16_mirror", [False, True])   # weights from the f16 mirror, or rounded
-def test_a_mixed_step_is_as_close_to_fp32_as_torch_autocast(lab_session, live_server, f16_mirror):
+def test_a_mixed_step_is_as_close_to_fp32_as_torch_autocast(lab_session, live_server, f16_mirror,
+                                                            shape):
     mixed = call(lab_session, "return lab.info.mixed;")
     if not mixed["ok"]:
         pytest.skip(f"no f16 subgroup matrices here: {mixed['why']}")
-    run = httpx.post(f"{live_server}/api/runs", json={**SHAPE, "f16_mirror": f16_mirror}).json()
+    run = httpx.post(f"{live_server}/api/runs",
+                     json={**SHAPES[shape], **RUN, "f16_mirror": f16_mirror}).json()
     layout = run["layout"]
     out = call(lab_session, STEP, {"layout": layout, "config": run["config"], "id": run["id"]})
     assert out["state"] == "finished"

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { weightGradPartNumel } from '../../static/js/engine/matmul_tiles.js';
-import { mmaSplit } from '../../static/js/engine/mma_ops.js';
+import { mmaGemm, mmaSplit, mmaTile } from '../../static/js/engine/mma_ops.js';
 import { MMA_TILE, mixedSupport, mmaPlan, mmaShader } from '../../static/js/engine/mma.js';
 
 test('mma: the engine tile is 128 x 128 x 32 in 4 subgroups and fits 32 KiB of workgroup memory', () => {
@@ -19,8 +19,8 @@ test('mma: the engine tile is 128 x 128 x 32 in 4 subgroups and fits 32 KiB of w
 test('mma: shapes that fill its tiles, and a split-K that covers the reduction once', () => {
   assert.equal(mmaSplit(8192, 2304, 768).fits, true);
   assert.equal(mmaSplit(8192, 2304, 768).splits, 1);       // 1152 blocks: no split
-  assert.equal(mmaSplit(128, 64, 64).fits, false);          // tiny: the fp32 kernels run
-  assert.equal(mmaSplit(8192, 2300, 768).fits, false);
+  assert.equal(mmaSplit(8192, 2300, 768).fits, false);      // 2300 is no multiple of 16: fp32
+  assert.equal(mmaSplit(8192, 2304, 760).fits, false);      // nor 760 of 16
   for (const [R, S, INNER] of [[768, 768, 8192], [384, 384, 8192], [2304, 768, 8192], [384, 1024, 8192]]) {
     const { fits, splits, KS } = mmaSplit(R, S, INNER);
     assert.ok(fits && splits > 1, `${R}x${S}x${INNER}`);
@@ -33,6 +33,31 @@ test('mma: shapes that fill its tiles, and a split-K that covers the reduction o
   assert.equal(mmaSplit(384, 384, 8192, false).splits, 1);   // no scratch: no split
   // fp32 scratch is unchanged by the mixed option's existence.
   assert.equal(weightGradPartNumel(8192, 384, 384), weightGradPartNumel(8192, 384, 384, false));
+});
+
+test('mma: shapes the engine tile does not fill take the largest smaller tile that does', () => {
+  const side = (t) => [t.sgm * t.tm * 16, t.sgn * t.tn * 16, t.bk];
+  assert.equal(mmaTile(8192, 2304, 768), MMA_TILE);           // 120m: the engine tile, as before
+  assert.deepEqual(side(mmaTile(256, 192, 64)), [128, 64, 32]);   // tiny's q|k|v, B 4
+  assert.deepEqual(side(mmaTile(64, 512, 32)), [64, 128, 32]);    // a head, B 2 T 32
+  assert.deepEqual(side(mmaTile(48, 80, 112)), [16, 16, 16]);     // custom: multiples of 16 only
+  assert.equal(mmaTile(100, 64, 64), null);                   // B 2 T 50: fp32
+  // tiny's and the export test's custom shape's (48 wide, FFN 96) every matmul, B 2 to 8, all
+  // three GEMMs of each: a tile, whose WGSL generates for every layout and input.
+  for (const [C, F, V] of [[64, 192, 512], [48, 96, 1024], [32, 128, 512]]) {
+    for (const M of [2 * 32, 2 * 64, 8 * 64]) {
+      for (const [N, K] of [[3 * C, C], [C, C], [2 * F, C], [C, F], [V, C]]) {
+        for (const kind of ['fwd', 'dx', 'dW']) {
+          const g = mmaGemm(kind, M, N, K);
+          const t = mmaTile(g.R, g.S, g.INNER);
+          assert.ok(t, `${kind} ${M}x${N}x${K}`);
+          const p = mmaPlan({ ...t, aT: g.aT, bT: g.bT });
+          assert.equal(g.R % p.BM + g.S % p.BN + g.INNER % p.bk, 0);
+          for (const bIn of ['f32', 'f16']) assert.ok(mmaShader({ ...t, aT: g.aT, bT: g.bT, bIn }));
+        }
+      }
+    }
+  }
 });
 
 test('mma: each layout loads its fragments with the majorness its slices are stored in', () => {

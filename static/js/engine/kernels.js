@@ -66,7 +66,7 @@ export class Kernels {
     this.lib = lib;
     this.maxHeadDim = maxHeadDim;
     // mixed: the linears' matmuls take f16 operands with f32 accumulation (mma.js) where their
-    // shapes fill its tiles; the context said it can (ctx.mixed, context.js).
+    // shapes are multiples of 16 (mma_ops.js mmaTile); the context said it can (ctx.mixed, context.js).
     this.mixed = mixed;
     this.mma = mixed ? new MmaOps(this) : null;
     const lim = device.limits ?? {};

@@ -9,23 +9,61 @@ function check(cond, msg) {
   if (!cond) throw new Error(msg);
 }
 
-// The mixed-precision matmul (mma.js, MMA_TILE) runs where its 128 x 128 x 32 tiles fill the
-// problem exactly; its split-K (weight gradients only) gives the GPU about MMA_TARGET blocks, two
-// per SM of an H200, each split at least MMA_MIN_INNER deep. A function of the shape only.
+// The mixed-precision matmul (mma.js) runs where the problem is a whole number of its tiles: the
+// engine's 128 x 128 x 32 tile (MMA_TILE) where it fits, else the largest of a ladder of smaller
+// ones (rows and columns of 64, 32 or 16 each, slices of 32 or 16), so that `tiny` and custom
+// shapes whose sizes are multiples of 16 run mixed too; only others fall back to the fp32
+// kernels. Every tile sums each output's products in the same order (16-deep steps along the
+// reduction, from its start), so the tile changes no result; split-K does. Its split (weight
+// gradients only) gives the GPU about MMA_TARGET blocks, two per SM of an H200, each split at
+// least MMA_MIN_INNER deep. A function of the shape only.
 const MMA_TARGET = 264;
 const MMA_MIN_INNER = 512;
-const MMA = mmaPlan({ ...MMA_TILE, aT: 0, bT: 0 });
+// Block sides from the most subgroups and 16 x 16 tiles per subgroup down: {subgroups, tiles}.
+const SIDES = { 128: [2, 4], 64: [2, 2], 32: [2, 1], 16: [1, 1] };
+const LAYOUTS = [[0, 1], [0, 0], [1, 0]];
+
+/** Whether plan p's slices are a whole number of vector loads per thread (mma.js stager) for
+ *  every operand layout the model runs and either input (f32, or the packed f16 mirror). */
+function stages(p) {
+  const whole = (elems, vw) => elems % (vw * p.threads) === 0;
+  return whole(p.BM * p.bk, 8) && whole(p.BN * p.bk, 8);
+}
+
+/** The tile ({sgm, sgn, tm, tn, bk}, MMA_TILE's shape) of C[R, S] over INNER: MMA_TILE where it
+ *  fits, else the ladder's largest block (then deepest slice) that fills the problem and stages
+ *  whole loads; null where none does. */
+export function mmaTile(R, S, INNER) {
+  const fill = (t) => R % (t.sgm * t.tm * 16) === 0 && S % (t.sgn * t.tn * 16) === 0
+    && INNER % t.bk === 0;
+  if (fill(MMA_TILE)) return MMA_TILE;
+  let best = null;
+  for (const [bm, [sgm, tm]] of Object.entries(SIDES)) {
+    for (const [bn, [sgn, tn]] of Object.entries(SIDES)) {
+      for (const bk of [32, 16]) {
+        const t = { sgm, sgn, tm, tn, bk, nbuf: MMA_TILE.nbuf };
+        if (!fill(t) || !stages(mmaPlan({ ...t, aT: 0, bT: 0 }))) continue;
+        const area = bm * bn;
+        if (!best || area > best.area || (area === best.area && bk > best.t.bk)) best = { t, area };
+      }
+    }
+  }
+  return best && Object.freeze(best.t);
+}
 
 /** {fits, splits, KS} of the mixed-precision C[R, S] = sum over INNER (splits > 1: split-K)
- *  with the engine's tile, or another variant's plan (mma.js mmaPlan; the bench's). */
-export function mmaSplit(R, S, INNER, allowSplit = true, tile = MMA) {
-  const fits = R % tile.BM === 0 && S % tile.BN === 0 && INNER % tile.bk === 0;
-  const tiles = (R / tile.BM) * (S / tile.BN);
+ *  with the tile mmaTile picks, or another variant's plan (mma.js mmaPlan; the bench's). */
+export function mmaSplit(R, S, INNER, allowSplit = true, tile = undefined) {
+  const t = tile ?? mmaTile(R, S, INNER);
+  if (!t) return { fits: false, splits: 1, KS: INNER };
+  const p = t.BM ? t : mmaPlan({ ...t, aT: 0, bT: 0 });
+  const fits = R % p.BM === 0 && S % p.BN === 0 && INNER % p.bk === 0;
+  const tiles = (R / p.BM) * (S / p.BN);
   let splits = 1;
   if (allowSplit && tiles < MMA_TARGET) {
     splits = Math.max(1, Math.min(Math.floor(INNER / MMA_MIN_INNER), cdiv(MMA_TARGET, tiles)));
   }
-  const KS = cdiv(cdiv(INNER, splits), tile.bk) * tile.bk;
+  const KS = cdiv(cdiv(INNER, splits), p.bk) * p.bk;
   return { fits, splits: cdiv(INNER, KS), KS };
 }
 
@@ -70,17 +108,19 @@ export class MmaOps {
    *  (aT 0) or [INNER, R] (aT 1), B [INNER, S] (bT 0) or [S, INNER] (bT 1); bF16: B is the
    *  packed f16 mirror. With part (a weight gradient's scratch) the sum may be split: the op then
    *  writes `splits` partials there and the caller adds them into C (Kernels.addPartials, so
-   *  accum must be set). null where the shape does not fill the tiles (the fp32 kernel runs). */
+   *  accum must be set). null where no tile fills the shape (mmaTile: the fp32 kernel runs). */
   async op({ a, b, c, part, R, S, INNER, aT, bT, accum, bF16 = false }, label) {
-    const { fits, splits, KS } = mmaSplit(R, S, INNER, Boolean(part));
-    if (!fits) return null;
+    const tile = mmaTile(R, S, INNER);
+    if (!tile) return null;
+    const { splits, KS } = mmaSplit(R, S, INNER, Boolean(part), tile);
     check(splits === 1 || accum, `${label}: a split sum is added into C: it needs accum`);
     check(splits === 1 || part.size >= 4 * splits * R * S, `${label}: split-K over ${splits} ` +
       `parts needs a part buffer of ${4 * splits * R * S} bytes`);
-    const plan = { ...MMA_TILE, aT, bT, aIn: 'f32', bIn: bF16 ? 'f16' : 'f32', accum: accum && splits === 1 };
+    const plan = { ...tile, aT, bT, aIn: 'f32', bIn: bF16 ? 'f16' : 'f32', accum: accum && splits === 1 };
+    const { BM, BN } = mmaPlan(plan);
     const pipe = await this.pipeline(plan);
     const op = await this.kernels.opOf(pipe, 'dims', [R, S, INNER, KS],
-      { a, b, c: splits === 1 ? c : part }, [S / MMA.BN, R / MMA.BM, splits], label);
+      { a, b, c: splits === 1 ? c : part }, [S / BN, R / BM, splits], label);
     return { op: { ...op, file: 'mma.js', entry: 'main' }, splits };
   }
 }
