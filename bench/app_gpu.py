@@ -6,6 +6,7 @@ read-back and upload in the browser, and the /kernels profile table of the 120m 
 
 On the GPU machine, after bench/gpu/unpack_app.sh (bench/gpu/README.md):
     . /tmp/andrea-gpu/env.sh && python3 -m bench.app_gpu [--steps 300] [--out FILE]
+        [--precision fp32|mixed]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SMOKE_RUNS = [("tiny", 4, "adamw"), ("tiny", 4, "adamw_8bit")]
 # timestamps a step, a new real batch written each step (the server's batches for the preset),
 # and the per-token losses copied out for the readback ring. -> {kind: ms a step}.
 STEP_TIMES = """
-async ({preset, B, variant, iters, kinds}) => {
+async ({preset, B, variant, iters, kinds, precision}) => {
   const { Model } = await import('/static/js/engine/model.js');
   const { Optimizer } = await import('/static/js/engine/optimizer.js');
   const { parseBatch } = await import('/static/js/engine/batches.js');
@@ -43,11 +44,12 @@ async ({preset, B, variant, iters, kinds}) => {
   const { device } = ctx;
   const layout = await (await fetch(`/api/presets/${preset}/layout`)).json();
   const maps = await (await fetch('/api/optimizer/maps')).json();
-  const model = new Model(ctx, layout);
+  const model = new Model(ctx, layout, { precision });
   await model.init(0);
   const optim = await Optimizer.create(ctx, layout, { variant, W: model.W, G: model.G, maps,
     hyper: { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_norm: 1.0,
-      clip_mode: 'global' } });
+      clip_mode: 'global' }, lossScale: precision === 'mixed' ? {} : null });
+  model.useOptimizer({ mirror: optim.mirror, scaler: optim.scaler });
   const T = layout.config.seq_len, V = layout.config.vocab_size, N = B * T;
   const plan = await model.plan(B, T);
   const synthetic = [Uint32Array.from({ length: N }, (_, i) => (i * 7919 + 13) % V),
@@ -99,9 +101,10 @@ KERNEL_ROWS = """() => [...document.querySelectorAll('#kernels tbody tr')]
   .map((tr) => [...tr.cells].map((c) => c.textContent))"""
 
 
-def train(url: str, preset: str, B: int, optimizer: str, steps: int, gpu: bool) -> dict:
+def train(url: str, preset: str, B: int, optimizer: str, steps: int, gpu: bool,
+          precision: str) -> dict:
     cmd = [sys.executable, "-m", "andrea", "train", *(["--gpu"] if gpu else []), "--server", url,
-           "--preset", preset,
+           "--preset", preset, "--precision", precision,
            "--batch-size", str(B), "--optimizer", optimizer, "--steps", str(steps),
            "--checkpoint-every", str(max(1, steps // 3)), "--json"]
     t0 = time.monotonic()
@@ -118,7 +121,7 @@ def train(url: str, preset: str, B: int, optimizer: str, steps: int, gpu: bool) 
     return result
 
 
-def in_browser(url: str, iters: int, runs: list, gpu: bool) -> tuple[dict, dict]:
+def in_browser(url: str, iters: int, runs: list, gpu: bool, precision: str) -> tuple[dict, dict]:
     """Back-to-back step ms per run config, and the /kernels table of the last one's step."""
     from playwright.sync_api import sync_playwright
 
@@ -126,7 +129,7 @@ def in_browser(url: str, iters: int, runs: list, gpu: bool) -> tuple[dict, dict]
         browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
         try:
             page = open_page(browser, url, "/lab")
-            b2b = {(pr, B, o): step_times(page, pr, B, o, iters, PLAIN)["plain"]
+            b2b = {(pr, B, o): step_times(page, pr, B, o, iters, PLAIN, precision)["plain"]
                    for pr, B, o in runs}
             page.close()
             page = open_page(browser, url, "/kernels")
@@ -152,19 +155,20 @@ def open_page(browser, url: str, path: str):
     return page
 
 
-def step_times(page, preset: str, B: int, variant: str, iters: int, kinds: list) -> dict:
+def step_times(page, preset: str, B: int, variant: str, iters: int, kinds: list,
+               precision: str = "fp32") -> dict:
     return page.evaluate(STEP_TIMES, {"preset": preset, "B": B, "variant": variant,
-                                      "iters": iters, "kinds": kinds})
+                                      "iters": iters, "kinds": kinds, "precision": precision})
 
 
-def variants(url: str, preset: str, B: int, iters: int, gpu: bool) -> dict:
+def variants(url: str, preset: str, B: int, iters: int, gpu: bool, precision: str) -> dict:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
         try:
             return step_times(open_page(browser, url, "/lab"), preset, B, "adamw", iters,
-                              VARIANTS)
+                              VARIANTS, precision)
         finally:
             browser.close()
 
@@ -177,6 +181,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny, on SwiftShader")
     ap.add_argument("--data-dir", type=Path, help="the server's (default: a new temporary one)")
     ap.add_argument("--only", help="only the runs of this preset (12m, 120m)")
+    ap.add_argument("--precision", choices=("fp32", "mixed"), default="fp32",
+                    help="the runs' and the back-to-back steps' (mixed: f16 matmuls, a GPU's)")
     ap.add_argument("--variants", action="store_true",
                     help="only what the app's step adds to the back-to-back one, each alone")
     args = ap.parse_args()
@@ -191,20 +197,21 @@ def main() -> None:
     if args.variants:
         with tempfile.TemporaryDirectory() as tmp, served(args.data_dir or Path(tmp)) as url:
             for preset, B in sorted({(r[0], r[1]) for r in runs}):
-                ms = variants(url, preset, B, args.iters, gpu)
-                say(f"{preset} B {B}, adamw, ms a step back to back: " +
+                ms = variants(url, preset, B, args.iters, gpu, args.precision)
+                say(f"{preset} B {B}, adamw {args.precision}, ms a step back to back: " +
                     "  ".join(f"{k} {v:.2f}" for k, v in ms.items()))
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")
         return
     with tempfile.TemporaryDirectory() as tmp, served(args.data_dir or Path(tmp)) as url:
-        results = {run: train(url, *run, args.steps, gpu) for run in runs}
-        b2b, kernels = in_browser(url, args.iters, runs, gpu)
+        results = {run: train(url, *run, args.steps, gpu, args.precision) for run in runs}
+        b2b, kernels = in_browser(url, args.iters, runs, gpu, args.precision)
     first = next(iter(results.values()))
     version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True).stdout
     say(f"browser: {version.strip()} ({CHROMIUM})")
     say(f"adapter (recorded on the runs): {json.dumps(first['adapter'])}")
-    say(f"andrea train{' --gpu' if gpu else ''}, {args.steps} steps each; step ms from the "
+    say(f"andrea train{' --gpu' if gpu else ''} --precision {args.precision}, {args.steps} "
+        f"steps each; step ms from the "
         f"stored records (median, mean: the mean includes evals, samples and checkpoints) beside "
         f"the engine's "
         f"back-to-back step in the same browser ({args.iters} steps)")

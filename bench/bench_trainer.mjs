@@ -6,7 +6,7 @@
 //   python -m andrea.optim 12m > .gpu/l12.json
 //   node bench/bench_trainer.mjs .gpu/l12.json --batch 32 [--seq 256] [--steps 40] [--warmup 8]
 //        [--variants adamw,adamw_8bit] [--loops] [--before FILE] [--extras STEPS]
-//        [--clip-mode global|per_tensor|off]
+//        [--clip-mode global|per_tensor|off] [--precision fp32|mixed]
 // --loops adds loops shaped like the trainer's with one cost at a time (batch upload, the
 // readback ring, the per-token losses, timestamps) to tell where a gap comes from; --before FILE
 // also runs another trainer.js (e.g. an older one; it is copied beside the engine to import it).
@@ -30,6 +30,7 @@ const steps = Number(opt('--steps', 40));
 const warmup = Number(opt('--warmup', 8));
 const variants = opt('--variants', 'adamw,adamw_8bit').split(',');
 const clipMode = opt('--clip-mode', 'global');
+const precision = opt('--precision', 'fp32');
 const loops = argv.includes('--loops');
 const beforeFile = opt('--before', null);
 const extras = Number(opt('--extras', 0));
@@ -51,7 +52,7 @@ if (beforeFile) {
   }
 }
 
-const ctx = await dawnContext();
+const ctx = await dawnContext({ mixed: precision === 'mixed' });
 const { device } = ctx;
 
 // ---- synthetic batches in the wire format (server/data/wire.py; tests/golden/batch_wire.json)
@@ -88,7 +89,7 @@ function config(optimizer, n, { evalEvery = 0, sampleEvery = 0 } = {}) {
   return { preset: layout.preset ?? 'custom', optimizer, f16_mirror: false, steps: n,
     batch_size: B, seq_len: T, lr: 3e-4, min_lr_ratio: 0.1, warmup_steps: 10, beta1: 0.9,
     beta2: 0.95, eps: 1e-8, weight_decay: 0.1, clip_mode: clipMode, max_norm: 1.0, seed: 0,
-    data_mode: 'uniform', eval_every: evalEvery, sample_every: sampleEvery };
+    data_mode: 'uniform', eval_every: evalEvery, sample_every: sampleEvery, precision };
 }
 
 /** Back to back, as bench_step.mjs: encode + submit `n` steps, one wait at the end. */

@@ -2,7 +2,7 @@
 // rate, speed and step time over the page's RunSeries (series.js), and with the source bandit
 // each source's loss and its sampling weight per phase. Derived columns (smoothing, clip events,
 // the wall-clock axis) extend over the new rows only, and every chart redraws once per
-// animation frame. Marks: the bandit's phase changes and the steps the run was resumed from.
+// animation frame, live records at most every LIVE_REDRAW_MS. Marks: the bandit's phase changes and the steps the run was resumed from.
 // Records with per-tensor gradient norms also get the heatmap (heatmap.js), on the same x.
 import { fetchJson } from './api.js';
 import { COLORS, Chart, DASHES } from './charts.js';
@@ -15,6 +15,12 @@ import { routePath } from './facts.js';
 
 const $ = (id) => document.getElementById(id);
 
+// Live records redraw the charts at most this often. Redrawn at every animation frame, a page
+// training a fast model redrew six charts 60 times a second, and that raster work shares the GPU
+// with the training: a 12m mixed-precision step took 13.2-13.7 ms of GPU time in the page on an
+// H100, 12.3-12.7 with the page's drawing kept off the GPU (bench/results/app_loop_h100.txt).
+const LIVE_REDRAW_MS = 100;
+
 /** The record fields the run page keeps as columns (its RunSeries). */
 export const RUN_COLUMNS = ['loss', 'eval_loss', 'grad_norm', 'clip_scale', 'lr', 'tokens_per_s',
   'step_ms', 'opt_ms'];
@@ -26,6 +32,8 @@ export class RunCharts {
     this.series = series;
     this.config = null;          // the run's config (the max_norm line): setConfig
     this.frame = null;           // the pending animation frame, if any
+    this.timer = null;           // the pending wait before a live redraw's frame, if any
+    this.lastDraw = -Infinity;   // performance.now() of the last draw
     this.alpha = null;           // the smoothing of this.smoothed
     this.smoothed = null;        // {loss, speed, sources: [per source]}: running EMAs
     this.clips = clipEvents();
@@ -89,7 +97,7 @@ export class RunCharts {
   setSpikes(steps) {
     this.spikeSteps = new Set(steps);
     this.spikeCol = [];
-    this.schedule();
+    this.schedule(true);
   }
 
   /** The charts zoomed around `step` with the cursor on it (a spike opened in the list). The
@@ -105,15 +113,24 @@ export class RunCharts {
       true, true);
   }
 
-  /** Draw on the next animation frame (the series has new rows). */
-  schedule() {
-    if (!this.frame) this.frame = requestAnimationFrame(() => this.draw());
+  /** Draw on an animation frame: live rows (the series has new ones) at most LIVE_REDRAW_MS
+   *  after the last draw, `soon` (what the user changed) on the next frame. */
+  schedule(soon = false) {
+    if (this.frame || (this.timer && !soon)) return;
+    clearTimeout(this.timer);
+    const frame = () => {
+      this.timer = null;
+      this.frame = requestAnimationFrame(() => this.draw());
+    };
+    const wait = soon ? 0 : this.lastDraw + LIVE_REDRAW_MS - performance.now();
+    if (wait > 0) this.timer = setTimeout(frame, wait);
+    else frame();
   }
 
   /** Redraw everything on the next frame (smoothing, scale or x axis changed). */
   redraw() {
     this.series.changedFrom = 0;
-    this.schedule();
+    this.schedule(true);
   }
 
   /** The run was resumed from its checkpoint at `step`: a mark. */
@@ -124,6 +141,7 @@ export class RunCharts {
   /** One frame: bring the derived columns up to date, then one setData per chart. */
   draw() {
     this.frame = null;
+    this.lastDraw = performance.now();
     const { series, charts } = this;
     const from = series.takeChanged();
     const alpha = Number($('smoothing').value);
