@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +37,28 @@ def export_data(data_dir, tmp_path_factory):
     path = tmp_path_factory.mktemp("export-data")
     for folder in {path, Path(os.environ.get("ANDREA_CACHE_DIR") or path)}:
         for sub in ("tokenizers", "tokens"):
-            shutil.copytree(data_dir / sub, folder / sub, dirs_exist_ok=True)
+            publish(data_dir / sub, folder / sub)
     return path
+
+
+def publish(src: Path, dst: Path) -> None:
+    """Each file and folder of src into dst whole, as the data hub writes its caches (a copy
+    renamed into place), leaving what is there: the session's cache is shared by every worker's
+    servers, and one that found a token folder half-copied took it for a stale one and deleted
+    it under the copy (server/data/tokens.py load_or_build)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if (dst / item.name).exists():
+            continue
+        work = Path(tempfile.mkdtemp(dir=dst, prefix=item.name + ".tmp"))
+        try:
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, work / "copy")
+            try:
+                os.rename(work / "copy", dst / item.name)
+            except OSError:   # another process put it there first
+                pass
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def chain_weights(layout: dict, ids: list[int]) -> np.ndarray:
