@@ -25,7 +25,6 @@ def record(step, loss=None):
             "step_ms": 12.0}
 
 
-
 def send_metrics(ws, records):
     ws.send(json.dumps({"type": "metrics", "records": records}))
     return json.loads(ws.recv(timeout=10))

@@ -13,6 +13,31 @@ export const COLORS = ['#2a6df4', '#e8710a', '#0a7d38', '#b3261e', '#8e44ad', '#
   '#c2185b', '#5d4037'];
 export const DASHES = [undefined, [8, 4], [2, 3], [10, 3, 2, 3]];
 
+/** fn run at most every `ms` for live data: a request within `ms` of the last run waits for
+ *  the rest (requests meanwhile coalesce into that one); request(true) runs it now (what the
+ *  user changed). */
+export class Throttle {
+  constructor(ms, fn) {
+    this.ms = ms;
+    this.fn = fn;
+    this.last = -Infinity;   // performance.now() of the last run
+    this.timer = null;       // the pending wait, if any
+  }
+
+  request(now = false) {
+    const wait = now ? 0 : this.last + this.ms - performance.now();
+    if (wait > 0) this.timer ??= setTimeout(() => this.run(), wait);
+    else this.run();
+  }
+
+  run() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    this.last = performance.now();
+    this.fn();
+  }
+}
+
 // ---- scales -----------------------------------------------------------------------------
 
 /** ~n round values from min to max (steps of 1, 2, 2.5 or 5 times a power of ten). */

@@ -4,7 +4,7 @@
 // is heatmap_data.js. Shown once a record carries `tensor_grad_norms` (older runs: never).
 import uPlot from 'uplot';   // templates/base.html's import map
 import { fetchJson } from './api.js';
-import { Chart } from './charts.js';
+import { Chart, Throttle } from './charts.js';
 import { fmtValue } from './format.js';
 import {
   LEVELS, NONFINITE_COLOR, PALETTE, binColumns, bucketOf, columnAt, hasTensorNorms, heatRows,
@@ -32,8 +32,7 @@ export class GradHeatmap {
     this.xs = [];
     this.blank = [];         // the uPlot series' y values: none (the draw hook paints the cells)
     this.bins = null;        // the columns of the last draw
-    this.lastDraw = -Infinity;
-    this.timer = null;
+    this.redraw = new Throttle(REDRAW_MS, () => this.push());
   }
 
   /** The series changed from row `from`; xs: the charts' x per row (steps or elapsed time). */
@@ -44,9 +43,7 @@ export class GradHeatmap {
       return;
     }
     this.cols.update(this.series, from);
-    const wait = this.lastDraw + REDRAW_MS - performance.now();
-    if (wait <= 0) this.push();
-    else this.timer ??= setTimeout(() => { this.timer = null; this.push(); }, wait);
+    this.redraw.request();
   }
 
   /** The first record with per-tensor norms: the run's layout, then the heatmap. */
@@ -74,7 +71,7 @@ export class GradHeatmap {
     this.chart.box.querySelector('h3').hidden = true;     // the card's heading says it
     $('heatmap-mode').addEventListener('change', () => this.setMode($('heatmap-mode').value));
     window.andreaHeatmap = this;     // tests read the rows, the columns and the plot
-    this.push();
+    this.redraw.request(true);
   }
 
   setRows(mode) {
@@ -90,7 +87,7 @@ export class GradHeatmap {
     this.setRows(mode);
     this.chart.height = this.height();
     this.chart.rebuild();
-    this.push();
+    this.redraw.request(true);
   }
 
   height() {
@@ -99,7 +96,6 @@ export class GradHeatmap {
 
   /** The columns to uPlot (the x scale, zoom and cursor are its), which then draws the cells. */
   push() {
-    this.lastDraw = performance.now();
     const n = this.xs.length;
     while (this.blank.length < n) this.blank.push(null);
     this.blank.length = n;

@@ -2,10 +2,11 @@
 // rate, speed and step time over the page's RunSeries (series.js), and with the source bandit
 // each source's loss and its sampling weight per phase. Derived columns (smoothing, clip events,
 // the wall-clock axis) extend over the new rows only, and every chart redraws once per
-// animation frame, live records at most every LIVE_REDRAW_MS. Marks: the bandit's phase changes and the steps the run was resumed from.
+// animation frame, for live records at most every LIVE_REDRAW_MS. Marks: the bandit's phase
+// changes and the steps the run was resumed from.
 // Records with per-tensor gradient norms also get the heatmap (heatmap.js), on the same x.
 import { fetchJson } from './api.js';
-import { COLORS, Chart, DASHES } from './charts.js';
+import { COLORS, Chart, DASHES, Throttle } from './charts.js';
 import { GradHeatmap } from './heatmap.js';
 import {
   Derived, clipEvents, elapsedColumn, phaseMarks, rowOf, runningSmooth, sourceColumns,
@@ -32,8 +33,8 @@ export class RunCharts {
     this.series = series;
     this.config = null;          // the run's config (the max_norm line): setConfig
     this.frame = null;           // the pending animation frame, if any
-    this.timer = null;           // the pending wait before a live redraw's frame, if any
-    this.lastDraw = -Infinity;   // performance.now() of the last draw
+    this.frames = new Throttle(LIVE_REDRAW_MS,
+      () => { this.frame ??= requestAnimationFrame(() => this.draw()); });
     this.alpha = null;           // the smoothing of this.smoothed
     this.smoothed = null;        // {loss, speed, sources: [per source]}: running EMAs
     this.clips = clipEvents();
@@ -116,15 +117,7 @@ export class RunCharts {
   /** Draw on an animation frame: live rows (the series has new ones) at most LIVE_REDRAW_MS
    *  after the last draw, `soon` (what the user changed) on the next frame. */
   schedule(soon = false) {
-    if (this.frame || (this.timer && !soon)) return;
-    clearTimeout(this.timer);
-    const frame = () => {
-      this.timer = null;
-      this.frame = requestAnimationFrame(() => this.draw());
-    };
-    const wait = soon ? 0 : this.lastDraw + LIVE_REDRAW_MS - performance.now();
-    if (wait > 0) this.timer = setTimeout(frame, wait);
-    else frame();
+    if (!this.frame) this.frames.request(soon);
   }
 
   /** Redraw everything on the next frame (smoothing, scale or x axis changed). */
@@ -141,7 +134,6 @@ export class RunCharts {
   /** One frame: bring the derived columns up to date, then one setData per chart. */
   draw() {
     this.frame = null;
-    this.lastDraw = performance.now();
     const { series, charts } = this;
     const from = series.takeChanged();
     const alpha = Number($('smoothing').value);

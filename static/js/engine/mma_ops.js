@@ -19,32 +19,32 @@ function check(cond, msg) {
 // least MMA_MIN_INNER deep. A function of the shape only.
 const MMA_TARGET = 264;
 const MMA_MIN_INNER = 512;
-// Block sides from the most subgroups and 16 x 16 tiles per subgroup down: {subgroups, tiles}.
-const SIDES = { 128: [2, 4], 64: [2, 2], 32: [2, 1], 16: [1, 1] };
-const LAYOUTS = [[0, 1], [0, 0], [1, 0]];
+// Block sides, the smallest first, as [subgroups, 16 x 16 tiles per subgroup] along the side.
+const SIDES = [[1, 1], [2, 1], [2, 2], [2, 4]];     // 16, 32, 64, 128
+const SLICES = [32, 16];
 
-/** Whether plan p's slices are a whole number of vector loads per thread (mma.js stager) for
- *  every operand layout the model runs and either input (f32, or the packed f16 mirror). */
-function stages(p) {
-  const whole = (elems, vw) => elems % (vw * p.threads) === 0;
-  return whole(p.BM * p.bk, 8) && whole(p.BN * p.bk, 8);
+/** Whether plan p (mma.js mmaPlan) is a whole number of its blocks over C[R, S] and INNER, and
+ *  its slices a whole number of 8-element vector loads per thread (mma.js stager). */
+function fills(p, R, S, INNER) {
+  return R % p.BM === 0 && S % p.BN === 0 && INNER % p.bk === 0
+    && (p.BM * p.bk) % (8 * p.threads) === 0 && (p.BN * p.bk) % (8 * p.threads) === 0;
 }
 
 /** The tile ({sgm, sgn, tm, tn, bk}, MMA_TILE's shape) of C[R, S] over INNER: MMA_TILE where it
- *  fits, else the ladder's largest block (then deepest slice) that fills the problem and stages
- *  whole loads; null where none does. */
+ *  fits, else the ladder's largest block (then deepest slice) that fills the problem; null where
+ *  none does. */
 export function mmaTile(R, S, INNER) {
-  const fill = (t) => R % (t.sgm * t.tm * 16) === 0 && S % (t.sgn * t.tn * 16) === 0
-    && INNER % t.bk === 0;
-  if (fill(MMA_TILE)) return MMA_TILE;
+  const planOf = (t) => mmaPlan({ ...t, aT: 0, bT: 0 });
+  if (fills(planOf(MMA_TILE), R, S, INNER)) return MMA_TILE;
   let best = null;
-  for (const [bm, [sgm, tm]] of Object.entries(SIDES)) {
-    for (const [bn, [sgn, tn]] of Object.entries(SIDES)) {
-      for (const bk of [32, 16]) {
+  for (const [sgm, tm] of SIDES) {
+    for (const [sgn, tn] of SIDES) {
+      for (const bk of SLICES) {
         const t = { sgm, sgn, tm, tn, bk, nbuf: MMA_TILE.nbuf };
-        if (!fill(t) || !stages(mmaPlan({ ...t, aT: 0, bT: 0 }))) continue;
-        const area = bm * bn;
-        if (!best || area > best.area || (area === best.area && bk > best.t.bk)) best = { t, area };
+        const p = planOf(t);
+        const area = p.BM * p.BN;
+        if (fills(p, R, S, INNER) && (!best || area > best.area
+          || (area === best.area && bk > best.t.bk))) best = { t, area };
       }
     }
   }
