@@ -202,6 +202,8 @@ export class Kernels {
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
+    // Mixed: on the matrix units (mma_attention.js) where the shape fits.
+    if (this.mma?.attentionFits(T, D)) return this.mma.attention({ qkv, y, lse, B, T, H, D }, dims);
     if (T < ATTENTION_TILED_T) {
       // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
       return this.op('05_attention_rows.wgsl', 'main',
@@ -218,6 +220,16 @@ export class Kernels {
    *  scores), or 4 floats where the adapter cannot bind that many: both give the same bits. */
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, ds, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
+    // Mixed: delta as below, then dq and dk/dv on the matrix units (mma_attention.js) where the
+    // shape fits.
+    if (this.mma?.attentionFits(T, D)) {
+      return Promise.all([
+        this.op('10_attention_backward.wgsl', 'attention_backward_delta',
+          { BLK: ATTENTION_BLOCK, HD: D, DS: 0 }, dims, { qkv, y, dy, delta, qkv4: qkv, dy4: dy },
+          grid1d(B * H * cdiv(T, ATTENTION_BLOCK)), 'attention_backward_delta'),
+        this.mma.attentionBackward({ qkv, dy, lse, delta, dqkv, ds, B, T, H, D }, dims),
+      ]).then((ops) => ops.flat());
+    }
     if (T < ATTENTION_TILED_T) {
       const c = { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles under 16 KiB
       const file = '10_attention_backward_rows.wgsl';

@@ -67,6 +67,14 @@ export function labEntries(ctx) {
       (b) => [km().linear({ x: b.x, w: b.w, y: b.y, M, N, K }),
         km().linearBackwardInput({ dy: b.dy, w: b.w, dx: b.dx, M, N, K }),
         km().linearBackwardWeight({ dy: b.dy, x: b.x, dw: b.dw, part: b.part, M, N, K })]),
+    // Attention on the matrix units (mma_attention.js) where the adapter has them and the shape
+    // fits (the mixed Kernels choose the fp32 kernels otherwise).
+    attentionMixed: ({ qkv, B, T, H, D }) => runOps(ctx, { qkv },
+      { y: B * T * H * D, lse: B * H * T }, (b) => km().attention({ ...b, B, T, H, D })),
+    attentionBackwardMixed: ({ qkv, y, dy, lse, B, T, H, D, dsPath = true }) => runOps(ctx,
+      { qkv, y, dy, lse },
+      { delta: B * H * T, dqkv: B * T * 3 * H * D, ds: dsPath ? attentionDsNumel(B, T, H) : 4 },
+      (b) => km().attentionBackward({ ...b, B, T, H, D })),
     rope: ({ qkv, B, T, H, D, theta, inverse = false }) => runOps(ctx,
       { table: ropeTable(T, D, theta) }, { qkv },
       (b) => k.rope({ ...b, N: B * T, T, H, D, inverse })),

@@ -106,6 +106,22 @@ function stager(p, name, rowsPerSlice, cols, ld, sbuf, base, rowStride) {
   return { regs, fetch: (k0) => fetch.map((l) => l.replaceAll('K0', k0)), put, vt };
 }
 
+// The builtins' two spellings: majorness as a template argument (the current proposal), or as a
+// bool argument (the first Chromium releases; deprecated since). MmaOps finds which this Dawn takes.
+/** subgroupMatrixLoad of matrix type T from ptr at element off, rows (or columns) stride apart. */
+export function matrixLoad(syntax, T, ptr, off, colMajor, stride) {
+  return syntax === 'template'
+    ? `subgroupMatrixLoad<${T}, ${colMajor ? 'col_major' : 'row_major'}>(${ptr}, ${off}, ${stride})`
+    : `subgroupMatrixLoad<${T}>(${ptr}, ${off}, ${colMajor}, ${stride})`;
+}
+
+/** subgroupMatrixStore of v to ptr at element off (a statement). */
+export function matrixStore(syntax, ptr, off, v, colMajor, stride) {
+  return syntax === 'template'
+    ? `subgroupMatrixStore<${colMajor ? 'col_major' : 'row_major'}>(${ptr}, ${off}, ${v}, ${stride});`
+    : `subgroupMatrixStore(${ptr}, ${off}, ${v}, ${colMajor}, ${stride});`;
+}
+
 /** The WGSL of variant `v` ({sgm, sgn, tm, tn, bk, aT, bT, pad?, nbuf?, input?}). */
 export function mmaShader(v) {
   const p = mmaPlan(v);
@@ -118,14 +134,8 @@ export function mmaShader(v) {
   const b = p.bT
     ? stager(p, 'b', BN, bk, LDB, 'bbuf', (r) => `(n0 + ${r}) * dims.K`, 'K0')
     : stager(p, 'b', bk, BN, LDB, 'bbuf', (r) => `(K0 + ${r}) * dims.N`, 'n0');
-  // The builtins' two spellings: majorness as a template argument (the current proposal), or
-  // as a bool argument (the first Chromium releases; deprecated since).
-  const load = (T, ptr, off, colMajor, stride) => (p.syntax === 'template'
-    ? `subgroupMatrixLoad<${T}, ${colMajor ? 'col_major' : 'row_major'}>(${ptr}, ${off}, ${stride})`
-    : `subgroupMatrixLoad<${T}>(${ptr}, ${off}, ${colMajor}, ${stride})`);
-  const storeOf = (off, v) => (p.syntax === 'template'
-    ? `subgroupMatrixStore<row_major>(&c, ${off}, ${v}, dims.N);`
-    : `subgroupMatrixStore(&c, ${off}, ${v}, false, dims.N);`);
+  const load = (T, ptr, off, colMajor, stride) => matrixLoad(p.syntax, T, ptr, off, colMajor, stride);
+  const storeOf = (off, v) => matrixStore(p.syntax, '&c', off, v, false, 'dims.N');
   const L = 'subgroup_matrix_left<f16, 16, 16>';
   const R = 'subgroup_matrix_right<f16, 16, 16>';
   const C = 'subgroup_matrix_result<f32, 16, 16>';

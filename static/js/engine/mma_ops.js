@@ -3,6 +3,9 @@
 // spelling this Dawn takes).
 
 import { MMA_TILE, mmaPlan, mmaShader } from './mma.js';
+import { attentionDkdvShader, attentionDqFromDsShader, attentionDqShader, attentionForwardShader,
+  mmaAttentionBytes, mmaAttentionFits } from './mma_attention.js';
+import { grid1d } from './ops.js';
 
 const cdiv = (a, b) => Math.ceil(a / b);
 function check(cond, msg) {
@@ -84,14 +87,14 @@ export class MmaOps {
     this.syntax = null;   // the builtins' spelling this Dawn takes (mma.js), found once
   }
 
-  async pipeline(plan) {
+  /** The pipeline of the WGSL source(syntax) makes (entry `main`), compiled once per key. */
+  async pipeline(key, source) {
     const { lib } = this.kernels;
-    const key = JSON.stringify(plan);
     if (!this.pipes.has(key)) {
       this.pipes.set(key, (async () => {
         for (const syntax of this.syntax ? [this.syntax] : ['template', 'bool']) {
           try {
-            const shader = await lib.compile(mmaShader({ ...plan, syntax }), `mma ${key}`);
+            const shader = await lib.compile(source(syntax), key);
             this.syntax = syntax;
             return await lib.pipelineOf(shader, 'main');
           } catch (e) {
@@ -102,6 +105,47 @@ export class MmaOps {
       })());
     }
     return this.pipes.get(key);
+  }
+
+  /** Whether causal attention of T rows, head dim D runs on the matrix units here
+   *  (mma_attention.js: the shape, and this device's workgroup memory). */
+  attentionFits(T, D) {
+    const wgMem = this.kernels.device.limits?.maxComputeWorkgroupStorageSize ?? 0;
+    return mmaAttentionFits(T, D) && Math.max(...Object.values(mmaAttentionBytes(D))) <= wgMem;
+  }
+
+  /** The forward's op: y[B, T, C], lse[B, H, T] (dims: Kernels.attentionDims). */
+  async attention({ qkv, y, lse, B, T, H, D }, dims) {
+    const pipe = await this.pipeline(`mma attention D${D}`,
+      (syntax) => attentionForwardShader(D, syntax));
+    const op = await this.kernels.opOf(pipe, 'dims', dims, { qkv, y, lse },
+      grid1d(B * H * (T / 64)), 'attention');
+    return { ...op, file: 'mma_attention.js', entry: 'forward' };
+  }
+
+  /** The backward's ops after delta (10_attention_backward's attention_backward_delta: dO . y in
+   *  f32), into dqkv. Where ds holds scale * dS in f16 (B H T T halves), dk/dv store it and dq
+   *  reads it (as the fp32 kernels' DS path does); else dq recomputes it. Both give dq the same
+   *  bits. */
+  async attentionBackward({ qkv, dy, lse, delta, dqkv, ds, B, T, H, D }, dims) {
+    const grid = grid1d(B * H * (T / 64));
+    const res = { qkv, dy, lse, delta, dqkv };
+    const launchOf = async (entry, key, source, resources) => {
+      const pipe = await this.pipeline(`mma attention ${key} D${D}`, source);
+      const op = await this.kernels.opOf(pipe, 'dims', dims, resources, grid,
+        `attention_backward_${entry}`);
+      return { ...op, file: 'mma_attention.js', entry };
+    };
+    if (ds.size >= 2 * B * H * T * T) {
+      return Promise.all([
+        launchOf('dkdv', 'dkdv ds', (sx) => attentionDkdvShader(D, sx, true), { ...res, ds }),
+        launchOf('dq', 'dq from ds', (sx) => attentionDqFromDsShader(D, sx), { qkv, ds, dqkv }),
+      ]);
+    }
+    return Promise.all([
+      launchOf('dq', 'dq', (sx) => attentionDqShader(D, sx), res),
+      launchOf('dkdv', 'dkdv', (sx) => attentionDkdvShader(D, sx), res),
+    ]);
   }
 
   /** {op, splits}: the mixed-precision C[R, S] (= or += with accum) over INNER, A [R, INNER]
@@ -118,7 +162,8 @@ export class MmaOps {
       `parts needs a part buffer of ${4 * splits * R * S} bytes`);
     const plan = { ...tile, aT, bT, aIn: 'f32', bIn: bF16 ? 'f16' : 'f32', accum: accum && splits === 1 };
     const { BM, BN } = mmaPlan(plan);
-    const pipe = await this.pipeline(plan);
+    const pipe = await this.pipeline(`mma ${JSON.stringify(plan)}`,
+      (syntax) => mmaShader({ ...plan, syntax }));
     const op = await this.kernels.opOf(pipe, 'dims', [R, S, INNER, KS],
       { a, b, c: splits === 1 ? c : part }, [S / BN, R / BM, splits], label);
     return { op: { ...op, file: 'mma.js', entry: 'main' }, splits };
