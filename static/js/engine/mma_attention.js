@@ -79,11 +79,15 @@ const HV = ${D / 4}u;       // vec4s per head row
 const LDH = ${D + PAD_H}u;  // f16 tile row stride`;
 }
 
-// The workgroup's (batch, head, block): blocks in reverse order where the longest walks are the
-// last blocks' (forward, dq), in order where they are the first's (dk/dv), so long ones start
-// first. Returns early from whole workgroups only (barriers stay uniform).
-function blockOf(reverse) {
-  return `let nb = dims.T / ${ROWS}u;
+// The entry point's opening: the workgroup's (batch, head, block), blocks in reverse order where
+// the longest walks are the last blocks' (forward, dq), in order where they are the first's
+// (dk/dv), so long ones start first; whole workgroups return early (barriers stay uniform). Lane
+// `lane` of subgroup `sg` takes row r of the block and half `half` of its columns.
+function entry(reverse) {
+  return `@compute @workgroup_size(${THREADS})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+  let nb = dims.T / ${ROWS}u;
   let bh = dims.B * dims.H;
   let w = wg.x + wg.y * nwg.x;
   if (w >= bh * nb) { return; }
@@ -98,7 +102,8 @@ function blockOf(reverse) {
   let hrow = (b * dims.H + h) * dims.T;          // in lse and delta
   let sg = tid / 32u;
   let lane = tid % 32u;
-  let half = lane % 2u;`;
+  let half = lane % 2u;
+  let r = 16u * sg + lane / 2u;`;
 }
 
 // Rows r0 .. r0 + rows - 1 of a head's block (row t at element base + t * stride of the vec4
@@ -123,6 +128,26 @@ function stager(name, dst, src, base, stride, rows, D) {
     put: rep(n, (i) => `{ let o = (${at(i)} / HV) * LDH + 4u * (${at(i)} % HV); let x = vec4<f16>(${name}${i});
     ${dst}[o] = x.x; ${dst}[o + 1u] = x.y; ${dst}[o + 2u] = x.z; ${dst}[o + 3u] = x.w; }`),
   };
+}
+
+/** The opening of a walk over blocks whose operands (stagers) are loaded a block ahead: the
+ *  registers and the first block's loads, then `for (head)` with, per block, `pre`, a barrier
+ *  (the last block's reads of workgroup memory are done), the block put into workgroup memory
+ *  (and `alsoPut`), a barrier, and the next block's loads issued where `more`, to land while the
+ *  body the caller appends computes. The caller closes the loop. */
+function walk(stagers, { head, first, next, more, pre = '', alsoPut = '' }) {
+  const each = (f, sep) => stagers.map(f).join(sep);
+  return `${each((x) => x.regs, '\n  ')}
+  ${each((x) => x.fetch(first), '\n  ')}
+  for (${head}) {
+    ${pre}
+    workgroupBarrier();
+    ${each((x) => x.put, '\n    ')}
+    ${alsoPut}
+    workgroupBarrier();
+    if (${more}) {
+      ${each((x) => x.fetch(next), '\n      ')}
+    }`;
 }
 
 /** WGSL of the forward: y, lse. */
@@ -152,33 +177,17 @@ var<workgroup> ss: array<f32, ${ROWS * LDS}>;   // scores, then P v, [row][key o
 var<workgroup> sp: array<f16, ${ROWS * LDP}>;   // P [row][key]
 var<workgroup> sx: array<f32, ${THREADS}>;      // lane pairs' partial row max, then row sums
 
-@compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-  ${blockOf(true)}
+${entry(true)}
   let q0 = blk * ${ROWS}u;
-  let r = 16u * sg + lane / 2u;   // this lane's row of the block, query t
-  let t = q0 + r;
+  let t = q0 + r;   // this lane's query
   ${stage('sk', 'qkv', 'qbase', 'row3', 'q0', ROWS)}
   workgroupBarrier();
   ${rep(ND, (d) => `let qm${d} = ${ld(L, '&sk', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
   var m = -3.0e38;     // running row max (scaled scores)
   var l = 0.0;         // running sum of this lane's columns
   ${rep(OH, (i) => `var o${i} = 0.0;`)}
-  ${K.regs}
-  ${V.regs}
-  ${K.fetch('0u')}
-  ${V.fetch('0u')}
-  for (var kb = 0u; kb <= blk; kb++) {
-    let k0 = kb * ${KEYS}u;
-    workgroupBarrier();   // the last block's reads of sk, sv, ss are done
-    ${K.put}
-    ${V.put}
-    workgroupBarrier();
-    if (kb < blk) {
-      ${K.fetch(`k0 + ${KEYS}u`)}
-      ${V.fetch(`k0 + ${KEYS}u`)}
-    }
+  ${walk([K, V], { head: 'var kb = 0u; kb <= blk; kb++', pre: `let k0 = kb * ${KEYS}u;`,
+    first: '0u', next: `k0 + ${KEYS}u`, more: 'kb < blk' })}
     ${scores}
     workgroupBarrier();
     // This lane's 32 keys k0 + 32 half + i: scaled, masked past the query.
@@ -240,13 +249,9 @@ var<workgroup> sv: array<f16, ${ROWS * (D + PAD_H)}>;   // the key block's v
 var<workgroup> ss: array<f32, ${ROWS * LDS}>;   // scores, then dO v^T, [query][key]
 var<workgroup> sp: array<f16, ${ROWS * LDP}>;   // scale * dS [query][key]
 
-@compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-  ${blockOf(true)}
+${entry(true)}
   let q0 = blk * ${ROWS}u;
-  let r = 16u * sg + lane / 2u;   // this lane's row of the block, query t
-  let t = q0 + r;
+  let t = q0 + r;   // this lane's query
   let lse_t = lse[hrow + t];
   let delta_t = delta[hrow + t];
   ${stage('sk', 'qkv', 'qbase', 'row3', 'q0', ROWS)}
@@ -255,20 +260,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   ${rep(ND, (d) => `let qm${d} = ${ld(L, '&sk', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
   ${rep(ND, (d) => `let gm${d} = ${ld(L, '&sv', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
   ${rep(ND, (d) => `var dq${d} = ${C}();`)}
-  ${K.regs}
-  ${V.regs}
-  ${K.fetch('0u')}
-  ${V.fetch('0u')}
-  for (var kb = 0u; kb <= blk; kb++) {
-    let k0 = kb * ${KEYS}u;
-    workgroupBarrier();   // the last block's reads of sk, sv, sp are done
-    ${K.put}
-    ${V.put}
-    workgroupBarrier();
-    if (kb < blk) {
-      ${K.fetch(`k0 + ${KEYS}u`)}
-      ${V.fetch(`k0 + ${KEYS}u`)}
-    }
+  ${walk([K, V], { head: 'var kb = 0u; kb <= blk; kb++', pre: `let k0 = kb * ${KEYS}u;`,
+    first: '0u', next: `k0 + ${KEYS}u`, more: 'kb < blk' })}
     ${product('qm', 'sk')}
     workgroupBarrier();
     let sr = r * ${LDS}u + 32u * half;
@@ -322,13 +315,9 @@ var<workgroup> sd: array<f16, ${ROWS * LDP}>;   // scale * dS^T [key][query]
 var<workgroup> sl: array<f32, ${QCHUNK}>;       // the chunk's lse
 var<workgroup> sdel: array<f32, ${QCHUNK}>;     // the chunk's delta
 
-@compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-  ${blockOf(false)}
+${entry(false)}
   let k0 = blk * ${ROWS}u;
-  let r = 16u * sg + lane / 2u;   // this lane's row of the block, key s
-  let key = k0 + r;
+  let key = k0 + r;   // this lane's key
   ${stage('skv', 'qkv', 'kbase', 'row3', 'k0', ROWS)}
   workgroupBarrier();
   ${rep(ND, (d) => `let km${d} = ${ld(L, '&skv', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
@@ -338,21 +327,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   ${rep(ND, (d) => `let vm${d} = ${ld(L, '&skv', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
   ${rep(ND, (d) => `var dk${d} = ${C}();`)}
   ${rep(ND, (d) => `var dv${d} = ${C}();`)}
-  ${Q.regs}
-  ${G.regs}
-  ${Q.fetch('k0')}
-  ${G.fetch('k0')}
-  for (var c0 = k0; c0 < dims.T; c0 += ${QCHUNK}u) {
-    workgroupBarrier();   // the last chunk's reads are done
-    ${Q.put}
-    ${G.put}
-    if (tid < ${QCHUNK}u) { sl[tid] = lse[hrow + c0 + tid]; }
-    else if (tid < ${2 * QCHUNK}u) { sdel[tid - ${QCHUNK}u] = delta[hrow + c0 + tid - ${QCHUNK}u]; }
-    workgroupBarrier();
-    if (c0 + ${QCHUNK}u < dims.T) {
-      ${Q.fetch(`c0 + ${QCHUNK}u`)}
-      ${G.fetch(`c0 + ${QCHUNK}u`)}
-    }
+  ${walk([Q, G], { head: `var c0 = k0; c0 < dims.T; c0 += ${QCHUNK}u`, first: 'k0',
+    next: `c0 + ${QCHUNK}u`, more: `c0 + ${QCHUNK}u < dims.T`,
+    alsoPut: `if (tid < ${QCHUNK}u) { sl[tid] = lse[hrow + c0 + tid]; }
+    else if (tid < ${2 * QCHUNK}u) { sdel[tid - ${QCHUNK}u] = delta[hrow + c0 + tid - ${QCHUNK}u]; }` })}
     ${product('km', 'sq')}
     workgroupBarrier();
     // This lane's queries c0 + ${n} half + i: P, zero where the query is before the key.
@@ -392,23 +370,12 @@ export function attentionDqFromDsShader(D, syntax = 'template') {
 
 var<workgroup> sk: array<f16, ${KEYS * (D + PAD_H)}>;   // the key block's k
 
-@compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-  ${blockOf(true)}
+${entry(true)}
   let q0 = blk * ${ROWS}u;
   let dsrow = (hrow + q0 + 16u * sg) * dims.T;   // this subgroup's first row of dS
   ${rep(ND, (d) => `var dq${d} = ${C}();`)}
-  ${K.regs}
-  ${K.fetch('0u')}
-  for (var kb = 0u; kb <= blk; kb++) {
-    let k0 = kb * ${KEYS}u;
-    workgroupBarrier();   // the last block's reads of sk are done
-    ${K.put}
-    workgroupBarrier();
-    if (kb < blk) {
-      ${K.fetch(`k0 + ${KEYS}u`)}
-    }
+  ${walk([K], { head: 'var kb = 0u; kb <= blk; kb++', pre: `let k0 = kb * ${KEYS}u;`,
+    first: '0u', next: `k0 + ${KEYS}u`, more: 'kb < blk' })}
     ${rep(KEYS / 16, (kk) => `{ let g = ${ld(L, '&ds', `dsrow + k0 + ${16 * kk}u`, false, 'dims.T')};
     ${rep(ND, (dj) => `dq${dj} = subgroupMatrixMultiplyAccumulate(g, ${ld(R, '&sk', `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, dq${dj});`)} }`)}
   }
