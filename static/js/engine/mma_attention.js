@@ -58,6 +58,11 @@ export function mmaAttentionBytes(D) {
   };
 }
 
+/** The matrix load and store builtins in `syntax`'s spelling (mma.js); stores row-major. */
+const builtins = (syntax) => ({
+  ld: (T, ptr, off, cm, stride) => matrixLoad(syntax, T, ptr, off, cm, stride),
+  st: (ptr, off, v, stride) => matrixStore(syntax, ptr, off, v, false, stride),
+});
 const rep = (n, f) => Array.from({ length: n }, (_, i) => f(i)).join('\n  ');
 
 const L = 'subgroup_matrix_left<f16, 16, 16>';
@@ -156,8 +161,7 @@ export function attentionForwardShader(D, syntax = 'template') {
   const OH = D / 2;         // output dims per lane
   const LDS = KEYS + PAD_F;
   const LDP = KEYS + PAD_H;
-  const ld = (T, ptr, off, cm, stride) => matrixLoad(syntax, T, ptr, off, cm, stride);
-  const st = (ptr, off, v, stride) => matrixStore(syntax, ptr, off, v, false, stride);
+  const { ld, st } = builtins(syntax);
   const K = stager('kr', 'sk', 'qkv', 'kbase', 'row3', KEYS, D);
   const V = stager('vr', 'sv', 'qkv', 'vbase', 'row3', KEYS, D);
   const scores = rep(4, (j) => `{ var s = ${C}();
@@ -228,8 +232,7 @@ export function attentionDqShader(D, syntax = 'template') {
   const ND = D / 16;
   const LDS = KEYS + PAD_F;
   const LDP = KEYS + PAD_H;
-  const ld = (T, ptr, off, cm, stride) => matrixLoad(syntax, T, ptr, off, cm, stride);
-  const st = (ptr, off, v, stride) => matrixStore(syntax, ptr, off, v, false, stride);
+  const { ld, st } = builtins(syntax);
   const K = stager('kr', 'sk', 'qkv', 'kbase', 'row3', KEYS, D);
   const V = stager('vr', 'sv', 'qkv', 'vbase', 'row3', KEYS, D);
   // S (from q) or dP (from dO) tiles of this subgroup's rows against the key block (k or v
@@ -288,8 +291,7 @@ export function attentionDkdvShader(D, syntax = 'template', storeDs = false) {
   const NJ = QCHUNK / 16;
   const LDS = QCHUNK + PAD_F;
   const LDP = QCHUNK + PAD_H;
-  const ld = (T, ptr, off, cm, stride) => matrixLoad(syntax, T, ptr, off, cm, stride);
-  const st = (ptr, off, v, stride) => matrixStore(syntax, ptr, off, v, false, stride);
+  const { ld, st } = builtins(syntax);
   const Q = stager('qr', 'sq', 'qkv', 'qbase', 'row3', QCHUNK, D);
   const G = stager('gr', 'sdo', 'dy', 'obase', 'dims.C', QCHUNK, D);
   // S^T (k against q) or dP^T (v against dO) tiles of this subgroup's keys against the chunk.
@@ -361,7 +363,7 @@ ${entry(false)}
  *  operands, with each key block of k. */
 export function attentionDqFromDsShader(D, syntax = 'template') {
   const ND = D / 16;
-  const ld = (T, ptr, off, cm, stride) => matrixLoad(syntax, T, ptr, off, cm, stride);
+  const { ld } = builtins(syntax);
   const K = stager('kr', 'sk', 'qkv', 'kbase', 'row3', KEYS, D);
   return `${header(D)}
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;   // [B, T, 3C]
