@@ -29,11 +29,13 @@ def test_cli_fails_on_a_bad_config(live_server):
 
 
 def test_cli_fails_when_the_page_cannot_train(live_server):
-    # 120m at batch 64 needs a 2 GiB logits buffer: the page refuses it, the CLI exits 1.
+    # tiny at batch 1024 x context 2048 needs a 4 GiB logits buffer (batch x context x its
+    # vocabulary of 512): the page refuses it, the CLI exits 1. (tiny's vocabulary: the server has
+    # its tokenizer already; 120m's would be trained first, for nothing.)
     import httpx
 
-    r = andrea("--preset", "120m", "--steps", "2", "--batch-size", "64", "--server", live_server,
-               "--json", "--timeout", "120")
+    r = andrea("--preset", "tiny", "--steps", "2", "--batch-size", "1024", "--seq-len", "2048",
+               "--server", live_server, "--json", "--timeout", "120")
     assert r.returncode == 1, r.stdout + r.stderr
     (line,) = r.stdout.strip().splitlines()
     result = json.loads(line)
