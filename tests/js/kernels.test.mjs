@@ -119,6 +119,15 @@ test('activation shapes: layer counts and the largest buffer', () => {
   assert.ok(total > largest.bytes);
 });
 
+test('activation shapes: mixed attention keeps its dS in f16, half the fp32 kernels\' buffer', () => {
+  const twelve = { vocab_size: 8192, n_embd: 384, n_layer: 6, n_head: 6, ffn_dim: 1024, seq_len: 256 };
+  const ds = (mixed, T = 256) => activationShapes(twelve, 32, T, null, mixed).find(([n]) => n === 'attnDs')[1];
+  assert.equal(ds(false), 32 * 6 * 256 * 256);            // [B, H, T, T] f32 (T a multiple of 4)
+  assert.equal(ds(true), (32 * 6 * 256 * 256) / 2);      // the same in f16
+  assert.equal(ds(true, 200), ds(false, 200));            // T not a multiple of 64: fp32 kernels
+  assert.equal(ds(true, 64), 4);                          // below T 128 neither takes dS through memory
+});
+
 test('limitProblems: binding limits and the server\'s head-dim limit', () => {
   assert.deepEqual(limitProblems(tiny, 2, 64, roomy), []);
   const small = { maxStorageBufferBindingSize: 2 ** 18, maxBufferSize: 2 ** 30 };

@@ -8,6 +8,7 @@
 import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels, attentionDsNumel, gainPartialNumel, lossFloats } from './kernels.js';
 import { weightGradPartNumel } from './matmul_tiles.js';
+import { mmaAttentionFits } from './mma_attention.js';
 import { ropeTable } from './rope.js';
 import { tokenBuckets, tokenBucketsNumel } from './token_buckets.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
@@ -22,7 +23,10 @@ const bindLimit = (limits) => Math.min(limits.maxStorageBufferBindingSize, limit
 export function activationShapes(config, B, T, limits = null, mixed = false) {
   const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
   const N = B * T;
-  const ds = attentionDsNumel(B, T, H);
+  // Where the fp32 kernels take dS through memory, mixed attention on the matrix units does too,
+  // in f16 (mma_attention.js): half the words.
+  const dsF32 = attentionDsNumel(B, T, H);
+  const ds = mixed && dsF32 > 4 && mmaAttentionFits(T, C / H) ? (B * H * T * T) / 2 : dsF32;
   const dsBinds = !limits || ds * 4 <= bindLimit(limits);
   return [
     ['tokens', N, null], ['targets', N, null],       // [B, T] u32
@@ -42,7 +46,7 @@ export function activationShapes(config, B, T, limits = null, mixed = false) {
     ['rope', T * (C / H), null],                      // [T, D/2, 2] cos, sin
     ['dres', N * C, null], ['dn', N * C, null], ['datt', N * C, null],   // backward scratch
     ['dqkv', N * 3 * C, null], ['delta', B * H * T, null],
-    ['attnDs', dsBinds ? ds : 4, null],              // [B, H, T, T+] attention dS (kernels.js)
+    ['attnDs', dsBinds ? ds : 4, null],              // [B, H, T, T+] attention dS (kernels.js; f16 [B, H, T, T] mixed)
     ['dh', N * F, null], ['dgu', N * 2 * F, null],
     ['gainPart', gainPartialNumel(N, C), null],      // norm-gain gradient partial sums
     // split-K partials of the weight gradients: the [out, in] shapes of the backward's five
