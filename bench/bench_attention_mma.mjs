@@ -9,8 +9,7 @@
 
 import { dawnContext, repo, timeCandidates } from './dawn.mjs';
 
-const { Kernels } = await import(`${repo}/static/js/engine/kernels.js`);
-const { attentionDsNumel } = await import(`${repo}/static/js/engine/kernels.js`);
+const { Kernels, attentionDsNumel } = await import(`${repo}/static/js/engine/kernels.js`);
 const { readBuffer, storageBuffer } = await import(`${repo}/static/js/engine/gpu.js`);
 const { encodeOps, releaseOps } = await import(`${repo}/static/js/engine/ops.js`);
 
