@@ -6,6 +6,7 @@
 
 import { checked } from './gpu.js';
 import { WIDE_BIG, WIDE_BIG_BYTES, matmulShape, weightGradSplit } from './matmul_tiles.js';
+import { mmaAttentionFits } from './mma_attention.js';
 import { MmaOps, mmaGemm } from './mma_ops.js';
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
 
@@ -44,10 +45,18 @@ const ATTENTION_BLOCK = 64;
 export const lossFloats = (N) => 3 * N + 4;
 
 /** Floats of the attention backward's dS buffer: [B, H, T, T rounded up to 4] for the tiled
- *  kernels, 4 (bound, unused) for the row kernels below ATTENTION_TILED_T. */
-export function attentionDsNumel(B, T, H) {
-  return T < ATTENTION_TILED_T ? 4 : B * H * T * 4 * cdiv(T, 4);
+ *  kernels, 4 (bound, unused) for the row kernels below ATTENTION_TILED_T. mixedD: a mixed
+ *  model's head dim; where its attention runs on the matrix units (mma_attention.js), dS is
+ *  [B, H, T, T] f16, half the floats. */
+export function attentionDsNumel(B, T, H, mixedD = 0) {
+  if (T < ATTENTION_TILED_T) return 4;
+  if (mixedD && mmaAttentionFits(T, mixedD)) return (B * H * T * T) / 2;
+  return B * H * T * 4 * cdiv(T, 4);
 }
+
+/** qkv and dy bound a second time as vec4 arrays, for the tiled attention kernels (read when
+ *  D % 4 == 0; a dy smaller than one vec4 cannot be, so qkv stands in for it otherwise). */
+const attentionVec4s = (qkv, dy, D) => ({ qkv4: qkv, dy4: D % 4 === 0 ? dy : qkv });
 
 /** Scratch floats the norm-gain gradient needs for N rows of C channels. */
 export const gainPartialNumel = (N, C) => cdiv(N, GAIN_ROWS) * C;
@@ -215,19 +224,28 @@ export class Kernels {
       { qkv, y, lse, qkv4: qkv }, grid1d(B * H * cdiv(T, ATTENTION_BLOCK)), 'attention');
   }
 
+  /** delta[B, H, T] = dO . y: the tiled backward's first pass (c: its pipeline constants). */
+  attentionDelta({ qkv, y, dy, delta, B, T, H, D }, dims, c) {
+    return this.op('10_attention_backward.wgsl', 'attention_backward_delta', c, dims,
+      { qkv, y, dy, delta, ...attentionVec4s(qkv, dy, D) },
+      grid1d(B * H * cdiv(T, ATTENTION_BLOCK)), 'attention_backward_delta');
+  }
+
   /** dqkv[B, T, 3C] (and delta[B, H, T]) from the forward's qkv, y, lse and dy. ds: the dS
-   *  buffer, attentionDsNumel(B, T, H) floats to take dS through memory (dq then skips the
-   *  scores), or 4 floats where the adapter cannot bind that many: both give the same bits. */
+   *  buffer, attentionDsNumel(B, T, H) floats (with the head dim for a mixed model) to take dS
+   *  through memory (dq then skips the scores), or 4 floats where the adapter cannot bind that
+   *  many: both give the same bits. */
   attentionBackward({ qkv, y, dy, lse, delta, dqkv, ds, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);
     // Mixed: delta as below, then dq and dk/dv on the matrix units (mma_attention.js) where the
     // shape fits.
     if (this.mma?.attentionFits(T, D)) {
+      const viaDs = T >= ATTENTION_TILED_T && ds.size >= 4 * attentionDsNumel(B, T, H, D);
       return Promise.all([
-        this.op('10_attention_backward.wgsl', 'attention_backward_delta',
-          { BLK: ATTENTION_BLOCK, HD: D, DS: 0 }, dims, { qkv, y, dy, delta, qkv4: qkv, dy4: dy },
-          grid1d(B * H * cdiv(T, ATTENTION_BLOCK)), 'attention_backward_delta'),
-        this.mma.attentionBackward({ qkv, dy, lse, delta, dqkv, ds, B, T, H, D }, dims),
+        this.attentionDelta({ qkv, y, dy, delta, B, T, H, D }, dims,
+          { BLK: ATTENTION_BLOCK, HD: D, DS: 0 }),
+        this.mma.attentionBackward({ qkv, dy, lse, delta, dqkv, ds: viaDs ? ds : null,
+          B, T, H, D }, dims),
       ]).then((ops) => ops.flat());
     }
     if (T < ATTENTION_TILED_T) {
@@ -240,10 +258,7 @@ export class Kernels {
         this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
       ]);
     }
-    // qkv and dy are bound a second time as vec4 arrays (read when D % 4 == 0; a dy smaller than
-    // one vec4 cannot be, so qkv stands in for it otherwise).
-    const vec4s = { qkv4: qkv, dy4: D % 4 === 0 ? dy : qkv };
-    const res = { qkv, y, dy, lse, delta, dqkv, ...vec4s, ds4: ds };
+    const res = { qkv, y, dy, lse, delta, dqkv, ...attentionVec4s(qkv, dy, D), ds4: ds };
     const file = '10_attention_backward.wgsl';
     const grid = grid1d(B * H * cdiv(T, ATTENTION_BLOCK));
     if (ds.size >= 4 * attentionDsNumel(B, T, H)) {
@@ -251,8 +266,7 @@ export class Kernels {
       // from dS
       const c = { BLK: ATTENTION_BLOCK, HD: D, DS: 1 };
       return Promise.all([
-        this.op(file, 'attention_backward_delta', c, dims, { qkv, y, dy, delta, ...vec4s }, grid,
-          'attention_backward_delta'),
+        this.attentionDelta({ qkv, y, dy, delta, B, T, H, D }, dims, c),
         this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
         this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
       ]);

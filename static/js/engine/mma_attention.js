@@ -47,15 +47,39 @@ export function mmaAttentionFits(T, D) {
   return T % ROWS === 0 && D % 16 === 0 && D >= 16 && D <= 64;
 }
 
+// Each kernel's workgroup arrays at head dim D: [name, element type, elements, what it holds].
+// The shaders declare exactly these (declare) and the support check sums them (mmaAttentionBytes).
+const ARRAYS = {
+  forward: (D) => [
+    ['sk', 'f16', ROWS * (D + PAD_H), 'q (first), then each key block\'s k'],
+    ['sv', 'f16', ROWS * (D + PAD_H), 'the key block\'s v'],
+    ['ss', 'f32', ROWS * (KEYS + PAD_F), 'scores, then P v, [row][key or dim]'],
+    ['sp', 'f16', ROWS * (KEYS + PAD_H), 'P [row][key]'],
+    ['sx', 'f32', THREADS, 'lane pairs\' partial row max, then row sums']],
+  dq: (D) => [
+    ['sk', 'f16', ROWS * (D + PAD_H), 'q, dO (first), then each block\'s k'],
+    ['sv', 'f16', ROWS * (D + PAD_H), 'the key block\'s v'],
+    ['ss', 'f32', ROWS * (KEYS + PAD_F), 'scores, then dO v^T, [query][key]'],
+    ['sp', 'f16', ROWS * (KEYS + PAD_H), 'scale * dS [query][key]']],
+  dkdv: (D) => [
+    ['skv', 'f16', ROWS * (D + PAD_H), 'the block\'s k, then its v (once)'],
+    ['sq', 'f16', QCHUNK * (D + PAD_H), 'the chunk\'s q'],
+    ['sdo', 'f16', QCHUNK * (D + PAD_H), 'the chunk\'s dO'],
+    ['ss', 'f32', ROWS * (QCHUNK + PAD_F), 'S^T, then dP^T [key][query]'],
+    ['sp', 'f16', ROWS * (QCHUNK + PAD_H), 'P^T [key][query]'],
+    ['sd', 'f16', ROWS * (QCHUNK + PAD_H), 'scale * dS^T [key][query]'],
+    ['sl', 'f32', QCHUNK, 'the chunk\'s lse'],
+    ['sdel', 'f32', QCHUNK, 'the chunk\'s delta']],
+  dqFromDs: (D) => [['sk', 'f16', KEYS * (D + PAD_H), 'the key block\'s k']],
+};
+
+const declare = (arrays) => arrays.map(([name, type, n, what]) =>
+  `var<workgroup> ${name}: array<${type}, ${n}>;   // ${what}`).join('\n');
+
 /** Workgroup memory of each kernel at head dim D, in bytes. */
 export function mmaAttentionBytes(D) {
-  const ldh = D + PAD_H;
-  return {
-    forward: 2 * 2 * ROWS * ldh + 4 * ROWS * (KEYS + PAD_F) + 2 * ROWS * (KEYS + PAD_H) + 4 * THREADS,
-    dq: 2 * 2 * ROWS * ldh + 4 * ROWS * (KEYS + PAD_F) + 2 * ROWS * (KEYS + PAD_H),
-    dkdv: 2 * ROWS * ldh + 2 * 2 * QCHUNK * ldh + 4 * ROWS * (QCHUNK + PAD_F)
-      + 2 * 2 * ROWS * (QCHUNK + PAD_H) + 2 * 4 * QCHUNK,
-  };
+  return Object.fromEntries(Object.entries(ARRAYS).map(([kernel, arrays]) =>
+    [kernel, arrays(D).reduce((a, [, type, n]) => a + (type === 'f16' ? 2 : 4) * n, 0)]));
 }
 
 /** The matrix load and store builtins in `syntax`'s spelling (mma.js); stores row-major. */
@@ -111,13 +135,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let r = 16u * sg + lane / 2u;`;
 }
 
-// Rows r0 .. r0 + rows - 1 of a head's block (row t at element base + t * stride of the vec4
-// array src) rounded to f16 into dst[rows][LDH].
+// Staging a head's rows: row t at element base + t * stride of the vec4 array src; the thread's
+// vec4 i of rows r0 .. (HV vec4s a row) goes, rounded to f16, to dst[(i / HV) * LDH + 4 (i % HV)].
+const rowVec4 = (src, base, stride, r0, i) =>
+  `${src}[(${base} + (${r0} + ${i} / HV) * ${stride}) / 4u + ${i} % HV]`;
+const slotOf = (i) => `let o = (${i} / HV) * LDH + 4u * (${i} % HV);`;
+const halves = (dst) => `${dst}[o] = x.x; ${dst}[o + 1u] = x.y; ${dst}[o + 2u] = x.z; ${dst}[o + 3u] = x.w;`;
+
+// Rows r0 .. r0 + rows - 1 into dst[rows][LDH], in one loop (loads then stores).
 function stage(dst, src, base, stride, r0, rows) {
   return `for (var i = tid; i < ${rows}u * HV; i += ${THREADS}u) {
-    let x = vec4<f16>(${src}[(${base} + (${r0} + i / HV) * ${stride}) / 4u + i % HV]);
-    let o = (i / HV) * LDH + 4u * (i % HV);
-    ${dst}[o] = x.x; ${dst}[o + 1u] = x.y; ${dst}[o + 2u] = x.z; ${dst}[o + 3u] = x.w;
+    let x = vec4<f16>(${rowVec4(src, base, stride, r0, 'i')});
+    ${slotOf('i')}
+    ${halves(dst)}
   }`;
 }
 
@@ -129,9 +159,9 @@ function stager(name, dst, src, base, stride, rows, D) {
   const at = (i) => `(tid + ${i * THREADS}u)`;
   return {
     regs: rep(n, (i) => `var ${name}${i}: vec4<f32>;`),
-    fetch: (r0) => rep(n, (i) => `${name}${i} = ${src}[(${base} + (${r0} + ${at(i)} / HV) * ${stride}) / 4u + ${at(i)} % HV];`),
-    put: rep(n, (i) => `{ let o = (${at(i)} / HV) * LDH + 4u * (${at(i)} % HV); let x = vec4<f16>(${name}${i});
-    ${dst}[o] = x.x; ${dst}[o + 1u] = x.y; ${dst}[o + 2u] = x.z; ${dst}[o + 3u] = x.w; }`),
+    fetch: (r0) => rep(n, (i) => `${name}${i} = ${rowVec4(src, base, stride, r0, at(i))};`),
+    put: rep(n, (i) => `{ ${slotOf(at(i))} let x = vec4<f16>(${name}${i});
+    ${halves(dst)} }`),
   };
 }
 
@@ -155,44 +185,54 @@ function walk(stagers, { head, first, next, more, pre = '', alsoPut = '' }) {
     }`;
 }
 
+/** Lines loading this subgroup's 16 rows of `buf` ([rows][LDH] f16) as left operands
+ *  `name`0 .. (one per 16 head dims). */
+const rowMatrices = (ld, name, buf, D) => rep(D / 16, (d) =>
+  `let ${name}${d} = ${ld(L, `&${buf}`, `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`);
+
+/** Score-like tiles of this subgroup's 16 rows against `cols` rows of `src` ([rows][LDH] f16,
+ *  read transposed as the right operand): sum over the head dims of left`d` src^T, each 16-wide
+ *  tile stored to `ss` ([row][column], row stride lds). */
+const scoreTiles = ({ ld, st }, left, src, cols, lds, D) => rep(cols / 16, (j) => `{ var s = ${C}();
+    ${rep(D / 16, (d) => `s = subgroupMatrixMultiplyAccumulate(${left}${d}, ${ld(R, `&${src}`, `${16 * j}u * LDH + ${16 * d}u`, true, 'LDH')}, s);`)}
+    ${st('&ss', `16u * sg * ${lds}u + ${16 * j}u`, 's', `${lds}u`)} }`);
+
+/** acc += this subgroup's 16 rows of `left` ([row][k] f16, row stride ldp) times head dims
+ *  16 dj .. of `right` ([k][LDH] f16), over k in 16-wide steps, nk of them. */
+const tileProduct = ({ ld }, acc, left, ldp, right, nk, dj) => rep(nk, (kk) =>
+  `${acc} = subgroupMatrixMultiplyAccumulate(${ld(L, `&${left}`, `16u * sg * ${ldp}u + ${16 * kk}u`, false, `${ldp}u`)}, ${ld(R, `&${right}`, `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, ${acc});`);
+
 /** WGSL of the forward: y, lse. */
 export function attentionForwardShader(D, syntax = 'template') {
   const ND = D / 16;
   const OH = D / 2;         // output dims per lane
   const LDS = KEYS + PAD_F;
   const LDP = KEYS + PAD_H;
-  const { ld, st } = builtins(syntax);
+  const b = builtins(syntax);
   const K = stager('kr', 'sk', 'qkv', 'kbase', 'row3', KEYS, D);
   const V = stager('vr', 'sv', 'qkv', 'vbase', 'row3', KEYS, D);
-  const scores = rep(4, (j) => `{ var s = ${C}();
-    ${rep(ND, (d) => `s = subgroupMatrixMultiplyAccumulate(qm${d}, ${ld(R, '&sk', `${16 * j}u * LDH + ${16 * d}u`, true, 'LDH')}, s);`)}
-    ${st('&ss', `16u * sg * ${LDS}u + ${16 * j}u`, 's', `${LDS}u`)} }`);
   const pv = rep(ND, (dj) => `{ var a = ${C}();
-    ${rep(KEYS / 16, (kk) => `a = subgroupMatrixMultiplyAccumulate(${ld(L, '&sp', `16u * sg * ${LDP}u + ${16 * kk}u`, false, `${LDP}u`)}, ${ld(R, '&sv', `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, a);`)}
-    ${st('&ss', `16u * sg * ${LDS}u + ${16 * dj}u`, 'a', `${LDS}u`)} }`);
+    ${tileProduct(b, 'a', 'sp', LDP, 'sv', KEYS / 16, dj)}
+    ${b.st('&ss', `16u * sg * ${LDS}u + ${16 * dj}u`, 'a', `${LDS}u`)} }`);
   return `${header(D)}
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;   // [B, T, 3C]
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;   // [B, T, C]
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;    // [B, H, T]
 
-var<workgroup> sk: array<f16, ${ROWS * (D + PAD_H)}>;   // q (first), then each key block's k
-var<workgroup> sv: array<f16, ${ROWS * (D + PAD_H)}>;   // the key block's v
-var<workgroup> ss: array<f32, ${ROWS * LDS}>;   // scores, then P v, [row][key or dim]
-var<workgroup> sp: array<f16, ${ROWS * LDP}>;   // P [row][key]
-var<workgroup> sx: array<f32, ${THREADS}>;      // lane pairs' partial row max, then row sums
+${declare(ARRAYS.forward(D))}
 
 ${entry(true)}
   let q0 = blk * ${ROWS}u;
   let t = q0 + r;   // this lane's query
   ${stage('sk', 'qkv', 'qbase', 'row3', 'q0', ROWS)}
   workgroupBarrier();
-  ${rep(ND, (d) => `let qm${d} = ${ld(L, '&sk', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
+  ${rowMatrices(b.ld, 'qm', 'sk', D)}
   var m = -3.0e38;     // running row max (scaled scores)
   var l = 0.0;         // running sum of this lane's columns
   ${rep(OH, (i) => `var o${i} = 0.0;`)}
   ${walk([K, V], { head: 'var kb = 0u; kb <= blk; kb++', pre: `let k0 = kb * ${KEYS}u;`,
     first: '0u', next: `k0 + ${KEYS}u`, more: 'kb < blk' })}
-    ${scores}
+    ${scoreTiles(b, 'qm', 'sk', KEYS, LDS, D)}
     workgroupBarrier();
     // This lane's 32 keys k0 + 32 half + i: scaled, masked past the query.
     let sr = r * ${LDS}u + 32u * half;
@@ -232,14 +272,9 @@ export function attentionDqShader(D, syntax = 'template') {
   const ND = D / 16;
   const LDS = KEYS + PAD_F;
   const LDP = KEYS + PAD_H;
-  const { ld, st } = builtins(syntax);
+  const b = builtins(syntax);
   const K = stager('kr', 'sk', 'qkv', 'kbase', 'row3', KEYS, D);
   const V = stager('vr', 'sv', 'qkv', 'vbase', 'row3', KEYS, D);
-  // S (from q) or dP (from dO) tiles of this subgroup's rows against the key block (k or v
-  // staged in `src`, read as the transposed right operand).
-  const product = (left, src) => rep(4, (j) => `{ var s = ${C}();
-    ${rep(ND, (d) => `s = subgroupMatrixMultiplyAccumulate(${left}${d}, ${ld(R, `&${src}`, `${16 * j}u * LDH + ${16 * d}u`, true, 'LDH')}, s);`)}
-    ${st('&ss', `16u * sg * ${LDS}u + ${16 * j}u`, 's', `${LDS}u`)} }`);
   return `${header(D)}
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;   // [B, T, 3C]
 @group(0) @binding(2) var<storage, read> dy: array<vec4<f32>>;    // [B, T, C]
@@ -247,10 +282,7 @@ export function attentionDqShader(D, syntax = 'template') {
 @group(0) @binding(4) var<storage, read> delta: array<f32>;       // [B, H, T]
 @group(0) @binding(5) var<storage, read_write> dqkv: array<f32>;  // [B, T, 3C]
 
-var<workgroup> sk: array<f16, ${ROWS * (D + PAD_H)}>;   // q, dO (first), then each block's k
-var<workgroup> sv: array<f16, ${ROWS * (D + PAD_H)}>;   // the key block's v
-var<workgroup> ss: array<f32, ${ROWS * LDS}>;   // scores, then dO v^T, [query][key]
-var<workgroup> sp: array<f16, ${ROWS * LDP}>;   // scale * dS [query][key]
+${declare(ARRAYS.dq(D))}
 
 ${entry(true)}
   let q0 = blk * ${ROWS}u;
@@ -260,26 +292,26 @@ ${entry(true)}
   ${stage('sk', 'qkv', 'qbase', 'row3', 'q0', ROWS)}
   ${stage('sv', 'dy', 'obase', 'dims.C', 'q0', ROWS)}
   workgroupBarrier();
-  ${rep(ND, (d) => `let qm${d} = ${ld(L, '&sk', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
-  ${rep(ND, (d) => `let gm${d} = ${ld(L, '&sv', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
+  ${rowMatrices(b.ld, 'qm', 'sk', D)}
+  ${rowMatrices(b.ld, 'gm', 'sv', D)}
   ${rep(ND, (d) => `var dq${d} = ${C}();`)}
   ${walk([K, V], { head: 'var kb = 0u; kb <= blk; kb++', pre: `let k0 = kb * ${KEYS}u;`,
     first: '0u', next: `k0 + ${KEYS}u`, more: 'kb < blk' })}
-    ${product('qm', 'sk')}
+    ${scoreTiles(b, 'qm', 'sk', KEYS, LDS, D)}   // S
     workgroupBarrier();
     let sr = r * ${LDS}u + 32u * half;
     let kc = k0 + 32u * half;
     ${rep(32, (i) => `let p${i} = select(exp(ss[sr + ${i}u] * dims.scale - lse_t), 0.0, kc + ${i}u > t);`)}
     workgroupBarrier();   // the scores are read: ss takes dO v^T
-    ${product('gm', 'sv')}
+    ${scoreTiles(b, 'gm', 'sv', KEYS, LDS, D)}   // dP
     workgroupBarrier();
     let pr = r * ${LDP}u + 32u * half;
     ${rep(32, (i) => `sp[pr + ${i}u] = f16(p${i} * (ss[sr + ${i}u] - delta_t) * dims.scale);`)}
     workgroupBarrier();
-    ${rep(ND, (dj) => rep(KEYS / 16, (kk) => `dq${dj} = subgroupMatrixMultiplyAccumulate(${ld(L, '&sp', `16u * sg * ${LDP}u + ${16 * kk}u`, false, `${LDP}u`)}, ${ld(R, '&sk', `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, dq${dj});`))}
+    ${rep(ND, (dj) => tileProduct(b, `dq${dj}`, 'sp', LDP, 'sk', KEYS / 16, dj))}
   }
   let out = qbase + (q0 + 16u * sg) * row3;
-  ${rep(ND, (d) => st('&dqkv', `out + ${16 * d}u`, `dq${d}`, 'row3'))}
+  ${rep(ND, (d) => b.st('&dqkv', `out + ${16 * d}u`, `dq${d}`, 'row3'))}
 }
 `;
 }
@@ -291,14 +323,10 @@ export function attentionDkdvShader(D, syntax = 'template', storeDs = false) {
   const NJ = QCHUNK / 16;
   const LDS = QCHUNK + PAD_F;
   const LDP = QCHUNK + PAD_H;
-  const { ld, st } = builtins(syntax);
+  const b = builtins(syntax);
   const Q = stager('qr', 'sq', 'qkv', 'qbase', 'row3', QCHUNK, D);
   const G = stager('gr', 'sdo', 'dy', 'obase', 'dims.C', QCHUNK, D);
-  // S^T (k against q) or dP^T (v against dO) tiles of this subgroup's keys against the chunk.
-  const product = (left, src) => rep(NJ, (j) => `{ var s = ${C}();
-    ${rep(ND, (d) => `s = subgroupMatrixMultiplyAccumulate(${left}${d}, ${ld(R, `&${src}`, `${16 * j}u * LDH + ${16 * d}u`, true, 'LDH')}, s);`)}
-    ${st('&ss', `16u * sg * ${LDS}u + ${16 * j}u`, 's', `${LDS}u`)} }`);
-  const acc = (name, left, right) => rep(ND, (dj) => rep(NJ, (kk) => `${name}${dj} = subgroupMatrixMultiplyAccumulate(${ld(L, `&${left}`, `16u * sg * ${LDP}u + ${16 * kk}u`, false, `${LDP}u`)}, ${ld(R, `&${right}`, `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, ${name}${dj});`));
+  const acc = (name, left, right) => rep(ND, (dj) => tileProduct(b, `${name}${dj}`, left, LDP, right, NJ, dj));
   const n = QCHUNK / 2;     // queries per lane
   return `${header(D)}
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;   // [B, T, 3C]
@@ -308,39 +336,32 @@ export function attentionDkdvShader(D, syntax = 'template', storeDs = false) {
 @group(0) @binding(5) var<storage, read_write> dqkv: array<f32>;  // [B, T, 3C]
 ${storeDs ? '@group(0) @binding(6) var<storage, read_write> ds: array<f16>;  // [B, H, T, T]: scale * dS' : ''}
 
-var<workgroup> skv: array<f16, ${ROWS * (D + PAD_H)}>;   // the block's k, then its v (once)
-var<workgroup> sq: array<f16, ${QCHUNK * (D + PAD_H)}>;   // the chunk's q
-var<workgroup> sdo: array<f16, ${QCHUNK * (D + PAD_H)}>;  // the chunk's dO
-var<workgroup> ss: array<f32, ${ROWS * LDS}>;   // S^T, then dP^T [key][query]
-var<workgroup> sp: array<f16, ${ROWS * LDP}>;   // P^T [key][query]
-var<workgroup> sd: array<f16, ${ROWS * LDP}>;   // scale * dS^T [key][query]
-var<workgroup> sl: array<f32, ${QCHUNK}>;       // the chunk's lse
-var<workgroup> sdel: array<f32, ${QCHUNK}>;     // the chunk's delta
+${declare(ARRAYS.dkdv(D))}
 
 ${entry(false)}
   let k0 = blk * ${ROWS}u;
   let key = k0 + r;   // this lane's key
   ${stage('skv', 'qkv', 'kbase', 'row3', 'k0', ROWS)}
   workgroupBarrier();
-  ${rep(ND, (d) => `let km${d} = ${ld(L, '&skv', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
+  ${rowMatrices(b.ld, 'km', 'skv', D)}
   workgroupBarrier();
   ${stage('skv', 'qkv', 'vbase', 'row3', 'k0', ROWS)}
   workgroupBarrier();
-  ${rep(ND, (d) => `let vm${d} = ${ld(L, '&skv', `16u * sg * LDH + ${16 * d}u`, false, 'LDH')};`)}
+  ${rowMatrices(b.ld, 'vm', 'skv', D)}
   ${rep(ND, (d) => `var dk${d} = ${C}();`)}
   ${rep(ND, (d) => `var dv${d} = ${C}();`)}
   ${walk([Q, G], { head: `var c0 = k0; c0 < dims.T; c0 += ${QCHUNK}u`, first: 'k0',
     next: `c0 + ${QCHUNK}u`, more: `c0 + ${QCHUNK}u < dims.T`,
     alsoPut: `if (tid < ${QCHUNK}u) { sl[tid] = lse[hrow + c0 + tid]; }
     else if (tid < ${2 * QCHUNK}u) { sdel[tid - ${QCHUNK}u] = delta[hrow + c0 + tid - ${QCHUNK}u]; }` })}
-    ${product('km', 'sq')}
+    ${scoreTiles(b, 'km', 'sq', QCHUNK, LDS, D)}   // S^T
     workgroupBarrier();
     // This lane's queries c0 + ${n} half + i: P, zero where the query is before the key.
     let sr = r * ${LDS}u + ${n}u * half;
     let qc = ${n}u * half;
     ${rep(n, (i) => `let p${i} = select(exp(ss[sr + ${i}u] * dims.scale - sl[qc + ${i}u]), 0.0, c0 + qc + ${i}u < key);`)}
     workgroupBarrier();   // the scores are read: ss takes dP^T
-    ${product('vm', 'sdo')}
+    ${scoreTiles(b, 'vm', 'sdo', QCHUNK, LDS, D)}   // dP^T
     workgroupBarrier();
     let pr = r * ${LDP}u + qc;
     ${rep(n, (i) => `sp[pr + ${i}u] = f16(p${i}); sd[pr + ${i}u] = f16(p${i} * (ss[sr + ${i}u] - sdel[qc + ${i}u]) * dims.scale);`)}
@@ -348,11 +369,11 @@ ${entry(false)}
     ${acc('dv', 'sp', 'sdo')}
     ${acc('dk', 'sd', 'sq')}
     ${storeDs ? rep(NJ, (kk) => matrixStore(syntax, '&ds', `(hrow + c0 + ${16 * kk}u) * dims.T + k0 + 16u * sg`,
-    ld(L, '&sd', `16u * sg * ${LDP}u + ${16 * kk}u`, false, `${LDP}u`), true, 'dims.T')) : ''}
+    b.ld(L, '&sd', `16u * sg * ${LDP}u + ${16 * kk}u`, false, `${LDP}u`), true, 'dims.T')) : ''}
   }
   let out = qbase + (k0 + 16u * sg) * row3;
-  ${rep(ND, (d) => st('&dqkv', `out + dims.C + ${16 * d}u`, `dk${d}`, 'row3'))}
-  ${rep(ND, (d) => st('&dqkv', `out + 2u * dims.C + ${16 * d}u`, `dv${d}`, 'row3'))}
+  ${rep(ND, (d) => b.st('&dqkv', `out + dims.C + ${16 * d}u`, `dk${d}`, 'row3'))}
+  ${rep(ND, (d) => b.st('&dqkv', `out + 2u * dims.C + ${16 * d}u`, `dv${d}`, 'row3'))}
 }
 `;
 }
@@ -363,14 +384,14 @@ ${entry(false)}
  *  operands, with each key block of k. */
 export function attentionDqFromDsShader(D, syntax = 'template') {
   const ND = D / 16;
-  const { ld } = builtins(syntax);
+  const b = builtins(syntax);
   const K = stager('kr', 'sk', 'qkv', 'kbase', 'row3', KEYS, D);
   return `${header(D)}
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;   // [B, T, 3C]
 @group(0) @binding(2) var<storage, read> ds: array<f16>;          // [B, H, T, T]
 @group(0) @binding(3) var<storage, read_write> dqkv: array<f32>;  // [B, T, 3C]
 
-var<workgroup> sk: array<f16, ${KEYS * (D + PAD_H)}>;   // the key block's k
+${declare(ARRAYS.dqFromDs(D))}
 
 ${entry(true)}
   let q0 = blk * ${ROWS}u;
@@ -378,11 +399,11 @@ ${entry(true)}
   ${rep(ND, (d) => `var dq${d} = ${C}();`)}
   ${walk([K], { head: 'var kb = 0u; kb <= blk; kb++', pre: `let k0 = kb * ${KEYS}u;`,
     first: '0u', next: `k0 + ${KEYS}u`, more: 'kb < blk' })}
-    ${rep(KEYS / 16, (kk) => `{ let g = ${ld(L, '&ds', `dsrow + k0 + ${16 * kk}u`, false, 'dims.T')};
-    ${rep(ND, (dj) => `dq${dj} = subgroupMatrixMultiplyAccumulate(g, ${ld(R, '&sk', `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, dq${dj});`)} }`)}
+    ${rep(KEYS / 16, (kk) => `{ let g = ${b.ld(L, '&ds', `dsrow + k0 + ${16 * kk}u`, false, 'dims.T')};
+    ${rep(ND, (dj) => `dq${dj} = subgroupMatrixMultiplyAccumulate(g, ${b.ld(R, '&sk', `${16 * kk}u * LDH + ${16 * dj}u`, false, 'LDH')}, dq${dj});`)} }`)}
   }
   let out = qbase + (q0 + 16u * sg) * row3;
-  ${rep(ND, (d) => matrixStore(syntax, '&dqkv', `out + ${16 * d}u`, `dq${d}`, false, 'row3'))}
+  ${rep(ND, (d) => b.st('&dqkv', `out + ${16 * d}u`, `dq${d}`, 'row3'))}
 }
 `;
 }

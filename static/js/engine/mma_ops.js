@@ -114,38 +114,38 @@ export class MmaOps {
     return mmaAttentionFits(T, D) && Math.max(...Object.values(mmaAttentionBytes(D))) <= wgMem;
   }
 
-  /** The forward's op: y[B, T, C], lse[B, H, T] (dims: Kernels.attentionDims). */
-  async attention({ qkv, y, lse, B, T, H, D }, dims) {
-    const pipe = await this.pipeline(`mma attention D${D}`,
-      (syntax) => attentionForwardShader(D, syntax));
-    const op = await this.kernels.opOf(pipe, 'dims', dims, { qkv, y, lse },
-      grid1d(B * H * (T / 64)), 'attention');
-    return { ...op, file: 'mma_attention.js', entry: 'forward' };
+  /** The op of attention kernel `entry` (mma_attention.js `source(D, syntax)`; `variant` tells
+   *  its pipelines apart), one workgroup per 64-row block (dims: Kernels.attentionDims). */
+  async attentionOp(entry, variant, source, resources, { B, T, H, D }, dims, label) {
+    const pipe = await this.pipeline(`mma attention ${entry}${variant} D${D}`,
+      (syntax) => source(D, syntax));
+    const op = await this.kernels.opOf(pipe, 'dims', dims, resources, grid1d(B * H * (T / 64)),
+      label);
+    return { ...op, file: 'mma_attention.js', entry };
+  }
+
+  /** The forward's op: y[B, T, C], lse[B, H, T]. */
+  attention({ qkv, y, lse, ...shape }, dims) {
+    return this.attentionOp('forward', '', attentionForwardShader, { qkv, y, lse }, shape, dims,
+      'attention');
   }
 
   /** The backward's ops after delta (10_attention_backward's attention_backward_delta: dO . y in
-   *  f32), into dqkv. Where ds holds scale * dS in f16 (B H T T halves), dk/dv store it and dq
-   *  reads it (as the fp32 kernels' DS path does); else dq recomputes it. Both give dq the same
-   *  bits. */
-  async attentionBackward({ qkv, dy, lse, delta, dqkv, ds, B, T, H, D }, dims) {
-    const grid = grid1d(B * H * (T / 64));
+   *  f32), into dqkv. With ds (scale * dS in f16, B H T T halves: Kernels.attentionBackward
+   *  passes it where it holds them), dk/dv store dS and dq reads it (as the fp32 kernels' DS path
+   *  does); else dq recomputes it. Both give dq the same bits. */
+  attentionBackward({ qkv, dy, lse, delta, dqkv, ds, ...shape }, dims) {
     const res = { qkv, dy, lse, delta, dqkv };
-    const launchOf = async (entry, key, source, resources) => {
-      const pipe = await this.pipeline(`mma attention ${key} D${D}`, source);
-      const op = await this.kernels.opOf(pipe, 'dims', dims, resources, grid,
-        `attention_backward_${entry}`);
-      return { ...op, file: 'mma_attention.js', entry };
-    };
-    if (ds.size >= 2 * B * H * T * T) {
+    const op = (entry, variant, source, resources) => this.attentionOp(entry, variant, source,
+      resources, shape, dims, `attention_backward_${entry}`);
+    if (ds) {
       return Promise.all([
-        launchOf('dkdv', 'dkdv ds', (sx) => attentionDkdvShader(D, sx, true), { ...res, ds }),
-        launchOf('dq', 'dq from ds', (sx) => attentionDqFromDsShader(D, sx), { qkv, ds, dqkv }),
+        op('dkdv', ' ds', (D, syntax) => attentionDkdvShader(D, syntax, true), { ...res, ds }),
+        op('dq', ' from ds', attentionDqFromDsShader, { qkv, ds, dqkv }),
       ]);
     }
-    return Promise.all([
-      launchOf('dq', 'dq', (sx) => attentionDqShader(D, sx), res),
-      launchOf('dkdv', 'dkdv', (sx) => attentionDkdvShader(D, sx), res),
-    ]);
+    return Promise.all([op('dq', '', attentionDqShader, res),
+      op('dkdv', '', attentionDkdvShader, res)]);
   }
 
   /** {op, splits}: the mixed-precision C[R, S] (= or += with accum) over INNER, A [R, INNER]

@@ -8,7 +8,6 @@
 import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels, attentionDsNumel, gainPartialNumel, lossFloats } from './kernels.js';
 import { weightGradPartNumel } from './matmul_tiles.js';
-import { mmaAttentionFits } from './mma_attention.js';
 import { ropeTable } from './rope.js';
 import { tokenBuckets, tokenBucketsNumel } from './token_buckets.js';
 import { copyOp, encodeOps, releaseOps, view } from './ops.js';
@@ -23,10 +22,7 @@ const bindLimit = (limits) => Math.min(limits.maxStorageBufferBindingSize, limit
 export function activationShapes(config, B, T, limits = null, mixed = false) {
   const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
   const N = B * T;
-  // Where the fp32 kernels take dS through memory, mixed attention on the matrix units does too,
-  // in f16 (mma_attention.js): half the words.
-  const dsF32 = attentionDsNumel(B, T, H);
-  const ds = mixed && dsF32 > 4 && mmaAttentionFits(T, C / H) ? (B * H * T * T) / 2 : dsF32;
+  const ds = attentionDsNumel(B, T, H, mixed ? C / H : 0);
   const dsBinds = !limits || ds * 4 <= bindLimit(limits);
   return [
     ['tokens', N, null], ['targets', N, null],       // [B, T] u32
