@@ -36,7 +36,7 @@ function summary(recs) {
   const evals = recs.filter((r) => r.eval_loss !== undefined);
   const best = evals.reduce((b, r) => (r.eval_loss < b.eval_loss ? r : b), evals[0]);
   const last = evals[evals.length - 1];
-  // The trend at the end: eval loss of the last 4 evals (steps 850-1000) against the 4 before.
+  // The trend at the end: eval loss of the last 4 evals (steps 850-1000 of 1000) against the 4 before.
   const mean = (xs) => xs.reduce((a, x) => a + x, 0) / xs.length;
   const e = evals.map((r) => r.eval_loss);
   return {
@@ -55,7 +55,7 @@ function report(dir) {
   const pct = (a, b) => `${(100 * (a / b - 1)).toFixed(2).padStart(6)}%`;
   console.log(`${runs[0]?.preset} B ${runs[0]?.batch_size} T ${runs[0]?.seq_len} ${runs[0]?.steps} steps, ` +
     `corpus ${runs[0]?.corpus_hash}, ${runs[0]?.adapter}`);
-  console.log('run'.padEnd(28) + 'final train  best eval (step)  final eval  eval 650-800 -> 850-1000  s');
+  console.log('run'.padEnd(28) + 'final train  best eval (step)  final eval  evals: 4 before -> last 4  s');
   for (const [k, s] of S) {
     console.log(`${k.padEnd(28)}${s.final_train.toFixed(4).padStart(11)}  ${s.best_eval.toFixed(4)} (${String(s.best_eval_step).padStart(4)})` +
       `  ${s.final_eval.toFixed(4).padStart(10)}  ${s.eval_before.toFixed(4)} -> ${s.eval_late.toFixed(4)}  ${s.run.seconds.toFixed(0).padStart(4)}`);

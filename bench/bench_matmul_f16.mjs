@@ -37,7 +37,7 @@ const VARIANTS = Object.entries(JSON.parse(fs.readFileSync(new URL('./mma_varian
 const variants = opt('--variant-ids', null)
   ? VARIANTS.filter((v) => opt('--variant-ids').split(',').includes(v.id)) : VARIANTS;
 const describe = (p) => `${p.BM}x${p.BN} ${p.sgm}x${p.sgn}sg ${p.tm}x${p.tn}t k${p.bk} ` +
-  `b${p.nbuf}${p.pad ? '' : ' pad0'} ${p.input}`;
+  `b${p.nbuf}${p.unroll ? 'u' : ''}${p.pad ? '' : ' pad0'} ${p.input}`;
 
 const toggles = (opt('--toggles', '') || '').split(',').filter(Boolean);
 const ctx = await dawnContext({ exactTimestamps: true, toggles, mixed: true });

@@ -122,7 +122,7 @@ export function matrixStore(syntax, ptr, off, v, colMajor, stride) {
     : `subgroupMatrixStore(${ptr}, ${off}, ${v}, ${colMajor}, ${stride});`;
 }
 
-/** The WGSL of variant `v` ({sgm, sgn, tm, tn, bk, aT, bT, pad?, nbuf?, input?}). */
+/** The WGSL of variant `v` ({sgm, sgn, tm, tn, bk, aT, bT, pad?, nbuf?, unroll?, input?}). */
 export function mmaShader(v) {
   const p = mmaPlan(v);
   const { BM, BN, bk, tm, tn, LDA, LDB, SA, SB } = p;
@@ -167,7 +167,33 @@ export function mmaShader(v) {
     }
   }
   const next = p.nbuf === 2 ? '1u - cur' : '0u';
-  const loop = p.nbuf === 2 ? `
+  // unroll (nbuf 2): the loop body is two slices, one per buffer, each with `cur` a const, so
+  // every fragment's workgroup offset is a constant plus the subgroup's own (as with nbuf 1).
+  const half = (cur, k) => `{ const cur = ${cur}u;
+      let more = ${k} + ${bk}u < kEnd;
+      if (more) {
+        ${a.fetch(`(${k} + ${bk}u)`).join('\n        ')}
+        ${b.fetch(`(${k} + ${bk}u)`).join('\n        ')}
+      }
+      ${math.join('\n      ')}
+      if (more) {
+        let abuf = ${(1 - cur) * SA}u; let bbuf = ${(1 - cur) * SB}u;
+        ${a.put.join('\n        ')}
+        ${b.put.join('\n        ')}
+      }
+      workgroupBarrier(); }`;
+  const loop = p.nbuf === 2 && p.unroll ? `
+  ${a.fetch('kBeg').join('\n  ')}
+  ${b.fetch('kBeg').join('\n  ')}
+  { let abuf = 0u; let bbuf = 0u;
+    ${a.put.join('\n    ')}
+    ${b.put.join('\n    ')} }
+  workgroupBarrier();
+  for (var k0 = kBeg; k0 < kEnd; k0 += ${2 * bk}u) {
+    ${half(0, 'k0')}
+    if (k0 + ${bk}u >= kEnd) { break; }
+    ${half(1, `(k0 + ${bk}u)`)}
+  }` : p.nbuf === 2 ? `
   ${a.fetch('kBeg').join('\n  ')}
   ${b.fetch('kBeg').join('\n  ')}
   { let abuf = 0u; let bbuf = 0u;
