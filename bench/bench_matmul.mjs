@@ -51,7 +51,7 @@ const constsOf = (v) => (v.entry === 'main' ? { TG: v.TG, BK: v.BK } : { WX: v.W
 const toggles = opt('--toggles', '');
 const ctx = await dawnContext({ exactTimestamps: true, toggles: toggles ? toggles.split(',') : [] });
 const { device, lib } = ctx;
-const kernels = new Kernels(device, lib, { maxHeadDim: 128 });
+const kernels = new Kernels(device, lib, { maxHeadDim: 128, software: ctx.software });
 const adapter = [ctx.info.vendor, ctx.info.architecture, ctx.info.description].filter(Boolean).join(' ');
 
 const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;

@@ -8,7 +8,8 @@
 //   @binding(3) y  : array<f32>  [M, N]   y = x @ W^T, or y += x @ W^T with ACCUM
 //                                         (ACCUM adds into a residual stream copied there first)
 // Dispatch: main: (ceil(N / TILE), ceil(M / TILE)) workgroups of TG x TG threads (TILE = 4 * TG);
-// main_wide: (ceil(N / (8 WX)), ceil(M / (8 WY))) workgroups of WX * WY threads.
+// main_wide: (ceil(N / (8 WX)), ceil(M / (8 WY))) workgroups of WX * WY threads; main_direct:
+// grid1d(ceil(ceil(M / 4) * ceil(N / 8) / DWG)) workgroups of DWG threads.
 
 override ACCUM: bool = false;
 override W_F16: bool = false;
@@ -23,15 +24,9 @@ const B_ALONG_R: bool = true;   // W[j, r]: rows of W are contiguous
 //#include "lib/matmul_core.wgsl"
 //#include "lib/weights.wgsl"
 
-fn load_a(i: u32, r: u32) -> f32 {
-  if (i >= mm.R || r >= mm.INNER) { return 0.0; }
-  return x[i * mm.INNER + r];
-}
+fn a_at(i: u32, r: u32) -> f32 { return x[i * mm.INNER + r]; }
 
-fn load_b(r: u32, j: u32) -> f32 {  // B(r, j) = W[j, r]
-  if (r >= mm.INNER || j >= mm.S) { return 0.0; }
-  return load_w(j * mm.INNER + r);
-}
+fn b_at(r: u32, j: u32) -> f32 { return load_w(j * mm.INNER + r); }   // B(r, j) = W[j, r]
 
 fn store_c(i: u32, j: u32, v: f32) {
   let o = i * mm.S + j;
@@ -46,4 +41,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 @compute @workgroup_size(WX * WY)
 fn main_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   matmul_wide(wid, t);
+}
+
+@compute @workgroup_size(DWG)
+fn main_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+  matmul_direct(gid, nwg);
 }

@@ -17,6 +17,7 @@
 //                                 MODE 2: part [splits, N, K] (=)
 // Dispatch: main: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads,
 // TILE = 4 * TG; main_wide: (ceil(S / (8 WX)), ceil(R / (8 WY)), splits) of WX * WY threads
+// main_direct: (grid1d(ceil(ceil(R / 4) * ceil(S / 8) / DWG)), splits) of DWG threads
 // (splits 1 unless MODE 2, whose mm.KCHUNK is the rows per split).
 //
 // add_partials: dW[o] += sum_z part[z * R * S + o]
@@ -41,14 +42,12 @@ const B_ALONG_R: bool = false;           // W[r, j] or x[r, j]: j is contiguous
 
 var<private> part_base: u32;   // MODE 2: this split's slice of part
 
-fn load_a(i: u32, r: u32) -> f32 {
-  if (i >= mm.R || r >= mm.INNER) { return 0.0; }
+fn a_at(i: u32, r: u32) -> f32 {
   if (MODE == 0u) { return dy[i * mm.INNER + r]; }   // dy[m = i, n = r], row stride N = INNER
   return dy[r * mm.R + i];                            // dy[m = r, n = i], row stride N = R
 }
 
-fn load_b(r: u32, j: u32) -> f32 {
-  if (r >= mm.INNER || j >= mm.S) { return 0.0; }
+fn b_at(r: u32, j: u32) -> f32 {
   if (MODE == 0u) { return load_w(r * mm.S + j); }    // W[n = r, k = j]
   return bitcast<f32>(w[r * mm.S + j]);               // x[m = r, k = j]
 }
@@ -70,6 +69,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 fn main_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   part_base = wid.z * mm.R * mm.S;
   matmul_wide(wid, t);
+}
+
+@compute @workgroup_size(DWG)
+fn main_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+  part_base = gid.z * mm.R * mm.S;
+  matmul_direct(gid, nwg);
 }
 
 @compute @workgroup_size(WG)

@@ -1,7 +1,7 @@
 // Register-tiled matmul core: out[R, S] = sum_r A(i, r) * B(r, j).
 // The including file defines the operand accessors and the store:
-//   fn load_a(i: u32, r: u32) -> f32    (returns 0 outside [R, INNER])
-//   fn load_b(r: u32, j: u32) -> f32    (returns 0 outside [INNER, S])
+//   fn a_at(i: u32, r: u32) -> f32      A(i, r), only called inside [R, INNER]
+//   fn b_at(r: u32, j: u32) -> f32      B(r, j), only called inside [INNER, S]
 //   fn store_c(i: u32, j: u32, v: f32)  (only called inside [R, S])
 //   A_ALONG_R, B_ALONG_R : bool         whether consecutive r are adjacent in memory for that
 //                                       operand (else consecutive i, resp. j, are); the tile fill
@@ -12,7 +12,8 @@
 // out with TG x TG threads, 4x4 outputs each (TILE = 4 * TG); the reduction dimension advances
 // BK at a time through workgroup memory.
 // Dispatch: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads.
-// Wide tile (matmul_wide, `main_wide`, for big problems): further below.
+// Wide tile (matmul_wide, `main_wide`, for big problems) and the direct kernel (matmul_direct,
+// `main_direct`, for software adapters): further below.
 
 override TG: u32 = 8u;       // threads per side of the workgroup (the includer's workgroup_size)
 override TILE: u32 = 4u * TG;
@@ -204,6 +205,17 @@ fn wide_put(buf: u32, a0k: vec2<u32>, a1k: vec2<u32>, b0k: vec2<u32>, b1k: vec2<
   if (b1live) { wide_b[(buf * WBK + b1k.x) * WBP + b1k.y] = b1; }
 }
 
+// A(i, r) and B(r, j), 0 outside the operands (the tiles' edges).
+fn load_a(i: u32, r: u32) -> f32 {
+  if (i >= mm.R || r >= mm.INNER) { return 0.0; }
+  return a_at(i, r);
+}
+
+fn load_b(r: u32, j: u32) -> f32 {
+  if (r >= mm.INNER || j >= mm.S) { return 0.0; }
+  return b_at(r, j);
+}
+
 // A(i..i+3, r) and B(r, j..j+3) as vec4s: one tile entry.
 fn load_a4(i: u32, r: u32) -> vec4<f32> {
   return vec4<f32>(load_a(i, r), load_a(i + 1u, r), load_a(i + 2u, r), load_a(i + 3u, r));
@@ -218,4 +230,59 @@ fn store_row(i: u32, j: u32, v: vec4<f32>) {
   for (var u = 0u; u < 4u; u = u + 1u) {
     if (j + u < mm.S) { store_c(i, j + u, v[u]); }
   }
+}
+
+// Direct kernel (the includers' `main_direct`; kernels.js launches it on software adapters,
+// ctx.software): no workgroup memory and no barriers, each invocation 4 rows x 8 columns of out
+// straight from storage. A CPU adapter pays for every barrier and for a bounds check on every
+// element the tiles stage: on SwiftShader this kernel runs tiny's matmuls ~3x faster than the
+// tiles (bench/results/tiny_swiftshader.txt), while a GPU needs the tiles' reuse of staged
+// operands. Rows and columns past the edge are clamped to the last one (computed, never
+// stored) instead of checked per element. Each output sums r in increasing order from zero, one
+// FMA per r, as the tiles do: the same bits. Split-K as the tiles: workgroup z sums its KCHUNK.
+// Dispatch: (grid1d(ceil(ceil(R / 4) * ceil(S / 8) / DWG)), splits) workgroups of DWG threads.
+override DWG: u32 = 64u;
+
+fn matmul_direct(gid: vec3<u32>, nwg: vec3<u32>) {
+  let t = gid.x + gid.y * nwg.x * DWG;   // the 2-D grid of a long dispatch, linearised
+  let groups = (mm.S + 7u) / 8u;
+  let i = (t / groups) * 4u;
+  let j = (t % groups) * 8u;             // < S
+  if (i >= mm.R) { return; }
+  let i1 = min(i + 1u, mm.R - 1u);
+  let i2 = min(i + 2u, mm.R - 1u);
+  let i3 = min(i + 3u, mm.R - 1u);
+  let j1 = min(j + 1u, mm.S - 1u);
+  let j2 = min(j + 2u, mm.S - 1u);
+  let j3 = min(j + 3u, mm.S - 1u);
+  let j4 = min(j + 4u, mm.S - 1u);
+  let j5 = min(j + 5u, mm.S - 1u);
+  let j6 = min(j + 6u, mm.S - 1u);
+  let j7 = min(j + 7u, mm.S - 1u);
+  // rows i..i+3 of columns j..j+3 (c0..c3) and j+4..j+7 (c4..c7)
+  var c0 = vec4<f32>(0.0); var c1 = vec4<f32>(0.0); var c2 = vec4<f32>(0.0); var c3 = vec4<f32>(0.0);
+  var c4 = vec4<f32>(0.0); var c5 = vec4<f32>(0.0); var c6 = vec4<f32>(0.0); var c7 = vec4<f32>(0.0);
+  let r_begin = gid.z * mm.KCHUNK;
+  let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
+  for (var r = r_begin; r < r_end; r = r + 1u) {
+    let a = vec4<f32>(a_at(i, r), a_at(i1, r), a_at(i2, r), a_at(i3, r));
+    let b = vec4<f32>(b_at(r, j), b_at(r, j1), b_at(r, j2), b_at(r, j3));
+    let e = vec4<f32>(b_at(r, j4), b_at(r, j5), b_at(r, j6), b_at(r, j7));
+    c0 = fma(vec4<f32>(a.x), b, c0);
+    c1 = fma(vec4<f32>(a.y), b, c1);
+    c2 = fma(vec4<f32>(a.z), b, c2);
+    c3 = fma(vec4<f32>(a.w), b, c3);
+    c4 = fma(vec4<f32>(a.x), e, c4);
+    c5 = fma(vec4<f32>(a.y), e, c5);
+    c6 = fma(vec4<f32>(a.z), e, c6);
+    c7 = fma(vec4<f32>(a.w), e, c7);
+  }
+  store_row(i, j, c0);
+  store_row(i + 1u, j, c1);
+  store_row(i + 2u, j, c2);
+  store_row(i + 3u, j, c3);
+  store_row(i, j + 4u, c4);
+  store_row(i + 1u, j + 4u, c5);
+  store_row(i + 2u, j + 4u, c6);
+  store_row(i + 3u, j + 4u, c7);
 }

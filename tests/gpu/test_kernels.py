@@ -49,14 +49,23 @@ def T(x, grad=False):
                                    (2049, 2050, 64)])
 def test_linear_forward_backward(lab_session, M, N, K):
     x, w, dy = randn(M, K), randn(N, K), randn(M, N)
-    out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K)
     xt, wt = T(x, True), T(w, True)
     y = xt @ wt.T
-    check("linear.y", out["y"], y.detach())
     y.backward(T(dy))
-    back = op(lab_session, "linearBackward", dy=dy, x=x, w=w, M=M, N=N, K=K)
-    check("linear.dx", back["dx"], xt.grad)
-    check("linear.dw", back["dw"], wt.grad)
+    # Both launches of the fp32 matmuls: a GPU's tiles and a software adapter's direct kernel
+    # (matmul_tiles.js matmulLaunch), whatever this adapter is.
+    got = {}
+    for matmul in ("tiles", "direct"):
+        out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K, matmul=matmul)
+        back = op(lab_session, "linearBackward", dy=dy, x=x, w=w, M=M, N=N, K=K, matmul=matmul)
+        check(f"{matmul} linear.y", out["y"], y.detach())
+        check(f"{matmul} linear.dx", back["dx"], xt.grad)
+        check(f"{matmul} linear.dw", back["dw"], wt.grad)
+        got[matmul] = (out["y"], back["dx"], back["dw"])
+    # Each output sums in the same order in both, so a run's bits never depend on the adapter
+    # (a run resumed on another machine goes on exactly).
+    for name, a, b in zip(("y", "dx", "dw"), got["tiles"], got["direct"]):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), f"linear.{name}: direct != tiles bits"
 
 
 @pytest.mark.parametrize("batch", ["random", "one token", "few tokens"])

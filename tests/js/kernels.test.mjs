@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { gainPartialNumel } from '../../static/js/engine/kernels.js';
-import { matmulShape, weightGradPartNumel, weightGradSplit } from '../../static/js/engine/matmul_tiles.js';
+import { matmulLaunch, matmulShape, weightGradPartNumel, weightGradSplit } from '../../static/js/engine/matmul_tiles.js';
 import { ropeTable } from '../../static/js/engine/rope.js';
 import { tokenBuckets, tokenBucketsNumel } from '../../static/js/engine/token_buckets.js';
 import { activationBytes, activationShapes, limitProblems } from '../../static/js/engine/model.js';
@@ -48,6 +48,20 @@ test('weight-gradient split: the shapes tests/gpu/test_kernels.py relies on', ()
 test('tile choice depends on the problem size only', () => {
   assert.equal(weightGradSplit(2 ** 10, 2 ** 8, 2 ** 8 - 1).tg, 8);    // just under 2^26
   assert.equal(weightGradSplit(2 ** 10, 2 ** 8, 2 ** 8).tg, 16);       // exactly 2^26
+});
+
+test('a software adapter\'s direct matmul covers every output, in a grid WebGPU allows', () => {
+  for (const [R, S] of [[37, 45], [5, 130], [2049, 2050], [1, 1], [1 << 16, 1 << 13]]) {
+    const { entry, constants, groups } = matmulLaunch(R, S, 64, { software: true });
+    assert.equal(entry, 'main_direct');
+    // 4 x 8 outputs per thread (matmul_core.wgsl matmul_direct)
+    assert.ok(groups[0] * groups[1] * constants.DWG * 32 >= Math.ceil(R / 4) * 4 * Math.ceil(S / 8) * 8,
+      `${R} x ${S}: ${groups}`);
+    assert.ok(groups.every((g) => g >= 1 && g <= 65535), `${R} x ${S}: ${groups}`);
+  }
+  // A GPU's launch is the tile policy's; the weight gradient's split asks no adapter.
+  assert.equal(matmulLaunch(1031, 515, 509).entry, 'main_wide');
+  assert.deepEqual(matmulLaunch(37, 45, 19).groups, [2, 2]);
 });
 
 test('norm-gain scratch: one partial row per 64 rows', () => {

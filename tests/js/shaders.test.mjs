@@ -90,6 +90,7 @@ async function allOps(T) {
   const { device, made } = fakeDevice();
   const lib = new ShaderLibrary(device, load);
   const k = new Kernels(device, lib, { maxHeadDim: 128 });
+  const soft = new Kernels(device, lib, { maxHeadDim: 128, software: true });   // main_direct
   const B = 2; const H = 2; const D = 16; const N = B * T; const C = H * D;
   const b = Object.fromEntries(['tokens', 'wte', 'x', 'buckets', 'dx', 'dwte', 'g', 'y', 'rstd',
     'dy', 'dg', 'part', 'w', 'dw', 'qkv', 'table', 'lse', 'delta', 'dqkv', 'gu', 'h', 'dh', 'dgu',
@@ -103,6 +104,9 @@ async function allOps(T) {
     k.linearBackwardWeight({ ...b, M: 1000, N: 40, K: 24 }),   // split-K: MODE 2 + add_partials
     k.linearBackwardWeight({ ...b, M: 37, N: 45, K: 19 }),     // MODE 1
     k.linear({ ...b, M: 1031, N: 515, K: 509 }),               // the wide tile
+    soft.linear({ ...b, M: N, N: 3 * C, K: C }), soft.linearBackwardInput({ ...b, M: N, N: C, K: C }),
+    soft.linearBackwardWeight({ ...b, M: 1000, N: 40, K: 24 }),
+    soft.linearBackwardWeight({ ...b, M: 37, N: 45, K: 19 }),
     k.rope({ ...b, N, T, H, D }),
     k.attention({ ...b, B, T, H, D }), k.attentionBackward({ ...b, ds, B, T, H, D }),
     k.attentionBackward({ ...b, ds: buf('ds', 16), B, T, H, D }),

@@ -5,7 +5,7 @@
 // T time, C channels, H heads, D head dim, F FFN width, V vocab, N = B*T rows.
 
 import { checked } from './gpu.js';
-import { WIDE_BIG, WIDE_BIG_BYTES, matmulShape, weightGradSplit } from './matmul_tiles.js';
+import { WIDE_BIG, WIDE_BIG_BYTES, matmulLaunch, weightGradSplit } from './matmul_tiles.js';
 import { mmaAttentionFits } from './mma_attention.js';
 import { MmaOps, mmaGemm } from './mma_ops.js';
 import { f32bits, grid1d, launch, uniformWords } from './ops.js';
@@ -69,7 +69,7 @@ function check(cond, msg) {
 export class Kernels {
   /** maxHeadDim: the attention kernels' head-dim limit, from the layout the server builds
    *  (layout.limits.max_head_dim, server/model.py MAX_HEAD_DIM). */
-  constructor(device, lib, { maxHeadDim, mixed = false }) {
+  constructor(device, lib, { maxHeadDim, mixed = false, software = false }) {
     if (!(maxHeadDim > 0)) throw new Error('Kernels needs maxHeadDim (layout.limits.max_head_dim)');
     this.device = device;
     this.lib = lib;
@@ -78,6 +78,9 @@ export class Kernels {
     // shapes are multiples of 16 (mma_ops.js mmaTile); the context said it can (ctx.mixed, context.js).
     this.mixed = mixed;
     this.mma = mixed ? new MmaOps(this) : null;
+    // software: a CPU adapter (ctx.software), whose fp32 matmuls take the direct kernel
+    // (matmul_tiles.js matmulLaunch); the same bits as the tiles.
+    this.software = software;
     const lim = device.limits ?? {};
     this.bigTile = (lim.maxComputeWorkgroupStorageSize ?? 0) >= WIDE_BIG_BYTES
       && (lim.maxComputeInvocationsPerWorkgroup ?? 0) >= WIDE_BIG.WX * WIDE_BIG.WY;
@@ -143,15 +146,20 @@ export class Kernels {
     ]);
   }
 
+  /** The fp32 matmul_core launch of an [R, S] output over `inner` on this adapter. */
+  matmul(R, S, inner, weightGrad = false) {
+    return matmulLaunch(R, S, inner, { bigOk: this.bigTile, weightGrad, software: this.software });
+  }
+
   /** y[M, N] (= or +=) x[M, K] @ W[N, K]^T ; wF16 reads W from the packed f16 mirror */
   async linear({ x, w, y, M, N, K, accum = false, wF16 = false }) {
     const mm = await this.mma?.op({ a: x, b: w, c: y, ...mmaGemm('fwd', M, N, K), accum,
       bF16: wF16 }, 'linear');
     if (mm) return mm.op;
-    const { tile, tileS, entry, constants } = matmulShape(M, N, K, this.bigTile);
+    const { entry, constants, groups } = this.matmul(M, N, K);
     return this.op('03_linear.wgsl', entry,
       { ACCUM: accum ? 1 : 0, W_F16: wF16 ? 1 : 0, ...constants },
-      [M, N, K, 0], { x, w, y }, [cdiv(N, tileS), cdiv(M, tile)], 'linear');
+      [M, N, K, 0], { x, w, y }, groups, 'linear');
   }
 
   /** dx[M, K] = dy[M, N] @ W[N, K] */
@@ -159,10 +167,10 @@ export class Kernels {
     const mm = await this.mma?.op({ a: dy, b: w, c: dx, ...mmaGemm('dx', M, N, K), accum: false,
       bF16: wF16 }, 'linear_backward_input');
     if (mm) return mm.op;
-    const { tile, tileS, entry, constants } = matmulShape(M, K, N, this.bigTile);
+    const { entry, constants, groups } = this.matmul(M, K, N);
     return this.op('11_linear_backward.wgsl', entry,
       { MODE: 0, W_F16: wF16 ? 1 : 0, ...constants },
-      [M, K, N, 0], { dy, w, out: dx }, [cdiv(K, tileS), cdiv(M, tile)], 'linear_backward_input');
+      [M, K, N, 0], { dy, w, out: dx }, groups, 'linear_backward_input');
   }
 
   /** dW[N, K] += dy[M, N]^T @ x[M, K]; part: scratch of weightGradPartNumel(M, N, K) floats
@@ -173,17 +181,17 @@ export class Kernels {
       accum: true }, label);
     if (mm) return mm.splits === 1 ? mm.op : Promise.all([mm.op, this.addPartials(part, dw, N, K, mm.splits)]);
     const { splits, rows } = weightGradSplit(M, N, K);
-    const { tile, tileS, entry, constants } = matmulShape(N, K, M, this.bigTile, true);
+    const { entry, constants, groups } = this.matmul(N, K, M, true);
     if (splits === 1) {
       return this.op('11_linear_backward.wgsl', entry, { MODE: 1, ...constants }, [N, K, M, 0],
-        { dy, w: x, out: dw }, [cdiv(K, tileS), cdiv(N, tile)], label);
+        { dy, w: x, out: dw }, groups, label);
     }
     const need = 4 * splits * N * K;
     check(part && part.size >= need, `${label}: split-K over ${splits} parts needs a part ` +
       `buffer of ${need} bytes`);
     return Promise.all([
       this.op('11_linear_backward.wgsl', entry, { MODE: 2, ...constants }, [N, K, M, rows],
-        { dy, w: x, out: part }, [cdiv(K, tileS), cdiv(N, tile), splits], label),
+        { dy, w: x, out: part }, [...groups, splits], label),
       this.addPartials(part, dw, N, K, splits),
     ]);
   }

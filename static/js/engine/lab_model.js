@@ -37,8 +37,21 @@ async function runOps(ctx, inputs, outputs, build) {
   return out;
 }
 
+function checkFlavour(matmul) {
+  if (matmul !== 'tiles' && matmul !== 'direct') {
+    throw new Error(`matmul must be 'tiles' or 'direct', got ${JSON.stringify(matmul)}`);
+  }
+  return matmul === 'direct';
+}
+
 export function labEntries(ctx) {
-  const k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim });
+  const k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
+    software: ctx.software });
+  // The fp32 matmuls as either adapter kind runs them (matmul_tiles.js matmulLaunch): `matmul`
+  // 'tiles' (a GPU's) or 'direct' (a software adapter's); left out, this adapter's.
+  const flavours = {};
+  const kmm = (matmul) => (matmul === undefined ? k : (flavours[matmul] ??= new Kernels(ctx.device,
+    ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim, software: checkFlavour(matmul) })));
   let mixedKernels = null;
   const km = () => (mixedKernels ??= new Kernels(ctx.device, ctx.lib,
     { maxHeadDim: ctx.modelLimits.max_head_dim, mixed: true }));
@@ -54,12 +67,12 @@ export function labEntries(ctx) {
     rmsnormBackward: ({ dy, x, g, rstd, N, C }) => runOps(ctx, { dy, x, g, rstd },
       { dx: N * C, dg: C, part: gainPartialNumel(N, C) }, (b) => [k.rmsnormBackward({ ...b, N, C }),
         k.rmsnormBackwardGain({ ...b, N, C })]),
-    linear: ({ x, w, M, N, K }) => runOps(ctx, { x, w }, { y: M * N },
-      (b) => k.linear({ ...b, M, N, K })),
-    linearBackward: ({ dy, x, w, M, N, K }) => runOps(ctx, { dy, x, w },
+    linear: ({ x, w, M, N, K, matmul }) => runOps(ctx, { x, w }, { y: M * N },
+      (b) => kmm(matmul).linear({ ...b, M, N, K })),
+    linearBackward: ({ dy, x, w, M, N, K, matmul }) => runOps(ctx, { dy, x, w },
       { dx: M * K, dw: N * K, part: Math.max(1, weightGradPartNumel(M, N, K)) },
-      (b) => [k.linearBackwardInput({ ...b, M, N, K }),
-        k.linearBackwardWeight({ ...b, M, N, K })]),
+      (b) => [kmm(matmul).linearBackwardInput({ ...b, M, N, K }),
+        kmm(matmul).linearBackwardWeight({ ...b, M, N, K })]),
     // The mixed-precision linears (f16 operands, f32 accumulation: mma.js) where the adapter has
     // them (lab.info.mixed); forward, input and weight gradient of one shape at once.
     linearMixed: ({ x, w, dy, M, N, K }) => runOps(ctx, { x, w, dy },

@@ -4,6 +4,7 @@
 // model and batch always sums in the same order on every adapter.
 
 import { mmaSplit } from './mma_ops.js';
+import { grid1d } from './ops.js';
 
 const cdiv = (a, b) => Math.ceil(a / b);
 
@@ -44,6 +45,26 @@ export function matmulShape(R, S, inner, bigOk = true, weightGrad = false) {
   }
   const tg = R * S * inner >= BIG_MATMUL ? 16 : 8;
   return { tg, tile: 4 * tg, tileS: 4 * tg, entry: 'main', constants: { TG: tg, BK } };
+}
+
+// A software adapter (ctx.software: SwiftShader, llvmpipe) runs every fp32 matmul on
+// matmul_core.wgsl's direct kernel instead (entry `main_direct`, no workgroup memory or
+// barriers; DIRECT_ROWS x DIRECT_COLS outputs per thread, DIRECT_WG threads a workgroup): on
+// SwiftShader it runs tiny's matmuls ~3x faster than the tiles (bench/results/tiny_swiftshader.txt).
+// Same bits as the tiles, over the same splits (weightGradSplit never asks which adapter).
+const DIRECT_ROWS = 4;
+const DIRECT_COLS = 8;
+const DIRECT_WG = 64;
+
+/** How matmul_core runs an [R, S] output summed over `inner`: entry, overrides and workgroup
+ *  grid (x, y; a split weight gradient's splits go in z). software: the adapter is a CPU. */
+export function matmulLaunch(R, S, inner, { bigOk = true, weightGrad = false, software = false } = {}) {
+  if (software) {
+    return { entry: 'main_direct', constants: { DWG: DIRECT_WG },
+      groups: grid1d(cdiv(cdiv(R, DIRECT_ROWS) * cdiv(S, DIRECT_COLS), DIRECT_WG)) };
+  }
+  const { tile, tileS, entry, constants } = matmulShape(R, S, inner, bigOk, weightGrad);
+  return { entry, constants, groups: [cdiv(S, tileS), cdiv(R, tile)] };
 }
 
 // Split-K for weight gradients (dW[N, K] sums over all M = B*T rows), each split at least

@@ -143,7 +143,7 @@ export class Model {
     }
     this.precision = precision;
     this.k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: layout.limits.max_head_dim,
-      mixed: precision === 'mixed' });
+      mixed: precision === 'mixed', software: ctx.software });
     const bytes = layout.total_numel * 4;
     this.W = storageBuffer(this.device, bytes, { label: 'W' });   // weights
     this.G = storageBuffer(this.device, bytes, { label: 'G' });   // gradients (+=, zeroed by AdamW)
