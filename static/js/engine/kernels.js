@@ -28,6 +28,11 @@ const SHORT_ROW = 256;
 const SHORT_ROW_THREADS = 8;
 const ROW_THREADS = 64;
 const rowThreads = (len) => (len <= SHORT_ROW ? SHORT_ROW_THREADS : ROW_THREADS);
+// Cross entropy's rows are a vocabulary long, and the presets' GPU vocabularies are 8192: its
+// short rows reach further, to SHORT_VOCAB. At tiny's V 512 on SwiftShader the loss took 28.8 ms
+// of a 233 ms step with 64 threads, 12.6 with 16, 5.4 with 8 (bench/results/tiny_swiftshader.txt).
+const SHORT_VOCAB = 1024;
+const lossThreads = (V) => (V <= SHORT_VOCAB ? SHORT_ROW_THREADS : ROW_THREADS);
 const WG_COLUMN = 64;     // one thread per column: norm-gain sums
 const WG_ATTENTION_ROWS = 64;   // rows per workgroup of the row attention kernels, one per thread
 // Sequences from ATTENTION_TILED_T on take the tiled kernels (05_attention, 10_attention_backward):
@@ -301,7 +306,7 @@ export class Kernels {
   /** losses[lossFloats(N)]: per-row CE, the mean at [N], logit stats (07_loss.wgsl); logits
    *  become dlogits when writeGrad */
   crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
-    const c = { WG: rowThreads(V), WRITE_GRAD: writeGrad ? 1 : 0 };
+    const c = { WG: lossThreads(V), WRITE_GRAD: writeGrad ? 1 : 0 };
     return Promise.all([
       this.op('07_loss.wgsl', 'cross_entropy', c, [N, V], { logits, targets, losses }, grid1d(N),
         'cross_entropy'),
