@@ -9,7 +9,7 @@
 //                                         (ACCUM adds into a residual stream copied there first)
 // Dispatch: main: (ceil(N / TILE), ceil(M / TILE)) workgroups of TG x TG threads (TILE = 4 * TG);
 // main_wide: (ceil(N / (8 WX)), ceil(M / (8 WY))) workgroups of WX * WY threads; main_direct:
-// grid1d(ceil(ceil(M / 4) * ceil(N / 8) / DWG)) workgroups of DWG threads.
+// grid1d(ceil(ceil(M / 8) * ceil(N / 8) / DWG)) workgroups of DWG threads.
 
 override ACCUM: bool = false;
 override W_F16: bool = false;

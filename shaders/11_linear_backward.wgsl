@@ -17,7 +17,7 @@
 //                                 MODE 2: part [splits, N, K] (=)
 // Dispatch: main: (ceil(S / TILE), ceil(R / TILE), splits) workgroups of TG x TG threads,
 // TILE = 4 * TG; main_wide: (ceil(S / (8 WX)), ceil(R / (8 WY)), splits) of WX * WY threads
-// main_direct: (grid1d(ceil(ceil(R / 4) * ceil(S / 8) / DWG)), splits) of DWG threads
+// main_direct: (grid1d(ceil(ceil(R / 8) * ceil(S / 8) / DWG)), splits) of DWG threads
 // (splits 1 unless MODE 2, whose mm.KCHUNK is the rows per split).
 //
 // add_partials: dW[o] += sum_z part[z * R * S + o]

@@ -233,56 +233,57 @@ fn store_row(i: u32, j: u32, v: vec4<f32>) {
 }
 
 // Direct kernel (the includers' `main_direct`; kernels.js launches it on software adapters,
-// ctx.software): no workgroup memory and no barriers, each invocation 4 rows x 8 columns of out
-// straight from storage. A CPU adapter pays for every barrier and for a bounds check on every
-// element the tiles stage: on SwiftShader this kernel runs tiny's matmuls ~3x faster than the
-// tiles (bench/results/tiny_swiftshader.txt), while a GPU needs the tiles' reuse of staged
-// operands. Rows and columns past the edge are clamped to the last one (computed, never
-// stored) instead of checked per element. Each output sums r in increasing order from zero, one
-// FMA per r, as the tiles do: the same bits. Split-K as the tiles: workgroup z sums its KCHUNK.
-// Dispatch: (grid1d(ceil(ceil(R / 4) * ceil(S / 8) / DWG)), splits) workgroups of DWG threads.
+// ctx.software): no workgroup memory and no barriers, each invocation 8 x 8 outputs straight
+// from storage. A CPU adapter pays for every barrier and for a bounds check on every element the
+// tiles stage: on SwiftShader this kernel runs tiny's matmuls 3-5x faster than the tiles
+// (bench/results/tiny_swiftshader.txt), while a GPU needs the tiles' reuse of staged operands.
+// Rows and columns past the edge are clamped to the last one (computed, never stored) instead of
+// checked per element. Each output sums r in increasing order from zero, one FMA per r, as the
+// tiles do: the same bits. Split-K as the tiles: workgroup z sums its KCHUNK.
+// Dispatch: (grid1d(ceil(ceil(R / 8) * ceil(S / 8) / DWG)), splits) workgroups of DWG threads.
 override DWG: u32 = 64u;
 
 fn matmul_direct(gid: vec3<u32>, nwg: vec3<u32>) {
   let t = gid.x + gid.y * nwg.x * DWG;   // the 2-D grid of a long dispatch, linearised
   let groups = (mm.S + 7u) / 8u;
-  let i = (t / groups) * 4u;
+  let i = (t / groups) * 8u;
   let j = (t % groups) * 8u;             // < S
   if (i >= mm.R) { return; }
-  let i1 = min(i + 1u, mm.R - 1u);
-  let i2 = min(i + 2u, mm.R - 1u);
-  let i3 = min(i + 3u, mm.R - 1u);
-  let j1 = min(j + 1u, mm.S - 1u);
-  let j2 = min(j + 2u, mm.S - 1u);
-  let j3 = min(j + 3u, mm.S - 1u);
-  let j4 = min(j + 4u, mm.S - 1u);
-  let j5 = min(j + 5u, mm.S - 1u);
-  let j6 = min(j + 6u, mm.S - 1u);
-  let j7 = min(j + 7u, mm.S - 1u);
-  // rows i..i+3 of columns j..j+3 (c0..c3) and j+4..j+7 (c4..c7)
-  var c0 = vec4<f32>(0.0); var c1 = vec4<f32>(0.0); var c2 = vec4<f32>(0.0); var c3 = vec4<f32>(0.0);
-  var c4 = vec4<f32>(0.0); var c5 = vec4<f32>(0.0); var c6 = vec4<f32>(0.0); var c7 = vec4<f32>(0.0);
+  let last_i = mm.R - 1u;
+  let last_j = mm.S - 1u;
+  let i1 = min(i + 1u, last_i); let i2 = min(i + 2u, last_i); let i3 = min(i + 3u, last_i);
+  let i4 = min(i + 4u, last_i); let i5 = min(i + 5u, last_i); let i6 = min(i + 6u, last_i);
+  let i7 = min(i + 7u, last_i);
+  let j1 = min(j + 1u, last_j); let j2 = min(j + 2u, last_j); let j3 = min(j + 3u, last_j);
+  let j4 = min(j + 4u, last_j); let j5 = min(j + 5u, last_j); let j6 = min(j + 6u, last_j);
+  let j7 = min(j + 7u, last_j);
+  // cRC: row i + R of columns j..j+3 (C 0) or j+4..j+7 (C 1)
+  var c00 = vec4<f32>(0.0); var c10 = vec4<f32>(0.0); var c20 = vec4<f32>(0.0); var c30 = vec4<f32>(0.0);
+  var c40 = vec4<f32>(0.0); var c50 = vec4<f32>(0.0); var c60 = vec4<f32>(0.0); var c70 = vec4<f32>(0.0);
+  var c01 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
+  var c41 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
   let r_begin = gid.z * mm.KCHUNK;
   let r_end = select(mm.INNER, min(r_begin + mm.KCHUNK, mm.INNER), mm.KCHUNK > 0u);
   for (var r = r_begin; r < r_end; r = r + 1u) {
     let a = vec4<f32>(a_at(i, r), a_at(i1, r), a_at(i2, r), a_at(i3, r));
+    let e = vec4<f32>(a_at(i4, r), a_at(i5, r), a_at(i6, r), a_at(i7, r));
     let b = vec4<f32>(b_at(r, j), b_at(r, j1), b_at(r, j2), b_at(r, j3));
-    let e = vec4<f32>(b_at(r, j4), b_at(r, j5), b_at(r, j6), b_at(r, j7));
-    c0 = fma(vec4<f32>(a.x), b, c0);
-    c1 = fma(vec4<f32>(a.y), b, c1);
-    c2 = fma(vec4<f32>(a.z), b, c2);
-    c3 = fma(vec4<f32>(a.w), b, c3);
-    c4 = fma(vec4<f32>(a.x), e, c4);
-    c5 = fma(vec4<f32>(a.y), e, c5);
-    c6 = fma(vec4<f32>(a.z), e, c6);
-    c7 = fma(vec4<f32>(a.w), e, c7);
+    let f = vec4<f32>(b_at(r, j4), b_at(r, j5), b_at(r, j6), b_at(r, j7));
+    c00 = fma(vec4<f32>(a.x), b, c00); c01 = fma(vec4<f32>(a.x), f, c01);
+    c10 = fma(vec4<f32>(a.y), b, c10); c11 = fma(vec4<f32>(a.y), f, c11);
+    c20 = fma(vec4<f32>(a.z), b, c20); c21 = fma(vec4<f32>(a.z), f, c21);
+    c30 = fma(vec4<f32>(a.w), b, c30); c31 = fma(vec4<f32>(a.w), f, c31);
+    c40 = fma(vec4<f32>(e.x), b, c40); c41 = fma(vec4<f32>(e.x), f, c41);
+    c50 = fma(vec4<f32>(e.y), b, c50); c51 = fma(vec4<f32>(e.y), f, c51);
+    c60 = fma(vec4<f32>(e.z), b, c60); c61 = fma(vec4<f32>(e.z), f, c61);
+    c70 = fma(vec4<f32>(e.w), b, c70); c71 = fma(vec4<f32>(e.w), f, c71);
   }
-  store_row(i, j, c0);
-  store_row(i + 1u, j, c1);
-  store_row(i + 2u, j, c2);
-  store_row(i + 3u, j, c3);
-  store_row(i, j + 4u, c4);
-  store_row(i + 1u, j + 4u, c5);
-  store_row(i + 2u, j + 4u, c6);
-  store_row(i + 3u, j + 4u, c7);
+  store_row(i, j, c00);      store_row(i, j + 4u, c01);
+  store_row(i + 1u, j, c10); store_row(i + 1u, j + 4u, c11);
+  store_row(i + 2u, j, c20); store_row(i + 2u, j + 4u, c21);
+  store_row(i + 3u, j, c30); store_row(i + 3u, j + 4u, c31);
+  store_row(i + 4u, j, c40); store_row(i + 4u, j + 4u, c41);
+  store_row(i + 5u, j, c50); store_row(i + 5u, j + 4u, c51);
+  store_row(i + 6u, j, c60); store_row(i + 6u, j + 4u, c61);
+  store_row(i + 7u, j, c70); store_row(i + 7u, j + 4u, c71);
 }

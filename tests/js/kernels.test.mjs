@@ -54,8 +54,8 @@ test('a software adapter\'s direct matmul covers every output, in a grid WebGPU 
   for (const [R, S] of [[37, 45], [5, 130], [2049, 2050], [1, 1], [1 << 16, 1 << 13]]) {
     const { entry, constants, groups } = matmulLaunch(R, S, 64, { software: true });
     assert.equal(entry, 'main_direct');
-    // 4 x 8 outputs per thread (matmul_core.wgsl matmul_direct)
-    assert.ok(groups[0] * groups[1] * constants.DWG * 32 >= Math.ceil(R / 4) * 4 * Math.ceil(S / 8) * 8,
+    // 8 x 8 outputs per thread (matmul_core.wgsl matmul_direct)
+    assert.ok(groups[0] * groups[1] * constants.DWG * 64 >= Math.ceil(R / 8) * 8 * Math.ceil(S / 8) * 8,
       `${R} x ${S}: ${groups}`);
     assert.ok(groups.every((g) => g >= 1 && g <= 65535), `${R} x ${S}: ${groups}`);
   }

@@ -50,9 +50,9 @@ export function matmulShape(R, S, inner, bigOk = true, weightGrad = false) {
 // A software adapter (ctx.software: SwiftShader, llvmpipe) runs every fp32 matmul on
 // matmul_core.wgsl's direct kernel instead (entry `main_direct`, no workgroup memory or
 // barriers; DIRECT_ROWS x DIRECT_COLS outputs per thread, DIRECT_WG threads a workgroup): on
-// SwiftShader it runs tiny's matmuls ~3x faster than the tiles (bench/results/tiny_swiftshader.txt).
+// SwiftShader it runs tiny's matmuls 3-5x faster than the tiles (bench/results/tiny_swiftshader.txt).
 // Same bits as the tiles, over the same splits (weightGradSplit never asks which adapter).
-const DIRECT_ROWS = 4;
+const DIRECT_ROWS = 8;
 const DIRECT_COLS = 8;
 const DIRECT_WG = 64;
 
