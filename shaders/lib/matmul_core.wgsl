@@ -234,7 +234,7 @@ fn store_row(i: u32, j: u32, v: vec4<f32>) {
 
 // Direct kernel (the includers' `main_direct`; kernels.js launches it on software adapters,
 // ctx.software): no workgroup memory and no barriers, each invocation 8 x 8 outputs straight
-// from storage. A CPU adapter pays for every barrier and for a bounds check on every element the
+// from storage, in 16 named vec4s (as the small tile: no dynamically indexed private array). A CPU adapter pays for every barrier and for a bounds check on every element the
 // tiles stage: on SwiftShader this kernel runs tiny's matmuls 3-5x faster than the tiles
 // (bench/results/tiny_swiftshader.txt), while a GPU needs the tiles' reuse of staged operands.
 // Rows and columns past the edge are clamped to the last one (computed, never stored) instead of

@@ -37,24 +37,22 @@ async function runOps(ctx, inputs, outputs, build) {
   return out;
 }
 
-function checkFlavour(matmul) {
-  if (matmul !== 'tiles' && matmul !== 'direct') {
-    throw new Error(`matmul must be 'tiles' or 'direct', got ${JSON.stringify(matmul)}`);
-  }
-  return matmul === 'direct';
-}
-
 export function labEntries(ctx) {
-  const k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
-    software: ctx.software });
+  const kernels = (opts) => new Kernels(ctx.device, ctx.lib,
+    { maxHeadDim: ctx.modelLimits.max_head_dim, ...opts });
+  const k = kernels({ software: ctx.software });
   // The fp32 matmuls as either adapter kind runs them (matmul_tiles.js matmulLaunch): `matmul`
   // 'tiles' (a GPU's) or 'direct' (a software adapter's); left out, this adapter's.
-  const flavours = {};
-  const kmm = (matmul) => (matmul === undefined ? k : (flavours[matmul] ??= new Kernels(ctx.device,
-    ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim, software: checkFlavour(matmul) })));
+  const byMatmul = { tiles: kernels({ software: false }), direct: kernels({ software: true }) };
+  const kmm = (matmul) => {
+    if (matmul === undefined) return k;
+    if (!Object.hasOwn(byMatmul, matmul)) {
+      throw new Error(`matmul must be 'tiles' or 'direct', got ${JSON.stringify(matmul)}`);
+    }
+    return byMatmul[matmul];
+  };
   let mixedKernels = null;
-  const km = () => (mixedKernels ??= new Kernels(ctx.device, ctx.lib,
-    { maxHeadDim: ctx.modelLimits.max_head_dim, mixed: true }));
+  const km = () => (mixedKernels ??= kernels({ mixed: true }));
   const u32 = (a) => Uint32Array.from(a);
   const ops = {
     embed: ({ tokens, wte, N, C }) => runOps(ctx, { tokens: u32(tokens), wte }, { x: N * C },

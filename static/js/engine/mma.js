@@ -166,55 +166,40 @@ export function mmaShader(v) {
       store.push(storeOf(off, `c${i}_${j}`));
     }
   }
-  const next = p.nbuf === 2 ? '1u - cur' : '0u';
-  // unroll (nbuf 2): the loop body is two slices, one per buffer, each with `cur` a const, so
-  // every fragment's workgroup offset is a constant plus the subgroup's own (as with nbuf 1).
-  const half = (cur, k) => `{ const cur = ${cur}u;
-      let more = ${k} + ${bk}u < kEnd;
-      if (more) {
-        ${a.fetch(`(${k} + ${bk}u)`).join('\n        ')}
-        ${b.fetch(`(${k} + ${bk}u)`).join('\n        ')}
-      }
-      ${math.join('\n      ')}
-      if (more) {
-        let abuf = ${(1 - cur) * SA}u; let bbuf = ${(1 - cur) * SB}u;
-        ${a.put.join('\n        ')}
-        ${b.put.join('\n        ')}
-      }
-      workgroupBarrier(); }`;
-  const loop = p.nbuf === 2 && p.unroll ? `
+  // The first slice, into buffer 0 (double-buffered loops).
+  const first = `
   ${a.fetch('kBeg').join('\n  ')}
   ${b.fetch('kBeg').join('\n  ')}
   { let abuf = 0u; let bbuf = 0u;
     ${a.put.join('\n    ')}
     ${b.put.join('\n    ')} }
-  workgroupBarrier();
-  for (var k0 = kBeg; k0 < kEnd; k0 += ${2 * bk}u) {
-    ${half(0, 'k0')}
-    if (k0 + ${bk}u >= kEnd) { break; }
-    ${half(1, `(k0 + ${bk}u)`)}
-  }` : p.nbuf === 2 ? `
-  ${a.fetch('kBeg').join('\n  ')}
-  ${b.fetch('kBeg').join('\n  ')}
-  { let abuf = 0u; let bbuf = 0u;
-    ${a.put.join('\n    ')}
-    ${b.put.join('\n    ')} }
-  workgroupBarrier();
-  var cur = 0u;
-  for (var k0 = kBeg; k0 < kEnd; k0 += ${bk}u) {
-    let more = k0 + ${bk}u < kEnd;
+  workgroupBarrier();`;
+  // One slice k of a double-buffered loop: the next slice is read while this one (buffer `cur`)
+  // is multiplied, then stored at abuf / bbuf (the other buffer); one barrier.
+  const slice = (k, abuf, bbuf) => `let more = ${k} + ${bk}u < kEnd;
     if (more) {
-      ${a.fetch(`(k0 + ${bk}u)`).join('\n      ')}
-      ${b.fetch(`(k0 + ${bk}u)`).join('\n      ')}
+      ${a.fetch(`(${k} + ${bk}u)`).join('\n      ')}
+      ${b.fetch(`(${k} + ${bk}u)`).join('\n      ')}
     }
     ${math.join('\n    ')}
     if (more) {
-      let abuf = (${next}) * ${SA}u; let bbuf = (${next}) * ${SB}u;
+      let abuf = ${abuf}; let bbuf = ${bbuf};
       ${a.put.join('\n      ')}
       ${b.put.join('\n      ')}
     }
-    workgroupBarrier();
-    cur = ${next};
+    workgroupBarrier();`;
+  // unroll: the loop body is two slices, one per buffer, each with `cur` a const, so every
+  // fragment's workgroup offset is a constant plus the subgroup's own (as with nbuf 1).
+  const loop = p.nbuf === 2 && p.unroll ? `${first}
+  for (var k0 = kBeg; k0 < kEnd; k0 += ${2 * bk}u) {
+    { const cur = 0u; ${slice('k0', `${SA}u`, `${SB}u`)} }
+    if (k0 + ${bk}u >= kEnd) { break; }
+    { const cur = 1u; ${slice(`(k0 + ${bk}u)`, '0u', '0u')} }
+  }` : p.nbuf === 2 ? `${first}
+  var cur = 0u;
+  for (var k0 = kBeg; k0 < kEnd; k0 += ${bk}u) {
+    ${slice('k0', `(1u - cur) * ${SA}u`, `(1u - cur) * ${SB}u`)}
+    cur = 1u - cur;
   }` : `
   ${a.fetch('kBeg').join('\n  ')}
   ${b.fetch('kBeg').join('\n  ')}
