@@ -1,10 +1,14 @@
 """Shared fixtures for the tests/test_data_*.py files (a pytest plugin, see conftest.py).
 
-One data dir per test session, with the tiny preset's tokenizer and token files built once
-(about 2 s on 2 cores); every app and hub in these tests reads the same on-disk cache.
+The tokenizers and token files are the session's cache (ANDREA_CACHE_DIR, conftest.py), the one
+every app, server and `andrea train` of the test run reads: the tiny preset's are built once for
+the whole run (about 8 s on 2 cores), by whichever test first asks (the others wait for it).
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,15 +21,21 @@ TINY_V = 512
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "andrea-data-cache"
-    DataHub(path).prepared(TINY_V)
-    return path
+def data_dir(tmp_path_factory) -> Path:
+    """The data dir (database, weights) of these tests' apps; their corpus caches are the
+    session's."""
+    return tmp_path_factory.mktemp("andrea-data")
 
 
 @pytest.fixture(scope="session")
-def hub(data_dir) -> DataHub:
-    return DataHub(data_dir)
+def corpus_cache() -> Path:
+    """The session's tokenizers/ and token files/ (what an app's Settings.corpus_dir is here)."""
+    return Path(os.environ["ANDREA_CACHE_DIR"])
+
+
+@pytest.fixture(scope="session")
+def hub(corpus_cache) -> DataHub:
+    return DataHub(corpus_cache)
 
 
 @pytest.fixture(scope="session")

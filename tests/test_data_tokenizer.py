@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import base64
-import shutil
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from andrea.data import tokenizer as tk
+from andrea.data import tokens as tokens_module
 from andrea.data.hub import DataHub
+from andrea.data.tokens import tokens_dir
 from tests.data_fixtures import TINY_V
 
 NON_ASCII = [
@@ -77,33 +78,75 @@ def test_tokenizer_json_is_standard(tiny, data_client, tmp_path):
     assert data_client.get("/api/tokenizer/12").status_code == 404
 
 
-def test_caches_are_reused_not_rebuilt(data_dir, tiny):
-    mtimes = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
-    again = DataHub(data_dir).prepared(TINY_V)
+def test_caches_are_reused_not_rebuilt(hub, tiny):
+    ours = [tk.tokenizer_dir(hub.data_dir, tiny.corpus_hash, TINY_V),
+            tokens_dir(hub.data_dir, tiny.corpus_hash, TINY_V)]
+    def mtimes():
+        return {p: p.stat().st_mtime_ns for d in ours for p in d.rglob("*") if p.is_file()}
+    before = mtimes()
+    again = DataHub(hub.data_dir).prepared(TINY_V)
     assert again.corpus_hash == tiny.corpus_hash
-    assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()} == mtimes
+    assert mtimes() == before and len(before) == 2 + len(tiny.files)   # + meta.json
     assert again.build_s["tokens"] < 1.0
 
 
-def test_corpus_change_gives_new_caches(data_dir, tiny, tmp_path):
+# A small corpus of the user's own (no embedded sources), for the tests that build its caches
+# again and again: the embedded corpus takes seconds to tokenize, these milliseconds.
+FOLDER_DOCS = {f"note{i}.txt": f"Note {i}: the loss fell from {9 - i}.{i} to {i}.5 at step "
+               f"{100 * i}.\n" * (40 + 7 * i) for i in range(6)}
+MINE = "Un texte à moi, écrit en français. " * 400
+
+
+def small_hub(data_dir, tmp_path, *extra) -> DataHub:
+    notes = tmp_path / "notes"
+    if not notes.exists():
+        notes.mkdir()
+        for name, text in FOLDER_DOCS.items():
+            (notes / name).write_text(text, encoding="utf-8")
+    return DataHub(data_dir, (("notes", notes), *extra), only_corpus=True)
+
+
+def test_corpus_change_gives_new_caches(tmp_path):
+    base = small_hub(tmp_path / "data", tmp_path).prepared(TINY_V)
     mine = tmp_path / "mine.txt"
-    mine.write_text("Un texte à moi, écrit en français. " * 400, encoding="utf-8")
-    changed = DataHub(data_dir, (("mine", mine),)).prepared(TINY_V)
-    assert changed.corpus_hash != tiny.corpus_hash
-    assert changed.tokenizer_path != tiny.tokenizer_path
-    assert changed.source_names == [*tiny.source_names, "mine"]
+    mine.write_text(MINE, encoding="utf-8")
+    changed = small_hub(tmp_path / "data", tmp_path, ("mine", mine)).prepared(TINY_V)
+    assert changed.corpus_hash != base.corpus_hash
+    assert changed.tokenizer_path != base.tokenizer_path
+    assert changed.source_names == [*base.source_names, "mine"] == ["notes", "mine"]
     ids = np.asarray(changed.files[-1].tokens)
-    assert tk.decode(changed.tokenizer, ids[:-1]) == mine.read_text(encoding="utf-8")
+    assert tk.decode(changed.tokenizer, ids[:-1]) == MINE
 
 
-def test_stale_token_file_is_rebuilt(data_dir, tiny, tmp_path):
-    for part in ("tokenizers", "tokens"):          # a copy of the cache, no retraining
-        shutil.copytree(data_dir / part, tmp_path / part)
-    token_file = next((tmp_path / "tokens").glob(f"{tiny.corpus_hash}_{TINY_V}/000_*.u16"))
+def test_stale_token_file_is_rebuilt(tmp_path):
+    first = small_hub(tmp_path / "data", tmp_path).prepared(TINY_V)
+    want = np.array(first.files[0].tokens)
+    tokenizer_written = first.tokenizer_path.stat().st_mtime_ns
+    (token_file,) = tokens_dir(tmp_path / "data", first.corpus_hash, TINY_V).glob("000_*.u16")
+    del first
     token_file.write_bytes(token_file.read_bytes()[:100])   # as if a crash cut it short
-    rebuilt = DataHub(tmp_path).prepared(TINY_V)
-    assert rebuilt.build_s["tokenizer"] < 1.0                 # tokenizer reused
-    assert np.array_equal(rebuilt.files[0].tokens, tiny.files[0].tokens)
+    rebuilt = small_hub(tmp_path / "data", tmp_path).prepared(TINY_V)
+    assert rebuilt.tokenizer_path.stat().st_mtime_ns == tokenizer_written   # tokenizer reused
+    assert np.array_equal(rebuilt.files[0].tokens, want)
+
+
+@pytest.mark.parametrize("batch_chars", [1, 1000, tokens_module.ENCODE_CHUNK_CHARS])
+def test_token_files_are_each_document_encoded_alone(tmp_path, monkeypatch, batch_chars):
+    """Documents are encoded many to a batch: the file is still each document encoded on its
+    own (the tokenizer's `encode`, a long document in its line-aligned pieces as before) and its
+    end-of-text, in order, whether a batch ends between documents or inside one."""
+    monkeypatch.setattr(tokens_module, "ENCODE_CHUNK_CHARS", batch_chars)
+    monkeypatch.setattr(tokens_module, "PIECE_CHARS", 700)
+    hub = small_hub(tmp_path / "data", tmp_path)
+    got = hub.prepared(TINY_V)
+    (source,) = got.sources
+    assert len(source.documents) == len(FOLDER_DOCS) and max(map(len, source.documents)) > 1400
+    want = []
+    for doc in source.documents:
+        want += [i for piece in tokens_module._pieces(doc)
+                 for i in got.tokenizer.encode(piece, add_special_tokens=False).ids]
+        want.append(got.tokenizer.token_to_id(tk.EOT))
+    assert np.asarray(got.files[0].tokens).tolist() == want
 
 
 def test_training_is_deterministic(tiny):

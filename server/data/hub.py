@@ -1,12 +1,16 @@
 """DataHub: the corpus of this server, and its tokenizer + token files per vocabulary size.
 
 Nothing is read or built until first asked for (tests and page loads stay fast); each vocab
-size is prepared once per process under its own lock, from the on-disk caches when present.
-`andrea serve` warms the presets' vocab sizes in a background thread.
+size is prepared once per process under its own lock, from the on-disk caches when present, and
+built by one process at a time (a file lock beside the caches): the processes of `andrea serve
+--workers N`, or servers sharing ANDREA_CACHE_DIR, that start together tokenize the corpus once,
+the others waiting for it and then reading it. `andrea serve` warms the presets' vocab sizes in
+a background thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +22,11 @@ from andrea.data import tokenizer as tk
 from andrea.data.sources import Source, corpus_hash, load_sources
 from andrea.data.tokens import VAL_FRACTION, TokenFile, load_or_build
 
+try:
+    import fcntl
+except ImportError:      # (not POSIX: each process builds what it finds missing, as before)
+    fcntl = None
+
 
 @dataclass(frozen=True)
 class PreparedCorpus:
@@ -27,7 +36,7 @@ class PreparedCorpus:
     tokenizer_path: Path
     files: tuple[TokenFile, ...]    # corpus order
     sources: tuple[Source, ...]
-    build_s: dict = field(default_factory=dict)   # {"tokenizer": s, "tokens": s} this process
+    build_s: dict = field(default_factory=dict)   # {"waited", "tokenizer", "tokens": s} here
 
     @property
     def source_names(self) -> list[str]:
@@ -78,15 +87,32 @@ class DataHub:
         with lock:
             if vocab_size not in self._prepared:
                 t0 = time.perf_counter()
-                tok, tok_path = tk.load_or_train(self.data_dir, sources, self._hash, vocab_size)
-                t1 = time.perf_counter()
-                files, _ = load_or_build(self.data_dir, self._hash, vocab_size, tok, tok_path,
-                                         sources)
-                t2 = time.perf_counter()
+                with self._build_lock(vocab_size):
+                    t1 = time.perf_counter()
+                    tok, tok_path = tk.load_or_train(self.data_dir, sources, self._hash,
+                                                     vocab_size)
+                    t2 = time.perf_counter()
+                    files, _ = load_or_build(self.data_dir, self._hash, vocab_size, tok,
+                                             tok_path, sources)
+                t3 = time.perf_counter()
                 self._prepared[vocab_size] = PreparedCorpus(
                     self._hash, vocab_size, tok, tok_path, tuple(files), tuple(sources),
-                    {"tokenizer": round(t1 - t0, 3), "tokens": round(t2 - t1, 3)})
+                    {"waited": round(t1 - t0, 3), "tokenizer": round(t2 - t1, 3),
+                     "tokens": round(t3 - t2, 3)})
         return self._prepared[vocab_size]
+
+    @contextlib.contextmanager
+    def _build_lock(self, vocab_size: int):
+        """Held while this process loads or builds the caches of (corpus, vocab size): another
+        process building them meanwhile is waited for (flock: freed however it ends)."""
+        if fcntl is None:
+            yield
+            return
+        folder = self.data_dir / "tokens"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{self._hash}_{vocab_size}.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield        # closing the file releases the lock
 
     def warm(self, vocab_sizes) -> threading.Thread:
         """Prepare these vocab sizes in the background so the first batch is served at once."""

@@ -75,33 +75,44 @@ def split_point(ends: list[int], val_fraction: float = VAL_FRACTION) -> tuple[in
 
 
 def _write_source(tok: Tokenizer, source: Source, path: Path) -> list[int]:
-    """Writes the token file; returns the token count after each document's end-of-text."""
-    eot = tok.token_to_id(EOT)
+    """Writes the token file; returns the token count after each document's end-of-text.
+    Documents are encoded many to a batch (encode_batch spreads a batch over the cores: one
+    document per call kept the embedded corpus's thousands of files on one core)."""
+    eot = np.asarray([tok.token_to_id(EOT)], dtype=TOKEN_DTYPE).tobytes()
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     n = 0
     ends = []
     with open(path, "wb") as f:
-        batch, chars = [], 0
+        batch, last, chars = [], [], 0     # pieces; whether each ends its document
 
         def flush():
             nonlocal n
-            for enc in encode(batch, add_special_tokens=False):
+            for enc, ends_doc in zip(encode(batch, add_special_tokens=False), last):
                 ids = np.asarray(enc.ids, dtype=TOKEN_DTYPE)
                 f.write(ids.tobytes())
                 n += ids.size
+                if ends_doc:               # the document's tokens, then the separator
+                    f.write(eot)
+                    n += 1
+                    ends.append(n)
             batch.clear()
+            last.clear()
 
         for doc in source.documents:
             for piece in _pieces(doc):
                 batch.append(piece)
+                last.append(False)
                 chars += len(piece)
                 if chars >= ENCODE_CHUNK_CHARS:
                     flush()
                     chars = 0
-            flush()  # a document ends here: write its tokens, then the separator
-            f.write(np.asarray([eot], dtype=TOKEN_DTYPE).tobytes())
-            n += 1
-            ends.append(n)
+            if last:
+                last[-1] = True
+            else:                          # its pieces went with the flush just above
+                f.write(eot)
+                n += 1
+                ends.append(n)
+        flush()
     return ends
 
 
