@@ -152,3 +152,41 @@ def test_token_files_are_each_document_encoded_alone(tmp_path, monkeypatch, batc
 def test_training_is_deterministic(tiny):
     fresh = tk.train_tokenizer(list(tiny.sources), TINY_V)
     assert fresh.to_str() == tiny.tokenizer_path.read_text(encoding="utf-8")
+
+
+BUILD_CHILD = """
+import sys
+from pathlib import Path
+from andrea.data import tokens
+from andrea.data.hub import DataHub
+built = tokens._build
+def counted(*a, **k):
+    print("built", flush=True)
+    return built(*a, **k)
+tokens._build = counted
+corpus = DataHub(Path(sys.argv[1]), (("notes", Path(sys.argv[2])),), only_corpus=True)
+print(len(corpus.prepared(int(sys.argv[3])).files[0].tokens), flush=True)
+"""
+
+
+def test_processes_that_start_together_build_a_cache_once(tmp_path):
+    """Two processes asking for the same caches at once (`--workers`, servers sharing a cache):
+    one builds them, the other waits on the lock beside them and reads what it wrote."""
+    import fcntl
+    import subprocess
+    import sys
+
+    hub = small_hub(tmp_path / "data", tmp_path)
+    lock = tmp_path / "data" / "tokens" / f"{hub.corpus_hash()}_{TINY_V}.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)     # both children start while the lock is taken
+        procs = [subprocess.Popen([sys.executable, "-c", BUILD_CHILD, str(tmp_path / "data"),
+                                   str(tmp_path / "notes"), str(TINY_V)],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        for p in procs:
+            with pytest.raises(subprocess.TimeoutExpired):
+                p.wait(timeout=1)            # waiting on the lock, however long it is held
+    outs = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert sorted(len(o) for o in outs) == [1, 2]               # one built, one read
+    assert outs[0][-1] == outs[1][-1] == str(len(hub.prepared(TINY_V).files[0].tokens))
