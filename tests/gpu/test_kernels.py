@@ -55,16 +55,16 @@ def test_linear_forward_backward(lab_session, M, N, K):
     # Both launches of the fp32 matmuls: a GPU's tiles and a software adapter's direct kernel
     # (matmul_tiles.js matmulLaunch), whatever this adapter is.
     got = {}
-    for matmul in ("tiles", "direct"):
-        out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K, matmul=matmul)
-        back = op(lab_session, "linearBackward", dy=dy, x=x, w=w, M=M, N=N, K=K, matmul=matmul)
-        check(f"{matmul} linear.y", out["y"], y.detach())
-        check(f"{matmul} linear.dx", back["dx"], xt.grad)
-        check(f"{matmul} linear.dw", back["dw"], wt.grad)
-        got[matmul] = (out["y"], back["dx"], back["dw"])
+    for adapter in ("gpu", "software"):
+        out = op(lab_session, "linear", x=x, w=w, M=M, N=N, K=K, adapter=adapter)
+        back = op(lab_session, "linearBackward", dy=dy, x=x, w=w, M=M, N=N, K=K, adapter=adapter)
+        check(f"{adapter} linear.y", out["y"], y.detach())
+        check(f"{adapter} linear.dx", back["dx"], xt.grad)
+        check(f"{adapter} linear.dw", back["dw"], wt.grad)
+        got[adapter] = (out["y"], back["dx"], back["dw"])
     # Each output sums in the same order in both, so a run's bits never depend on the adapter
     # (a run resumed on another machine goes on exactly).
-    for name, a, b in zip(("y", "dx", "dw"), got["tiles"], got["direct"]):
+    for name, a, b in zip(("y", "dx", "dw"), got["gpu"], got["software"]):
         assert np.array_equal(np.asarray(a), np.asarray(b)), f"linear.{name}: direct != tiles bits"
 
 
@@ -117,20 +117,29 @@ def test_rope_forward_and_inverse(lab_session):
 
 
 # Row kernels below T 128 (kernels.js ATTENTION_TILED_T), tiled ones from it: both, for odd head
-# dims, several batches and heads, T not a multiple of the 64-row block, head dim 128.
+# dims, several batches and heads, T not a multiple of the 64-row block, head dim 128. Below T 128
+# a GPU and a software adapter launch different kernels (the row kernels, attention_direct.js's):
+# both, whatever this adapter is, each against torch and the two bit for bit.
 @pytest.mark.parametrize("B,T_,H,D", [(2, 37, 3, 10), (1, 70, 2, 16), (1, 100, 2, 128),
                                        (2, 133, 3, 64), (1, 130, 2, 10), (1, 150, 2, 128)])
 def test_attention_forward_backward(lab_session, B, T_, H, D):
     qkv, dy = randn(B * T_, 3 * H * D), randn(B * T_, H * D)
-    out = op(lab_session, "attention", qkv=qkv, B=B, T=T_, H=H, D=D)
     x = T(qkv, True)
     y, lse = ref.attention(x, B, T_, H, D)
-    check("attention.y", out["y"], y.detach())
-    check("attention.lse", out["lse"], lse.detach())
     y.backward(T(dy))
-    back = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],
-              B=B, T=T_, H=H, D=D)
-    check("attention.dqkv", back["dqkv"], x.grad)
+    got = {}
+    for adapter in ("gpu", "software") if T_ < 128 else ("gpu",):
+        out = op(lab_session, "attention", qkv=qkv, B=B, T=T_, H=H, D=D, adapter=adapter)
+        check(f"{adapter} attention.y", out["y"], y.detach())
+        check(f"{adapter} attention.lse", out["lse"], lse.detach())
+        back = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],
+                  B=B, T=T_, H=H, D=D, adapter=adapter)
+        check(f"{adapter} attention.dqkv", back["dqkv"], x.grad)
+        got[adapter] = (out["y"], out["lse"], back["delta"], back["dqkv"])
+    if "software" in got:
+        for name, a, b in zip(("y", "lse", "delta", "dqkv"), got["gpu"], got["software"]):
+            assert np.array_equal(np.asarray(a), np.asarray(b)), \
+                f"attention.{name}: attention_direct.js != row kernel bits"
     # The tiled kernels take dS through memory where the adapter binds the T x T buffer and
     # recompute it in dq where not: the same bits either way.
     again = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],

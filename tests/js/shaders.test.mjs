@@ -110,6 +110,7 @@ async function allOps(T) {
     k.rope({ ...b, N, T, H, D }),
     k.attention({ ...b, B, T, H, D }), k.attentionBackward({ ...b, ds, B, T, H, D }),
     k.attentionBackward({ ...b, ds: buf('ds', 16), B, T, H, D }),
+    soft.attention({ ...b, B, T, H, D }), soft.attentionBackward({ ...b, ds, B, T, H, D }),
     k.swiglu({ ...b, N, F: 40 }), k.swigluBackward({ ...b, N, F: 40 }),
     k.crossEntropy({ ...b, N, V: 50 }),
     k.init({ ...b, numel: 100, seed: 1, stream: 0, mode: 0, std: 0.02 }),
@@ -148,6 +149,13 @@ test('launchers bind by WGSL name; entry points leave out what they never touch'
         assert.equal(Object.keys(o.bound).length, 10, o.label);   // all of the file's bindings
       }
       assert.equal(find('main', '05_attention.wgsl')[0].bound.qkv4, 'qkv');
+    } else {   // a software adapter's row attention (attention_direct.js) binds as the row kernels
+      const same = (entry, rows, direct) => assert.deepEqual(find(entry, direct)[0].bound,
+        find(entry, rows)[0].bound, entry);
+      same('main', '05_attention_rows.wgsl', 'attention_direct.js forward D16');
+      for (const entry of ['attention_backward_dq', 'attention_backward_dkdv']) {
+        same(entry, '10_attention_backward_rows.wgsl', 'attention_direct.js backward D16');
+      }
     }
   }
 });

@@ -4,6 +4,7 @@
 // holds exactly the bindings an op names, typed as the WGSL declares them); shapes use B batch,
 // T time, C channels, H heads, D head dim, F FFN width, V vocab, N = B*T rows.
 
+import { attentionBackwardDirect, attentionForwardDirect } from './attention_direct.js';
 import { checked } from './gpu.js';
 import { WIDE_BIG, WIDE_BIG_BYTES, matmulLaunch, weightGradSplit } from './matmul_tiles.js';
 import { mmaAttentionFits } from './mma_attention.js';
@@ -84,7 +85,8 @@ export class Kernels {
     this.mixed = mixed;
     this.mma = mixed ? new MmaOps(this) : null;
     // software: a CPU adapter (ctx.software), whose fp32 matmuls take the direct kernel
-    // (matmul_tiles.js matmulLaunch); the same bits as the tiles.
+    // (matmul_tiles.js matmulLaunch) and whose row attention takes attention_direct.js's
+    // kernels; the same bits as the tiles and the row kernels.
     this.software = software;
     const lim = device.limits ?? {};
     this.bigTile = (lim.maxComputeWorkgroupStorageSize ?? 0) >= WIDE_BIG_BYTES
@@ -228,7 +230,10 @@ export class Kernels {
     if (this.mma?.attentionFits(T, D)) return this.mma.attention({ qkv, y, lse, B, T, H, D }, dims);
     if (T < ATTENTION_TILED_T) {
       // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
-      return this.op('05_attention_rows.wgsl', 'main',
+      const file = this.software
+        ? this.lib.define(`attention_direct.js forward D${D}`, () => attentionForwardDirect(D))
+        : '05_attention_rows.wgsl';
+      return this.op(file, 'main',
         { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 16 : 32 }, dims, { qkv, y, lse },
         grid1d(B * H * cdiv(T, WG_ATTENTION_ROWS)), 'attention');
     }
@@ -263,7 +268,9 @@ export class Kernels {
     }
     if (T < ATTENTION_TILED_T) {
       const c = { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles under 16 KiB
-      const file = '10_attention_backward_rows.wgsl';
+      const file = this.software
+        ? this.lib.define(`attention_direct.js backward D${D}`, () => attentionBackwardDirect(D))
+        : '10_attention_backward_rows.wgsl';
       const res = { qkv, y, dy, lse, delta, dqkv };
       const grid = grid1d(B * H * cdiv(T, WG_ATTENTION_ROWS));
       return Promise.all([

@@ -41,15 +41,16 @@ export function labEntries(ctx) {
   const kernels = (opts) => new Kernels(ctx.device, ctx.lib,
     { maxHeadDim: ctx.modelLimits.max_head_dim, ...opts });
   const k = kernels({ software: ctx.software });
-  // The fp32 matmuls as either adapter kind runs them (matmul_tiles.js matmulLaunch): `matmul`
-  // 'tiles' (a GPU's) or 'direct' (a software adapter's); left out, this adapter's.
-  const byMatmul = { tiles: kernels({ software: false }), direct: kernels({ software: true }) };
-  const kmm = (matmul) => {
-    if (matmul === undefined) return k;
-    if (!Object.hasOwn(byMatmul, matmul)) {
-      throw new Error(`matmul must be 'tiles' or 'direct', got ${JSON.stringify(matmul)}`);
+  // The kernels as either adapter kind runs them, where the two differ (the fp32 matmuls:
+  // matmul_tiles.js matmulLaunch; the row attention: attention_direct.js): `adapter` 'gpu' or
+  // 'software'; left out, this adapter's.
+  const byAdapter = { gpu: kernels({ software: false }), software: kernels({ software: true }) };
+  const ka = (adapter) => {
+    if (adapter === undefined) return k;
+    if (!Object.hasOwn(byAdapter, adapter)) {
+      throw new Error(`adapter must be 'gpu' or 'software', got ${JSON.stringify(adapter)}`);
     }
-    return byMatmul[matmul];
+    return byAdapter[adapter];
   };
   let mixedKernels = null;
   const km = () => (mixedKernels ??= kernels({ mixed: true }));
@@ -65,12 +66,12 @@ export function labEntries(ctx) {
     rmsnormBackward: ({ dy, x, g, rstd, N, C }) => runOps(ctx, { dy, x, g, rstd },
       { dx: N * C, dg: C, part: gainPartialNumel(N, C) }, (b) => [k.rmsnormBackward({ ...b, N, C }),
         k.rmsnormBackwardGain({ ...b, N, C })]),
-    linear: ({ x, w, M, N, K, matmul }) => runOps(ctx, { x, w }, { y: M * N },
-      (b) => kmm(matmul).linear({ ...b, M, N, K })),
-    linearBackward: ({ dy, x, w, M, N, K, matmul }) => runOps(ctx, { dy, x, w },
+    linear: ({ x, w, M, N, K, adapter }) => runOps(ctx, { x, w }, { y: M * N },
+      (b) => ka(adapter).linear({ ...b, M, N, K })),
+    linearBackward: ({ dy, x, w, M, N, K, adapter }) => runOps(ctx, { dy, x, w },
       { dx: M * K, dw: N * K, part: Math.max(1, weightGradPartNumel(M, N, K)) },
-      (b) => [kmm(matmul).linearBackwardInput({ ...b, M, N, K }),
-        kmm(matmul).linearBackwardWeight({ ...b, M, N, K })]),
+      (b) => [ka(adapter).linearBackwardInput({ ...b, M, N, K }),
+        ka(adapter).linearBackwardWeight({ ...b, M, N, K })]),
     // The mixed-precision linears (f16 operands, f32 accumulation: mma.js) where the adapter has
     // them (lab.info.mixed); forward, input and weight gradient of one shape at once.
     linearMixed: ({ x, w, dy, M, N, K }) => runOps(ctx, { x, w, dy },
@@ -89,14 +90,14 @@ export function labEntries(ctx) {
     rope: ({ qkv, B, T, H, D, theta, inverse = false }) => runOps(ctx,
       { table: ropeTable(T, D, theta) }, { qkv },
       (b) => k.rope({ ...b, N: B * T, T, H, D, inverse })),
-    attention: ({ qkv, B, T, H, D }) => runOps(ctx, { qkv },
-      { y: B * T * H * D, lse: B * H * T }, (b) => k.attention({ ...b, B, T, H, D })),
+    attention: ({ qkv, B, T, H, D, adapter }) => runOps(ctx, { qkv },
+      { y: B * T * H * D, lse: B * H * T }, (b) => ka(adapter).attention({ ...b, B, T, H, D })),
     // dsPath false: a 4-float dS buffer, so the tiled kernels recompute the scores in dq (as on
     // an adapter that cannot bind the T x T buffer)
-    attentionBackward: ({ qkv, y, dy, lse, B, T, H, D, dsPath = true }) => runOps(ctx,
+    attentionBackward: ({ qkv, y, dy, lse, B, T, H, D, dsPath = true, adapter }) => runOps(ctx,
       { qkv, y, dy, lse },
       { delta: B * H * T, dqkv: B * T * 3 * H * D, ds: dsPath ? attentionDsNumel(B, T, H) : 4 },
-      (b) => k.attentionBackward({ ...b, B, T, H, D })),
+      (b) => ka(adapter).attentionBackward({ ...b, B, T, H, D })),
     swiglu: ({ gu, N, F }) => runOps(ctx, { gu }, { h: N * F }, (b) => k.swiglu({ ...b, N, F })),
     swigluBackward: ({ gu, dh, N, F }) => runOps(ctx, { gu, dh }, { dgu: N * 2 * F },
       (b) => k.swigluBackward({ ...b, N, F })),

@@ -102,12 +102,25 @@ export class ShaderLibrary {
    *  the including file defines). */
   async source(file, stack = []) {
     if (stack.includes(file)) throw new Error(`include cycle: ${[...stack, file].join(' -> ')}`);
-    const code = await this.load(file);
+    return this.expand(await this.load(file), [...stack, file]);
+  }
+
+  /** `code` (of the file at the end of `stack`) with its includes replaced. */
+  async expand(code, stack) {
     const parts = await Promise.all(code.split('\n').map(async (line) => {
       const m = line.match(/^\/\/#include "([^"]+)"\s*$/);
-      return m ? this.source(m[1], [...stack, file]) : line;
+      return m ? this.source(m[1], stack) : line;
     }));
     return parts.join('\n');
+  }
+
+  /** Takes WGSL `code` made in JS (its includes expanded as a file's) as the file `name`, so
+   *  shader(), bindings() and pipeline() take it as they take a file; `code()` runs once a name. */
+  define(name, code) {
+    if (!this.shaders.has(name)) {
+      this.shaders.set(name, this.expand(code(), [name]).then((c) => this.compile(c, name)));
+    }
+    return name;
   }
 
   /**
