@@ -5,9 +5,6 @@ the same bytes every time, locally or through a running server."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,35 +27,11 @@ CHAIN = 3                      # tokens generated after the prompt, the last one
 
 
 @pytest.fixture(scope="module")
-def export_data(data_dir, tmp_path_factory):
-    """A data dir of this module's own, with the session's cached tokenizers and token files,
-    also in the corpus cache that servers and `andrea export` read when one is set
-    (ANDREA_CACHE_DIR: the session's, see conftest.py)."""
-    path = tmp_path_factory.mktemp("export-data")
-    for folder in {path, Path(os.environ.get("ANDREA_CACHE_DIR") or path)}:
-        for sub in ("tokenizers", "tokens"):
-            publish(data_dir / sub, folder / sub)
-    return path
-
-
-def publish(src: Path, dst: Path) -> None:
-    """Each file and folder of src into dst whole, as the data hub writes its caches (a copy
-    renamed into place), leaving what is there: the session's cache is shared by every worker's
-    servers, and one that found a token folder half-copied took it for a stale one and deleted
-    it under the copy (server/data/tokens.py load_or_build)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for item in src.iterdir():
-        if (dst / item.name).exists():
-            continue
-        work = Path(tempfile.mkdtemp(dir=dst, prefix=item.name + ".tmp"))
-        try:
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, work / "copy")
-            try:
-                os.rename(work / "copy", dst / item.name)
-            except OSError:   # another process put it there first
-                pass
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+def export_data(tiny, tmp_path_factory):
+    """A data dir of this module's own; its tokenizers and token files are the session's
+    (ANDREA_CACHE_DIR, see conftest.py: what its apps, servers and `andrea export` read), tiny's
+    built already."""
+    return tmp_path_factory.mktemp("export-data")
 
 
 def chain_weights(layout: dict, ids: list[int]) -> np.ndarray:
@@ -87,16 +60,13 @@ def chain_weights(layout: dict, ids: list[int]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def run(export_data):
+def run(export_data, tiny):
     """A tiny run with chain weights uploaded and three steps of metrics."""
-    from tokenizers import Tokenizer
-
     with TestClient(create_app(Settings(data_dir=export_data))) as client:
         run = client.post("/api/runs", json={"preset": "tiny", "seq_len": 32, "batch_size": 4,
                                              "steps": 10}).json()
-        tok_path = next((export_data / "tokenizers").glob(f"{run['config']['corpus_hash']}_*"))
-        tok = Tokenizer.from_file(str(tok_path / "tokenizer.json"))
-        last = tok.encode(CHAIN_TEXT).ids[-1]
+        assert run["config"]["corpus_hash"] == tiny.corpus_hash
+        last = tiny.tokenizer.encode(CHAIN_TEXT).ids[-1]
         chain = [last] + [t for t in (300, 301) if t != last][:CHAIN - 1] + [0]
         w = chain_weights(run["layout"], chain)
         r = client.put(f"/api/runs/{run['id']}/weights", content=w.astype("<f4").tobytes(),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import threading
 import zipfile
 from io import BytesIO
@@ -38,15 +37,12 @@ ENV = {"ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_MAX_EXPORTS_PER_CLIEN
 
 
 @pytest.fixture
-def live(tmp_path, data_dir):
-    """Starts a server on a data dir that has the session's tokenizers and token files."""
+def live(tmp_path, tiny):
+    """Starts a server on a data dir; its tokenizers and token files are the session's
+    (ANDREA_CACHE_DIR), tiny's built already."""
     procs = []
-    cache = data_dir
 
     def start(data_dir: Path):
-        for sub in ("tokenizers", "tokens"):
-            if not (data_dir / sub).exists():
-                shutil.copytree(cache / sub, data_dir / sub)
         proc, url = start_server(data_dir, env=ENV)
         procs.append(proc)
         return proc, url
@@ -124,10 +120,8 @@ def send_steps(url: str, run: dict, first: int, last: int) -> None:
 RECORDS = 200_000
 
 
-def big_run(data_dir: Path, cache: Path) -> dict:
+def big_run(data_dir: Path) -> dict:
     """A run with weights and RECORDS records, written straight into the data dir."""
-    for sub in ("tokenizers", "tokens"):
-        shutil.copytree(cache / sub, data_dir / sub)
     with TestClient(create_app(Settings(data_dir=data_dir)), base_url="http://127.0.0.1") as client:
         run = client.post("/api/runs", json={"preset": "tiny", "steps": 1_000_000}).json()
         w = np.zeros(run["layout"]["total_numel"], "<f4")
@@ -144,9 +138,9 @@ def big_run(data_dir: Path, cache: Path) -> dict:
     return run
 
 
-def test_exports_and_lists_do_not_stop_another_trainers_acks(tmp_path, live, data_dir):
-    cache, data_dir = data_dir, tmp_path / "data"
-    big = big_run(data_dir, cache)
+def test_exports_and_lists_do_not_stop_another_trainers_acks(tmp_path, live):
+    data_dir = tmp_path / "data"
+    big = big_run(data_dir)
     proc, url = live(data_dir)
     trainer = new_run(url, steps=1_000_000)
     base_rss = rss_mib(proc.pid)

@@ -59,7 +59,7 @@ export class ShaderLibrary {
     this.pipelines = new Map();   // file|entry|constants|names -> Promise<pipeline record>
   }
 
-  /** {module, bindings, label} of `file` (includes expanded), compiled and parsed once. */
+  /** {module, bindings, label, code} of `file` (includes expanded), compiled and parsed once. */
   shader(file) {
     if (!this.shaders.has(file)) {
       this.shaders.set(file, this.source(file).then((code) => this.compile(code, file)));
@@ -72,12 +72,17 @@ export class ShaderLibrary {
     return (await this.shader(file)).module;
   }
 
+  /** The WGSL `file` compiles from: a file's with its includes expanded, or what define() gave. */
+  async code(file) {
+    return (await this.shader(file)).code;
+  }
+
   /** `file`'s bindings as parseBindings lists them. */
   async bindings(file) {
     return (await this.shader(file)).bindings;
   }
 
-  /** {module, bindings, label} of WGSL `code` (not cached; shader() caches by file). WGSL errors
+  /** {module, bindings, label, code} of WGSL `code` (not cached; shader() caches by file). WGSL errors
    *  are reported with their lines, any other failure of the module with `label`. */
   async compile(code, label) {
     const bindings = parseBindings(code, label);
@@ -94,7 +99,7 @@ export class ShaderLibrary {
         errs.map((m) => `  ${m.lineNum}:${m.linePos} ${m.message}`).join('\n'));
     }
     await created;
-    return { module, bindings, label };
+    return { module, bindings, label, code };
   }
 
   /** WGSL text with `//#include "lib/x.wgsl"` lines replaced by that file (WGSL has no imports;
