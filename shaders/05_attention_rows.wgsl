@@ -17,6 +17,8 @@
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read_write> lse: array<f32>;
 
+var<workgroup> tile_k: array<vec4<f32>, KT * HV>;   // [KT, HV] keys s0 .. s0 + KT
+var<workgroup> tile_v: array<vec4<f32>, KT * HV>;   // [KT, HV] their values
 
 fn row_at(src: u32, i: u32) -> f32 { return qkv[i]; }   // the forward reads qkv only
 
@@ -24,35 +26,47 @@ fn row_at(src: u32, i: u32) -> f32 { return qkv[i]; }   // the forward reads qkv
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let blk = block_of(wid, nwg);
-  if (blk.w == 0u) { return; }
+  if (blk.w == 0u) { return; }          // whole workgroups only: barriers stay uniform
   let b = blk.x;
   let h = blk.y;
-  let t = blk.z + lid;
-  if (t >= dims.T) { return; }
+  let t = blk.z + lid;                  // this thread's query
+  let valid = t < dims.T;
   let C3 = 3u * dims.C;
   var q: array<vec4<f32>, MAX_V>;
   var acc: array<vec4<f32>, MAX_V>;
-  let qoff = (b * dims.T + t) * C3 + h * dims.D;
+  let qoff = (b * dims.T + min(t, dims.T - 1u)) * C3 + h * dims.D;
   for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
     q[d4] = pad4(qoff, d4, QKV) * dims.scale;
     acc[d4] = vec4<f32>(0.0);
   }
   var m = -3.0e38;
   var l = 0.0;
-  for (var s = 0u; s <= t; s = s + 1u) {
-    let koff = (b * dims.T + s) * C3 + dims.C + h * dims.D;
-    var part = vec4<f32>(0.0);
-    for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) { part = fma(q[d4], pad4(koff, d4, QKV), part); }
-    let score = (part.x + part.y) + (part.z + part.w);
-    let m_new = max(m, score);
-    let corr = exp(m - m_new);
-    let p = exp(score - m_new);
-    l = l * corr + p;
-    for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
-      acc[d4] = fma(vec4<f32>(p), pad4(koff + dims.C, d4, QKV), acc[d4] * corr);
+  let keys = min(dims.T, blk.z + WG);   // the block's last query sees keys [0, keys)
+  for (var s0 = 0u; s0 < keys; s0 = s0 + KT) {
+    for (var i = lid; i < KT * HV; i = i + WG) {
+      let koff = (b * dims.T + min(s0 + i / HV, dims.T - 1u)) * C3 + dims.C + h * dims.D;
+      tile_k[i] = pad4(koff, i % HV, QKV);
+      tile_v[i] = pad4(koff + dims.C, i % HV, QKV);
     }
-    m = m_new;
+    workgroupBarrier();
+    // Keys s0 + j <= t of this tile (none when the tile starts after t).
+    let n = select(0u, min(KT, t + 1u - s0), valid && t >= s0);
+    for (var j = 0u; j < n; j = j + 1u) {
+      var part = vec4<f32>(0.0);
+      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) { part = fma(q[d4], tile_k[j * HV + d4], part); }
+      let score = (part.x + part.y) + (part.z + part.w);
+      let m_new = max(m, score);
+      let corr = exp(m - m_new);
+      let p = exp(score - m_new);
+      l = l * corr + p;
+      for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
+        acc[d4] = fma(vec4<f32>(p), tile_v[j * HV + d4], acc[d4] * corr);
+      }
+      m = m_new;
+    }
+    workgroupBarrier();
   }
+  if (!valid) { return; }
   let yoff = (b * dims.T + t) * dims.C + h * dims.D;
   let inv = 1.0 / l;
   for (var d4 = 0u; d4 < HV; d4 = d4 + 1u) {
