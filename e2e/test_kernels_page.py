@@ -13,7 +13,8 @@ def test_kernels_page_times_every_kernel_and_shows_its_wgsl(page, live_server, p
     # The WGSL it ran: the row kernel at tiny's T 64 on a GPU, its generated twin on a software
     # adapter (attention_direct.js), includes expanded.
     title = page.inner_text("#source-title")
-    assert title in ("05_attention_rows.wgsl", "attention_direct.js forward D16"), title
+    assert title in ("05_attention_rows.wgsl",
+                     "attention_direct.js forward D16 (entry point main_direct)"), title
     assert "fn block_of" in page.inner_text("#source")     # lib/attention_rows.wgsl's
     assert page_errors == []
 

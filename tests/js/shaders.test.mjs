@@ -150,8 +150,8 @@ test('launchers bind by WGSL name; entry points leave out what they never touch'
       }
       assert.equal(find('main', '05_attention.wgsl')[0].bound.qkv4, 'qkv');
     } else {   // a software adapter's row attention (attention_direct.js) binds as the row kernels
-      const same = (entry, rows, direct) => assert.deepEqual(find(entry, direct)[0].bound,
-        find(entry, rows)[0].bound, entry);
+      const same = (entry, rows, direct) => assert.deepEqual(
+        find(`${entry}_direct`, direct)[0].bound, find(entry, rows)[0].bound, entry);
       same('main', '05_attention_rows.wgsl', 'attention_direct.js forward D16');
       for (const entry of ['attention_backward_dq', 'attention_backward_dkdv']) {
         same(entry, '10_attention_backward_rows.wgsl', 'attention_direct.js backward D16');

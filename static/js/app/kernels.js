@@ -33,13 +33,11 @@ async function planFor(preset, B) {
   return state.held;
 }
 
-/** The WGSL kernel `file` was compiled from (its includes expanded; a kernel made in JS and
- *  defined in the library, such as attention_direct.js's, as made), or the module that makes it
- *  (mma.js). */
+/** The WGSL kernel `file` was compiled from (its includes expanded; one made in JS and defined in
+ *  the library, such as attention_direct.js's, as made), or the JS module that makes it. */
 async function showSource(file, entry) {
   $('source-title').textContent = `${file}${entry && entry !== 'main' ? ` (entry point ${entry})` : ''}`;
-  $('source').textContent = file.endsWith('.wgsl') || state.ctx.lib.shaders.has(file)
-    ? await state.ctx.lib.code(file)
+  $('source').textContent = state.ctx.lib.knows(file) ? await state.ctx.lib.code(file)
     : `// WGSL made in JS for this shape and adapter by static/js/engine/${file}`;
 }
 

@@ -4,7 +4,7 @@
 // holds exactly the bindings an op names, typed as the WGSL declares them); shapes use B batch,
 // T time, C channels, H heads, D head dim, F FFN width, V vocab, N = B*T rows.
 
-import { attentionBackwardDirect, attentionForwardDirect } from './attention_direct.js';
+import { rowAttention } from './attention_direct.js';
 import { checked } from './gpu.js';
 import { WIDE_BIG, WIDE_BIG_BYTES, matmulLaunch, weightGradSplit } from './matmul_tiles.js';
 import { mmaAttentionFits } from './mma_attention.js';
@@ -230,10 +230,8 @@ export class Kernels {
     if (this.mma?.attentionFits(T, D)) return this.mma.attention({ qkv, y, lse, B, T, H, D }, dims);
     if (T < ATTENTION_TILED_T) {
       // Staged K and V tiles take 2 * KT * D * 4 bytes: 16 KiB, WebGPU's default limit.
-      const file = this.software
-        ? this.lib.define(`attention_direct.js forward D${D}`, () => attentionForwardDirect(D))
-        : '05_attention_rows.wgsl';
-      return this.op(file, 'main',
+      const { file, suffix } = rowAttention(this.lib, this.software, 'forward', D);
+      return this.op(file, `main${suffix}`,
         { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 16 : 32 }, dims, { qkv, y, lse },
         grid1d(B * H * cdiv(T, WG_ATTENTION_ROWS)), 'attention');
     }
@@ -268,15 +266,11 @@ export class Kernels {
     }
     if (T < ATTENTION_TILED_T) {
       const c = { WG: WG_ATTENTION_ROWS, HD: D, KT: D > 64 ? 8 : 16 };   // staged tiles under 16 KiB
-      const file = this.software
-        ? this.lib.define(`attention_direct.js backward D${D}`, () => attentionBackwardDirect(D))
-        : '10_attention_backward_rows.wgsl';
+      const { file, suffix } = rowAttention(this.lib, this.software, 'backward', D);
       const res = { qkv, y, dy, lse, delta, dqkv };
       const grid = grid1d(B * H * cdiv(T, WG_ATTENTION_ROWS));
-      return Promise.all([
-        this.op(file, 'attention_backward_dq', c, dims, res, grid, 'attention_backward_dq'),
-        this.op(file, 'attention_backward_dkdv', c, dims, res, grid, 'attention_backward_dkdv'),
-      ]);
+      return Promise.all(['attention_backward_dq', 'attention_backward_dkdv'].map((entry) =>
+        this.op(file, entry + suffix, c, dims, res, grid, entry)));
     }
     const res = { qkv, y, dy, lse, delta, dqkv, ...attentionVec4s(qkv, dy, D), ds4: ds };
     const file = '10_attention_backward.wgsl';

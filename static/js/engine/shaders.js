@@ -72,6 +72,12 @@ export class ShaderLibrary {
     return (await this.shader(file)).module;
   }
 
+  /** Whether `file` is a shader file or a name define() took (not a JS module, such as the
+   *  mixed kernels' mma.js, which compiles its WGSL itself). */
+  knows(file) {
+    return file.endsWith('.wgsl') || this.shaders.has(file);
+  }
+
   /** The WGSL `file` compiles from: a file's with its includes expanded, or what define() gave. */
   async code(file) {
     return (await this.shader(file)).code;
