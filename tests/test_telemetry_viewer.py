@@ -196,3 +196,21 @@ def test_viewers_get_only_committed_values(live_server):
         assert [(r["step"], r["loss"]) for r in live] == [(3, 5.0)]
     stored = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics").json()
     assert [r["loss"] for r in stored] == [5.0, 5.0, 5.0]
+
+
+def test_a_status_change_while_a_viewer_subscribes_reaches_it(client, monkeypatch):
+    """A change published after a viewer's first "run" message and before its subscription
+    reached no queue: the viewer is told the run as it is once subscribed."""
+    from andrea.telemetry import viewer
+
+    run = client.post("/api/runs", json={"preset": "tiny", "steps": 20}).json()
+    subscribe = viewer._ViewerSession.start_from
+
+    async def changed_first(self, after):      # the change lands in that window, unpublished
+        await self.store.run(self.store.set_status, self.run_id, "running")
+        await subscribe(self, after)
+
+    monkeypatch.setattr(viewer._ViewerSession, "start_from", changed_first)
+    with client.websocket_connect(f"/ws/runs/{run['id']}/watch") as v:
+        assert v.receive_json()["run"]["status"] == "created"
+        assert v.receive_json()["run"]["status"] == "running"

@@ -23,6 +23,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from andrea.config import Settings
 from andrea.fanout import Fanout, Outgoing, Viewer
 from andrea.runs.info import public_run
+from andrea.runs.lifecycle import current_run
 from andrea.store import Store, StoreUnavailable
 from andrea.telemetry.protocol import (
     VIEWER_MESSAGE_BYTES,
@@ -227,9 +228,15 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
     reader = asyncio.ensure_future(session.read())
 
     async def write():
-        await session.send(json.dumps({"type": "run", "run": public_run(
-            run, fanout.has_trainer(run_id))}))
+        shown = public_run(run, fanout.has_trainer(run_id))
+        await session.send(json.dumps({"type": "run", "run": shown}))
         await session.start_from(session.cursor if raw_after is not None else None)
+        # A status change published between that message and the subscription (start_from)
+        # reached no queue: the run as it is now, if its status differs. (Only the status: a
+        # trainer's hello on a run not yet running changes `connected` and publishes nothing.)
+        now = await current_run(store, fanout, run_id)
+        if now is not None and now["status"] != shown["status"]:
+            await session.send(json.dumps({"type": "run", "run": now}))
         await session.live()
 
     writer = asyncio.ensure_future(write())
