@@ -5,6 +5,8 @@ import shutil
 import signal
 import tempfile
 
+from tests.browser import TEST_DAWN_FEATURES
+
 pytest_plugins = ["tests.browser", "tests.data_fixtures"]
 
 _OWN_CACHE: list[str] = []
@@ -36,6 +38,12 @@ def pytest_configure(config) -> None:
     if "ANDREA_CACHE_DIR" not in os.environ:
         _OWN_CACHE.append(tempfile.mkdtemp(prefix="andrea-test-cache-"))
         os.environ["ANDREA_CACHE_DIR"] = _OWN_CACHE[0]
+    # The tests' Dawn toggles (tests/browser.py says why), for their browsers and, through the
+    # environment, for the `andrea train` subprocesses and the xdist workers (once: a worker
+    # inherits the controller's value).
+    args = os.environ.get("ANDREA_CHROMIUM_ARGS", "")
+    if TEST_DAWN_FEATURES not in args:
+        os.environ["ANDREA_CHROMIUM_ARGS"] = f"{args} {TEST_DAWN_FEATURES}".strip()
     _signals_end_the_run()
 
 

@@ -10,7 +10,7 @@ import httpx
 from playwright.sync_api import sync_playwright
 
 from andrea.web.auth import token_init_script
-from bench.browser import BROWSER_ARGS, CHROMIUM, served
+from bench.browser import CHROMIUM, browser_args, served
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     args = ap.parse_args()
     with served() as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=BROWSER_ARGS)
+                                    args=browser_args())
         for optimizer in ("adamw", "adamw_8bit"):
             run = httpx.post(f"{url}/api/runs", json={
                 "preset": "tiny", "optimizer": optimizer, "steps": args.steps,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from andrea.cli.launch import served  # noqa: F401  (bench scripts import it from here)
-from tests.browser import BROWSER_ARGS, CHROMIUM
+from tests.browser import CHROMIUM, browser_args
 
 
 @contextlib.contextmanager
@@ -13,7 +13,7 @@ def lab_page(url: str):
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=BROWSER_ARGS)
+                                    args=browser_args())
         page = browser.new_page()
         page.set_default_timeout(600_000)
         page.goto(url + "/lab")

@@ -15,7 +15,7 @@ import sys
 import httpx
 
 from andrea.web.auth import token_init_script
-from tests.browser import BROWSER_ARGS, CHROMIUM, GPU_BROWSER
+from tests.browser import CHROMIUM, GPU_BROWSER, browser_args
 from tests.small_model import SMALL, cli_args
 
 # On a GPU the small model's steps take a millisecond or two: a longer run, so that the crash
@@ -39,7 +39,7 @@ def metrics(url: str, run_id: str) -> list[dict]:
 
 def test_a_lost_device_stops_the_run_resumably_and_the_page_resumes_it(playwright, live_server):
     run = httpx.post(f"{live_server}/api/runs", json=config(seed=41)).json()
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=browser_args())
     try:
         page = browser.new_context().new_page()
         page.add_init_script(token_init_script(run["id"], run["token"]))

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from andrea.web.auth import token_init_script
-from tests.browser import BROWSER_ARGS, CHROMIUM, QUIET_FLAGS
+from tests.browser import CHROMIUM, QUIET_FLAGS, browser_args
 from tests.small_model import SMALL
 
 # The browser is killed once step KILL_AFTER and the step-16 checkpoint are committed. Its run
@@ -87,7 +87,7 @@ def assert_same_run(live_server: str, got: str, want: str) -> None:
 def chromium(playwright):
     def launch():
         return playwright.chromium.launch(executable_path=CHROMIUM,
-                                          args=BROWSER_ARGS)
+                                          args=browser_args())
     return launch
 
 

@@ -51,8 +51,28 @@ GPU = ["--enable-unsafe-webgpu", "--ignore-gpu-blocklist", "--disable-gpu-sandbo
 
 def extra_args() -> list[str]:
     """ANDREA_CHROMIUM_ARGS: more browser flags, as a shell would split them (for instance
-    --enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia,dump_shaders)."""
+    --enable-dawn-features=dump_shaders)."""
     return shlex.split(os.environ.get("ANDREA_CHROMIUM_ARGS", ""))
+
+
+DAWN_FEATURES = "--enable-dawn-features="
+
+
+def merge_dawn_features(args: list[str]) -> list[str]:
+    """`args` with every --enable-dawn-features= flag folded into one, at the first one's place:
+    Chromium reads only the last of a repeated switch, so toggles given in ANDREA_CHROMIUM_ARGS
+    would otherwise drop those the mode needs (GPU's MIXED_DAWN_TOGGLES)."""
+    toggles = [t for a in args if a.startswith(DAWN_FEATURES)
+               for t in a[len(DAWN_FEATURES):].split(",") if t]
+    merged = DAWN_FEATURES + ",".join(dict.fromkeys(toggles))
+    out, placed = [], False
+    for a in args:
+        if not a.startswith(DAWN_FEATURES):
+            out.append(a)
+        elif not placed:
+            out.append(merged)
+            placed = True
+    return out
 
 
 class _Interrupt:
@@ -83,7 +103,8 @@ class _Interrupt:
 
 def webgpu_args(gpu: bool) -> list[str]:
     """Every flag a browser that trains is launched with: here, the e2e tests and the benches."""
-    return ["--headless=new", *QUIET, *(GPU if gpu else SWIFTSHADER), *extra_args()]
+    return merge_dawn_features(["--headless=new", *QUIET, *(GPU if gpu else SWIFTSHADER),
+                                *extra_args()])
 
 NO_DOWNLOAD = "Playwright's own browser download is not needed"
 STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit
