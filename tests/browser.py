@@ -15,19 +15,10 @@ QUIET_FLAGS = QUIET
 # ANDREA_GPU_BROWSER=1: on a machine with a real GPU, the flags of `andrea train --gpu`.
 GPU_BROWSER = bool(os.environ.get("ANDREA_GPU_BROWSER"))
 
-# Dawn toggles for the tests' own browsers, and for those of the `andrea train` runs they start
-# (conftest.py adds them to ANDREA_CHROMIUM_ARGS): no robustness clamp on every storage index, and
-# no zero-fill of workgroup memory at every kernel's start. The kernels index in bounds and
-# write workgroup memory before reading it, so every value is the same bit for bit (tiny's 40-step
-# loss is), and a kernel that broke either rule would now read garbage and fail its test rather
-# than read a clamped or zeroed value. On SwiftShader they take ~20% off a step (tiny: 140-149 ->
-# 115-122 ms). Users' browsers keep both: Andrea never asks a user's browser to drop them.
-TEST_DAWN_FEATURES = "--enable-dawn-features=disable_robustness,disable_workgroup_init"
-
 
 def browser_args() -> list[str]:
     """The flags of `andrea train`, ANDREA_CHROMIUM_ARGS included (read when called: conftest.py
-    sets it at configure time)."""
+    adds the tests' Dawn toggles to it at configure time)."""
     return webgpu_args(GPU_BROWSER)
 
 
