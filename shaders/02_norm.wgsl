@@ -7,6 +7,10 @@
 //   @binding(3) y    : array<f32> [N, C]  = normalised output
 //   @binding(4) rstd : array<f32> [N]     = rsqrt(mean(x^2) + eps), kept for backward
 // Dispatch: N workgroups (2-D when over 65535) of WG threads, one row each.
+//
+// rmsnorm_forward_direct: the same at WG 8 with a row per thread (row_sum8), for a software
+// adapter (kernels.js): no workgroup memory or barriers, the same bits.
+// Dispatch: grid1d(ceil(N / DWG)) workgroups of DWG threads.
 
 //#include "lib/common.wgsl"
 
@@ -37,4 +41,15 @@ fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
   let r = inverseSqrt(row_sum(t, base) / f32(dims.C) + dims.eps);
   for (var c = t; c < dims.C; c = c + WG) { y[base + c] = g[c] * (x[base + c] * r); }
   if (t == 0u) { rstd[row] = r; }
+}
+
+@compute @workgroup_size(DWG)
+fn rmsnorm_forward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>) {
+  let row = flat_id(gid, nwg, DWG);
+  if (row >= dims.N) { return; }
+  let base = row * dims.C;
+  let r = inverseSqrt(row_sum8(base) / f32(dims.C) + dims.eps);
+  for (var c = 0u; c < dims.C; c = c + 1u) { y[base + c] = g[c] * (x[base + c] * r); }
+  rstd[row] = r;
 }

@@ -12,6 +12,10 @@
 //                                               sum_v exp(logit_v - max_v), in [1, V]: 1 means one
 //                                               token holds all of the row's probability
 //   Dispatch: N workgroups (2-D when over 65535) of WG threads.
+// cross_entropy_direct: the same at WG 8 with a row per thread, for a software adapter
+//   (kernels.js): lane l of 8 does thread l's strided part, then reduce.wgsl's trees at WG 8
+//   (tree8_max, tree8_sum); no workgroup memory or barriers, the same bits.
+//   Dispatch: grid1d(ceil(N / DWG)) workgroups of DWG threads.
 //
 // scale_dlogits (mixed precision's loss scaling; elementwise over vec4s)
 //   @binding(4) scaler  : array<f32> [4]        [0] = the loss scale (12_optimizer.wgsl keeps it)
@@ -65,6 +69,59 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (WRITE_GRAD) {
     let inv_n = 1.0 / f32(dims.N);
     for (var v = t; v < dims.V; v = v + WG) {
+      let p = exp(logits[base + v] - lse);
+      logits[base + v] = (p - select(0.0, 1.0, v == tgt)) * inv_n;
+    }
+  }
+}
+
+fn logit4(i: u32) -> vec4<f32> {
+  return vec4<f32>(logits[i], logits[i + 1u], logits[i + 2u], logits[i + 3u]);
+}
+
+@compute @workgroup_size(DWG)
+fn cross_entropy_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>) {
+  let row = flat_id(gid, nwg, DWG);
+  if (row >= dims.N) { return; }
+  let base = row * dims.V;
+  let full = dims.V & ~7u;   // whole rounds of the 8 threads; then lanes l < V - full
+  var mlo = vec4<f32>(-3.0e38);
+  var mhi = vec4<f32>(-3.0e38);
+  var nlo = vec4<f32>(-3.0e38);
+  var nhi = vec4<f32>(-3.0e38);
+  for (var v = 0u; v < full; v = v + 8u) {
+    let lo = logit4(base + v);
+    let hi = logit4(base + v + 4u);
+    mlo = max(mlo, lo); mhi = max(mhi, hi);
+    nlo = max(nlo, -lo); nhi = max(nhi, -hi);
+  }
+  for (var l = 0u; l < dims.V - full; l = l + 1u) {
+    let x = logits[base + full + l];
+    if (l < 4u) { mlo[l] = max(mlo[l], x); nlo[l] = max(nlo[l], -x); }
+    else { mhi[l - 4u] = max(mhi[l - 4u], x); nhi[l - 4u] = max(nhi[l - 4u], -x); }
+  }
+  let m = tree8_max(mlo, mhi);
+  let neg = tree8_max(nlo, nhi);
+  var slo = vec4<f32>(0.0);
+  var shi = vec4<f32>(0.0);
+  for (var v = 0u; v < full; v = v + 8u) {
+    slo = slo + exp(logit4(base + v) - m);
+    shi = shi + exp(logit4(base + v + 4u) - m);
+  }
+  for (var l = 0u; l < dims.V - full; l = l + 1u) {
+    let e = exp(logits[base + full + l] - m);
+    if (l < 4u) { slo[l] = slo[l] + e; } else { shi[l - 4u] = shi[l - 4u] + e; }
+  }
+  let s = tree8_sum(slo, shi);
+  let tgt = targets[row];
+  let lse = m + log(s);
+  losses[row] = lse - logits[base + tgt];
+  losses[dims.N + 4u + 2u * row] = max(m, neg);
+  losses[dims.N + 5u + 2u * row] = s;
+  if (WRITE_GRAD) {
+    let inv_n = 1.0 / f32(dims.N);
+    for (var v = 0u; v < dims.V; v = v + 1u) {
       let p = exp(logits[base + v] - lse);
       logits[base + v] = (p - select(0.0, 1.0, v == tgt)) * inv_n;
     }

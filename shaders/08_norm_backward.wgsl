@@ -9,6 +9,9 @@
 //   @binding(4) rstd : array<f32> [N]         read
 //   @binding(5) dx   : array<f32> [N, C]      = dx, or += dx with ACCUM (the residual grad)
 //   Dispatch: N workgroups (2-D when over 65535).
+// rmsnorm_backward_input_direct: the same at WG 8 with a row per thread (row_sum8), for a
+//   software adapter (kernels.js): no workgroup memory or barriers, the same bits.
+//   Dispatch: grid1d(ceil(N / DWG)) workgroups of DWG threads.
 //
 // rmsnorm_backward_gain: dg[c] += sum_n dy[n, c] * x[n, c] * r[n], in two deterministic passes
 // (fixed-order sums, no atomics), so the rows are spread over many workgroups:
@@ -31,6 +34,7 @@ struct Dims { N: u32, C: u32, ROWS: u32, CHUNKS: u32 }
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 //#include "lib/row_sum.wgsl"
+//#include "lib/common.wgsl"
 
 fn row_term(base: u32, c: u32) -> f32 {   // the row's sum of g * dy * x
   return g[c] * dy[base + c] * x[base + c];
@@ -47,6 +51,21 @@ fn rmsnorm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
   let r = rstd[row];
   let coef = r * r * r * total / f32(dims.C);
   for (var c = t; c < dims.C; c = c + WG) {
+    let d = r * g[c] * dy[base + c] - x[base + c] * coef;
+    if (ACCUM) { out[base + c] = out[base + c] + d; } else { out[base + c] = d; }
+  }
+}
+
+@compute @workgroup_size(DWG)
+fn rmsnorm_backward_input_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+                                 @builtin(num_workgroups) nwg: vec3<u32>) {
+  let row = flat_id(gid, nwg, DWG);
+  if (row >= dims.N) { return; }
+  let base = row * dims.C;
+  let total = row_sum8(base);
+  let r = rstd[row];
+  let coef = r * r * r * total / f32(dims.C);
+  for (var c = 0u; c < dims.C; c = c + 1u) {
     let d = r * g[c] * dy[base + c] - x[base + c] * coef;
     if (ACCUM) { out[base + c] = out[base + c] + d; } else { out[base + c] = d; }
   }

@@ -87,19 +87,34 @@ def test_embed_forward_backward(lab_session, batch):
     check("embed.dwte", back["dwte"], w.grad)
 
 
-@pytest.mark.parametrize("N,C", [(33, 50), (7, 200), (150, 37)])
+def same_bits(name, got):
+    """Both launches (a GPU's and a software adapter's) gave the same bits, output by output."""
+    for key in got["gpu"]:
+        assert np.array_equal(np.asarray(got["gpu"][key]), np.asarray(got["software"][key])), \
+            f"{name}.{key}: software != gpu bits"
+
+
+# Rows up to 256 long take 8 threads (kernels.js rowThreads; on a software adapter one thread
+# does the 8 threads' work, rowLaunch), longer ones 64; tails of 2, 0, 5 and 4 past the last
+# whole round of 8.
+@pytest.mark.parametrize("N,C", [(33, 50), (7, 200), (150, 37), (5, 300)])
 def test_rmsnorm_forward_backward(lab_session, N, C):
     eps = 1e-5
     x, g, dy = randn(N, C), 1 + randn(C, scale=0.1), randn(N, C)
-    out = op(lab_session, "rmsnorm", x=x, g=g, N=N, C=C, eps=eps)
     xt, gt = T(x, True), T(g, True)
     y = ref.rmsnorm(xt, gt, eps)
-    check("rmsnorm.y", out["y"], y.detach())
-    check("rmsnorm.rstd", out["rstd"], torch.rsqrt(xt.detach().pow(2).mean(-1) + eps))
     y.backward(T(dy))
-    back = op(lab_session, "rmsnormBackward", dy=dy, x=x, g=g, rstd=out["rstd"], N=N, C=C)
-    check("rmsnorm.dx", back["dx"], xt.grad)
-    check("rmsnorm.dg", back["dg"], gt.grad)
+    got = {}
+    for adapter in ("gpu", "software"):
+        out = op(lab_session, "rmsnorm", x=x, g=g, N=N, C=C, eps=eps, adapter=adapter)
+        check("rmsnorm.y", out["y"], y.detach())
+        check("rmsnorm.rstd", out["rstd"], torch.rsqrt(xt.detach().pow(2).mean(-1) + eps))
+        back = op(lab_session, "rmsnormBackward", dy=dy, x=x, g=g, rstd=out["rstd"], N=N, C=C,
+                  adapter=adapter)
+        check("rmsnorm.dx", back["dx"], xt.grad)
+        check("rmsnorm.dg", back["dg"], gt.grad)
+        got[adapter] = {"y": out["y"], "rstd": out["rstd"], "dx": back["dx"], "dg": back["dg"]}
+    same_bits("rmsnorm", got)
 
 
 def test_rope_forward_and_inverse(lab_session):
@@ -160,27 +175,34 @@ def test_swiglu_forward_backward(lab_session):
     check("swiglu.dgu", back["dgu"], x.grad)
 
 
-# kernels.js: rows up to 1024 long take 8 threads, longer ones 64 (each a reduction tree).
+# kernels.js: rows up to 1024 long take 8 threads (on a software adapter one thread doing their
+# work, rowLaunch), longer ones 64 (each a reduction tree). Both launches, each against torch and
+# the two bit for bit.
 @pytest.mark.parametrize("N,V", [(45, 515), (3, 70), (9, 1500)])
 def test_cross_entropy_and_dlogits(lab_session, N, V):
     logits = randn(N, V, scale=3.0)
     logits[N - 1, 1] = 60.0     # a collapsed row: one token holds all of its probability
     targets = rng.integers(0, V, N).astype(np.int32)
-    out = op(lab_session, "crossEntropy", logits=logits, targets=targets, N=N, V=V)
     x = T(logits, True)
     loss = torch.nn.functional.cross_entropy(x, torch.from_numpy(targets.astype(np.int64)))
     loss.backward()
-    check("cross_entropy.loss", out["losses"][N:N + 1], [loss.detach().item()])
-    check("cross_entropy.dlogits", out["logits"], x.grad)
     # The numerical-edge statistics: each row's max |logit| and its max-subtracted softmax
     # denominator, and the batch's extremes of both.
     xd = torch.from_numpy(logits)
     row_max = xd.abs().amax(dim=1)
     denom = torch.exp(xd - xd.amax(dim=1, keepdim=True)).sum(dim=1)
-    rows = np.asarray(out["losses"][N + 4:], dtype=np.float32).reshape(N, 2)
-    check("cross_entropy.row_max_abs_logit", rows[:, 0], row_max)
-    check("cross_entropy.row_softmax_denominator", rows[:, 1], denom)
-    check("cross_entropy.max_abs_logit", out["losses"][N + 1:N + 2], [row_max.max().item()])
-    check("cross_entropy.min_softmax_denominator", out["losses"][N + 2:N + 3],
-          [denom.min().item()])
+    got = {}
+    for adapter in ("gpu", "software"):
+        out = op(lab_session, "crossEntropy", logits=logits, targets=targets, N=N, V=V,
+                 adapter=adapter)
+        check("cross_entropy.loss", out["losses"][N:N + 1], [loss.detach().item()])
+        check("cross_entropy.dlogits", out["logits"], x.grad)
+        rows = np.asarray(out["losses"][N + 4:], dtype=np.float32).reshape(N, 2)
+        check("cross_entropy.row_max_abs_logit", rows[:, 0], row_max)
+        check("cross_entropy.row_softmax_denominator", rows[:, 1], denom)
+        check("cross_entropy.max_abs_logit", out["losses"][N + 1:N + 2], [row_max.max().item()])
+        check("cross_entropy.min_softmax_denominator", out["losses"][N + 2:N + 3],
+              [denom.min().item()])
+        got[adapter] = out
+    same_bits("cross_entropy", got)
 

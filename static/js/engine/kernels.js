@@ -29,6 +29,12 @@ const SHORT_ROW = 256;
 const SHORT_ROW_THREADS = 8;
 const ROW_THREADS = 64;
 const rowThreads = (len) => (len <= SHORT_ROW ? SHORT_ROW_THREADS : ROW_THREADS);
+// A software adapter gives each row of SHORT_ROW_THREADS threads one thread instead: the files'
+// *_direct entry points do the 8 threads' strided parts and their tree in one thread
+// (lib/reduce.wgsl tree8_sum, tree8_max), the same operations in the same order, so the same
+// bits, with no workgroup memory or barrier; DIRECT_ROWS_WG rows a workgroup. On SwiftShader
+// tiny's norms and loss took ~17 of a ~135 ms step as workgroups (bench/results/tiny_swiftshader.txt).
+const DIRECT_ROWS_WG = 64;
 // Cross entropy's rows are a vocabulary long, and the presets' GPU vocabularies are 8192: its
 // short rows reach further, to SHORT_VOCAB. At tiny's V 512 on SwiftShader the loss took 28.8 ms
 // of a 233 ms step with 64 threads, 12.6 with 16, 5.4 with 8 (bench/results/tiny_swiftshader.txt).
@@ -128,17 +134,28 @@ export class Kernels {
       { buckets, dx, dwte }, grid1d(V), 'embed_backward');
   }
 
+  /** How a row kernel's `entry` runs over N rows of `threads` threads a row: a workgroup a row,
+   *  or on a software adapter at SHORT_ROW_THREADS a thread a row (`entry`_direct). */
+  rowLaunch(entry, threads, N) {
+    if (this.software && threads === SHORT_ROW_THREADS) {
+      return { entry: `${entry}_direct`, constants: { WG: threads, DWG: DIRECT_ROWS_WG },
+        grid: grid1d(cdiv(N, DIRECT_ROWS_WG)) };
+    }
+    return { entry, constants: { WG: threads }, grid: grid1d(N) };
+  }
+
   /** y[N, C] = rmsnorm(x) * g; rstd[N] */
   rmsnorm({ x, g, y, rstd, N, C, eps }) {
-    return this.op('02_norm.wgsl', 'rmsnorm_forward', { WG: rowThreads(C) }, [N, C, f32bits(eps)],
-      { x, g, y, rstd }, grid1d(N), 'rmsnorm');
+    const { entry, constants, grid } = this.rowLaunch('rmsnorm_forward', rowThreads(C), N);
+    return this.op('02_norm.wgsl', entry, constants, [N, C, f32bits(eps)], { x, g, y, rstd }, grid,
+      'rmsnorm');
   }
 
   /** dx[N, C] (= or += with accum) from dy, x, g, rstd */
   rmsnormBackward({ dy, x, g, rstd, dx, N, C, accum }) {
-    return this.op('08_norm_backward.wgsl', 'rmsnorm_backward_input',
-      { WG: rowThreads(C), ACCUM: accum ? 1 : 0 }, [N, C], { dy, x, g, rstd, out: dx }, grid1d(N),
-      'rmsnorm_backward');
+    const { entry, constants, grid } = this.rowLaunch('rmsnorm_backward_input', rowThreads(C), N);
+    return this.op('08_norm_backward.wgsl', entry, { ...constants, ACCUM: accum ? 1 : 0 }, [N, C],
+      { dy, x, g, rstd, out: dx }, grid, 'rmsnorm_backward');
   }
 
   /** dg[C] += sum over rows of dy * x * rstd; part: scratch of gainPartialNumel(N, C) floats */
@@ -307,11 +324,13 @@ export class Kernels {
   /** losses[lossFloats(N)]: per-row CE, the mean at [N], logit stats (07_loss.wgsl); logits
    *  become dlogits when writeGrad */
   crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
-    const c = { WG: lossThreads(V), WRITE_GRAD: writeGrad ? 1 : 0 };
+    const grad = { WRITE_GRAD: writeGrad ? 1 : 0 };
+    const { entry, constants, grid } = this.rowLaunch('cross_entropy', lossThreads(V), N);
     return Promise.all([
-      this.op('07_loss.wgsl', 'cross_entropy', c, [N, V], { logits, targets, losses }, grid1d(N),
-        'cross_entropy'),
-      this.op('07_loss.wgsl', 'loss_mean', c, [N, V], { losses }, [1, 1], 'loss_mean'),
+      this.op('07_loss.wgsl', entry, { ...constants, ...grad }, [N, V],
+        { logits, targets, losses }, grid, 'cross_entropy'),
+      this.op('07_loss.wgsl', 'loss_mean', { WG: lossThreads(V), ...grad }, [N, V], { losses },
+        [1, 1], 'loss_mean'),
     ]);
   }
 

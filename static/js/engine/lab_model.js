@@ -42,8 +42,9 @@ export function labEntries(ctx) {
     { maxHeadDim: ctx.modelLimits.max_head_dim, ...opts });
   const k = kernels({ software: ctx.software });
   // The kernels as either adapter kind runs them, where the two differ (the fp32 matmuls:
-  // matmul_tiles.js matmulLaunch; the row attention: attention_direct.js): `adapter` 'gpu' or
-  // 'software'; left out, this adapter's.
+  // matmul_tiles.js matmulLaunch; the row attention: attention_direct.js; the norms' and the
+  // loss's short rows: kernels.js rowLaunch): `adapter` 'gpu' or 'software'; left out, this
+  // adapter's.
   const byAdapter = { gpu: kernels({ software: false }), software: kernels({ software: true }) };
   const ka = (adapter) => {
     if (adapter === undefined) return k;
@@ -61,11 +62,11 @@ export function labEntries(ctx) {
     embedBackward: ({ tokens, dx, N, C, V }) => runOps(ctx,
       { buckets: tokenBuckets(u32(tokens), V), dx }, { dwte: V * C },
       (b) => k.embedBackward({ ...b, N, C, V })),
-    rmsnorm: ({ x, g, N, C, eps }) => runOps(ctx, { x, g }, { y: N * C, rstd: N },
-      (b) => k.rmsnorm({ ...b, N, C, eps })),
-    rmsnormBackward: ({ dy, x, g, rstd, N, C }) => runOps(ctx, { dy, x, g, rstd },
-      { dx: N * C, dg: C, part: gainPartialNumel(N, C) }, (b) => [k.rmsnormBackward({ ...b, N, C }),
-        k.rmsnormBackwardGain({ ...b, N, C })]),
+    rmsnorm: ({ x, g, N, C, eps, adapter }) => runOps(ctx, { x, g }, { y: N * C, rstd: N },
+      (b) => ka(adapter).rmsnorm({ ...b, N, C, eps })),
+    rmsnormBackward: ({ dy, x, g, rstd, N, C, adapter }) => runOps(ctx, { dy, x, g, rstd },
+      { dx: N * C, dg: C, part: gainPartialNumel(N, C) },
+      (b) => [ka(adapter).rmsnormBackward({ ...b, N, C }), k.rmsnormBackwardGain({ ...b, N, C })]),
     linear: ({ x, w, M, N, K, adapter }) => runOps(ctx, { x, w }, { y: M * N },
       (b) => ka(adapter).linear({ ...b, M, N, K })),
     linearBackward: ({ dy, x, w, M, N, K, adapter }) => runOps(ctx, { dy, x, w },
@@ -101,8 +102,8 @@ export function labEntries(ctx) {
     swiglu: ({ gu, N, F }) => runOps(ctx, { gu }, { h: N * F }, (b) => k.swiglu({ ...b, N, F })),
     swigluBackward: ({ gu, dh, N, F }) => runOps(ctx, { gu, dh }, { dgu: N * 2 * F },
       (b) => k.swigluBackward({ ...b, N, F })),
-    crossEntropy: ({ logits, targets, N, V }) => runOps(ctx, { targets: u32(targets) },
-      { logits, losses: lossFloats(N) }, (b) => k.crossEntropy({ ...b, N, V })),
+    crossEntropy: ({ logits, targets, N, V, adapter }) => runOps(ctx, { targets: u32(targets) },
+      { logits, losses: lossFloats(N) }, (b) => ka(adapter).crossEntropy({ ...b, N, V })),
   };
 
   return {
