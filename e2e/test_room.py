@@ -37,12 +37,22 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     run = r.json()
     link = f"{live_server}/runs/{run['id']}#join={run['room']['join_token']}"
     pages, errors = [], []
+    # The pages' batches of the last round are held until the fifth has left, so the room cannot
+    # finish first (its Leave button goes once its worker ends): the round waits for them.
+    held, left = [], []
+
+    def hold_last_round(route):
+        if left:
+            route.continue_()
+        else:
+            held.append(route)
     cli = subprocess.Popen([sys.executable, "-m", "andrea", "train", "--join", run["id"],
                             "--token", run["room"]["join_token"], "--server", live_server,
                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(WORKERS - 1):
         page = browser.new_context().new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
+        page.context.route(f"**/room/batches/{ROUNDS - 1}/**", hold_last_round)
         page.goto(link)
         page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
         assert page.url.endswith(f"/runs/{run['id']}")          # the token left the bar
@@ -59,6 +69,9 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     extra.wait_for_function("document.body.dataset.workerStatus === 'running'", timeout=TIMEOUT)
     extra.click("#leave")
     extra.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+    left.append(True)
+    for route in held:
+        route.continue_()
     for page in pages:
         page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
         assert page.evaluate("document.body.dataset.done") == "finished", page.inner_text("main")
