@@ -22,7 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from andrea.cli.chromium import CHROMIUM, webgpu_args
+from andrea.cli.browser_flags import webgpu_args
+from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 
 RUNS = [("12m", 32, "adamw"), ("12m", 32, "adamw_8bit"), ("120m", 8, "adamw"),

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from andrea.cli.chromium import CHROMIUM, webgpu_args
+from andrea.cli.browser_flags import webgpu_args
+from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 from andrea.paths import weights_path
 

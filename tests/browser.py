@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-# The same Chromium and flags as `andrea train` (server/cli/chromium.py).
-from andrea.cli.chromium import CHROMIUM, QUIET, webgpu_args
+# The same Chromium and flags as `andrea train` (server/cli/chromium.py, browser_flags.py).
+from andrea.cli.browser_flags import QUIET, webgpu_args
+from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import start_server, stop_server
 
 QUIET_FLAGS = QUIET

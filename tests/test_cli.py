@@ -188,18 +188,18 @@ def test_the_default_browser_missing_names_apt_and_andrea_chromium(monkeypatch):
 def test_dawn_toggles_given_in_andrea_chromium_args_add_to_those_gpu_needs(monkeypatch):
     """Chromium reads only the last --enable-dawn-features: one given in ANDREA_CHROMIUM_ARGS
     must not drop mixed precision's toggles on --gpu (nor its own other flags)."""
-    from andrea.cli import chromium
+    from andrea.cli import browser_flags
     from andrea.run_config import MIXED_DAWN_TOGGLES
 
     monkeypatch.setenv("ANDREA_CHROMIUM_ARGS", "--enable-dawn-features=dump_shaders --foo "
                        "--enable-dawn-features=allow_unsafe_apis,disable_robustness")
-    args = chromium.webgpu_args(gpu=True)
+    args = browser_flags.webgpu_args(gpu=True)
     features = [a for a in args if a.startswith("--enable-dawn-features=")]
     assert features == ["--enable-dawn-features=" + ",".join(
         [*MIXED_DAWN_TOGGLES, "dump_shaders", "disable_robustness"])]
     assert "--foo" in args and args.index(features[0]) < args.index("--foo")
     monkeypatch.setenv("ANDREA_CHROMIUM_ARGS", "--enable-dawn-features=dump_shaders")
-    assert "--enable-dawn-features=dump_shaders" in chromium.webgpu_args(gpu=False)
+    assert "--enable-dawn-features=dump_shaders" in browser_flags.webgpu_args(gpu=False)
 
 
 def test_train_with_a_file_that_is_no_browser(server, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from andrea import model_card, schemas
 from andrea.app import ROUTERS
-from andrea.cli import chromium
+from andrea.cli import browser_flags
 from andrea.data.bandit import PHASE_LENGTHS
 from andrea.data.windows import PASSES_WARNING
 from andrea.model import SHAPE_FIELDS
@@ -74,7 +74,7 @@ def test_the_benches_set_the_servers_dawn_toggles():
     src = (REPO / "bench" / "dawn.mjs").read_text()
     copy = re.search(r"const MIXED_DAWN_TOGGLES = \[(.*?)\];", src).group(1)
     assert re.findall(r"'([^']*)'", copy) == list(MIXED_DAWN_TOGGLES)
-    assert "--enable-dawn-features=" + ",".join(MIXED_DAWN_TOGGLES) in chromium.GPU
+    assert "--enable-dawn-features=" + ",".join(MIXED_DAWN_TOGGLES) in browser_flags.GPU
 
 
 def test_every_page_is_rendered_with_the_facts(client):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import sys
@@ -22,7 +21,7 @@ import threading
 import urllib.parse
 from typing import Callable
 
-from andrea.run_config import MIXED_DAWN_TOGGLES
+from andrea.cli.browser_flags import SWIFTSHADER, webgpu_args
 from andrea.web.auth import token_init_script
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -34,47 +33,6 @@ def chromium_path() -> str:
 
 
 CHROMIUM = chromium_path()   # the tests' browser fixture launches the same one (tests/browser.py)
-QUIET = ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
-SWIFTSHADER = ["--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
-               "--use-webgpu-adapter=swiftshader"]
-# The machine's GPU through Vulkan. Without --enable-gpu and ANGLE on Vulkan, headless Chromium
-# on a Linux server with no display (an H200 with /dev/nvidia* and no /dev/dri) offers no
-# adapter at all. The crash limit is lifted so that a GPU process that crashes comes back every
-# time: `andrea train` resumes the run (a bounded number of times), never a software fallback.
-# The Dawn toggles that mixed precision needs on NVIDIA (run_config.MIXED_DAWN_TOGGLES).
-GPU = ["--enable-unsafe-webgpu", "--ignore-gpu-blocklist", "--disable-gpu-sandbox", "--enable-gpu",
-       "--use-angle=vulkan", "--enable-features=Vulkan,VulkanFromANGLE,DefaultANGLEVulkan",
-       "--disable-gpu-process-crash-limit",
-       "--enable-dawn-features=" + ",".join(MIXED_DAWN_TOGGLES)]
-
-
-def extra_args() -> list[str]:
-    """ANDREA_CHROMIUM_ARGS: more browser flags, as a shell would split them (for instance
-    --enable-dawn-features=dump_shaders)."""
-    return shlex.split(os.environ.get("ANDREA_CHROMIUM_ARGS", ""))
-
-
-DAWN_FEATURES = "--enable-dawn-features="
-
-
-def merge_dawn_features(args: list[str]) -> list[str]:
-    """`args` with every --enable-dawn-features= flag folded into one, at the first one's place:
-    Chromium reads only the last of a repeated switch, so toggles given in ANDREA_CHROMIUM_ARGS
-    would otherwise drop those the mode needs (GPU's MIXED_DAWN_TOGGLES)."""
-    toggles = [t for a in args if a.startswith(DAWN_FEATURES)
-               for t in a[len(DAWN_FEATURES):].split(",") if t]
-    merged = DAWN_FEATURES + ",".join(dict.fromkeys(toggles))
-    out, placed = [], False
-    for a in args:
-        if not a.startswith(DAWN_FEATURES):
-            out.append(a)
-        elif not placed:
-            out.append(merged)
-            placed = True
-    return out
-
-
 class _Interrupt:
     """Ctrl-C while the page is driven: the first one is noted (the watch loop then stops the
     run) instead of raised wherever the main thread happens to be; raised inside Playwright's
@@ -100,11 +58,6 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._previous)
         return False
 
-
-def webgpu_args(gpu: bool) -> list[str]:
-    """Every flag a browser that trains is launched with: here, the e2e tests and the benches."""
-    return merge_dawn_features(["--headless=new", *QUIET, *(GPU if gpu else SWIFTSHADER),
-                                *extra_args()])
 
 NO_DOWNLOAD = "Playwright's own browser download is not needed"
 STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit

@@ -24,13 +24,9 @@ fn row_sum8(base: u32) -> f32 {
     hi = hi + vec4<f32>(row_term(base, c + 4u), row_term(base, c + 5u), row_term(base, c + 6u),
                         row_term(base, c + 7u));
   }
-  let n = dims.C - full;
-  if (n > 0u) { lo.x = lo.x + row_term(base, full); }
-  if (n > 1u) { lo.y = lo.y + row_term(base, full + 1u); }
-  if (n > 2u) { lo.z = lo.z + row_term(base, full + 2u); }
-  if (n > 3u) { lo.w = lo.w + row_term(base, full + 3u); }
-  if (n > 4u) { hi.x = hi.x + row_term(base, full + 4u); }
-  if (n > 5u) { hi.y = hi.y + row_term(base, full + 5u); }
-  if (n > 6u) { hi.z = hi.z + row_term(base, full + 6u); }
+  for (var l = 0u; l < dims.C - full; l = l + 1u) {
+    let v = row_term(base, full + l);
+    if (l < 4u) { lo[l] = lo[l] + v; } else { hi[l - 4u] = hi[l - 4u] + v; }
+  }
   return tree8_sum(lo, hi);
 }

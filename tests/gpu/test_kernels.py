@@ -39,6 +39,13 @@ def T(x, grad=False):
     return torch.tensor(x, requires_grad=grad)
 
 
+def same_bits(name, got):
+    """Both launches (a GPU's and a software adapter's) gave the same bits, output by output."""
+    for key in got["gpu"]:
+        assert np.array_equal(np.asarray(got["gpu"][key]), np.asarray(got["software"][key])), \
+            f"{name}.{key}: software != gpu bits"
+
+
 # (1000, 40, 24): dW split over 3 row ranges (32 x 32 tiles); (1000, 300, 230): past
 # kernels.js BIG_MATMUL, so 64 x 64 tiles in all three matmuls and dW split 3 ways;
 # (1031, 515, 509): past WIDE_MATMUL (2^28 multiply-adds), so the wide tiles (64 x 128 forward
@@ -61,11 +68,10 @@ def test_linear_forward_backward(lab_session, M, N, K):
         check(f"{adapter} linear.y", out["y"], y.detach())
         check(f"{adapter} linear.dx", back["dx"], xt.grad)
         check(f"{adapter} linear.dw", back["dw"], wt.grad)
-        got[adapter] = (out["y"], back["dx"], back["dw"])
+        got[adapter] = {"y": out["y"], "dx": back["dx"], "dw": back["dw"]}
     # Each output sums in the same order in both, so a run's bits never depend on the adapter
     # (a run resumed on another machine goes on exactly).
-    for name, a, b in zip(("y", "dx", "dw"), got["gpu"], got["software"]):
-        assert np.array_equal(np.asarray(a), np.asarray(b)), f"linear.{name}: direct != tiles bits"
+    same_bits("linear", got)
 
 
 @pytest.mark.parametrize("batch", ["random", "one token", "few tokens"])
@@ -85,13 +91,6 @@ def test_embed_forward_backward(lab_session, batch):
     x.backward(T(dx))
     back = op(lab_session, "embedBackward", tokens=tokens, dx=dx, N=N, C=C, V=V)
     check("embed.dwte", back["dwte"], w.grad)
-
-
-def same_bits(name, got):
-    """Both launches (a GPU's and a software adapter's) gave the same bits, output by output."""
-    for key in got["gpu"]:
-        assert np.array_equal(np.asarray(got["gpu"][key]), np.asarray(got["software"][key])), \
-            f"{name}.{key}: software != gpu bits"
 
 
 # Rows up to 256 long take 8 threads (kernels.js rowThreads; on a software adapter one thread
@@ -150,11 +149,10 @@ def test_attention_forward_backward(lab_session, B, T_, H, D):
         back = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],
                   B=B, T=T_, H=H, D=D, adapter=adapter)
         check(f"{adapter} attention.dqkv", back["dqkv"], x.grad)
-        got[adapter] = (out["y"], out["lse"], back["delta"], back["dqkv"])
+        got[adapter] = {"y": out["y"], "lse": out["lse"], "delta": back["delta"],
+                        "dqkv": back["dqkv"]}
     if "software" in got:
-        for name, a, b in zip(("y", "lse", "delta", "dqkv"), got["gpu"], got["software"]):
-            assert np.array_equal(np.asarray(a), np.asarray(b)), \
-                f"attention.{name}: attention_direct.js != row kernel bits"
+        same_bits("attention", got)
     # The tiled kernels take dS through memory where the adapter binds the T x T buffer and
     # recompute it in dq where not: the same bits either way.
     again = op(lab_session, "attentionBackward", qkv=qkv, y=out["y"], dy=dy, lse=out["lse"],

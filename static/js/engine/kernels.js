@@ -138,7 +138,7 @@ export class Kernels {
    *  or on a software adapter at SHORT_ROW_THREADS a thread a row (`entry`_direct). */
   rowLaunch(entry, threads, N) {
     if (this.software && threads === SHORT_ROW_THREADS) {
-      return { entry: `${entry}_direct`, constants: { WG: threads, DWG: DIRECT_ROWS_WG },
+      return { entry: `${entry}_direct`, constants: { DWG: DIRECT_ROWS_WG },
         grid: grid1d(cdiv(N, DIRECT_ROWS_WG)) };
     }
     return { entry, constants: { WG: threads }, grid: grid1d(N) };
