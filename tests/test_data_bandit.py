@@ -29,8 +29,7 @@ def test_phase_lengths_only_from_the_allowed_set():
 
 def _feed(bandit: SourceBandit, steps: range, losses) -> None:
     for step in steps:
-        for i, loss in enumerate(losses(step)):
-            bandit.report(step, i, loss)
+        bandit.report(step, dict(enumerate(losses(step))))
 
 
 def test_weights_move_toward_the_source_whose_loss_improves():
@@ -122,13 +121,57 @@ def test_a_phase_waits_for_the_reports_it_depends_on():
     assert early.phase_at(phases[k][1]) == late.phase_at(phases[k][1])
 
 
+def test_a_step_counts_as_reported_only_with_all_its_sources():
+    """A record's losses go in together: a decision made while they are going in (a batch
+    request on another thread) waits for the last of them, and equals the decision of a bandit
+    that had them all. (It once counted the step after its first source: such a decision missed
+    the others' losses, and the batch differed from the same step's after a resume.)"""
+    import threading
+    from collections.abc import Mapping
+
+    curve = lambda s: (3.0, 5.0 * 0.99 ** s, 4.0)   # noqa: E731
+    phases = PhaseSchedule(7).phases_until(400)
+    k = 4       # phase k's estimates hold step `need`'s losses (phase k - 2's last step)
+    need = phases[k - 1][1] - 1                       # phase k waits for steps 1..need
+    first_in, decided = threading.Event(), threading.Event()
+
+    class SlowRecord(Mapping):      # step `need`'s losses, the second held back for a while
+        def __init__(self):
+            self.d = dict(enumerate(curve(need)))
+
+        def __getitem__(self, k):
+            return self.d[k]
+
+        def __len__(self):
+            return len(self.d)
+
+        def __iter__(self):
+            for i, k in enumerate(self.d):
+                if i == 1:
+                    first_in.set()
+                    decided.wait(0.5)     # the decision below comes now, if it does not wait
+                yield k
+
+    torn = SourceBandit(7, SOURCES, wait_s=10)
+    _feed(torn, range(1, need), curve)
+    reporter = threading.Thread(target=torn.report, args=(need, SlowRecord()))
+    reporter.start()
+    assert first_in.wait(10)
+    got = torn.phase_at(phases[k][1])
+    decided.set()
+    reporter.join()
+    whole = SourceBandit(7, SOURCES, wait_s=0)
+    _feed(whole, range(1, need + 1), curve)
+    assert got == whole.phase_at(phases[k][1])
+
+
 def test_a_step_without_usable_losses_still_counts_as_reported():
     bandit = SourceBandit(2, SOURCES, wait_s=0.01)
     _feed(bandit, range(1, 300), lambda s: (3.0, 4.0, 5.0))
     phases = PhaseSchedule(2).phases_until(300)
     bandit_gap = SourceBandit(2, SOURCES, wait_s=0.01)
     _feed(bandit_gap, [s for s in range(1, 300) if s != 5], lambda s: (3.0, 4.0, 5.0))
-    bandit_gap.mark_reported(5)                       # its loss was not finite
+    bandit_gap.report(5, {0: float('nan')})          # its loss was not finite
     assert bandit_gap.phase_at(phases[3][1]).index == 3
 
 

@@ -6,7 +6,7 @@ source from dominating; each boundary is a small distribution shift (and a gradi
 that clipping caps), so boundaries are recorded for the charts.
 
 Reward (what "the source is worth more training" means here). Telemetry reports, per step,
-the mean training loss of the rows drawn from each source (`report(step, source, loss)`).
+the mean training loss of the rows drawn from each source (`report(step, {source: loss})`).
     m[i, j] = mean reported loss of source i over the steps of phase j
     r[i, j] = (m[i, j'] - m[i, j]) / m[i, j']     j' = the latest earlier phase with reports for i
 i.e. the relative decrease of the source's loss from one phase to the next: positive while the
@@ -38,7 +38,7 @@ import bisect
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -142,24 +142,25 @@ class SourceBandit:
         # registry reads the reports from the store (those another server process received).
         self.refill: Callable[[int], None] | None = None
 
-    def report(self, step: int, source: int, loss: float) -> None:
-        """Source `source`'s (corpus index) mean training loss at `step`. Idempotent."""
-        if not 0 <= source < len(self.sources):
-            raise ValueError(f"source index {source} out of range [0, {len(self.sources)})")
-        if step < 0 or not math.isfinite(loss):
-            return                  # a non-finite loss says nothing about progress
+    def report(self, step: int, losses: Mapping[int, float]) -> None:
+        """Step `step`'s record: {source (corpus index): its rows' mean training loss}. The step
+        counts as reported once all of them are in, never between two sources (a decision then
+        would miss the second one's loss). A non-finite loss says nothing about progress and is
+        left out; the step still counts. Idempotent: a resent (step, source) is ignored."""
+        losses = dict(losses)
+        for source in losses:
+            if not 0 <= source < len(self.sources):
+                raise ValueError(f"source index {source} out of range [0, {len(self.sources)})")
+        if step < 0:
+            return
         k = self.schedule.locate(step)[0]
         with self._cond:
-            if (step, source) in self._seen:
-                return
-            self._seen.add((step, source))
-            acc = self._sums.setdefault(k, np.zeros((len(self.sources), 2)))
-            acc[source] += (loss, 1.0)
-            self._mark(step)
-
-    def mark_reported(self, step: int) -> None:
-        """Step `step`'s record arrived (also when it carried no usable loss)."""
-        with self._cond:
+            for source, loss in losses.items():
+                if (step, source) in self._seen or not math.isfinite(loss):
+                    continue
+                self._seen.add((step, source))
+                acc = self._sums.setdefault(k, np.zeros((len(self.sources), 2)))
+                acc[source] += (loss, 1.0)
             self._mark(step)
 
     def _mark(self, step: int) -> None:
@@ -239,3 +240,14 @@ class SourceBandit:
         """Phases decided so far (what the charts mark), oldest first."""
         with self._cond:
             return list(self._phases)
+
+    def phases_reported(self, total_steps: int) -> list[Phase]:
+        """The phases decided so far, and at least those of every batch up to the one after the
+        last step reported (capped at the run's last batch): the phases a run has trained in,
+        also when its bandit was rebuilt (a server restart, a resume) and no batch was asked
+        for since. Never waits: phase k needs only reports of steps before phase k - 1 starts.
+        A bandit without telemetry (wait_s None) decides nothing here: it decides with the
+        reports it has at its batches' time."""
+        if self.wait_s is not None and self._reported_to > 0 and total_steps > 0:
+            self.phase_at(min(self._reported_to, total_steps - 1))
+        return self.phases()

@@ -215,7 +215,4 @@ def _report(bandit: SourceBandit, step: int, losses: Mapping[str, float],
                          f"{sources_text(bandit.sources, active)}")
     for key in bad:
         skipped.append((step, key))
-    for source, loss in losses.items():
-        if source not in bad:
-            bandit.report(step, int(source), loss)
-    bandit.mark_reported(step)
+    bandit.report(step, {int(k): loss for k, loss in losses.items() if k not in bad})

@@ -201,7 +201,8 @@ async def run_val_batch(hub: DataDep, runs: RunsDep, run_id: str, index: Index) 
 
 @router.get("/runs/{run_id}/data")
 def run_data(hub: DataDep, runs: RunsDep, run_id: str) -> RunData:
-    """The run's batch spec, its sources, and the bandit phases decided so far (chart marks)."""
+    """The run's batch spec, its sources, and its bandit phases: those decided so far, at
+    least up to its last reported step (chart marks)."""
     spec = runs.get(run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
@@ -209,7 +210,8 @@ def run_data(hub: DataDep, runs: RunsDep, run_id: str) -> RunData:
     bandit = runs.bandit(run_id, corpus.source_names)
     return RunData(run_id=run_id, spec=spec.to_dict(), sources=corpus.source_names,
                    corpus_hash=corpus.corpus_hash,
-                   phases=[p.to_dict() for p in bandit.phases()] if bandit else [])
+                   phases=[p.to_dict() for p in bandit.phases_reported(spec.total_steps)]
+                   if bandit else [])
 
 
 class SourceLosses(BaseModel):

@@ -284,14 +284,14 @@ def _describe_rows(hub, runs, run_id: str, found: list[dict]
 def _describe_boundaries(hub, runs, run_id: str, found: list[dict]) -> dict[int, list]:
     """For each phase boundary (by its spike's index in `found`), the sources whose sampling
     weight changed there: boundary.weights = [{source, before, after}], the largest change
-    first (phases decided here only: an answer never waits for the bandit)."""
+    first (the phases up to the reports: an answer never waits for the bandit)."""
     spec = runs.get(run_id)
     if spec is None:
         return {}
     bandit = runs.bandit(run_id, hub.prepared(spec.vocab_size).source_names)
     if bandit is None:
         return {}
-    phases = {p.index: p.weights for p in bandit.phases()}
+    phases = {p.index: p.weights for p in bandit.phases_reported(spec.total_steps)}
     out = {}
     for i, s in enumerate(found):
         b = s.get("boundary")
