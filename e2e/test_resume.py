@@ -142,7 +142,7 @@ def test_resume_in_a_new_browser_is_bit_exact(chromium, live_server, optimizer, 
     if data_mode == "bandit":   # the phases decided, not only the losses, are the same
         phases = [httpx.get(f"{live_server}/api/runs/{r}/data").json()["phases"]
                   for r in (run_id, ref["id"])]
-        assert len(phases[0]) >= 3 and phases[0] == phases[1]
+        assert len(phases[0]) >= 3 and phases[0] == phases[1], phases
 
 
 def test_resume_from_the_command_line_is_bit_exact(chromium, live_server):
