@@ -200,3 +200,7 @@ def test_a_boundary_spike_names_the_sources_whose_weight_changed(client):
         sorted(want, key=lambda c: c["source"])
     assert abs(b["weights"][0]["after"] - b["weights"][0]["before"]) == max(
         abs(c["after"] - c["before"]) for c in want)
+    # A restart (or a resume) rebuilds the bandit from the records, and no batch is asked for
+    # since (a finished run): the same phases, the same boundary.
+    client.app.state.runs.forget(made["id"])
+    assert client.get(f"/api/runs/{made['id']}/spikes").json()["spikes"] == [s]
