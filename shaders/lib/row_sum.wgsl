@@ -13,7 +13,8 @@ fn row_sum(t: u32, base: u32) -> f32 {
 
 // row_sum at WG 8 on one thread (a direct entry point's): lane l sums thread l's strided terms
 // c = l, l + 8, ... in the same order, and lanes whose thread had no term in the last round add
-// nothing; then reduce_sum's tree (tree8_sum). The same additions in the same order: the same bits.
+// nothing; then reduce_sum's tree (tree8_sum). The same additions in the same order, each term
+// added in the same expression: the same bits (tests/gpu/test_kernels.py, on SwiftShader and GPUs).
 fn row_sum8(base: u32) -> f32 {
   var lo = vec4<f32>(0.0);
   var hi = vec4<f32>(0.0);
@@ -24,9 +25,16 @@ fn row_sum8(base: u32) -> f32 {
     hi = hi + vec4<f32>(row_term(base, c + 4u), row_term(base, c + 5u), row_term(base, c + 6u),
                         row_term(base, c + 7u));
   }
-  for (var l = 0u; l < dims.C - full; l = l + 1u) {
-    let v = row_term(base, full + l);
-    if (l < 4u) { lo[l] = lo[l] + v; } else { hi[l - 4u] = hi[l - 4u] + v; }
-  }
+  // The last round: lane l adds its term as thread l does, `s + row_term(...)` in one
+  // expression (a GPU's compiler may fuse that multiply-add; a lane loop over a dynamic index
+  // compiled to an unfused one on an H100 and changed the bits where C % 8 != 0).
+  let n = dims.C - full;
+  if (n > 0u) { lo.x = lo.x + row_term(base, full); }
+  if (n > 1u) { lo.y = lo.y + row_term(base, full + 1u); }
+  if (n > 2u) { lo.z = lo.z + row_term(base, full + 2u); }
+  if (n > 3u) { lo.w = lo.w + row_term(base, full + 3u); }
+  if (n > 4u) { hi.x = hi.x + row_term(base, full + 4u); }
+  if (n > 5u) { hi.y = hi.y + row_term(base, full + 5u); }
+  if (n > 6u) { hi.z = hi.z + row_term(base, full + 6u); }
   return tree8_sum(lo, hi);
 }
