@@ -288,6 +288,20 @@ def test_a_restart_mid_round_and_a_crash_mid_close_lose_nothing(settings, monkey
                                    rtol=1e-6, atol=1e-7)
 
 
+def test_a_line_torn_by_a_crash_costs_only_itself(tmp_path):
+    """rounds.jsonl and reports.jsonl after a machine crash mid-write: the torn line (cut JSON,
+    cut UTF-8) is skipped, and the lines appended after it are read (they were once appended to
+    the torn line, and the reader stopped there: every later round was lost)."""
+    path = tmp_path / "rounds.jsonl"
+    rounds.append_line(path, {"round": 0})
+    with open(path, "ab") as f:
+        f.write('{"round": 1, "note": "é'.encode()[:-1])
+    rounds.append_line(path, {"round": 1})       # the close redone after the restart
+    rounds.append_line(path, {"round": 2})
+    assert rounds.read_lines(path) == [{"round": 0}, {"round": 1}, {"round": 2}]
+    assert rounds.read_lines(tmp_path / "none.jsonl") == []
+
+
 def test_a_round_closes_at_its_deadline_with_a_quorum(app_client):
     c = app_client
     run = create(c, quorum=1, round_deadline_s=0.1)

@@ -114,10 +114,7 @@ class Room:
         write_atomic(self._path(), json.dumps(st, indent=1).encode())
 
     def _append(self, name: str, line: dict) -> None:
-        with open(self.dir / name, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.dir / name, line)
 
     # ---- workers -------------------------------------------------------------------------
     def join(self, join_token: str, now: float, worker_token: str | None = None) -> dict:
@@ -345,18 +342,37 @@ class Room:
         return self._lines("reports.jsonl")
 
     def _lines(self, name: str) -> list[dict]:
-        """A JSON-lines file's records, a torn last line (a crash mid-write) left out."""
+        return read_lines(self.dir / name)
+
+
+def append_line(path: Path, record: dict) -> None:
+    """`record` as one JSON line at the end of `path`, synced. A line a crash left torn (the
+    machine's, mid-write) is ended first, so this one stands on a line of its own."""
+    with open(path, "ab+") as f:        # writes append wherever the position is
+        size = f.seek(0, os.SEEK_END)
+        torn = False
+        if size:
+            f.seek(size - 1)
+            torn = f.read(1) != b"\n"
+        f.write((b"\n" if torn else b"") + json.dumps(record).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_lines(path: Path) -> list[dict]:
+    """A JSON-lines file's records; a line a crash left torn is skipped (append_line started
+    the next one on a line of its own)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.split(b"\n"):
         try:
-            text = (self.dir / name).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in text.splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                break
-        return out
+            out.append(json.loads(line))
+        except ValueError:          # torn (bad JSON or cut UTF-8), or the empty last piece
+            continue
+    return out
 
 
 def _open_round(now: float | None = None) -> dict:
