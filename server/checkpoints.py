@@ -315,11 +315,23 @@ class CheckpointStore:
         return meta
 
     def prune(self, run_id: str) -> None:
+        self._remove(run_id, [m["step"] for m in self.list(run_id)[:-self.kept]])
+
+    def discard_after(self, run_id: str, step: int) -> list[int]:
+        """Removes the checkpoints after `step` (a resume from `step`: they belong to the
+        timeline it abandons, whose records after `step` are gone; kept, they would take the
+        kept slots and the run's checkpoint_step). Returns their steps."""
+        later = [m["step"] for m in self.list(run_id) if m["step"] > step]
+        self._remove(run_id, later)
+        return later
+
+    def _remove(self, run_id: str, steps: list[int]) -> None:
         folder = self.folder(run_id)
-        for meta in self.list(run_id)[:-self.kept]:
-            (folder / sidecar_name(meta["step"])).unlink(missing_ok=True)   # uncommit first
-            (folder / ckpt_name(meta["step"])).unlink(missing_ok=True)
-        fsync_dir(folder)
+        for step in steps:
+            (folder / sidecar_name(step)).unlink(missing_ok=True)   # uncommit first
+            (folder / ckpt_name(step)).unlink(missing_ok=True)
+        if steps:
+            fsync_dir(folder)
 
     def link(self, src_run: str, step: int, dest_run: str) -> dict:
         """Checkpoint `step` of src_run becomes dest_run's (a branch): hard links where the

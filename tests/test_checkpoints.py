@@ -638,13 +638,40 @@ def test_resume_and_branch_only_from_checkpoints_whose_records_are_committed(cli
     body = state(run)
     assert put(client, run, 5, body).status_code == 201
     assert put(client, run, 10, body).status_code == 201   # record 10 never arrived
+    branch = client.post("/api/runs", json={"preset": "tiny", "steps": 200, "lr": 1e-3,
+                                            "parent": {"run": run["id"], "step": 10}})
+    assert branch.status_code == 409 and "committed up to step 9" in branch.json()["detail"]
     r = client.post(f"/api/runs/{run['id']}/resume")
     assert r.status_code == 200 and r.json()["step"] == 5, r.text
     assert [m["step"] for m in client.get(f"/api/runs/{run['id']}/metrics").json()] == \
         list(range(1, 6))
-    branch = client.post("/api/runs", json={"preset": "tiny", "steps": 200, "lr": 1e-3,
-                                            "parent": {"run": run["id"], "step": 10}})
-    assert branch.status_code == 409 and "committed up to step 5" in branch.json()["detail"]
+
+
+def test_a_resume_drops_the_checkpoints_of_the_timeline_it_abandons(tmp_path):
+    """Checkpoint 10 of a tab that died before record 10, after a resume from 5: kept, it held
+    a kept slot and the run's checkpoint step (after an upload, or a restart: the resumed tab
+    would then load 10 over records that end at 5), and a tab of the new timeline that died
+    after uploading 7 left the run with no checkpoint to resume from."""
+    from andrea.config import Settings
+
+    data = tmp_path / "d"
+    with LocalClient(create_app(Settings(data_dir=data))) as c:
+        run = new_run(c)
+        train_some(c, run, 9, "stopped")
+        assert put(c, run, 5, state(run)).status_code == 201
+        assert put(c, run, 10, state(run, 1)).status_code == 201   # record 10 never arrived
+        r = c.post(f"/api/runs/{run['id']}/resume")
+        assert r.status_code == 200 and r.json()["step"] == 5, r.text
+        token = r.json()["token"]
+        assert steps(c, run) == [5]
+    with LocalClient(create_app(Settings(data_dir=data))) as c:   # a restart before the tab
+        assert c.get(f"/api/runs/{run['id']}").json()["checkpoint"]["last_step"] == 5
+        train_some(c, {**run, "token": token}, 6, "stopped")
+        assert put(c, run, 7, state(run, 2), token=token).status_code == 201   # record 7 never
+        assert c.get(f"/api/runs/{run['id']}").json()["checkpoint"]["last_step"] == 7
+        assert steps(c, run) == [5, 7]
+        r = c.post(f"/api/runs/{run['id']}/resume")
+        assert r.status_code == 200 and r.json()["step"] == 5, r.text
 
 
 def test_resume_and_branch_pick_their_checkpoint_by_one_rule():

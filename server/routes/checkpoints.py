@@ -190,6 +190,9 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
         if why:
             raise HTTPException(404 if why.startswith("unknown run") else 409,
                                 f"cannot resume: {why}")
+        # Checkpoints after `step` (uploaded by a tab that died before their records) belong
+        # to the abandoned timeline: the records they follow are gone, and the old token too.
+        await asyncio.to_thread(ckpts.discard_after, run_id, step)
     runs.forget(run_id)       # its bandit replays the records that are left
     info = await current_run(store, fanout, run_id)
     if info is None:        # deleted right after the resume
