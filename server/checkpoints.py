@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from andrea.paths import checkpoints_dir, runs_dir
+from andrea.paths import checkpoints_dir, room_dir, runs_dir
 
 CHUNK_BYTES = 64 << 20       # uploads carry one SHA-256 per chunk of this size (the last shorter)
 READ_BYTES = 1 << 20
@@ -372,21 +372,29 @@ class CheckpointStore:
             active = {p.name for p in self._active}
         for name in names:
             stem = name.rsplit(".", 1)[0]
-            garbage = ((name.endswith(TEMP_SUFFIX) and name not in active
-                        and not (self.shared and _recent(folder / name)))
-                       or (name.endswith(".ckpt") and stem + ".json" not in names)
+            # Another process's upload, or its commit between the .ckpt's rename and the
+            # sidecar's, looks the same as a dead one's until it has been idle a while.
+            theirs = self.shared and _recent(folder / name)
+            garbage = ((name.endswith(TEMP_SUFFIX) and name not in active and not theirs)
+                       or (name.endswith(".ckpt") and stem + ".json" not in names and not theirs)
                        or (name.endswith(".json") and stem + ".ckpt" not in names))
             if garbage:
                 (folder / name).unlink(missing_ok=True)
 
     def recover(self) -> dict[str, int]:
-        """At start-up: every run's garbage removed; returns each run's newest checkpoint step
-        (what the database records as checkpoint_step)."""
+        """At start-up: every run's garbage removed (uploads of no process, checkpoints without a
+        sidecar); returns each run's newest checkpoint step (the database's checkpoint_step)."""
         newest = {}
         runs = runs_dir(self.data_dir)
         if not runs.is_dir():
             return newest
         for run in runs.iterdir():
+            # Uploads a crash cut short beside the checkpoints: the weights' and a room's
+            # bodies, a room state's rewrite (routes/run_files.temp_file, write_atomic).
+            for folder in (run, room_dir(self.data_dir, run.name)):
+                for tmp in folder.glob("*" + TEMP_SUFFIX):
+                    if not (self.shared and _recent(tmp)):
+                        tmp.unlink(missing_ok=True)
             folder = self.folder(run.name)
             if folder.is_dir():
                 self._clean(folder)

@@ -777,3 +777,74 @@ def test_a_checkpoint_upload_cut_short_logs_one_quiet_line(live):
     assert sum("aborted by the client" in line for line in text.splitlines()) == 1, text
     assert "Traceback" not in text and "ClientDisconnect" not in text, text
     assert list(folder(data, run).iterdir()) == []      # no part file left
+
+
+def test_two_weights_uploads_at_once_each_write_their_own_file(live):
+    """A retry while the first upload still streams: each has its own temp file, and the last
+    one stored is whole (they once shared weights.part: the first to finish renamed it into
+    place, and the other went on writing into the stored weights after their 204)."""
+    url, data = live
+    run = httpx.post(url + "/api/runs", json={"preset": "tiny", "steps": 50}).json()
+    n = 4 * run["layout"]["total_numel"]
+    first, second = b"\x01" * n, b"\x02" * n
+    path, h = f"{url}/api/runs/{run['id']}/weights", headers(run["token"])
+    go = threading.Event()
+
+    def gen():
+        yield first[:n // 2]
+        go.wait(30)
+        yield first[n // 2:]
+    answer = {}
+    t = threading.Thread(target=lambda: answer.setdefault("first", httpx.put(
+        path, content=gen(), headers={**h, "content-length": str(n)}, timeout=60)))
+    t.start()
+    deadline = time.time() + 30     # the first upload has begun: its file is on disk
+    while not any((data / "runs" / run["id"]).glob("*.part")) and time.time() < deadline:
+        time.sleep(0.02)
+    assert httpx.put(path, content=second, headers=h, timeout=60).status_code == 204
+    stored = data / "runs" / run["id"] / "weights.f32"
+    assert stored.read_bytes() == second
+    go.set()
+    t.join(60)
+    assert answer["first"].status_code == 204, answer["first"].text
+    assert stored.read_bytes() == first                       # the later one, whole
+    assert not list((data / "runs" / run["id"]).glob("*.part"))
+
+
+def test_a_start_removes_uploads_a_crash_cut_short(tmp_path):
+    """Temp files of the weights, a room body or a room state's rewrite, left by a process that
+    died: removed at the next start; on a data dir that processes share, only once idle."""
+    run = tmp_path / "runs" / "r1"
+    (run / "room").mkdir(parents=True)
+    left = [run / "weights.f32abc.part", run / "room" / "xyz.part",
+            run / "room" / "state.json.q1.part"]
+    for p in left:
+        p.write_bytes(b"half")
+    (run / "weights.f32").write_bytes(b"whole")
+    checkpoints.CheckpointStore(tmp_path, kept=2, shared=True).recover()
+    assert all(p.exists() for p in left)                      # maybe another process's
+    checkpoints.CheckpointStore(tmp_path, kept=2).recover()
+    assert not any(p.exists() for p in left)
+    assert (run / "weights.f32").read_bytes() == b"whole"
+
+
+def test_a_starting_process_leaves_another_ones_commit_alone(tmp_path, monkeypatch):
+    """Processes sharing a data dir: one starting up (recover) while another is between its
+    checkpoint's rename and its sidecar's write must not take the .ckpt for garbage."""
+    serving = checkpoints.CheckpointStore(tmp_path, kept=2, shared=True)
+    starting = checkpoints.CheckpointStore(tmp_path, kept=2, shared=True)
+    body = b"x" * 1000
+    real = checkpoints.write_atomic
+
+    def sidecar_write(path, data):
+        starting.recover()          # lands between os.replace(.ckpt) and the sidecar
+        real(path, data)
+    up = serving.begin("r1", 3, len(body), [hashlib.sha256(body).hexdigest()],
+                       checkpoints.CHUNK_BYTES)
+    up.write(body)
+    monkeypatch.setattr(checkpoints, "write_atomic", sidecar_write)
+    serving.commit("r1", up, "adamw", [{"name": "w", "bytes": len(body)}])
+    assert [m["step"] for m in serving.list("r1")] == [3]
+    meta, f = serving.open_verified("r1", 3)
+    with f:
+        assert f.read() == body

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import pathlib
-import tempfile
 import time
 from typing import Annotated
 
@@ -42,7 +40,13 @@ from starlette.requests import ClientDisconnect
 from andrea.checkpoints import CheckpointError, CheckpointStore
 from andrea.room.lifecycle import after_close, room_of_run
 from andrea.room.rounds import Room, RoomError
-from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly, stream_file
+from andrea.routes.run_files import (
+    gone_meanwhile,
+    http_error,
+    receive_exactly,
+    stream_file,
+    temp_file,
+)
 from andrea.web.deps import (
     CheckpointsDep,
     FanoutDep,
@@ -199,7 +203,7 @@ async def _receive(request: Request, room: Room, expected: int, what: str,
         _check_length(int(declared), expected, what)
     held = await storage.reserve(expected, what)
     try:
-        path = await asyncio.to_thread(_temp_file, room.dir)
+        path = await asyncio.to_thread(temp_file, room.dir)
     except BaseException:
         held.release()
         raise
@@ -224,11 +228,3 @@ def _check_length(got: int, expected: int, what: str, more: bool = False) -> Non
         raise HTTPException(413 if got > expected else 400,
                             f"{what} of this room's model is exactly {expected} bytes; the body "
                             f"is {got} bytes{' or more' if more else ''}. Nothing was stored")
-
-
-def _temp_file(folder: pathlib.Path) -> pathlib.Path:
-    """An empty temp file in the room's folder, for a body on its way in."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=folder, suffix=".part")
-    os.close(fd)
-    return pathlib.Path(name)

@@ -6,13 +6,22 @@ module of its own, so that no route imports another."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from fastapi import HTTPException
 from starlette.requests import Request
 
-from andrea.checkpoints import READ_BYTES, CheckpointError, CheckpointStore, disk_error
+from andrea.checkpoints import (
+    READ_BYTES,
+    TEMP_SUFFIX,
+    CheckpointError,
+    CheckpointStore,
+    disk_error,
+)
 from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.storage import Reservation
@@ -84,3 +93,14 @@ async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, st
         except (CheckpointError, OSError) as e:
             await asyncio.to_thread(ckpts.remove_run, run_id)
             raise http_error(e) or e
+
+
+def temp_file(folder: Path) -> Path:
+    """An empty file of its own in `folder` (made first) for a body on its way in: two uploads
+    at once never share one (a shared name let the second write into the file the first had
+    already renamed into place). A crash's leftovers go at the next start
+    (CheckpointStore.recover)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=folder, suffix=TEMP_SUFFIX)
+    os.close(fd)
+    return Path(name)

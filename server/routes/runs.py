@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import shutil
 from typing import Annotated
@@ -27,12 +28,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
+from andrea.checkpoints import fsync_dir
 from andrea.data.spec import BatchSpec
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
 from andrea.room.rounds import Room
-from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly
+from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly, temp_file
 from andrea.run_config import RunConfig
 from andrea.runs.info import checkpoint_info, read_run
 from andrea.runs.lifecycle import no_trainer, publish_run
@@ -314,7 +316,11 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
                                  f"{declared}); nothing was stored")
     held = await storage.reserve(expected, "the weights")     # 507 past the floor
     dest = weights_path(settings.data_dir, run_id)
-    tmp = dest.with_suffix(".part")
+    try:
+        tmp = await asyncio.to_thread(temp_file, dest.parent)     # this upload's own
+    except BaseException:
+        held.release()
+        raise
 
     def refuse(size: int, more: bool) -> None:
         raise HTTPException(413 if size > expected else 400,
@@ -322,13 +328,14 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
                             f"{' or more' if more else ''})")
 
     try:
-        with await asyncio.to_thread(_open_part, tmp) as f:    # off the event loop
+        with await asyncio.to_thread(open, tmp, "wb") as f:    # off the event loop
             await receive_exactly(request, expected, f.write, held, refuse)
+            await asyncio.to_thread(_sync, f)   # on disk before it is the run's weights
         async with fanout.run_lock(run_id):     # a delete takes it too: not between the two
             await gone_meanwhile(store, settings.data_dir, run_id, "weights")
             # A resume (which takes this lock) may have revoked the token while the body came.
             await check_write_token(store, run_id, bearer(request))
-            tmp.replace(dest)   # atomic: a reader never sees half a file
+            await asyncio.to_thread(_install, tmp, dest)
     except ClientDisconnect:
         log.warning("run %s: the weights upload of %d bytes was aborted by the client; "
                     "nothing was stored", run_id, expected)
@@ -344,7 +351,12 @@ async def put_weights(request: Request, run: WritableRunDep, settings: SettingsD
     await publish_run(store, fanout, run_id, has_weights=True)
 
 
-def _open_part(path):
-    """The upload's file, open for writing, its folder made first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "wb")
+def _sync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _install(tmp, dest) -> None:
+    """The upload becomes the weights: atomic (a reader never sees half a file), and lasting."""
+    tmp.replace(dest)
+    fsync_dir(dest.parent)
