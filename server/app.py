@@ -38,7 +38,7 @@ from andrea.routes import (
     spikes,
 )
 from andrea.runs import sweep
-from andrea.runs.lifecycle import RunBusy
+from andrea.runs.lifecycle import RunBusy, watch_runs_left
 from andrea.shown import shown_text
 from andrea.storage import StorageBudget
 from andrea.store import Store, StoreUnavailable
@@ -94,6 +94,8 @@ async def _lifespan(app: FastAPI):
         time.time() - sweep.BRANCH_STALE_S if settings.shares_store else None)
     await _recover_checkpoints(store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
+    # The runs whose tabs should come back: the old process's watchdogs went with it.
+    await watch_runs_left(store, app.state.fanout, settings.trainer_grace_s)
     # Runs that never started: those left from before a restart now, then every few seconds.
     await sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
                            settings.data_dir if settings.shares_store else None,

@@ -129,6 +129,8 @@ class Fanout:
         self.broker = broker
         self.viewers: dict[str, set[Viewer]] = {}
         self.trainers: dict[str, int] = {}   # open trainer sockets per run (after hello)
+        # Trainer sockets of a run gone here while a watchdog of it waits (runs/lifecycle.py).
+        self._departures: dict[str, int] = {}
         # Called with a run id when another process resumed or deleted it (its in-memory
         # state here is stale: app.py forgets the run's bandit).
         self.on_reset: Callable[[str], None] = lambda run_id: None
@@ -217,11 +219,21 @@ class Fanout:
         return True
 
     async def release_trainer(self, run_id: str) -> None:
+        self._departures[run_id] = self._departures.get(run_id, 0) + 1
         self.trainers[run_id] -= 1
         if not self.trainers[run_id]:
             del self.trainers[run_id]
             if self.broker is not None:
                 await self.broker.release_trainer(run_id)
+
+    def trainer_departures(self, run_id: str, done: int | None = None) -> int:
+        """How many of the run's trainer sockets went away here since its oldest waiting
+        watchdog began. `done`: a watchdog that began at that count ends; with no departure
+        since (no later watchdog), the count is dropped: no entry outlives its use."""
+        n = self._departures.get(run_id, 0)
+        if done is not None and n == done:
+            self._departures.pop(run_id, None)
+        return n
 
     def has_local_trainer(self, run_id: str) -> bool:
         return self.trainers.get(run_id, 0) > 0

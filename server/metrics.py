@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Step = Annotated[int, Field(ge=0, le=1_000_000_000)]
-Count = Annotated[int, Field(ge=0)]
+# Counts of gradient elements: bounded by what a page's numbers hold exactly (and so a BIGINT; an
+# unbounded one crashed the insert, and the page resent it forever).
+Count = Annotated[int, Field(ge=0, le=2**53 - 1)]
 MAX_BATCH = 1024      # the most rows a batch has (RunConfig.batch_size's bound)
 MAX_LAYERS = 64       # the most layers a model has (RunConfig.n_layer's bound)
 # The most parameter tensors a run has (model.py's table): the embedding, 9 per layer (q, k, v,
@@ -38,7 +40,7 @@ class Record(BaseModel):
     tokens_per_s: NonNegative | None = None
     step_ms: NonNegative | None = None
     eval_loss: Finite | None = None
-    phase: Annotated[int, Field(ge=0)] | None = None      # the bandit phase of the step's batch
+    phase: Step | None = None           # the bandit phase of the step's batch (<= its step)
     # GPU time of the optimizer phase (norm, clip, AdamW), where the adapter has timestamp-query.
     opt_ms: NonNegative | None = None
     # Mean training loss per data source this step ({source index: loss}), for the bandit.

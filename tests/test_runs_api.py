@@ -1,4 +1,5 @@
 import contextlib
+import time
 
 import pytest
 
@@ -264,6 +265,112 @@ def test_run_whose_trainer_vanishes_is_marked_interrupted(tmp_path):
             time.sleep(0.1)
         info = c.get(f"/api/runs/{run['id']}").json()
         assert info["status"] == "interrupted" and "went away" in info["message"]
+
+
+def status_becomes(client, run_id: str, want: str, within_s: float = 10.0) -> dict:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while (info := client.get(f"/api/runs/{run_id}").json())["status"] != want:
+        assert time.monotonic() < deadline, f"never {want}: {info['status']} {info['message']}"
+        time.sleep(0.05)
+    return info
+
+
+def test_a_tab_that_drops_twice_is_judged_by_its_latest_drop(tmp_path):
+    """The first drop's watchdog fires while the tab is away again, but only briefly: the run
+    stays running (it was marked interrupted, counted from the first drop); the second drop's
+    watchdog marks it, and the tab, back, reports its status again and flips it back."""
+    import time
+
+    from andrea.app import create_app
+    from andrea.config import Settings
+    from tests.conftest import LocalClient
+
+    grace = 2.0
+    with LocalClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=grace))) as c:
+        run = c.post("/api/runs", json={"preset": "tiny"}).json()
+        with trains(c, run):
+            pass
+        first_drop = time.monotonic()
+        with trains(c, run):
+            time.sleep(grace / 2)
+        time.sleep(max(0.0, first_drop + grace + 0.4 - time.monotonic()))
+        assert c.get(f"/api/runs/{run['id']}").json()["status"] == "running"
+        assert "went away" in status_becomes(c, run["id"], "interrupted")["message"]
+        with trains(c, run):        # (trains says `running`, as the page does after a welcome)
+            assert c.get(f"/api/runs/{run['id']}").json()["status"] == "running"
+
+
+def test_runs_whose_tabs_left_before_a_restart_are_interrupted_after_it(tmp_path):
+    """A restart took the watchdogs down: the new process arms them again for every run a tab
+    should be at: a running run whose tab is gone, and a resumed run whose tab never came; a
+    room run (trained by its workers, no trainer socket) is left alone."""
+    from andrea.app import create_app
+    from andrea.config import Settings
+    from tests.conftest import LocalClient
+    from tests.test_checkpoints import put, state
+    from tests.test_room import room_config
+
+    with LocalClient(create_app(Settings(data_dir=tmp_path))) as c:     # a 60 s grace
+        left = c.post("/api/runs", json={"preset": "tiny"}).json()
+        with trains(c, left):
+            pass
+        resumed = c.post("/api/runs", json={"preset": "tiny", "steps": 200}).json()
+        with trains(c, resumed):
+            pass
+        assert put(c, resumed, 2, state(resumed)).status_code == 201
+        c.app.state.store.add_metrics(resumed["id"], [
+            {"step": s, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3}
+            for s in (1, 2)])
+        assert c.post(f"/api/runs/{resumed['id']}/resume").status_code == 200
+        room = c.post("/api/runs", json=room_config()).json()
+    with LocalClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))) as c:
+        assert "went away" in status_becomes(c, left["id"], "interrupted")["message"]
+        info = status_becomes(c, resumed["id"], "interrupted")
+        assert "resumed" in info["message"] and info["can_resume"]
+        assert c.get(f"/api/runs/{room['id']}").json()["status"] == "running"
+
+
+def test_a_resumed_tab_that_closes_before_its_first_step_leaves_it_resumable(tmp_path):
+    """The page opens its socket before it loads the checkpoint and compiles: closed then, the
+    run is still `created` from its checkpoint, and becomes interrupted (it stayed created)."""
+    from andrea.app import create_app
+    from andrea.config import Settings
+    from tests.conftest import LocalClient
+    from tests.test_checkpoints import put, state, train_some
+
+    with LocalClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.3))) as c:
+        run = c.post("/api/runs", json={"preset": "tiny", "steps": 200}).json()
+        train_some(c, run, 2, "paused")
+        assert put(c, run, 2, state(run)).status_code == 201
+        token = c.post(f"/api/runs/{run['id']}/resume").json()["token"]
+        with c.websocket_connect(f"/ws/runs/{run['id']}") as ws:    # the resuming tab
+            ws.send_json({"type": "hello", "token": token})
+            assert ws.receive_json()["type"] == "welcome"
+            ws.send_json({"type": "ping"})
+            assert ws.receive_json() == {"type": "pong"}
+            time.sleep(0.6)         # past the resume's own watchdog: it saw this trainer
+        status_becomes(c, run["id"], "interrupted")
+        assert c.post(f"/api/runs/{run['id']}/resume").status_code == 200
+
+
+def test_a_hello_refused_on_a_room_run_leaves_it_running(tmp_path):
+    """A room run has no trainer socket: a hello with its token is refused before it counts as
+    one, so no watchdog marks the room interrupted when that socket goes."""
+    from andrea.app import create_app
+    from andrea.config import Settings
+    from tests.conftest import LocalClient
+    from tests.test_room import room_config
+
+    with LocalClient(create_app(Settings(data_dir=tmp_path, trainer_grace_s=0.2))) as c:
+        room = c.post("/api/runs", json=room_config()).json()
+        with c.websocket_connect(f"/ws/runs/{room['id']}") as ws:
+            ws.send_json({"type": "hello", "token": room["token"]})
+            msg = ws.receive_json()
+            assert msg["type"] == "error" and "room run" in msg["message"]
+        time.sleep(0.6)
+        assert c.get(f"/api/runs/{room['id']}").json()["status"] == "running"
 
 
 def test_a_run_no_trainer_takes_is_never_started_after_the_grace_and_its_viewers_hear(

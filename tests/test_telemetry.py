@@ -107,6 +107,11 @@ BAD = {
     "unknown-type": (json.dumps({"type": "launch"}), 1003),
     "negative-time": (json.dumps({"type": "metrics", "records": [{**record(1), "opt_ms": -1}]}),
                       1003),
+    # Past what the store's integers hold (they crashed the insert, and the page resent it).
+    "phase-past-any-step": (json.dumps({"type": "metrics", "records": [
+        {**record(1), "phase": 2**63}]}), 1003),
+    "count-past-any-model": (json.dumps({"type": "metrics", "records": [
+        {**record(1), "grad_nonfinite": 2**64}]}), 1003),
     # row_losses: one mean loss per row of the run's batch (tiny's default: 8 rows).
     "row-losses-wrong-length": (json.dumps({"type": "metrics", "records": [
         record(2), {**record(3), "row_losses": [4.5] * 3}]}), 1003),

@@ -54,33 +54,60 @@ async def no_trainer(fanout: Fanout, run_id: str, busy: str) -> AsyncIterator[No
 
 
 def watch_trainer_gone(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
-    """After a run's trainer socket went away: a running run whose training tab stays away past
-    the grace period (closed, reloaded, crashed) is marked interrupted, so the list does not
-    show it running forever. A trainer that comes back and reports 'running' flips it back."""
-    fanout.spawn(_mark_if_abandoned(store, fanout, grace_s, run_id))
+    """After a run's trainer socket went away: a run whose training tab stays away past the
+    grace period (closed, reloaded, crashed; or, resumed or branched, closed while loading its
+    checkpoint) is marked interrupted, so that the list does not show it running (or `created`)
+    for good and it can be resumed. Counted from the latest departure: a tab that drops, comes
+    back and drops again is judged by the second drop's watchdog. A trainer that comes back
+    reports its status again and flips it back."""
+    fanout.spawn(_mark_if_abandoned(store, fanout, grace_s, run_id,
+                                    fanout.trainer_departures(run_id)))
 
 
 def watch_resumed(store: Store, fanout: Fanout, grace_s: float, run_id: str) -> None:
-    """A resumed run is `created` until its new tab reports; if that tab never comes (closed
-    while loading the checkpoint), the run is marked interrupted again, so it can be resumed
-    once more instead of staying `created` for good."""
-    fanout.spawn(_mark_if_abandoned(
-        store, fanout, grace_s, run_id, ("created",),
-        "the tab that resumed this run went away before it trained"))
+    """A resumed run is `created` until its new tab reports; if that tab never comes, the run
+    is marked interrupted again, so it can be resumed once more instead of staying `created`
+    for good."""
+    fanout.spawn(_mark_if_abandoned(store, fanout, grace_s, run_id))
+
+
+async def watch_runs_left(store: Store, fanout: Fanout, grace_s: float) -> None:
+    """At start: the watchdogs of the runs a training tab should be at (running, paused, or
+    created from a checkpoint), which a restart took down with the old process. A tab still
+    alive reconnects within the grace period; the others' runs become interrupted."""
+    for run_id in await store.run(store.runs_awaiting_trainer):
+        watch_resumed(store, fanout, grace_s, run_id)
+
+
+RESUME_NEVER_CAME = "the tab that resumed this run went away before it trained"
 
 
 async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_id: str,
-                             statuses: tuple[str, ...] = ("running", "paused"),
-                             message: str = ABANDONED) -> None:
-    """The run, if it still has one of `statuses` and no trainer anywhere after `grace_s`,
-    becomes `interrupted` with `message`."""
+                             departures: int | None = None) -> None:
+    """The run, if no trainer is at it anywhere after `grace_s`, becomes `interrupted`: when
+    running or paused (ABANDONED), or created from a checkpoint (RESUME_NEVER_CAME; a run
+    created without one is the sweep's: `abandoned`). `departures`: its trainers' departures
+    here when this watchdog began; a later one leaves the decision to its own watchdog."""
     await asyncio.sleep(grace_s)
+    if departures is not None and fanout.trainer_departures(run_id, done=departures) \
+            != departures:
+        return
     try:
         if await fanout.trainer_anywhere(run_id):
             return
     except BrokerUnavailable:
         return      # cannot tell: leave it; the next trainer or watchdog decides
+    run = await store.run(store.get_run, run_id)
+    if run is None or run["config"].get("room"):     # a room's workers are no trainer
+        return
+    status = run["status"]
+    if status in ("running", "paused"):
+        message = ABANDONED
+    elif status == "created" and run["checkpoint_step"] is not None:
+        message = RESUME_NEVER_CAME
+    else:
+        return
     # One transaction reads and sets: a resume between a read and a write would be undone.
     if await store.run(partial(store.set_status, run_id, "interrupted", message,
-                               only=statuses)) == "interrupted":
+                               only=(status,))) == "interrupted":
         await publish_run(store, fanout, run_id)

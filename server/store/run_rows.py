@@ -131,6 +131,14 @@ class Runs:
             return db.execute(text("DELETE FROM runs WHERE id = :id"),
                               {"id": run_id}).rowcount == 1
 
+    def runs_awaiting_trainer(self) -> list[str]:
+        """Runs a training tab should be at: running, paused, or created from a checkpoint
+        (resumed, branched) and not yet started (runs/lifecycle.py watch_runs_left)."""
+        with self._tx() as db:
+            return sorted(db.execute(text(
+                "SELECT id FROM runs WHERE status IN ('running', 'paused')"
+                " OR (status = 'created' AND checkpoint_step IS NOT NULL)")).scalars())
+
     def abandon_stale(self, before: float, connected: tuple[str, ...],
                       message: str) -> list[str]:
         """Runs still `created` since before `before` that never recorded a step, have no

@@ -139,13 +139,13 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 raise ProtocolError(1008, REVOKED, REVOKED_TOKEN)
             if verdict != "ok":
                 raise ProtocolError(1008, "wrong token for this run")
+            run = await store.run(store.get_run, run_id)
+            if run["config"].get("room"):   # refused before it counts as the run's trainer
+                raise ProtocolError(1008, "a room run is trained by the workers who join it "
+                                          "(its room: /api/runs/{id}/room), not by one trainer")
             if not await fanout.claim_trainer(run_id):
                 raise ProtocolError(1008, "another trainer holds this run", BUSY)
             connected = True
-        run = await store.run(store.get_run, run_id)
-        if run["config"].get("room"):
-            raise ProtocolError(1008, "a room run is trained by the workers who join it (its "
-                                      "room: /api/runs/{id}/room), not by one trainer")
         if run["status"] in ("running", "paused"):
             # A tab back after a dropped connection: its viewers said "no training tab".
             fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})

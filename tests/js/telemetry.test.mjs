@@ -118,6 +118,21 @@ test('a dropped connection is retried and its waiters keep waiting', async () =>
   assert.equal(done, true);
 });
 
+test('after a reconnect the last status goes first again (the server may have marked the run interrupted meanwhile)', async () => {
+  const { s, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 10 });
+  s.send({ type: 'status', status: 'paused' });
+  s.push({ step: 1 });
+  s.flush();
+  ws().close(1006, '');
+  await new Promise((r) => setTimeout(r, 600));   // the first retry after 500 ms
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 10 });
+  assert.deepEqual(ws().sent.slice(1), [{ type: 'status', status: 'paused' },
+    { type: 'metrics', records: [{ step: 1 }] }]);
+});
+
 test('"another trainer" (kind busy) is retried a few times before it is final', async () => {
   const { s, ws } = trainerSocket();
   const acked = settled(s.committed(1));

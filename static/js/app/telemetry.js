@@ -1,16 +1,17 @@
 // Websocket clients for the telemetry protocol (server/telemetry/protocol.py).
 //
 // TrainerSocket keeps every record until the server acks its step, flushes every 250 ms, and
-// after a reconnect resends what the server has not committed: no step is lost or duplicated.
+// after a reconnect resends what the server has not committed: no step is lost or duplicated;
+// its last status goes first again.
 // How many records go in one message is the server's to say (welcome.records_per_message).
 // Viewer sockets receive committed records (backlog first) and reconnect on their own, asking
 // only for the records after the last one they have. A full disk on the server closes the
 // trainer socket with 1013 and a message: the records stay unacked here and are resent.
 // The server's storage budget used up (its data dir at its free-space floor, or the run at its
 // byte budget) closes it with STORAGE_BUDGET (4507, reason "disk_floor: ..." or "run_bytes:
-// ..."): onState says 'storage' with the server's message, the records stay unacked here, the
-// last status is sent again, and it tries again every STORAGE_RETRY_MS (no hot loop), so
-// training goes on committing once space is freed.
+// ..."): onState says 'storage' with the server's message, the records stay unacked here, and
+// it tries again every STORAGE_RETRY_MS (no hot loop), so training goes on committing once
+// space is freed.
 // A final refusal (1008: a revoked token, another trainer; 1003: bad data) ends the socket for
 // good: every promise a caller waits on (committed, sync, and any made later) rejects with a
 // SocketRefused carrying the server's reason, and onState says 'refused'.
@@ -43,7 +44,7 @@ export class TrainerSocket {
     this.lastError = null;    // the server's last error message (sent before it closes)
     this.lastKind = null;     // ... and its kind, where a client acts on it (protocol.py)
     this.storage = null;      // the server's message while its storage budget is used up
-    this.lastStatus = null;   // the last status message sent: sent again after a storage close
+    this.lastStatus = null;   // the last status message sent: sent again after each reconnect
     this.unacked = [];        // records in step order, not yet committed
     this.control = [];        // status / sample messages, sent in order once connected
     this.lastAcked = null;
@@ -87,7 +88,6 @@ export class TrainerSocket {
         // Nothing of the refused message was stored: everything unacked is kept, a status
         // among what was refused is sent again; tried again slowly, not in a loop.
         this.storage = this.lastError || ev.reason || 'the server\'s storage budget is used up';
-        if (this.lastStatus && !this.control.includes(this.lastStatus)) this.control.unshift(this.lastStatus);
         this.onState('storage', this.storage);
         setTimeout(() => this.connect(), STORAGE_RETRY_MS);
         return;
@@ -107,6 +107,9 @@ export class TrainerSocket {
       this.maxBytes = msg.max_message_bytes ?? 1 << 20;
       this.markAcked(msg.last_committed_step);
       this.sentUpTo = this.lastAcked;   // resend everything after the committed step
+      // ... and the last status first: one the server refused (a full disk) is sent again,
+      // and a run it marked interrupted while this tab was away reads running (or paused).
+      if (this.lastStatus && !this.control.includes(this.lastStatus)) this.control.unshift(this.lastStatus);
       this.onState('connected');
       this.flush();
     } else if (msg.type === 'ack') {
