@@ -214,3 +214,43 @@ def test_a_status_change_while_a_viewer_subscribes_reaches_it(client, monkeypatc
     with client.websocket_connect(f"/ws/runs/{run['id']}/watch") as v:
         assert v.receive_json()["run"]["status"] == "created"
         assert v.receive_json()["run"]["status"] == "running"
+
+
+def test_a_resume_while_a_viewer_reads_its_backlog_reaches_it(client, monkeypatch):
+    """Resumed while a viewer's backlog pages are being read, before it joined the live queue:
+    the resume's live message reached no queue, and the viewer kept the replaced records and
+    was never sent the new ones. It is told the resume as a live one and gets them."""
+    from andrea.runs.info import RESUMABLE
+    from andrea.telemetry import viewer
+
+    run = client.post("/api/runs", json={"preset": "tiny", "steps": 2000}).json()
+    with client.websocket_connect(f"/ws/runs/{run['id']}") as t:
+        t.send_json({"type": "hello", "token": run["token"]})
+        t.receive_json()
+        t.send_json({"type": "metrics", "records": [record(s) for s in range(1, 1001)]})
+        assert t.receive_json()["step"] == 1000
+        t.send_json({"type": "status", "status": "paused"})
+        t.send_json({"type": "ping"})
+        t.receive_json()
+    store, pace = client.app.state.store, viewer._ViewerSession.pace
+    resumed = []
+
+    async def resumed_after_the_first_page(self, n):
+        if not resumed:     # another tab resumes from step 2 and trains 3..10 again
+            resumed.append(await self.store.run(store.resume_run, run["id"], 2, "0" * 64,
+                                                RESUMABLE))
+            await self.store.run(store.add_metrics, run["id"],
+                                 [{**record(s), "loss": 1.0} for s in range(3, 11)])
+        await pace(self, n)
+
+    monkeypatch.setattr(viewer._ViewerSession, "pace", resumed_after_the_first_page)
+    with client.websocket_connect(f"/ws/runs/{run['id']}/watch") as v:
+        assert v.receive_json()["type"] == "run"
+        seen = []
+        while not seen or seen[-1].get("kind") != "resumed":   # the stored event comes last
+            seen.append(v.receive_json())
+    assert resumed == [None]
+    assert {"type": "resumed", "step": 2} in seen, [(m["type"], m.get("step")) for m in seen]
+    after = seen[seen.index({"type": "resumed", "step": 2}) + 1:]
+    assert [(r["step"], r["loss"]) for m in after if m["type"] == "records"
+            for r in m["records"]] == [(s, 1.0) for s in range(3, 11)]

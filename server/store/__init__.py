@@ -48,4 +48,4 @@ class Store(Connections, Schema, Runs, Metrics, Events):
     # checks and last_step are left on the writer: they must see the writes queued before them.
     READS = frozenset({"get_run", "list_runs", "checkpoint_steps", "metrics", "metrics_page",
                        "records_page_json", "card_summary", "events", "events_page",
-                       "first_resume_after", "record_usage", "free_page_bytes"})
+                       "first_resume_after", "resume_count", "record_usage", "free_page_bytes"})

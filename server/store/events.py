@@ -51,6 +51,13 @@ class Events:
                 " WHERE run_id = :id AND kind = 'sample'"), {"id": run_id}).one()
         return int(count), int(size)
 
+    def resume_count(self, run_id: str) -> int:
+        """How many times the run was resumed: a viewer that reads its backlog compares it
+        before and after (telemetry/viewer.py)."""
+        with self._tx() as db:
+            return db.execute(text("SELECT COUNT(*) FROM events WHERE run_id = :id"
+                                   " AND kind = 'resumed'"), {"id": run_id}).scalar()
+
     def first_resume_after(self, run_id: str, step: int) -> int | None:
         """The lowest step < `step` that the run was resumed from (None: none): a viewer
         that had records up to `step` may hold stale ones after it."""

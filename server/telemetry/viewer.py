@@ -99,7 +99,10 @@ class _ViewerSession:
 
     async def backlog(self) -> None:
         """Records after the cursor, then events after it, page by page from the store; live
-        messages are queued (bounded) from the moment the store has been read to the end."""
+        messages are queued (bounded) from the moment the store has been read to the end. A
+        resume meanwhile (its live message may have reached no queue of this viewer) is told
+        as a live one, and the records after it are read again."""
+        resumes = await self.store.run(self.store.resume_count, self.run_id)
         subscribed = False
         while True:
             async with self.read_lock:      # one page at a time per address (see __init__)
@@ -111,7 +114,18 @@ class _ViewerSession:
                 await self.pace(len(text))
             if n < BACKLOG_PAGE:
                 if subscribed:
-                    break
+                    now = await self.store.run(self.store.resume_count, self.run_id)
+                    if now == resumes:
+                        break
+                    # Resumed while the pages were read: its live message may have come
+                    # before the subscription. The records after its step were replaced.
+                    resumes = now
+                    resumed = await self.store.run(self.store.first_resume_after,
+                                                   self.run_id, self.cursor)
+                    if resumed is not None:
+                        await self.send(json.dumps({"type": "resumed", "step": resumed}))
+                        self.cursor = resumed
+                    continue
                 # Nothing can fall between: whatever is committed after this point is
                 # published to the queue, and one more read picks up what came before.
                 self.viewer = self.fanout.subscribe(self.run_id,
