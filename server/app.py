@@ -89,9 +89,10 @@ async def _lifespan(app: FastAPI):
     settings, store = app.state.settings, app.state.store
     # Branches a killed server left half-copied: every one when this process is the only one
     # (its own SQLite file); else those whose copy stopped moving, now and in the sweep below.
-    await sweep.drop_unfinished_branches(
-        store, settings.data_dir,
-        time.time() - sweep.BRANCH_STALE_S if settings.shares_store else None)
+    others_since = time.time() - sweep.BRANCH_STALE_S if settings.shares_store else None
+    await sweep.drop_unfinished_branches(store, settings.data_dir, others_since)
+    # Folders a stop left ahead of their rows (a delete's files, a branch's links).
+    await sweep.settle_run_folders(store, settings.data_dir, others_since)
     await _recover_checkpoints(store, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # The runs whose tabs should come back: the old process's watchdogs went with it.

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from andrea.paths import checkpoints_dir, room_dir, runs_dir
+from andrea.paths import checkpoints_dir, room_dir, run_dir, runs_dir
 
 CHUNK_BYTES = 64 << 20       # uploads carry one SHA-256 per chunk of this size (the last shorter)
 READ_BYTES = 1 << 20
@@ -358,7 +358,7 @@ class CheckpointStore:
 
     def remove_run(self, run_id: str) -> None:
         """A branch whose database row could not be written leaves no files behind."""
-        shutil.rmtree(self.folder(run_id), ignore_errors=True)
+        shutil.rmtree(run_dir(self.data_dir, run_id), ignore_errors=True)
 
     # ---- garbage --------------------------------------------------------------------------
     def _clean(self, folder: Path) -> None:

@@ -4,6 +4,9 @@
   <data_dir>/runs/<run_id>/checkpoints/      its training checkpoints (checkpoints.py)
   <data_dir>/runs/<run_id>/room/             a room run's state and open round (room/rounds.py)
 
+  <data_dir>/runs/<run_id>/UNSETTLED        while its row and its folder may disagree (a delete
+                                             or a branch in progress: runs/sweep.py)
+
 Deleting a run removes its whole folder.
 """
 
@@ -32,3 +35,9 @@ def checkpoints_dir(data_dir: Path, run_id: str) -> Path:
 
 def room_dir(data_dir: Path, run_id: str) -> Path:
     return run_dir(data_dir, run_id) / "room"
+
+
+def unsettled_mark(data_dir: Path, run_id: str) -> Path:
+    """There while a delete or a branch has the run's folder ahead of its row: a start finding
+    it removes the folder if the run has no row (runs/sweep.py settle_run_folders)."""
+    return run_dir(data_dir, run_id) / "UNSETTLED"

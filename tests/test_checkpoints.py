@@ -848,3 +848,34 @@ def test_a_starting_process_leaves_another_ones_commit_alone(tmp_path, monkeypat
     meta, f = serving.open_verified("r1", 3)
     with f:
         assert f.read() == body
+
+
+def test_a_stop_between_a_runs_row_and_its_files_leaves_no_files_behind(tmp_path):
+    """A delete commits the row's removal, then removes the files; a branch links its files,
+    then writes its row. A stop in between left files no run owns, for good. Marked first
+    (runs/sweep.py mark_unsettled), they are removed at the next start; a marked run whose row
+    is there is kept, and a folder without the mark (another database's run, say) is never
+    touched."""
+    from andrea.config import Settings
+    from andrea.runs.sweep import mark_unsettled
+
+    data = tmp_path / "d"
+    with LocalClient(create_app(Settings(data_dir=data))) as c:
+        deleted, kept, foreign = new_run(c), new_run(c), new_run(c)
+        for run in (deleted, kept, foreign):
+            train_some(c, run, 2, "stopped")
+            assert put(c, run, 2, state(run)).status_code == 201
+        store, ckpts = c.app.state.store, c.app.state.checkpoints
+        mark_unsettled(data, deleted["id"])             # a delete, stopped after the row
+        assert store.delete_run(deleted["id"])
+        mark_unsettled(data, kept["id"])                # ... stopped before the row
+        mark_unsettled(data, "branch1")                 # a branch, stopped before its row
+        ckpts.link(kept["id"], 2, "branch1")
+        assert store.delete_run(foreign["id"])          # (as if another database's)
+    with LocalClient(create_app(Settings(data_dir=data))) as c:
+        runs = data / "runs"
+        assert sorted(p.name for p in runs.iterdir()) == sorted([kept["id"], foreign["id"]])
+        assert not (runs / kept["id"] / "UNSETTLED").exists()
+        assert steps(c, kept) == [2]
+        r = c.delete(f"/api/runs/{kept['id']}", headers=headers(kept["token"]))
+        assert r.status_code == 204 and not (runs / kept["id"]).exists()

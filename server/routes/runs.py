@@ -38,7 +38,7 @@ from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly
 from andrea.run_config import RunConfig
 from andrea.runs.info import checkpoint_info, read_run
 from andrea.runs.lifecycle import no_trainer, publish_run
-from andrea.runs.sweep import expire_later
+from andrea.runs.sweep import expire_later, mark_unsettled, settled
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
 from andrea.storage import estimated_run_bytes, mib
 from andrea.web.auth import new_token, token_hash
@@ -211,6 +211,8 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     if step > committed:   # the branch copies the parent's records up to its step
         raise HTTPException(409, f"run {parent_id}'s records are committed up to step "
                                  f"{committed}: branch from a checkpoint at or before it")
+    # The files come before the row: marked, so that a stop in between leaves none behind.
+    await asyncio.to_thread(mark_unsettled, ckpts.data_dir, run_id)
     await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
     name = f"{parent['name']} · branch at {step}"[:120]
     try:   # the copy goes in pages: trainers' commits go on between them
@@ -220,6 +222,7 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     except BaseException:
         await asyncio.to_thread(ckpts.remove_run, run_id)
         raise
+    await asyncio.to_thread(settled, ckpts.data_dir, run_id)
 
 
 # GET /api/runs: runs per page by default, and at most.
@@ -294,7 +297,10 @@ async def delete_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep, runs:
     run_id = run["id"]
     busy = "a tab is training this run: stop it there first, or wait until its trainer is gone"
     async with no_trainer(fanout, run_id, busy):    # no hello, resume or checkpoint commit
+        # Marked first: a stop between the row's delete and the files' leaves them findable.
+        await asyncio.to_thread(mark_unsettled, settings.data_dir, run_id)
         if not await store.run(store.delete_run, run_id):
+            await asyncio.to_thread(settled, settings.data_dir, run_id)
             raise HTTPException(404, f"unknown run {run_id!r}")
         await asyncio.to_thread(shutil.rmtree, run_dir(settings.data_dir, run_id), True)
     runs.forget(run_id)

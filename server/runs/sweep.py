@@ -1,8 +1,9 @@
 """The app's sweep of runs, apart from any request: runs that no trainer ever started become
 `abandoned` (once each new run's grace period has passed, expire_later, and every
-EXPIRE_EVERY_S, expire_runs), room runs' rounds close at their deadline, and branches a dead
+EXPIRE_EVERY_S, expire_runs), room runs' rounds close at their deadline, branches a dead
 process left half-copied are removed (drop_unfinished_branches: at start, and by the sweep of
-processes that share a store)."""
+processes that share a store), and so are the files a stop left without their run's row
+(settle_run_folders, at start)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
-from andrea.paths import run_dir
+from andrea.checkpoints import fsync_dir
+from andrea.paths import run_dir, runs_dir, unsettled_mark
 from andrea.room.lifecycle import close_due_rounds
 from andrea.runs.info import abandoned_message
 from andrea.runs.lifecycle import publish_run
@@ -42,6 +44,46 @@ EXPIRE_EVERY_S = 5.0        # how often the app's sweep expires runs that never 
 # A branch whose copy has not moved for this long was left by a process that died mid-copy (a
 # live copy commits a page every fraction of a second, each page touching the branch's row).
 BRANCH_STALE_S = 300.0
+
+
+def mark_unsettled(data_dir: Path, run_id: str) -> None:
+    """Before a run's folder gets ahead of its row (files linked for a branch whose row is not
+    written yet; a row deleted before its files): a crash in between leaves a folder the next
+    start can tell from another database's (settle_run_folders). Durable before the change."""
+    mark = unsettled_mark(data_dir, run_id)
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.touch()
+    fsync_dir(mark.parent)
+
+
+def settled(data_dir: Path, run_id: str) -> None:
+    """The row and the folder agree again (a branch's row written)."""
+    unsettled_mark(data_dir, run_id).unlink(missing_ok=True)
+
+
+async def settle_run_folders(store, data_dir: Path, before: float | None) -> list[str]:
+    """At start: the run folders a crash left marked unsettled (mark_unsettled) before `before`
+    (None: all, this process being the only one): removed when their run has no row (a delete
+    that committed, a branch that never did), else unmarked. Returns the removed runs' ids."""
+    removed = []
+    runs = runs_dir(data_dir)
+    marks = await asyncio.to_thread(lambda: list(runs.glob("*/UNSETTLED")) if runs.is_dir()
+                                    else [])
+    for mark in marks:
+        run_id = mark.parent.name
+        try:
+            if before is not None and mark.stat().st_mtime >= before:
+                continue            # maybe another process's, in progress
+        except FileNotFoundError:
+            continue
+        if await store.run(store.get_run, run_id) is None:
+            await asyncio.to_thread(shutil.rmtree, mark.parent, True)
+            removed.append(run_id)
+            log.warning("run %s: files of a run with no row (a delete or a branch cut short by "
+                        "a stop) were removed", run_id)
+        else:
+            settled(data_dir, run_id)
+    return removed
 
 
 async def drop_unfinished_branches(store, data_dir: Path, before: float | None) -> list[str]:
