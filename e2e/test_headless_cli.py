@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.small_model import cli_args
 
 
@@ -134,7 +136,8 @@ def test_cli_fails_fast_when_a_module_is_missing(tmp_path):
     assert not result["ok"] and "trainer.js: HTTP 404" in result["error"], result
 
 
-def test_ctrl_c_stops_the_run_and_exits_130(live_server):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])    # Ctrl-C; kill, timeout, a service
+def test_ctrl_c_stops_the_run_and_exits_130(live_server, sig):
     import signal
     import time
 
@@ -154,13 +157,13 @@ def test_ctrl_c_stops_the_run_and_exits_130(live_server):
                 run_id = live[0]["id"]
                 break
         assert run_id, "the run never started"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, sig))
         try:
             out, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-            raise AssertionError("andrea train did not exit within 120 s of Ctrl-C; its stderr "
+            raise AssertionError(f"andrea train did not exit within 120 s of {sig}; its stderr "
                                  f"ends:\n{err[-4000:]}") from None
     finally:
         proc.kill()
@@ -169,3 +172,18 @@ def test_ctrl_c_stops_the_run_and_exits_130(live_server):
     result = json.loads(line)
     assert result["run_id"] == run_id and result["status"] == "stopped", result
     assert httpx.get(f"{live_server}/api/runs/{run_id}").json()["status"] == "stopped"
+
+
+def test_a_run_past_its_timeout_is_stopped_with_its_records(live_server):
+    """--timeout: the page stops the run as on Ctrl-C (it was left running, nobody training it)."""
+    import httpx
+
+    r = andrea(*cli_args(), "--steps", "100000", "--batch-size", "2", "--timeout", "20",
+               "--server", live_server, "--json")
+    assert r.returncode == 1, r.stderr + r.stdout
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["status"] == "stopped", result
+    assert result["error"] == "no result within 20 s: the run was stopped"
+    run = httpx.get(f"{live_server}/api/runs/{result['run_id']}").json()
+    assert run["status"] == "stopped" and "--timeout" in run["message"]
+    assert run["last_step"] == result["steps"]

@@ -467,3 +467,153 @@ def test_a_server_bound_to_every_address_says_to_open_a_real_one():
     assert open_url("::", 8000) == "http://127.0.0.1:8000/"
     assert open_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
     assert open_url("::1", 8000) == "http://[::1]:8000/"
+
+
+# ---- what the command does when it is stopped, cut off or given flags that contradict ----------
+
+
+class PageThatTrains(PageThatCannotTrain):
+    """The page trains a few steps through a real trainer socket, then returns `page`."""
+    page: dict = {}
+
+    def drive(self, url, run, timeout, tick, join_token=None):
+        from websockets.sync.client import connect
+
+        from andrea.cli.chromium import drive_result
+        from tests.trainer_client import hello, record, send_records, ws_url
+
+        with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
+            assert hello(ws, run["token"])["type"] == "welcome"
+            ws.send(json.dumps({"type": "status", "status": "running", "message": ""}))
+            send_records(ws, 1, 3, 3, record, 0, lambda s: None)
+        return drive_result(**self.page)
+
+
+def test_a_run_past_its_timeout_is_stopped_not_left_running(server, monkeypatch, capsys):
+    """--timeout: the page is stopped as on Ctrl-C; where it could not be (this stand-in's
+    trainer is gone), the server is told: the run reads stopped, not running with nobody at it."""
+    class TimedOut(PageThatTrains):
+        page = {"timed_out": True}
+
+    code, result, _ = train_in_process(monkeypatch, capsys, TimedOut, "--server", server,
+                                       "--steps", "20", "--timeout", "1")
+    assert code == 1 and result["status"] == "stopped", result
+    assert result["error"] == "no result within 1 s: the run was stopped"
+    run = httpx.get(f"{server}/api/runs/{result['run_id']}").json()
+    assert run["status"] == "stopped" and "--timeout" in run["message"]
+
+
+def test_ctrl_c_exits_130_even_with_the_server_gone(tmp_path, monkeypatch, capsys):
+    from andrea.cli.launch import start_server, stop_server
+
+    proc, url = start_server(tmp_path / "d")
+
+    class GoneThenInterrupted(PageThatTrains):
+        def drive(self, url, run, timeout, tick, join_token=None):
+            stop_server(proc)           # the server goes away (a restart) ...
+            from andrea.cli.chromium import drive_result
+            return drive_result(interrupted=True)   # ... and the user presses Ctrl-C
+
+    try:
+        code, result, _ = train_in_process(monkeypatch, capsys, GoneThenInterrupted,
+                                           "--server", url, "--steps", "2")
+    finally:
+        stop_server(proc)
+    assert (code, result["error"]) == (130, "interrupted"), result
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--branch", "no-such-run", "--preset", "tiny", "--room", '{"inner_steps": 5}'],
+     "a room run cannot be a branch"),
+    (["--resume", "abc123", "--join", "def456"], "--resume and --join exclude each other"),
+    (["--branch", "abc123", "--join", "def456"], "--branch and --join exclude each other"),
+])
+def test_flags_of_two_runs_are_refused_not_one_dropped(server, monkeypatch, capsys, flags, said):
+    code, result, _ = train_in_process(monkeypatch, capsys, PageThatTrains, "--server", server,
+                                       *flags)
+    assert code == 2 and said in result["error"] and result["run_id"] is None, result
+
+
+STOPPED_WHILE_TRAINING = r'''
+import sys, time
+from andrea.cli import headless, main as cli
+
+class LongRun:
+    gpu = False; path = "/usr/bin/chromium"; version = "fake"
+    def __init__(self, gpu=False): pass
+    def check(self): pass
+    def launch(self): pass
+    def probe(self): return {"vendor": "fake", "architecture": "", "fallback": True}
+    def drive(self, url, run, timeout, tick):
+        print("TRAINING", flush=True, file=sys.stderr)
+        time.sleep(600)
+    def close(self): pass
+
+headless.Chromium = LongRun
+sys.exit(cli.main(["train", "--data-dir", sys.argv[1], "--steps", "2", "--json"]))
+'''
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_kill_or_a_closed_terminal_stops_the_server_the_command_started(tmp_path, sig):
+    """They used to kill the command on the spot: its server, in a session of its own, went on
+    holding the data dir, and no JSON was printed."""
+    import os
+    import signal
+    import time
+
+    from andrea.data_dir_lock import holder
+
+    data = tmp_path / "data"
+    p = subprocess.Popen([sys.executable, "-c", STOPPED_WHILE_TRAINING, str(data)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        for line in p.stderr:
+            if "TRAINING" in line:
+                break
+        server_pid = holder(data)["pid"]
+        p.send_signal(getattr(signal, sig))
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 130
+        assert json.loads(out.strip().splitlines()[-1])["error"] == "interrupted"
+        deadline = time.monotonic() + 30
+        while holder(data) is not None:
+            assert time.monotonic() < deadline, f"the server (pid {server_pid}) outlived it"
+            time.sleep(0.1)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if server_pid and holder(data) is not None:
+            os.kill(server_pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", ["cut short", "not a zip"])
+def test_an_export_download_cut_short_is_one_line(tmp_path, mode):
+    import http.server
+    import threading
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"id": "abc"}' if self.path == "/api/runs/abc" else b"oops!"
+            self.send_response(200)
+            size = 100_000 if mode == "cut short" and body == b"oops!" else len(body)
+            self.send_header("content-length", str(size))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "andrea", "export", "abc", "--server",
+                            f"http://127.0.0.1:{srv.server_port}", "--out", str(tmp_path / "o")],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        srv.shutdown()
+    assert r.returncode == 1 and r.stderr.startswith("andrea export: "), r.stderr[-1500:]
+    assert "Traceback" not in r.stderr
+    assert ("closed after" if mode == "cut short" else "not a whole zip") in r.stderr

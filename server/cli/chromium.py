@@ -33,15 +33,21 @@ def chromium_path() -> str:
 
 
 CHROMIUM = chromium_path()   # the tests' browser fixture launches the same one (tests/browser.py)
+# The signals that stop a run as Ctrl-C does: a terminal's Ctrl-C, `kill` / `timeout` / a
+# service manager's stop, and a closed terminal or ssh session.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+
 class _Interrupt:
-    """Ctrl-C while the page is driven: the first one is noted (the watch loop then stops the
-    run) instead of raised wherever the main thread happens to be; raised inside Playwright's
-    event loop, a KeyboardInterrupt can leave its connection waiting forever. A second Ctrl-C is
-    raised at once. Outside the main thread, nothing is installed."""
+    """Ctrl-C (or SIGTERM, SIGHUP) while the page is driven: the first one is noted (the watch
+    loop then stops the run) instead of raised wherever the main thread happens to be; raised
+    inside Playwright's event loop, a KeyboardInterrupt can leave its connection waiting
+    forever. A second one is raised at once. Outside the main thread, nothing is installed."""
 
     def __init__(self):
         self.seen = False
-        self._previous = None
+        self._previous = {}
 
     def _handler(self, signum, frame):
         if self.seen:
@@ -50,15 +56,16 @@ class _Interrupt:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
         return False
 
 
+INTERRUPTED = "interrupted from the command line"     # a stopped run's message after Ctrl-C
 NO_DOWNLOAD = "Playwright's own browser download is not needed"
 STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit
 PROBE_TIMEOUT_S = 30    # requestAdapter() that does not settle within this is reported
@@ -148,7 +155,7 @@ _PROBE = """async (timeoutMs) => {
 def drive_result(**given) -> dict:
     """What Chromium.drive returns, as far as it got: `given` on top of nothing yet."""
     return {"done": None, "errors": [], "error_text": None, "stats": None, "interrupted": False,
-            "refused": None, "lost": None, **given}
+            "timed_out": False, "refused": None, "lost": None, **given}
 
 
 def software_adapter(found: dict) -> bool:
@@ -296,10 +303,16 @@ class Chromium:
                 state["done"] = self._watch(page, errors, timeout, tick, interrupt)
                 if interrupt.seen:
                     raise KeyboardInterrupt
+                if state["done"] is None and not errors:    # --timeout: stopped, not left
+                    state["timed_out"] = True               # running with nobody training it
+                    print(f"\nno result within {timeout:.0f} s: stopping the run",
+                          file=sys.stderr, flush=True)
+                    state["done"] = self._stop_page(
+                        page, f"stopped by the command's --timeout of {timeout:.0f} s")
         except KeyboardInterrupt:
             state["interrupted"] = True
             print("\ninterrupted: stopping the run", file=sys.stderr, flush=True)
-            state["done"] = self._stop_page(page) if page is not None else None
+            state["done"] = self._stop_page(page, INTERRUPTED) if page is not None else None
         except self._error as e:
             errors.append(f"browser: {_first_line(e)}")
         try:
@@ -334,12 +347,13 @@ class Chromium:
             page.wait_for_timeout(500)
         return None
 
-    def _stop_page(self, page) -> str | None:
-        """Ctrl-C: the page stops the trainer, uploads the weights and commits every record.
-        None if it cannot (the browser went down with the signal): the caller tells the server."""
+    def _stop_page(self, page, why: str) -> str | None:
+        """Ctrl-C or --timeout: the page stops the trainer (`why` its message), uploads the
+        weights and commits every record. None if it cannot (the browser went down with the
+        signal): the caller tells the server."""
         try:
             if page.evaluate("Boolean(window.andreaTrainer)"):
-                page.evaluate("window.andreaTrainer.stop('interrupted from the command line')")
+                page.evaluate("(why) => window.andreaTrainer.stop(why)", why)
                 page.wait_for_function("document.body.dataset.done",
                                        timeout=STOP_GRACE_S * 1000)
                 return page.evaluate("document.body.dataset.done")

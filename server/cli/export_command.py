@@ -88,7 +88,15 @@ def _http_get(url: str, run_id: str, server: str, into=None) -> None:
 
 
 def unzip_checkpoint(file, out: Path) -> Path:
-    """Plain file names only: an archive cannot write outside `out`."""
+    """Plain file names only: an archive cannot write outside `out`. ValueError for what is no
+    whole zip archive (a body cut short, damaged)."""
+    try:
+        return _unzip(file, out)
+    except zipfile.BadZipFile as e:
+        raise ValueError(f"the export is not a whole zip archive: {e}") from None
+
+
+def _unzip(file, out: Path) -> Path:
     with zipfile.ZipFile(file) as zf:
         names = zf.namelist()
         bad = [n for n in names if Path(n).name != n or n in ("", ".", "..")]

@@ -11,20 +11,30 @@ server refuses. Exit 1: everything else that fails: Playwright missing or broken
 ANDREA_CHROMIUM (/usr/bin/chromium by default), a browser that does not start, no WebGPU
 adapter (these four are checked before any run is created), a server that does not answer, a
 page or module error, a failed asset or shader request, a GPU that cannot hold the run. A run
-that was created but never trained is not left `created`: see _settle_untrained. Ctrl-C stops
-the run (status `stopped`) and exits 130. Progress always goes to stderr.
+that was created but never trained is not left `created`: see _settle_untrained. Ctrl-C,
+SIGTERM and SIGHUP stop the run (status `stopped`) and exit 130; past --timeout the run is
+stopped too, and the command exits 1. Progress always goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 
 from andrea.checkpoints import newest_usable
 from andrea.cli import http_client
-from andrea.cli.chromium import BrowserError, Chromium, drive_result
+from andrea.cli.chromium import (
+    INTERRUPTED,
+    STOP_SIGNALS,
+    BrowserError,
+    Chromium,
+    drive_result,
+)
 from andrea.cli.room_join import join_room
 from andrea.cli.train_args import (
     EXIT_FAILED,
@@ -66,7 +76,31 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 30,
 
 # ---- the command ---------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _stop_signals_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does: the run is stopped, the
+    server this command started is stopped and the JSON printed. (By default they killed the
+    command on the spot, and its server, in a session of its own, went on holding the data
+    dir.) Only where they are at their default, and in the main thread."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS
+                    if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def train(args: argparse.Namespace) -> int:
+    with _stop_signals_interrupt():
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     result: dict = {"ok": False, "run_id": None, "server": args.server, "data_dir": None}
     # The run's write token: used, and printed only inside the run's resume link.
     secret: dict = {}
@@ -92,7 +126,7 @@ def train(args: argparse.Namespace) -> int:
         result["error"] = str(e)
         code = getattr(e, "code", EXIT_FAILED)
     except KeyboardInterrupt:   # outside the page's watch: tell the server if the run is live
-        if _stop_by_socket(result, secret.get("token"), "interrupted from the command line"):
+        if _stop_by_socket(result, secret.get("token"), INTERRUPTED):
             result["status"] = "stopped"
         result["error"] = "interrupted"
         code = EXIT_INTERRUPTED
@@ -211,12 +245,18 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         secret["token"] = run["token"]
         result["resume_link"] = resume_link(url, run["id"], run["token"])
     secret["refused"] = page.get("refused")
-    if page["interrupted"]:
-        if page["done"] is None:   # the page could not stop it: the server is told directly
-            _stop_by_socket(result, run["token"], "interrupted from the command line")
-            page["done"] = "stopped"
-    metrics = _http("GET", f"{url}/api/runs/{run['id']}/metrics")
-    info = _http("GET", f"{url}/api/runs/{run['id']}")
+    if (page["interrupted"] or page.get("timed_out")) and page["done"] is None:
+        # The page could not stop it: the server is told directly.
+        _stop_by_socket(result, run["token"], INTERRUPTED if page["interrupted"] else
+                        f"stopped by the command's --timeout of {args.timeout:.0f} s")
+        page["done"] = "stopped"
+    try:
+        metrics = _http("GET", f"{url}/api/runs/{run['id']}/metrics")
+        info = _http("GET", f"{url}/api/runs/{run['id']}")
+    except TrainError:
+        if not page["interrupted"]:
+            raise
+        return page_exit(result, page, args.timeout)    # Ctrl-C stays 130 with the server away
     final = next((m for m in reversed(metrics) if m.get("loss") is not None), None)
     step_ms = sorted(m["step_ms"] for m in metrics if m.get("step_ms"))
     result.update({

@@ -6,6 +6,7 @@ comes back as ServerError with FastAPI's `detail` in words; a server that does n
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -53,15 +54,20 @@ def request(method: str, url: str, body: Any = None, timeout: float = 30,
         with urllib.request.urlopen(req, timeout=timeout) as r:
             if into is None:
                 return json.load(r)
+            got = 0
             while block := r.read(READ_BYTES):
+                got += len(block)
                 try:
                     into.write(block)
                 except OSError as e:
                     raise _LocalError(e) from None
+            if r.length:    # (a read with a size ends quietly at a connection closed early)
+                raise Unreachable(url, f"the connection closed after {got} bytes, "
+                                       f"{r.length} short of the body")
             return None
     except urllib.error.HTTPError as e:
         raise ServerError(method, url, e.code, detail(e)) from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise Unreachable(url, getattr(e, "reason", e)) from None
     except _LocalError as e:
         raise e.error from None

@@ -105,9 +105,14 @@ def run_config(args: argparse.Namespace) -> dict:
 
     fields = run_config_model().model_fields
     config = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    # One run to train: a flag of another would be dropped without a word.
+    modes = [f"--{flag}" for flag in ("resume", "branch", "join") if getattr(args, flag, None)]
+    if len(modes) > 1:
+        raise TrainError(f"{' and '.join(modes)} exclude each other", EXIT_USAGE)
     if getattr(args, "branch", None):
-        if getattr(args, "resume", None):
-            raise TrainError("--resume and --branch exclude each other", EXIT_USAGE)
+        if config.get("room"):
+            raise TrainError("--branch goes on from one trainer's checkpoint: a room run cannot "
+                             "be a branch; drop --room", EXIT_USAGE)
         return config     # validated by the server on top of the parent's config
     for flag in ("resume", "join"):
         if getattr(args, flag, None):

@@ -51,10 +51,11 @@ def page_exit(result: dict, page: dict, timeout: float, what: str = "run") -> in
     result["ok"] = page["done"] == "finished" and not page["errors"]
     if result["ok"]:
         return 0
+    late = f"no result within {timeout:.0f} s"
     result["error"] = one_reason([
         *page["errors"], page["error_text"],
-        None if page["done"] else f"no result within {timeout:.0f} s"]) or \
-        f"the {what} ended {page['done']}"
+        f"{late}: the {what} was stopped" if page.get("timed_out") else
+        None if page["done"] else late]) or f"the {what} ended {page['done']}"
     return EXIT_FAILED
 
 
