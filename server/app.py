@@ -26,6 +26,7 @@ from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
 from andrea.page_facts import page_facts
+from andrea.room.lifecycle import recover_rooms
 from andrea.routes import (
     checkpoints,
     data,
@@ -94,6 +95,8 @@ async def _lifespan(app: FastAPI):
     # Folders a stop left ahead of their rows (a delete's files, a branch's links).
     await sweep.settle_run_folders(store, settings.data_dir, others_since)
     await _recover_checkpoints(store, app.state.checkpoints)
+    # Rooms whose close a stop cut short: finished, and their runs told.
+    await recover_rooms(store, app.state.fanout, app.state.checkpoints)
     await app.state.fanout.start()      # with a broker: hears the other processes first
     # The runs whose tabs should come back: the old process's watchdogs went with it.
     await watch_runs_left(store, app.state.fanout, settings.trainer_grace_s)

@@ -269,7 +269,8 @@ class CheckpointStore:
     def write(self, run_id: str, step: int, parts: list[bytes], optimizer: str,
               sections: list[dict]) -> dict:
         """Checkpoint `step` from bytes the server made (a room's global version: room/rounds.py),
-        through the same upload, digests and commit as a trainer's."""
+        through the same upload, digests and commit as a trainer's. The one before it is kept
+        whatever `kept` says: a room's close that a stop cut short is redone from it."""
         chunk = CHUNK_BYTES
         whole = b"".join(parts) if len(parts) != 1 else parts[0]
         digests = [hashlib.sha256(whole[i:i + chunk]).hexdigest()
@@ -277,7 +278,7 @@ class CheckpointStore:
         upload = self.begin(run_id, step, len(whole), digests, chunk)
         try:
             upload.write(whole)
-            return self.commit(run_id, upload, optimizer, sections)
+            return self.commit(run_id, upload, optimizer, sections, kept=max(self.kept or 0, 2))
         finally:
             self.discard(upload)
 
@@ -287,10 +288,11 @@ class CheckpointStore:
             self._active.discard(upload.path)
 
     def commit(self, run_id: str, upload: Upload, optimizer: str,
-               sections: list[dict]) -> dict:
+               sections: list[dict], kept: int | None = None) -> dict:
         """The finished upload becomes checkpoint `upload.step`, then the run keeps only its
-        newest `kept`. Returns the sidecar. The same step uploaded again with the same bytes
-        is a no-op; with other bytes, the old one is uncommitted first."""
+        newest `kept` (the store's by default). Returns the sidecar. The same step uploaded
+        again with the same bytes is a no-op; with other bytes, the old one is uncommitted
+        first."""
         folder, step = upload.folder, upload.step
         try:
             upload.finish()
@@ -311,11 +313,11 @@ class CheckpointStore:
                           json.dumps(meta, indent=1).encode())
         finally:
             self.discard(upload)
-        self.prune(run_id)
+        self.prune(run_id, kept)
         return meta
 
-    def prune(self, run_id: str) -> None:
-        self._remove(run_id, [m["step"] for m in self.list(run_id)[:-self.kept]])
+    def prune(self, run_id: str, kept: int | None = None) -> None:
+        self._remove(run_id, [m["step"] for m in self.list(run_id)[:-(kept or self.kept)]])
 
     def discard_after(self, run_id: str, step: int) -> list[int]:
         """Removes the checkpoints after `step` (a resume from `step`: they belong to the

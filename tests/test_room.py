@@ -288,6 +288,153 @@ def test_a_restart_mid_round_and_a_crash_mid_close_lose_nothing(settings, monkey
                                    rtol=1e-6, atol=1e-7)
 
 
+def one_round(client, **room) -> dict:
+    r = client.post("/api/runs", json={**room_config(**room), "steps": 3})   # inner_steps 3
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def status(client, run: dict) -> str:
+    return client.get(f"/api/runs/{run['id']}").json()["status"]
+
+
+def test_the_last_round_finishes_its_run_however_it_closes(app_client):
+    """Closed by a refused pseudo-gradient (the last answer it waited for), or with a finite
+    one too large to square in f32 while a viewer watches (its norm was infinite, and telling
+    the viewer failed the close's request): the run is finished either way."""
+    c = app_client
+    for last in ("refused", "huge"):
+        run = one_round(c)
+        numel = run["layout"]["total_numel"]
+        a, b = join(c, run), join(c, run)
+        assert publish(c, run, a, np.zeros(numel, np.float32)).status_code == 201
+        with c.websocket_connect(f"/ws/runs/{run['id']}/watch") as viewer:
+            assert viewer.receive_json()["type"] == "run"
+            assert send(c, run, a, 0, np.full(numel, 1e-3, np.float32)).status_code == 200
+            delta = np.zeros(numel, np.float32)
+            delta[0] = np.nan if last == "refused" else 1e20
+            r = send(c, run, b, 0, delta)
+            assert r.status_code == (422 if last == "refused" else 200), r.text
+            assert c.get(f"/api/runs/{run['id']}/room").json()["finished"] is True
+            assert status(c, run) == "finished", last
+
+
+def test_a_stop_mid_close_is_finished_at_the_next_start_with_one_checkpoint_kept(
+        settings, monkeypatch):
+    """Killed after version 1's commit and before the room's state says so: the next start
+    finishes the close (from version 0, kept whatever checkpoints_kept says), the run with it,
+    and removes the round's pseudo-gradients."""
+    settings = settings.model_copy(update={"checkpoints_kept": 1})
+    with LocalClient(create_app(settings)) as c:
+        run = one_round(c)
+        numel = run["layout"]["total_numel"]
+        a, b = join(c, run), join(c, run)
+        publish(c, run, a, np.zeros(numel, np.float32))
+        assert send(c, run, a, 0, np.full(numel, 1e-3, np.float32)).status_code == 200
+    real_save = rounds.Room._save
+
+    def killed_mid_close(self, st):
+        if st["version"] == 1:
+            raise OSError("killed mid-close")
+        real_save(self, st)
+    monkeypatch.setattr(rounds.Room, "_save", killed_mid_close)
+    with LocalClient(create_app(settings), raise_server_exceptions=False) as c:
+        assert send(c, run, b, 0, np.full(numel, 2e-3, np.float32)).status_code == 500
+    monkeypatch.setattr(rounds.Room, "_save", real_save)
+    with LocalClient(create_app(settings)) as c:
+        room = c.get(f"/api/runs/{run['id']}/room").json()
+        assert (room["version"], room["finished"], status(c, run)) == (1, True, "finished")
+        assert not list((settings.data_dir / "runs" / run["id"] / "room").glob("deltas/*/*"))
+
+
+def test_a_stop_mid_leave_strands_no_round(settings, monkeypatch):
+    """The leave's state is saved before its pseudo-gradient's file goes: a stop between them
+    leaves a stray file, not a round that lists a file it no longer has (no close could read
+    it, ever)."""
+    with LocalClient(create_app(settings)) as c:
+        run = create(c)
+        numel = run["layout"]["total_numel"]
+        a, b, d = join(c, run), join(c, run), join(c, run)
+        publish(c, run, a, np.zeros(numel, np.float32))
+        assert send(c, run, a, 0, np.full(numel, 1e-3, np.float32)).status_code == 200
+
+    def killed(self, version, wid):
+        raise OSError("killed mid-leave")
+    monkeypatch.setattr(rounds.Room, "_discard_delta", killed)
+    with LocalClient(create_app(settings), raise_server_exceptions=False) as c:
+        assert c.delete(f"/api/runs/{run['id']}/room/workers",
+                        headers=bearer(a["token"])).status_code == 500
+    monkeypatch.undo()
+    with LocalClient(create_app(settings)) as c:
+        assert c.get(f"/api/runs/{run['id']}/room").json()["open"]["received"] == []
+        assert send(c, run, b, 0, np.full(numel, 2e-3, np.float32)).json()["closed"] is False
+        assert send(c, run, d, 0, np.full(numel, 3e-3, np.float32)).json()["closed"] is True
+
+
+def test_a_round_goes_on_without_the_workers_that_left_or_went_silent(app_client):
+    """A leave takes its pseudo-gradient out of the round and the deadline counts from the
+    first one still in it; a worker refused may send a good one; and past missed_rounds
+    deadlines, the workers that sent nothing are dropped, so that a quorum out of reach (their
+    tabs gone) does not hold the room, and its slots, for good."""
+    c = app_client
+    run = create(c, quorum=2, round_deadline_s=1000, missed_rounds=2)
+    numel = run["layout"]["total_numel"]
+    a, b, d = join(c, run), join(c, run), join(c, run)
+    publish(c, run, a, np.zeros(numel, np.float32))
+    assert send(c, run, a, 0, np.full(numel, 1e-3, np.float32)).status_code == 200
+    assert c.delete(f"/api/runs/{run['id']}/room/workers",
+                    headers=bearer(a["token"])).status_code == 204
+    assert c.get(f"/api/runs/{run['id']}/room").json()["open"]["first_at"] is None
+    bad = np.zeros(numel, np.float32)
+    bad[3] = np.inf
+    assert send(c, run, b, 0, bad).status_code == 422
+    r = send(c, run, b, 0, np.full(numel, 2e-3, np.float32))
+    assert r.json() == {"closed": False, "version": 0}          # d has not answered, quorum 2
+    room = rounds_room(c, run)
+    first_at = c.get(f"/api/runs/{run['id']}/room").json()["open"]["first_at"]
+    assert room.close_if_due(first_at + 1999) is None           # one deadline past: waits on
+    assert room.close_if_due(first_at + 2001) is not None       # two: d dropped, b's closes it
+    workers = {w["worker"]: w for w in c.get(f"/api/runs/{run['id']}/room").json()["workers"]}
+    assert workers[d["worker"]]["left"] is not None and workers[b["worker"]]["left"] is None
+
+
+def rounds_room(client, run: dict) -> rounds.Room:
+    from andrea.room.lifecycle import room_of_run
+
+    stored = client.app.state.store.get_run(run["id"])
+    return room_of_run(client.app.state.checkpoints, stored)
+
+
+def test_what_a_room_takes_is_bounded(app_client, monkeypatch):
+    """A body is written only for a worker's token; a finished room takes no pseudo-gradient;
+    reports are one a round (and a retry); joins are max_workers a round."""
+    from andrea.routes import room as room_routes
+
+    c = app_client
+    run = one_round(c, max_workers=2)
+    numel = run["layout"]["total_numel"]
+    a = join(c, run)
+    publish(c, run, a, np.zeros(numel, np.float32))
+    written = []
+    real = room_routes.temp_file
+    monkeypatch.setattr(room_routes, "temp_file", lambda folder: written.append(1) or real(folder))
+    r = c.post(f"/api/runs/{run['id']}/room/deltas/0", content=bytes(4 * numel))
+    assert r.status_code == 403 and written == []
+    url = f"/api/runs/{run['id']}/room/reports/0"
+    codes = [c.post(url, json={"losses": [1.0], "eval_loss": 2.0},
+                    headers=bearer(a["token"])).status_code for _ in range(4)]
+    assert codes == [204, 204, 409, 409]
+    assert send(c, run, a, 0, np.full(numel, 1e-3, np.float32)).json()["closed"] is True
+    assert send(c, run, a, 1, np.full(numel, 1e-3, np.float32)).status_code == 409   # finished
+    other = create(c, max_workers=1)
+    for _ in range(3):      # rounds (2) + 1 joins of max_workers 1, each then leaving
+        w = join(c, other)
+        assert c.delete(f"/api/runs/{other['id']}/room/workers",
+                        headers=bearer(w["token"])).status_code == 204
+    r = c.post(f"/api/runs/{other['id']}/room/workers", headers=bearer(other["room"]["join_token"]))
+    assert r.status_code == 409 and "joins" in r.json()["detail"]
+
+
 def test_a_line_torn_by_a_crash_costs_only_itself(tmp_path):
     """rounds.jsonl and reports.jsonl after a machine crash mid-write: the torn line (cut JSON,
     cut UTF-8) is skipped, and the lines appended after it are read (they were once appended to

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import time
 from pathlib import Path
 
-from andrea.checkpoints import CheckpointStore
+from andrea.checkpoints import CheckpointError, CheckpointStore
 from andrea.model import run_layout
-from andrea.room.rounds import Room
+from andrea.room.rounds import Room, RoomError
 from andrea.runs.lifecycle import publish_run
+
+log = logging.getLogger("andrea.room")
 
 
 def room_of_run(ckpts: CheckpointStore, run: dict) -> Room | None:
@@ -27,10 +31,42 @@ async def after_close(store, fanout, room: Room) -> None:
     last round."""
     st = await asyncio.to_thread(room.read)
     fanout.publish(room.run_id, {"type": "room", "event": "version", "version": st["version"],
-                                 "round": st.get("last_round")})
+                                 "round": _finite(st.get("last_round"))})
     if st["finished"]:
         await store.run(store.set_status, room.run_id, "finished")
         await publish_run(store, fanout, room.run_id)
+
+
+def _finite(value):
+    """JSON-safe (messages allow no NaN): a non-finite number (a poisoned round's norm) as
+    None, so the close is still told."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+async def recover_rooms(store, fanout, ckpts: CheckpointStore) -> None:
+    """At start: every room's close that a stop cut short finished, and its run finished if
+    that was the last round (the stop came before the run was told); the pseudo-gradients of
+    closed rounds left on disk removed."""
+    for state in await asyncio.to_thread(lambda: list(
+            (ckpts.data_dir / "runs").glob("*/room/state.json"))):
+        run_id = state.parent.parent.name
+        try:
+            run = await store.run(store.get_run, run_id)
+            room = run and room_of_run(ckpts, run)
+            if room is None:
+                continue
+            async with fanout.run_lock(run_id):
+                st = await asyncio.to_thread(room.recover)
+                if st["finished"] and run["status"] != "finished":
+                    await after_close(store, fanout, room)
+        except Exception:       # one damaged room does not keep the others from recovering
+            log.warning("run %s: its room could not be recovered", run_id, exc_info=True)
 
 
 async def close_due_rounds(store, fanout, ckpts: CheckpointStore) -> list[str]:
@@ -39,14 +75,18 @@ async def close_due_rounds(store, fanout, ckpts: CheckpointStore) -> list[str]:
     closed = []
     now = time.time()
     for run_id in await asyncio.to_thread(_rooms_waiting, ckpts.data_dir):
-        run = await store.run(store.get_run, run_id)
-        room = run and room_of_run(ckpts, run)
-        if room is None:
-            continue
-        async with fanout.run_lock(run_id):
-            if await asyncio.to_thread(room.close_if_due, now) is not None:
-                closed.append(run_id)
-                await after_close(store, fanout, room)
+        try:
+            run = await store.run(store.get_run, run_id)
+            room = run and room_of_run(ckpts, run)
+            if room is None:
+                continue
+            async with fanout.run_lock(run_id):
+                if await asyncio.to_thread(room.close_if_due, now) is not None:
+                    closed.append(run_id)
+                    await after_close(store, fanout, room)
+        except (RoomError, CheckpointError, OSError, ValueError):
+            # One room that cannot close (its files damaged) holds up no other room's.
+            log.warning("run %s: its room's round could not be closed", run_id, exc_info=True)
     return closed
 
 

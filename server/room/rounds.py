@@ -45,11 +45,25 @@ OPTIMIZER = "room_outer"     # the checkpoints' optimizer name: global W and out
 
 
 class RoomError(Exception):
-    """A request the room refuses, with the HTTP status that says why."""
+    """A request the room refuses, with the HTTP status that says why; `closed`: the round
+    closed all the same (a refused pseudo-gradient was the last answer it waited for)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, closed: bool = False):
         super().__init__(message)
-        self.status = status
+        self.status, self.closed = status, closed
+
+
+def norm64(x: np.ndarray) -> float:
+    """The L2 norm summed in float64, a slice at a time: finite for every finite f32 array (an
+    f32 sum of squares overflows past ~1e19, and an infinite norm broke the round's close)."""
+    total = 0.0
+    for i in range(0, x.size, NORM_SLICE):
+        part = x[i:i + NORM_SLICE].astype(np.float64)
+        total += float(np.dot(part, part))
+    return math.sqrt(total)
+
+
+NORM_SLICE = 1 << 20
 
 
 def sections(numel: int) -> list[dict]:
@@ -133,6 +147,9 @@ class Room:
                 if token_matches(w["token_sha256"], worker_token):
                     return {"worker": int(wid), "slot": w["slot"], "token": worker_token,
                             "version": st["version"], "rejoined": True}
+        if len(st["workers"]) >= self.max_joins():
+            raise RoomError(409, f"this room has had {len(st['workers'])} joins, its most "
+                                 "(max_workers per round): rejoin with your worker token")
         active = _active(st)
         taken = {w["slot"] for w in active.values()}
         free = [s for s in range(self.room["max_workers"]) if s not in taken]
@@ -160,9 +177,13 @@ class Room:
         st = self.load()
         wid = self.worker_of(st, token)
         st["workers"][wid].update(left=now, why=why)
-        st["open"]["received"].pop(wid, None)     # a worker that leaves is not in the round
+        open_ = st["open"]
+        open_["received"].pop(wid, None)     # a worker that leaves is not in the round
+        open_["refused"].pop(wid, None)
+        # The deadline counts from the round's first pseudo-gradient still in it.
+        open_["first_at"] = min((r["at"] for r in open_["received"].values()), default=None)
+        self._save(st)                       # first: a stop after it leaves a stray file only
         self._discard_delta(st["version"], wid)
-        self._save(st)
         return st
 
     # ---- versions ------------------------------------------------------------------------
@@ -211,6 +232,8 @@ class Room:
         st = self.load()
         wid = self.worker_of(st, token)
         worker, open_ = st["workers"][wid], st["open"]
+        if st["finished"]:
+            raise RoomError(409, "this room run is finished: its last version is the model")
         if st["version"] is None or version != st["version"]:
             worker["stale"] += 1
             open_["stale"] += 1
@@ -218,7 +241,7 @@ class Room:
             raise RoomError(409, f"version {version} is not the one being trained (now "
                                  f"{st['version']}): this pseudo-gradient is dropped; download "
                                  "the current version and go on")
-        if wid in open_["received"] or wid in open_["refused"]:
+        if wid in open_["received"]:
             raise RoomError(409, f"worker {wid} already sent its pseudo-gradient for version "
                                  f"{version}")
         try:
@@ -228,15 +251,16 @@ class Room:
             open_["refused"][wid] = str(e)
             closed = self._maybe_close(st, now)
             raise RoomError(422, f"pseudo-gradient refused: {e}; the round goes on without "
-                                 f"it{' (and it closed)' if closed else ''}") from None
+                                 f"it{' (and it closed)' if closed else ''}; a good one may "
+                                 "still be sent", closed) from None
+        open_["refused"].pop(wid, None)      # refused before: this one counts
         delta[~self.mask] = 0
         nbytes = body_path.stat().st_size
         folder = self.dir / "deltas" / str(version)
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(body_path, folder / f"{wid}.bin")
         fsync_dir(folder)
-        open_["received"][wid] = {"bytes": nbytes, "norm": float(np.linalg.norm(delta)),
-                                  "at": now}
+        open_["received"][wid] = {"bytes": nbytes, "norm": norm64(delta), "at": now}
         if open_["first_at"] is None:
             open_["first_at"] = now
         worker.update(bytes=worker["bytes"] + nbytes, deltas=worker["deltas"] + 1, missed=0)
@@ -268,11 +292,39 @@ class Room:
         return False
 
     def close_if_due(self, now: float) -> dict | None:
-        """The sweep's call: closes the open round when due; its line, or None."""
+        """The sweep's call: closes the open round when due; its line, or None. A round that
+        waits past missed_rounds deadlines after its first pseudo-gradient (its quorum out of
+        reach: the others' tabs gone) drops the workers that sent nothing: they would count as
+        missed at a close that never comes, holding their slots for good."""
         st = self.load()
+        open_ = st["open"]
+        if not self.due(st, now) and open_["first_at"] is not None and not st["finished"] \
+                and now >= open_["first_at"] + self.room["missed_rounds"] * \
+                self.room["round_deadline_s"]:
+            for wid, worker in _active(st).items():
+                if wid not in open_["received"] and wid not in open_["refused"]:
+                    worker.update(left=now, why=f"sent nothing for {self.room['missed_rounds']}"
+                                                " round deadlines")
+            self._save(st)
         if not self.due(st, now):
             return None
         return self._close(st, now)["last_round"]
+
+    def recover(self) -> dict:
+        """At start, under the run's lock: a close a stop cut short is finished (load), and the
+        pseudo-gradients of rounds closed before a stop could remove them are removed."""
+        st = self.load()
+        deltas = self.dir / "deltas"
+        if deltas.is_dir():
+            for folder in deltas.iterdir():
+                if folder.name != str(st["version"]):
+                    shutil.rmtree(folder, ignore_errors=True)
+        return st
+
+    def max_joins(self) -> int:
+        """Joins over the room's life (a worker's log entry each): max_workers per round and
+        one round more; a tab that comes back rejoins with its worker token instead."""
+        return self.room["max_workers"] * (self.rounds + 1)
 
     def _close(self, st: dict, now: float) -> dict:
         v, open_ = st["version"], st["open"]
@@ -300,7 +352,7 @@ class Room:
         self._commit(v + 1, weights, momentum)
         line = {"round": v, "version": v + 1, "closed_at": now,
                 "opened_at": open_["opened_at"], "median_norm": float(np.median(norms)),
-                "clip_limit": limit, "outer_grad_norm": float(np.linalg.norm(total)),
+                "clip_limit": limit, "outer_grad_norm": norm64(total),
                 "workers": {w: {**open_["received"][w], "clip_scale": scales[w]} for w in ids},
                 "refused": open_["refused"], "stale": open_["stale"]}
         for wid, worker in _active(st).items():      # who sent nothing this round
@@ -330,6 +382,13 @@ class Room:
         if not all(math.isfinite(x) for x in losses) or \
                 (eval_loss is not None and not math.isfinite(eval_loss)):
             raise RoomError(422, "losses must be finite numbers")
+        worker = st["workers"][wid]
+        sent = worker.get("reports", 0)
+        if sent >= 2 * (st["version"] + 1):     # a round's report, and a retry of it
+            raise RoomError(409, f"worker {wid} has sent {sent} reports for {st['version'] + 1}"
+                                 " versions: one a round")
+        worker["reports"] = sent + 1
+        self._save(st)
         self._append("reports.jsonl", {"worker": int(wid), "version": version, "at": now,
                                        "losses": losses, "eval_loss": eval_loss})
 

@@ -141,6 +141,7 @@ async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep)
 async def put_room_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep,
                    storage: StorageDep, store: StoreDep) -> dict:
     room = room_of(run, ckpts)
+    await _a_worker(room, request)
     path = await _receive(request, room, 4 * room.numel, "version 0's weights", storage)
     try:
         async with fanout.run_lock(run["id"]):
@@ -157,12 +158,21 @@ async def put_room_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fa
 async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts: CheckpointsDep,
                      fanout: FanoutDep, storage: StorageDep, store: StoreDep) -> dict:
     room = room_of(run, ckpts)
+    await _a_worker(room, request)
     path = await _receive(request, room, room.expected_bytes(),
                           f"a {room.room['codec']} pseudo-gradient", storage)
     try:
         async with fanout.run_lock(run["id"]):
             await gone_meanwhile(store, ckpts.data_dir, run["id"], "pseudo-gradient")
-            got = await _call(room.accept, bearer(request), version, path, time.time())
+            try:
+                got = await asyncio.to_thread(room.accept, bearer(request), version, path,
+                                              time.time())
+            except RoomError as e:
+                if e.closed:        # refused, but the last answer the round waited for
+                    await after_close(store, fanout, room)
+                raise HTTPException(e.status, str(e)) from None
+            except (CheckpointError, OSError) as e:
+                raise http_error(e) or e
             if got["closed"]:
                 await after_close(store, fanout, room)
     finally:
@@ -190,6 +200,13 @@ async def post_room_report(run: RunDep, version: Version, body: Report, request:
 @router.get("/reports")
 async def get_room_reports(run: RunDep, ckpts: CheckpointsDep) -> list[dict]:
     return await _call(room_of(run, ckpts).reports)
+
+
+async def _a_worker(room: Room, request: Request) -> None:
+    """403 before a byte of a body is read or reserved unless the token is an active worker's
+    (looked at again under the run's lock when the body is taken)."""
+    st = await _call(room.read)
+    await _call(room.worker_of, st, bearer(request))
 
 
 async def _receive(request: Request, room: Room, expected: int, what: str,

@@ -120,7 +120,11 @@ function roomNetwork(me) {
   const send = (url, init, accept = []) => fetchRetrying(url,
     { ...init, headers: { ...auth, ...(init.headers ?? {}) } }, { accept });
   return {
-    weights: (v) => bytes(routePath('get_room_weights', { run_id: runId, version: v })),
+    weights: async (v) => {   // 410: no longer kept (the room moved on): null
+      const res = await fetchRetrying(routePath('get_room_weights', { run_id: runId, version: v }),
+        {}, { accept: [410] });
+      return res.status === 410 ? null : res.arrayBuffer();
+    },
     publish: async (buf) => {
       const res = await send(routePath('put_room_init', { run_id: runId }),
         { method: 'PUT', body: buf }, [409]);
@@ -188,10 +192,15 @@ async function join(token) {
   window.andreaTrainer = worker.trainer;   // `andrea train` reads its stats and stops it
   $('leave').hidden = false;
   $('leave').onclick = () => worker.stop('left the room');
-  const end = await worker.run().finally(() => worker.destroy());
-  if (end !== 'finished') {
-    await fetch(routePath('leave_room', { run_id: runId }),
-      { method: 'DELETE', headers: { authorization: `Bearer ${me.token}` } }).catch(() => {});
+  let end;
+  try {
+    end = await worker.run();
+  } finally {
+    worker.destroy();
+    if (end !== 'finished') {   // stopped, failed, or thrown: its slot goes to another tab
+      await fetch(routePath('leave_room', { run_id: runId }),
+        { method: 'DELETE', headers: { authorization: `Bearer ${me.token}` } }).catch(() => {});
+    }
   }
   $('leave').hidden = true;
   body.dataset.done = end;

@@ -7,7 +7,8 @@
 // the run's schedule over its steps.
 //
 // DOM-free: the app hands in the room's network as functions (room.js):
-//   room = {weights(v) -> ArrayBuffer (f32 [total_numel]), publish(ArrayBuffer) -> {version}
+//   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
+//           on past it), publish(ArrayBuffer) -> {version}
 //           | null (another worker published version 0 first), send(v, ArrayBuffer) -> any,
 //           report(v, losses, evalLoss), nextVersion(after) -> the newest version > after}
 //   loadBatch(version, step), loadValBatch(index) -> ArrayBuffer
@@ -76,7 +77,11 @@ export class RoomWorker {
       version = 0;
       if (!published) w = new Float32Array(await this.room.weights(0));
     } else {
-      w = new Float32Array(await this.room.weights(version));
+      let buf;
+      while ((buf = await this.room.weights(version)) === null) {
+        version = await this.room.nextVersion(version);   // pruned meanwhile: the newest
+      }
+      w = new Float32Array(buf);
     }
     this.trainer.setWeights(w);
     this.version = version;
@@ -98,8 +103,8 @@ export class RoomWorker {
     await this.room.report(this.version, losses, this.evalLoss);
     this.on.round({ version: this.version, round, losses, evalLoss: this.evalLoss,
       bytes: body.byteLength });
-    const next = await this.room.nextVersion(this.version);
-    await this.take(next);
+    await this.take(await this.room.nextVersion(this.version));
+    const next = this.version;          // (a newer one where that one was pruned meanwhile)
     if (next < this.rounds) return next * this.config.room.inner_steps;
     // The room's last version: its eval loss reported too, and the Trainer is at its end.
     await this.room.report(next, [], this.evalLoss);

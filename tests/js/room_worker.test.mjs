@@ -1,0 +1,38 @@
+// The room worker's network edge cases (static/js/engine/room_worker.js), with a stand-in
+// Trainer: a version pruned before this worker downloaded it (the room moved on while it
+// waited) is replaced by the room's newest, and the next round starts from that one.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { RoomWorker } from '../../static/js/engine/room_worker.js';
+
+function worker(kept, newest) {
+  const asked = [];
+  const room = {
+    weights: async (v) => { asked.push(v); return kept.includes(v) ? new Float32Array([v]).buffer : null; },
+    nextVersion: async () => newest.shift(),    // what the room says at each ask
+    send: async () => {},
+    report: async () => {},
+  };
+  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'f32' } }, room });
+  w.rounds = 10;
+  const loaded = [];
+  w.trainer = {
+    setWeights: (weights) => loaded.push(weights[0]),
+    evalLoss: async () => 1.5,
+    model: { getParams: async () => new Float32Array([0]) },
+  };
+  return { w, asked, loaded };
+}
+
+test('a version no longer kept is replaced by the newest, and the round goes on from it', async () => {
+  const { w, asked, loaded } = worker([5, 6], [4, 6]);
+  await w.take(6);
+  assert.equal(w.version, 6);
+  w.version = 3;                       // this worker trained version 3; the room is at 6 now
+  w.global = new Float32Array([3]);
+  const next = await w.endRound(3);
+  assert.deepEqual(asked.slice(1), [4, 6]);   // 4 (the next after 3) is gone: the newest
+  assert.equal(w.version, 6);
+  assert.deepEqual(loaded, [6, 6]);
+  assert.equal(next, 6 * 4);           // the Trainer's step: version 6's first inner step
+});
