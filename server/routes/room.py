@@ -18,11 +18,13 @@ version, send their pseudo-gradients, and take the next version.
   GET    /api/runs/{id}/room/batches/{v}/{slot}/{step}   (data.py) a worker's batch
 
 Only a worker's token may send (the join token only joins: a participant is never the run's
-owner). A pseudo-gradient is exactly the codec's size for the model (413/400 before a byte is
-stored otherwise), reserved in the storage budget like a checkpoint, one per worker and round
-(409 for a second or a stale one), and refused when not finite (422). Every change happens
-under the run's lock; rounds close when every worker answered, or by the app's sweep at their
-deadline (room/lifecycle.py close_due_rounds)."""
+owner), checked before a byte of a body is read. A pseudo-gradient is exactly the codec's size
+for the model (413/400 before a byte is stored otherwise), reserved in the storage budget like a
+checkpoint, one per worker and round (409 for a second, a stale one, or one for a finished
+room), and refused when not finite (422; a good one may follow). Reports are one a round (and a
+retry), joins max_workers a round. Every change happens under the run's lock; rounds close when
+every worker answered, or by the app's sweep at their deadline (room/lifecycle.py
+close_due_rounds), which also drops workers silent for missed_rounds deadlines."""
 
 from __future__ import annotations
 
