@@ -58,6 +58,11 @@ def _existing(path: Path) -> Path:
     return path
 
 
+# A client that tries again after a full disk's 507 waits this long (Retry-After): a page's
+# weights upload is hundreds of MB each try (the trainer socket waits 30 s too: telemetry.js).
+FULL_RETRY_S = 30
+
+
 class StorageFull(Exception):
     """A write the budget refused: its `kind` (FLOOR, RUN_BYTES) and why; str() starts with
     the kind."""
@@ -184,7 +189,8 @@ class StorageBudget:
             raise HTTPException(507, f"not enough disk space for {what} of {mib(nbytes)}: "
                                      f"{self._state(False)}: the server's storage budget; free "
                                      "space or delete runs you no longer need, then try again. "
-                                     "Nothing was stored")
+                                     "Nothing was stored",
+                                headers={"Retry-After": str(FULL_RETRY_S)})
         self.reserved += nbytes
         return Reservation(self, nbytes)
 

@@ -233,6 +233,7 @@ def test_two_checkpoint_uploads_that_together_cross_the_floor_get_201_and_507(se
         release.set()
         thread.join(120)
     assert second.status_code == 507, second.text
+    assert second.headers["retry-after"] == "30"     # a page tries again then, not every 8 s
     detail = second.json()["detail"]
     assert "not enough disk space for checkpoint 2" in detail
     assert "promised to uploads in progress" in detail and "storage budget" in detail

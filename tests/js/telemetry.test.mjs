@@ -133,6 +133,31 @@ test('after a reconnect the last status goes first again (the server may have ma
     { type: 'metrics', records: [{ step: 1 }] }]);
 });
 
+test('a run with no records commits nothing: committed(0) settles at once', async () => {
+  const { s, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: null, records_per_message: 10 });
+  const outcome = await Promise.race([s.committed(0).then(() => 'resolved'),
+    new Promise((r) => setTimeout(() => r('pending'), 200))]);
+  assert.equal(outcome, 'resolved');   // (it waited for an ack that never comes)
+});
+
+test('a ping lost with a dropped connection is sent again: sync() settles after the reconnect', async () => {
+  const { s, ws } = trainerSocket();
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: 3, records_per_message: 10 });
+  let done = false;
+  s.sync().then(() => { done = true; });
+  ws().close(1006, '');                           // dropped before the pong
+  await new Promise((r) => setTimeout(r, 600));   // the first retry after 500 ms
+  ws().open();
+  ws().receive({ type: 'welcome', last_committed_step: 3, records_per_message: 10 });
+  assert.deepEqual(ws().sent.slice(1), [{ type: 'ping' }]);
+  ws().receive({ type: 'pong' });
+  await tick();
+  assert.equal(done, true);
+});
+
 test('"another trainer" (kind busy) is retried a few times before it is final', async () => {
   const { s, ws } = trainerSocket();
   const acked = settled(s.committed(1));

@@ -110,6 +110,10 @@ export class TrainerSocket {
       // ... and the last status first: one the server refused (a full disk) is sent again,
       // and a run it marked interrupted while this tab was away reads running (or paused).
       if (this.lastStatus && !this.control.includes(this.lastStatus)) this.control.unshift(this.lastStatus);
+      // A ping lost with the old connection: its waiters get the pong of a new one.
+      if (this.pongWaiters.length && !this.control.some((m) => m.type === 'ping')) {
+        this.control.push({ type: 'ping' });
+      }
       this.onState('connected');
       this.flush();
     } else if (msg.type === 'ack') {
@@ -176,7 +180,8 @@ export class TrainerSocket {
   /** Resolves once every record up to `step` is committed; rejects (SocketRefused) if the
    *  server refuses this socket for good first. */
   committed(step) {
-    if (this.lastAcked !== null && this.lastAcked >= step) return Promise.resolve();
+    // (Step 0: nothing to commit. A run that ends before its first record waits for no ack.)
+    if ((this.lastAcked ?? 0) >= step) return Promise.resolve();
     if (this.failed) return Promise.reject(this.failed);
     return new Promise((resolve, reject) => this.ackWaiters.push([step, resolve, reject]));
   }

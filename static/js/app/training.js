@@ -77,8 +77,9 @@ export async function train(state, run, token) {
   let resume = null;
   if (from !== null) {
     setStatus(`Loading the checkpoint of step ${from}…`);
-    const res = await fetchRetrying(routePath('get_checkpoint', { run_id: runId, step: from }),
-      { headers: { authorization: `Bearer ${token}` } });
+    const url = routePath('get_checkpoint', { run_id: runId, step: from });
+    const res = await fetchRetrying(url, { headers: { authorization: `Bearer ${token}` } },
+      { onRetry: (why) => reach.set(url, why) });   // (a damaged one says so, and waits)
     resume = { step: from, data: await res.arrayBuffer() };
   }
   setStatus(from === null ? 'Compiling kernels and initialising weights…'

@@ -70,7 +70,7 @@ export class CheckpointCadence {
     // This step's record: a checkpoint of a step whose loss was non-finite is not handed over.
     const record = this.recordOf(step);
     const snap = this.snapshot();
-    this.inFlight = (async () => {
+    const taking = (async () => {
       try {
         const ck = await snap;
         await record;
@@ -84,10 +84,11 @@ export class CheckpointCadence {
         this.stats.checkpointErrors++;
         this.lastError = e;
       } finally {
-        this.inFlight = null;
+        if (this.inFlight === taking) this.inFlight = null;
       }
     })();
-    return this.inFlight;
+    this.inFlight = taking;
+    return taking;
   }
 
   /** Periodic: a checkpoint when one is due and none is in flight (a due one waits for that and
@@ -101,7 +102,9 @@ export class CheckpointCadence {
   /** Once none is in flight, the periodic checkpoint if one is due (the end of a run). */
   async ifDue() {
     if (!this.config) return;
-    await this.settled();
+    // Looked at again here, in the go that takes one: a pause's and a stop's callers woken by
+    // the same settling both saw none in flight, and both read back and uploaded one state.
+    do await this.settled(); while (this.inFlight);
     const done = this.done();
     if (done >= this.next && this.taken !== done) await this.take();
   }
@@ -110,7 +113,9 @@ export class CheckpointCadence {
    *  has it already. Resolves when it has been handed over. */
   async now() {
     if (!this.config) return;
-    await this.settled();
+    // Looked at again here, in the go that takes one: a pause's and a stop's callers woken by
+    // the same settling both saw none in flight, and both read back and uploaded one state.
+    do await this.settled(); while (this.inFlight);
     const done = this.done();
     if (this.saved !== done && done > 0) await this.take();
   }

@@ -293,16 +293,19 @@ export class Trainer {
         // The end: a periodic checkpoint that came due while another was in flight is taken now.
         else await this.ckpt.ifDue();
       }
-      // Any end: no checkpoint is left in flight (its staging buffers are freed).
-      await this.ckpt.settled();
     } catch (e) {
       // A lost device fails every read back in flight: that is the loss, not a second failure.
       if (!this.lost) {
+        await this.ckpt.settled();
         this.state = 'failed';
         this.on.status('failed', e.message || String(e));
         throw e;
       }
     }
+    // Any end, a lost device's too: no checkpoint is left in flight (its staging buffers are
+    // freed, and one whose bytes were read back before the loss is uploaded: the page's resume
+    // then starts from it).
+    await this.ckpt.settled();
     if (this.lost) {   // stopped, not failed: the run resumes from its last checkpoint
       this.state = 'stopped';
       this.on.status('stopped', this.lost);
