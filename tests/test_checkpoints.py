@@ -879,3 +879,17 @@ def test_a_stop_between_a_runs_row_and_its_files_leaves_no_files_behind(tmp_path
         assert steps(c, kept) == [2]
         r = c.delete(f"/api/runs/{kept['id']}", headers=headers(kept["token"]))
         assert r.status_code == 204 and not (runs / kept["id"]).exists()
+
+
+def test_a_resume_drops_the_final_weights_of_the_timeline_it_abandons(client):
+    """Stopped at step 10 (its tab uploaded the weights of step 10), resumed from 6: an export
+    served those weights with the card of a 6-step run, while it trained again or for good."""
+    run = new_run(client)
+    train_some(client, run, 10, "stopped")
+    assert put(client, run, 6, state(run)).status_code == 201
+    w10 = np.full(run["layout"]["total_numel"], 0.5, dtype="<f4")
+    assert client.put(f"/api/runs/{run['id']}/weights", content=w10.tobytes(),
+                      headers=headers(run["token"])).status_code == 204
+    assert client.post(f"/api/runs/{run['id']}/resume").status_code == 200
+    assert client.get(f"/api/runs/{run['id']}").json()["has_weights"] is False
+    assert client.get(f"/api/runs/{run['id']}/model.safetensors").status_code == 404

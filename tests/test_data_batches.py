@@ -126,10 +126,14 @@ def test_data_budget():
 
 def test_split_point_rules():
     assert split_point([100]) == (90, "tokens")                  # one document: cut in it
-    assert split_point([50, 100]) == (50, "documents")           # the only boundary
     assert split_point([10, 89, 91, 100]) == (91, "documents")   # nearest to 90: a tie, the later
-    assert split_point([10, 80, 95, 100]) == (95, "documents")
-    assert split_point([99, 100]) == (99, "documents")           # never 0 or n
+    assert split_point([10, 80, 95, 100]) == (95, "documents")   # 5%: half of VAL_FRACTION
+    assert split_point([80, 100]) == (80, "documents")           # 20%: twice it
+    # The nearest boundary would hold out half, or 1%, of the tokens (a long document at one
+    # end): the source is cut in that document instead.
+    assert split_point([50, 100]) == (90, "tokens")
+    assert split_point([99, 100]) == (90, "tokens")
+    assert split_point([7, 56009]) == (50409, "tokens")          # a README, then a book
     ends = list(range(7, 7001, 7))
     n_train, how = split_point(ends)
     assert how == "documents" and n_train in ends[:-1] and abs(n_train - 6300) <= 3

@@ -290,3 +290,102 @@ def _write(path, data: bytes):
 def _mkdir(path):
     path.mkdir()
     return path
+
+
+# ---- user corpora: no leak into validation, no hang, no unbounded memory ------------------------
+
+
+def _documents_of(tokens) -> set[tuple[int, ...]]:
+    """The whole documents (token tuples; 0 is the end-of-text) of a stretch of a token file."""
+    import numpy as np
+
+    out, cur = set(), []
+    for t in np.asarray(tokens).tolist():
+        if t == 0:
+            out.add(tuple(cur))
+            cur = []
+        else:
+            cur.append(t)
+    return out
+
+
+def test_a_document_given_twice_is_trained_on_or_held_out_not_both(tmp_path):
+    """A .jsonl with every record twice (scraped text; a folder given twice): held-out
+    documents were also training documents, so the eval loss measured what was learnt by
+    heart. A document now counts once, in its first source; a source with nothing else is
+    refused."""
+    from andrea.data.hub import DataHub
+    from andrea.data.sources import CorpusError, load_sources
+
+    lines = [json.dumps({"text": f"record {i}: the quick brown fox {i * 7919} jumps over."})
+             for i in range(200)]
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "data.jsonl").write_text("\n".join(lines + lines) + "\n")
+    f = DataHub(tmp_path / "d", corpora=(("mine", tmp_path / "c"),),
+                only_corpus=True).prepared(512).files[0]
+    assert not _documents_of(f.tokens[f.n_train:]) & _documents_of(f.tokens[:f.n_train])
+    with pytest.raises(CorpusError, match="already in an earlier source"):
+        load_sources((("a", tmp_path / "c"), ("b", tmp_path / "c")), include_default=False)
+
+
+def test_a_long_document_after_short_ones_is_cut_for_validation(tmp_path):
+    """The document boundary nearest to 90% of a README and a book was the README's end: the
+    whole book was held out, and the source got no training rows at all."""
+    import hashlib
+
+    from andrea.data.hub import DataHub
+    from andrea.data.tokens import VAL_FRACTION
+
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "README.md").write_text("Notes.\n")
+    top = hashlib.sha1(b"README.md").hexdigest()     # the book after it in name-hash order
+    book = next(n for n in (f"book{i}.txt" for i in range(1000))
+                if hashlib.sha1(n.encode()).hexdigest() > top)
+    (d / book).write_text("It was the best of times, it was the worst of times. " * 4000)
+    f = DataHub(tmp_path / "d", corpora=(("mine", d),), only_corpus=True).prepared(512).files[0]
+    assert abs(f.n_val / f.n_tokens - VAL_FRACTION) < 0.01, (f.n_train, f.n_tokens)
+
+
+def test_the_tokenizer_trains_on_a_bounded_sample_of_any_text():
+    """One 30 MB document was trained on whole (2.9 GB of memory; at the 200M-character cap,
+    more than a machine has); a 200,000-letter run (a DNA sequence) took the BPE trainer
+    minutes (its time grows with the square of a word's length), with the first batch waiting."""
+    import numpy as np
+
+    from andrea.data.sources import TOKENIZER_SAMPLE_CHARS, Source, tokenizer_sample
+    from andrea.data.tokenizer import train_tokenizer
+
+    sample = tokenizer_sample([Source("one", "user", "x", ("word " * 6_000_000,))])
+    assert sum(map(len, sample)) <= TOKENIZER_SAMPLE_CHARS
+    dna = "".join(np.random.default_rng(0).choice(list("acgt"), 200_000))
+    t0 = time.process_time()
+    train_tokenizer([Source("dna", "user", "x", (dna,))], 512)
+    assert time.process_time() - t0 < 20        # (minutes before; about a second now)
+
+
+def test_a_file_past_the_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """Its size says so: a file larger than memory was read whole first, and the server died."""
+    from andrea.data import sources
+
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(4 * sources.USER_CHAR_CAP + 1)   # sparse: no disk used
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read before the check"))
+    with pytest.raises(sources.CorpusError, match="more than 200,000,000 characters"):
+        sources.user_source("big", big)
+
+
+def test_text_that_spells_the_end_of_text_token_is_text(tmp_path):
+    """A corpus about language models mentions '<|endoftext|>': it was encoded as the special
+    token, a document boundary in the middle of a document."""
+    import numpy as np
+
+    from andrea.data.hub import DataHub
+
+    d = tmp_path / "c"
+    d.mkdir()
+    for i in range(20):
+        (d / f"{i}.md").write_text(f"Doc {i}: GPT-2 ends documents with <|endoftext|> tokens.\n")
+    f = DataHub(tmp_path / "d", corpora=(("mine", d),), only_corpus=True).prepared(512).files[0]
+    assert int((np.asarray(f.tokens) == 0).sum()) == 20      # one end-of-text per document

@@ -216,7 +216,7 @@ def tokenizer_sample(sources: list[Source],
     stream order (name-hash order: a fair sample); a source that fits is taken whole."""
     total = sum(s.n_chars for s in sources)
     if total <= chars:
-        return [d for s in sources for d in s.documents]
+        return [_trainable(d) for s in sources for d in s.documents]
     floor = chars // (2 * len(sources))
     out = []
     for s in sources:
@@ -225,12 +225,28 @@ def tokenizer_sample(sources: list[Source],
         for d in s.documents:
             if taken >= budget:
                 break
-            out.append(d)
+            out.append(_trainable(d[:chars]))   # (one document of a whole book: its start)
             taken += len(d)
     return out
 
 
+LONG_RUN = 4096     # characters of one kind (word or punctuation) the tokenizer trains on at once
+_LONG_RUNS = re.compile(rf"(\w{{{LONG_RUN}}}|[^\s\w]{{{LONG_RUN}}})(?=\S)")
+
+
+def _trainable(doc: str) -> str:
+    """`doc` as the tokenizer's trainer takes it: a run of one kind of character longer than
+    LONG_RUN (a DNA sequence, a row of dashes) broken by a space every LONG_RUN characters. The
+    BPE trainer's time grows with the square of a word's length: a 300,000-letter run took a
+    minute, and a long one hung the server's first batch. (No run of the embedded corpus is
+    near that long: its tokenizer is the same.)"""
+    return _LONG_RUNS.sub(r"\1 ", doc) if len(doc) > LONG_RUN else doc
+
+
 def _read_text(path: Path) -> str:
+    if path.stat().st_size > 4 * USER_CHAR_CAP:     # (a UTF-8 character is at most 4 bytes)
+        raise CorpusError(f"{path}: more than {USER_CHAR_CAP:,} characters; give a smaller "
+                          "sample")
     raw = path.read_bytes()
     if b"\x00" in raw:
         raise CorpusError(f"{path}: looks binary (contains NUL bytes); give UTF-8 text")
@@ -343,7 +359,15 @@ def load_sources(corpora: tuple[tuple[str, Path], ...] = (),
         sources.append(user_source(name, path))
     if len(sources) > MAX_SOURCES:
         raise CorpusError(f"{len(sources)} sources; at most {MAX_SOURCES} are supported")
-    return sources
+    # A document once, in its first source: a copy (a .jsonl's repeated record, a folder given
+    # twice, a vendored stdlib module) would be trained on in one source's windows and held out
+    # in another's, and the eval loss would measure what was learnt by heart.
+    deduped = _dedup(sources)
+    for s, d in zip(sources, deduped):
+        if not d.documents:
+            raise CorpusError(f"corpus {s.name!r}: every document of it is already in an "
+                              "earlier source")
+    return deduped
 
 
 def corpus_hash(sources: list[Source]) -> str:

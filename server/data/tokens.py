@@ -30,7 +30,8 @@ from andrea.data.sources import Source
 from andrea.data.tokenizer import EOT
 
 VAL_FRACTION = 0.1
-SPLIT_RULE = "documents"            # in meta.json: caches split another way are rebuilt
+# In meta.json: caches split or encoded another way are rebuilt.
+SPLIT_RULE = "documents within 2x of val_fraction, else tokens; special-token text as text"
 TOKEN_DTYPE = np.dtype("<u2")       # V <= 65536 (ModelConfig checks it)
 ENCODE_CHUNK_CHARS = 4_000_000      # bounds memory when tokenizing a large user source
 PIECE_CHARS = 1_000_000             # a huge single document is tokenized in line-aligned pieces
@@ -66,12 +67,16 @@ def _pieces(doc: str):
 def split_point(ends: list[int], val_fraction: float = VAL_FRACTION) -> tuple[int, str]:
     """(n_train, how) for a file whose documents end (after their end-of-text) at `ends`:
     the document boundary nearest to (1 - val_fraction) of the tokens, the later one on a tie,
-    never 0 or n; with one document, the token position itself ("tokens")."""
+    never 0 or n; the token position itself ("tokens") with one document, or where that
+    boundary would hold out less than half or more than twice val_fraction (one long document:
+    a book after a short README held out 99.99% of its source, and trained on none of it)."""
     n = ends[-1]
     target = n - int(n * val_fraction)
-    if len(ends) < 2:
-        return target, "tokens"
-    return min(ends[:-1], key=lambda b: (abs(b - target), -b)), "documents"
+    if len(ends) >= 2:
+        b = min(ends[:-1], key=lambda b: (abs(b - target), -b))
+        if val_fraction / 2 <= (n - b) / n <= 2 * val_fraction:
+            return b, "documents"
+    return target, "tokens"
 
 
 def _write_source(tok: Tokenizer, source: Source, path: Path) -> list[int]:
@@ -125,8 +130,12 @@ def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
     try:
         entries = []
+        # Text that spells the end-of-text token is text, not a document boundary (the tokenizer
+        # matches special tokens inside its input by default): encoded by a copy that does not.
+        encoder = Tokenizer.from_str(tok.to_str())
+        encoder.encode_special_tokens = True
         for i, s in enumerate(sources):
-            ends = _write_source(tok, s, tmp / _file_name(i, s.name))
+            ends = _write_source(encoder, s, tmp / _file_name(i, s.name))
             n_train, how = split_point(ends)
             entries.append({"name": s.name, "file": _file_name(i, s.name), "n_tokens": ends[-1],
                             "n_train": n_train, "n_chars": s.n_chars,

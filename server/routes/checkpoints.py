@@ -31,6 +31,7 @@ from andrea.checkpoints import (
 from andrea.data.batches import corpus_mismatch
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
+from andrea.paths import weights_path
 from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly, stream_file
 from andrea.runs.info import RESUMABLE
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
@@ -192,7 +193,9 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
                                 f"cannot resume: {why}")
         # Checkpoints after `step` (uploaded by a tab that died before their records) belong
         # to the abandoned timeline: the records they follow are gone, and the old token too.
+        # So do its final weights (an export would serve them with the card of `step`).
         await asyncio.to_thread(ckpts.discard_after, run_id, step)
+        await asyncio.to_thread(weights_path(ckpts.data_dir, run_id).unlink, True)
     runs.forget(run_id)       # its bandit replays the records that are left
     info = await current_run(store, fanout, run_id)
     if info is None:        # deleted right after the resume
