@@ -245,6 +245,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         secret["token"] = run["token"]
         result["resume_link"] = resume_link(url, run["id"], run["token"])
     secret["refused"] = page.get("refused")
+    spikes.poll(url, run["id"], last=True)     # those of the run's last seconds too
     if (page["interrupted"] or page.get("timed_out")) and page["done"] is None:
         # The page could not stop it: the server is told directly.
         _stop_by_socket(result, run["token"], INTERRUPTED if page["interrupted"] else
@@ -277,8 +278,10 @@ class SpikeLog:
     def __init__(self):
         self.after, self.next_poll = 0, 0.0
 
-    def poll(self, url: str, run_id: str) -> None:
-        if time.monotonic() < self.next_poll:
+    def poll(self, url: str, run_id: str, last: bool = False) -> None:
+        """`last`: the run has ended: asked now, whenever the previous poll was (the spikes of
+        its last POLL_S seconds were never printed)."""
+        if time.monotonic() < self.next_poll and not last:
             return
         self.next_poll = time.monotonic() + self.POLL_S
         try:
