@@ -389,3 +389,29 @@ def test_text_that_spells_the_end_of_text_token_is_text(tmp_path):
         (d / f"{i}.md").write_text(f"Doc {i}: GPT-2 ends documents with <|endoftext|> tokens.\n")
     f = DataHub(tmp_path / "d", corpora=(("mine", d),), only_corpus=True).prepared(512).files[0]
     assert int((np.asarray(f.tokens) == 0).sum()) == 20      # one end-of-text per document
+
+
+def test_a_damaged_tokenizer_is_trained_again_and_an_unreadable_file_is_said(tmp_path,
+                                                                            monkeypatch):
+    """A tokenizer.json a machine's crash left empty broke every request for good; now it is
+    trained again (the same bytes). A file that cannot be read is a CorpusError, not a
+    traceback at start."""
+    from andrea.data import sources
+    from andrea.data.hub import DataHub
+
+    (tmp_path / "c").mkdir()
+    for i in range(30):
+        (tmp_path / "c" / f"{i}.txt").write_text(f"document {i}: " + "some words here. " * 40)
+    corpora = (("mine", tmp_path / "c"),)
+    first = DataHub(tmp_path / "d", corpora=corpora, only_corpus=True).prepared(512)
+    whole = first.tokenizer_path.read_bytes()
+    first.tokenizer_path.write_bytes(b"")
+    again = DataHub(tmp_path / "d", corpora=corpora, only_corpus=True).prepared(512)
+    assert again.tokenizer_path.read_bytes() == whole
+    assert [f.n_tokens for f in again.files] == [f.n_tokens for f in first.files]
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(sources.CorpusError, match="cannot be read: Permission denied"):
+        sources.user_source("mine", tmp_path / "c")

@@ -244,10 +244,13 @@ def _trainable(doc: str) -> str:
 
 
 def _read_text(path: Path) -> str:
-    if path.stat().st_size > 4 * USER_CHAR_CAP:     # (a UTF-8 character is at most 4 bytes)
-        raise CorpusError(f"{path}: more than {USER_CHAR_CAP:,} characters; give a smaller "
-                          "sample")
-    raw = path.read_bytes()
+    try:
+        if path.stat().st_size > 4 * USER_CHAR_CAP:   # (a UTF-8 character is at most 4 bytes)
+            raise CorpusError(f"{path}: more than {USER_CHAR_CAP:,} characters; give a smaller "
+                              "sample")
+        raw = path.read_bytes()
+    except OSError as e:            # unreadable (permissions, a dangling link): said, not raised
+        raise CorpusError(f"{path}: cannot be read: {e.strerror or e}") from None
     if b"\x00" in raw:
         raise CorpusError(f"{path}: looks binary (contains NUL bytes); give UTF-8 text")
     try:

@@ -50,6 +50,8 @@ def _publish(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())        # whole on disk before it is the tokenizer
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -61,8 +63,12 @@ def _publish(path: Path, text: str) -> None:
 def load_or_train(data_dir: Path, sources: list[Source], corpus_hash: str,
                   vocab_size: int) -> tuple[Tokenizer, Path]:
     path = tokenizer_dir(data_dir, corpus_hash, vocab_size) / "tokenizer.json"
-    if not path.exists():
-        _publish(path, train_tokenizer(sources, vocab_size).to_str())
+    if path.exists():
+        try:
+            return Tokenizer.from_file(str(path)), path
+        except Exception:   # damaged (a machine's crash before it was synced): trained again
+            path.unlink(missing_ok=True)
+    _publish(path, train_tokenizer(sources, vocab_size).to_str())
     return Tokenizer.from_file(str(path)), path
 
 

@@ -143,6 +143,9 @@ def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict)
                             "n_val_documents": len(ends) - ends.index(n_train) - 1
                             if how == "documents" else 0})
         (tmp / "meta.json").write_text(json.dumps({**meta_base, "sources": entries}, indent=1))
+        for f in tmp.iterdir():         # on disk before the folder is (a machine's crash after
+            _fsync(f)                   # the rename would leave files of the right size unsynced)
+        _fsync(tmp)
         try:
             os.rename(tmp, folder)      # atomic; fails if another process finished first
         except OSError:
@@ -150,6 +153,14 @@ def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict)
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _valid(folder: Path, meta_base: dict) -> dict | None:
