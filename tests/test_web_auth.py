@@ -346,3 +346,15 @@ def test_andrea_train_takes_a_runs_token_and_prints_its_resume_link(monkeypatch)
     assert build_parser().parse_args(["train", "--resume", "abc"]).token == "from-env"
     assert resume_link("http://workshop.lan:8000", "abc", "t0k") == \
         "http://workshop.lan:8000/runs/abc#token=t0k"
+
+
+def test_no_token_starts_with_a_dash(monkeypatch):
+    """`andrea train --join RUN --token -Abc...` read the token as a flag: a room's e2e test
+    failed so on a rehearsal, one token in 64."""
+    import secrets
+
+    from andrea.web import auth
+
+    drawn = iter(["-AbcdEfgh", "--Qq", "AbcdEfgh"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))
+    assert auth.new_token() == "AbcdEfgh"

@@ -10,7 +10,11 @@ import secrets
 
 
 def new_token() -> str:
-    return secrets.token_urlsafe(24)
+    """192 random bits, URL-safe; never with a leading "-", which `andrea train --token` would
+    read as a flag (a room's join failed so, one token in 64)."""
+    while (token := secrets.token_urlsafe(24)).startswith("-"):
+        pass
+    return token
 
 
 def token_hash(token: str) -> str:
