@@ -19,12 +19,14 @@ H, ROUNDS, WORKERS = 4, 3, 4
 TIMEOUT = 600_000
 
 
-def wait_room(url: str, until) -> dict:
-    """The room once `until(room)` holds (GET polled)."""
+def wait_room(url: str, until, page=None) -> dict:
+    """The room once `until(room)` holds (GET polled). With `page`, it waits through the page
+    (Playwright's sync API runs the route handlers that hold or release requests only inside
+    its own calls: a plain sleep left them pending)."""
     deadline = time.monotonic() + TIMEOUT / 1000
     while not until(room := httpx.get(url).json()):
         assert time.monotonic() < deadline, room
-        time.sleep(0.2)
+        page.wait_for_timeout(200) if page is not None else time.sleep(0.2)
     return room
 
 
@@ -37,34 +39,45 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     run = r.json()
     link = f"{live_server}/runs/{run['id']}#join={run['room']['join_token']}"
     pages, errors = [], []
-    # The pages' batches of the last round are held until the fifth has left, so the room cannot
-    # finish first (its Leave button goes once its worker ends): the round waits for them.
-    held, left = [], []
+    # Every worker trains every round, whatever the machine's load: the pages' batches of the
+    # first round are held until all four have joined (a worker alone in the room closes a
+    # round by itself: the CLI's, starting first, once closed round 0 before the pages joined),
+    # and those of the last round until the fifth has left, so the room cannot finish first
+    # (its Leave button goes once its worker ends).
+    held, left, first, joined = [], [], [], []
 
-    def hold_last_round(route):
-        if left:
-            route.continue_()
-        else:
-            held.append(route)
-    cli = subprocess.Popen([sys.executable, "-m", "andrea", "train", "--join", run["id"],
-                            "--token", run["room"]["join_token"], "--server", live_server,
-                            "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def hold(until: list, into: list):
+        def handler(route):
+            if until:
+                route.continue_()
+            else:
+                into.append(route)
+        return handler
     for _ in range(WORKERS - 1):
         page = browser.new_context().new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.context.route(f"**/room/batches/{ROUNDS - 1}/**", hold_last_round)
+        page.context.route("**/room/batches/0/**", hold(joined, first))
+        page.context.route(f"**/room/batches/{ROUNDS - 1}/**", hold(left, held))
         page.goto(link)
         page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
         assert page.url.endswith(f"/runs/{run['id']}")          # the token left the bar
         pages.append(page)
+    room_url = f"{live_server}/api/runs/{run['id']}/room"
     for page in pages:
         page.click("#join")
+    wait_room(room_url, lambda r: len(r["workers"]) == WORKERS - 1, pages[0])
+    cli = subprocess.Popen([sys.executable, "-m", "andrea", "train", "--join", run["id"],
+                            "--token", run["room"]["join_token"], "--server", live_server,
+                            "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_room(room_url, lambda r: len(r["workers"]) == WORKERS, pages[0])
+    joined.append(True)
+    for route in first:
+        route.continue_()
     # A fifth joins once the room trains version 1, then leaves: the rounds go on without it.
-    room_url = f"{live_server}/api/runs/{run['id']}/room"
     extra = browser.new_context().new_page()
     extra.goto(link)
     extra.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
-    wait_room(room_url, lambda r: r["version"] is not None and r["version"] >= 1)
+    wait_room(room_url, lambda r: r["version"] is not None and r["version"] >= 1, pages[0])
     extra.click("#join")
     extra.wait_for_function("document.body.dataset.workerStatus === 'running'", timeout=TIMEOUT)
     extra.click("#leave")
