@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from andrea.checkpoints import fsync_dir
 from andrea.data.sources import Source
 from andrea.data.tokenizer import EOT
 
@@ -144,8 +145,8 @@ def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict)
                             if how == "documents" else 0})
         (tmp / "meta.json").write_text(json.dumps({**meta_base, "sources": entries}, indent=1))
         for f in tmp.iterdir():         # on disk before the folder is (a machine's crash after
-            _fsync(f)                   # the rename would leave files of the right size unsynced)
-        _fsync(tmp)
+            fsync_dir(f)                # the rename would leave files of the right size unsynced;
+        fsync_dir(tmp)                  # fsync_dir syncs a file as well)
         try:
             os.rename(tmp, folder)      # atomic; fails if another process finished first
         except OSError:
@@ -153,14 +154,6 @@ def _build(folder: Path, tok: Tokenizer, sources: list[Source], meta_base: dict)
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _valid(folder: Path, meta_base: dict) -> dict | None:

@@ -53,20 +53,13 @@ async def recover_rooms(store, fanout, ckpts: CheckpointStore) -> None:
     """At start: every room's close that a stop cut short finished, and its run finished if
     that was the last round (the stop came before the run was told); the pseudo-gradients of
     closed rounds left on disk removed."""
-    for state in await asyncio.to_thread(lambda: list(
-            (ckpts.data_dir / "runs").glob("*/room/state.json"))):
-        run_id = state.parent.parent.name
-        try:
-            run = await store.run(store.get_run, run_id)
-            room = run and room_of_run(ckpts, run)
-            if room is None:
-                continue
-            async with fanout.run_lock(run_id):
-                st = await asyncio.to_thread(room.recover)
-                if st["finished"] and run["status"] != "finished":
-                    await after_close(store, fanout, room)
-        except Exception:       # one damaged room does not keep the others from recovering
-            log.warning("run %s: its room could not be recovered", run_id, exc_info=True)
+    async def recover(run: dict, room: Room) -> None:
+        st = await asyncio.to_thread(room.recover)
+        if st["finished"] and run["status"] != "finished":
+            await after_close(store, fanout, room)
+    runs = await asyncio.to_thread(lambda: [state.parent.parent.name for state in
+                                            (ckpts.data_dir / "runs").glob("*/room/state.json")])
+    await _each_room(store, fanout, ckpts, runs, recover, "recovered")
 
 
 async def close_due_rounds(store, fanout, ckpts: CheckpointStore) -> list[str]:
@@ -74,20 +67,31 @@ async def close_due_rounds(store, fanout, ckpts: CheckpointStore) -> list[str]:
     sweep). Returns the runs whose round closed."""
     closed = []
     now = time.time()
-    for run_id in await asyncio.to_thread(_rooms_waiting, ckpts.data_dir):
+
+    async def close(run: dict, room: Room) -> None:
+        if await asyncio.to_thread(room.close_if_due, now) is not None:
+            closed.append(run["id"])
+            await after_close(store, fanout, room)
+    await _each_room(store, fanout, ckpts, await asyncio.to_thread(_rooms_waiting,
+                                                                   ckpts.data_dir),
+                     close, "closed")
+    return closed
+
+
+async def _each_room(store, fanout, ckpts: CheckpointStore, run_ids: list[str], act,
+                     what: str) -> None:
+    """act(run, room) under each room run's lock; one room whose files are damaged holds up no
+    other room's (logged)."""
+    for run_id in run_ids:
         try:
             run = await store.run(store.get_run, run_id)
             room = run and room_of_run(ckpts, run)
             if room is None:
                 continue
             async with fanout.run_lock(run_id):
-                if await asyncio.to_thread(room.close_if_due, now) is not None:
-                    closed.append(run_id)
-                    await after_close(store, fanout, room)
-        except (RoomError, CheckpointError, OSError, ValueError):
-            # One room that cannot close (its files damaged) holds up no other room's.
-            log.warning("run %s: its room's round could not be closed", run_id, exc_info=True)
-    return closed
+                await act(run, room)
+        except (RoomError, CheckpointError, OSError, ValueError, KeyError):
+            log.warning("run %s: its room could not be %s", run_id, what, exc_info=True)
 
 
 def _rooms_waiting(data_dir: Path) -> list[str]:
