@@ -26,13 +26,13 @@ import threading
 import time
 from pathlib import Path
 
+from andrea.durable import TEMP_SUFFIX, fsync_dir, write_atomic
 from andrea.paths import checkpoints_dir, room_dir, run_dir, runs_dir
 
 CHUNK_BYTES = 64 << 20       # uploads carry one SHA-256 per chunk of this size (the last shorter)
 READ_BYTES = 1 << 20
 # A full or read-only disk: the server answers 507 and keeps what it had.
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
-TEMP_SUFFIX = ".part"
 SHARED_TEMP_IDLE_S = 900     # an upload idle this long on another process is a dead one's
 
 
@@ -66,29 +66,6 @@ def ckpt_name(step: int) -> str:
 
 def sidecar_name(step: int) -> str:
     return f"{step:09d}.json"
-
-
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename, fsync the folder."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def parse_digests(header: str | None, total: int, chunk_bytes: int) -> list[str]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from andrea import durable
 from andrea.app import create_app
 from andrea.data import wire
 from andrea.room import codec, rounds
@@ -440,13 +441,13 @@ def test_a_line_torn_by_a_crash_costs_only_itself(tmp_path):
     cut UTF-8) is skipped, and the lines appended after it are read (they were once appended to
     the torn line, and the reader stopped there: every later round was lost)."""
     path = tmp_path / "rounds.jsonl"
-    rounds.append_line(path, {"round": 0})
+    durable.append_line(path, {"round": 0})
     with open(path, "ab") as f:
         f.write('{"round": 1, "note": "é'.encode()[:-1])
-    rounds.append_line(path, {"round": 1})       # the close redone after the restart
-    rounds.append_line(path, {"round": 2})
-    assert rounds.read_lines(path) == [{"round": 0}, {"round": 1}, {"round": 2}]
-    assert rounds.read_lines(tmp_path / "none.jsonl") == []
+    durable.append_line(path, {"round": 1})       # the close redone after the restart
+    durable.append_line(path, {"round": 2})
+    assert durable.read_lines(path) == [{"round": 0}, {"round": 1}, {"round": 2}]
+    assert durable.read_lines(tmp_path / "none.jsonl") == []
 
 
 def test_a_round_closes_at_its_deadline_with_a_quorum(app_client):

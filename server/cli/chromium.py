@@ -12,6 +12,7 @@ the caller's `tick` polls it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -63,6 +64,25 @@ class _Interrupt:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         return False
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does: the run is stopped, the
+    server this command started is stopped and the JSON printed. (By default they killed the
+    command on the spot, and its server, in a session of its own, went on holding the data
+    dir.) Only where they are at their default, and in the main thread."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS
+                    if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 INTERRUPTED = "interrupted from the command line"     # a stopped run's message after Ctrl-C

@@ -19,10 +19,7 @@ stopped too, and the command exits 1. Progress always goes to stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -30,10 +27,10 @@ from andrea.checkpoints import newest_usable
 from andrea.cli import http_client
 from andrea.cli.chromium import (
     INTERRUPTED,
-    STOP_SIGNALS,
     BrowserError,
     Chromium,
     drive_result,
+    stop_signals_interrupt,
 )
 from andrea.cli.room_join import join_room
 from andrea.cli.train_args import (
@@ -45,12 +42,12 @@ from andrea.cli.train_args import (
     run_config_model,
 )
 from andrea.cli.train_output import (
+    SpikeLog,
     adapter_name,
     page_exit,
     progress,
     progress_bar,
     report,
-    spike_line,
     unexpected,
 )
 
@@ -76,27 +73,8 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 30,
 
 # ---- the command ---------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _stop_signals_interrupt():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does: the run is stopped, the
-    server this command started is stopped and the JSON printed. (By default they killed the
-    command on the spot, and its server, in a session of its own, went on holding the data
-    dir.) Only where they are at their default, and in the main thread."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS
-                    if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def train(args: argparse.Namespace) -> int:
-    with _stop_signals_interrupt():
+    with stop_signals_interrupt():
         return _command(args)
 
 
@@ -268,31 +246,6 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         "adapter": info.get("adapter"),
         "readback": page["stats"]})
     return page_exit(result, page, args.timeout)
-
-
-class SpikeLog:
-    """Prints each new gradient spike (GET /api/runs/{id}/spikes, at most every POLL_S) on
-    stderr while the run trains; a failed poll is skipped (the next one catches up)."""
-    POLL_S = 5.0
-
-    def __init__(self):
-        self.after, self.next_poll = 0, 0.0
-
-    def poll(self, url: str, run_id: str, last: bool = False) -> None:
-        """`last`: the run has ended: asked now, whenever the previous poll was (the spikes of
-        its last POLL_S seconds were never printed)."""
-        if time.monotonic() < self.next_poll and not last:
-            return
-        self.next_poll = time.monotonic() + self.POLL_S
-        try:
-            found = http_client.request("GET", f"{url}/api/runs/{run_id}/spikes",
-                                        timeout=CONNECT_S)["spikes"]
-        except (http_client.ServerError, http_client.Unreachable):
-            return
-        for s in found:
-            if s["step"] > self.after:
-                progress(spike_line(s))
-                self.after = s["step"]
 
 
 def _resume_after_loss(url: str, run: dict, lost: str, losses: int) -> dict:

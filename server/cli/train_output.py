@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 
 
 def report(args, result: dict) -> None:
@@ -124,3 +125,31 @@ def spike_line(s: dict) -> str:
                      + (f" from {r['source']}: {text!r}" if r.get("source") else ""))
     return "; ".join(parts)
 
+
+SPIKES_TIMEOUT_S = 5     # a spikes poll that gets no answer within this is skipped
+
+
+class SpikeLog:
+    """Prints each new gradient spike (GET /api/runs/{id}/spikes, at most every POLL_S) on
+    stderr while the run trains; a failed poll is skipped (the next one catches up)."""
+    POLL_S = 5.0
+
+    def __init__(self):
+        self.after, self.next_poll = 0, 0.0
+
+    def poll(self, url: str, run_id: str, last: bool = False) -> None:
+        """`last`: the run has ended: asked now, whenever the previous poll was (the spikes of
+        its last POLL_S seconds were never printed)."""
+        if time.monotonic() < self.next_poll and not last:
+            return
+        self.next_poll = time.monotonic() + self.POLL_S
+        from andrea.cli import http_client
+        try:
+            found = http_client.request("GET", f"{url}/api/runs/{run_id}/spikes",
+                                        timeout=SPIKES_TIMEOUT_S)["spikes"]
+        except (http_client.ServerError, http_client.Unreachable):
+            return
+        for s in found:
+            if s["step"] > self.after:
+                progress(spike_line(s))
+                self.after = s["step"]

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea.checkpoints import fsync_dir
 from andrea.data.sources import Source
 from andrea.data.tokenizer import EOT
+from andrea.durable import fsync_dir
 
 VAL_FRACTION = 0.1
 # In meta.json: caches split or encoded another way are rebuilt.

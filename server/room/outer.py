@@ -11,6 +11,8 @@ moves the global weights onto that worker's."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -26,3 +28,16 @@ def nesterov_step(weights: np.ndarray, momentum: np.ndarray, grad: np.ndarray, l
     step = grad + mu * momentum
     step *= lr
     weights -= step
+
+
+def norm64(x: np.ndarray) -> float:
+    """The L2 norm summed in float64, a slice at a time: finite for every finite f32 array (an
+    f32 sum of squares overflows past ~1e19, and an infinite norm broke the round's close)."""
+    total = 0.0
+    for i in range(0, x.size, NORM_SLICE):
+        part = x[i:i + NORM_SLICE].astype(np.float64)
+        total += float(np.dot(part, part))
+    return math.sqrt(total)
+
+
+NORM_SLICE = 1 << 20

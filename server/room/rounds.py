@@ -34,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.checkpoints import CheckpointStore, fsync_dir, write_atomic
+from andrea.checkpoints import CheckpointStore
+from andrea.durable import append_line, fsync_dir, read_lines, write_atomic
 from andrea.paths import room_dir
 from andrea.room.codec import DeltaRefused, decode, payload_bytes
-from andrea.room.outer import nesterov_step
+from andrea.room.outer import nesterov_step, norm64
 from andrea.room.shards import rounds_total
 from andrea.web.auth import new_token, token_hash, token_matches
 
@@ -51,19 +52,6 @@ class RoomError(Exception):
     def __init__(self, status: int, message: str, closed: bool = False):
         super().__init__(message)
         self.status, self.closed = status, closed
-
-
-def norm64(x: np.ndarray) -> float:
-    """The L2 norm summed in float64, a slice at a time: finite for every finite f32 array (an
-    f32 sum of squares overflows past ~1e19, and an infinite norm broke the round's close)."""
-    total = 0.0
-    for i in range(0, x.size, NORM_SLICE):
-        part = x[i:i + NORM_SLICE].astype(np.float64)
-        total += float(np.dot(part, part))
-    return math.sqrt(total)
-
-
-NORM_SLICE = 1 << 20
 
 
 def sections(numel: int) -> list[dict]:
@@ -402,36 +390,6 @@ class Room:
 
     def _lines(self, name: str) -> list[dict]:
         return read_lines(self.dir / name)
-
-
-def append_line(path: Path, record: dict) -> None:
-    """`record` as one JSON line at the end of `path`, synced. A line a crash left torn (the
-    machine's, mid-write) is ended first, so this one stands on a line of its own."""
-    with open(path, "ab+") as f:        # writes append wherever the position is
-        size = f.seek(0, os.SEEK_END)
-        torn = False
-        if size:
-            f.seek(size - 1)
-            torn = f.read(1) != b"\n"
-        f.write((b"\n" if torn else b"") + json.dumps(record).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_lines(path: Path) -> list[dict]:
-    """A JSON-lines file's records; a line a crash left torn is skipped (append_line started
-    the next one on a line of its own)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in data.split(b"\n"):
-        try:
-            out.append(json.loads(line))
-        except ValueError:          # torn (bad JSON or cut UTF-8), or the empty last piece
-            continue
-    return out
 
 
 def _open_round(now: float | None = None) -> dict:

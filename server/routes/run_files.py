@@ -15,13 +15,8 @@ from pathlib import Path
 from fastapi import HTTPException
 from starlette.requests import Request
 
-from andrea.checkpoints import (
-    READ_BYTES,
-    TEMP_SUFFIX,
-    CheckpointError,
-    CheckpointStore,
-    disk_error,
-)
+from andrea.checkpoints import READ_BYTES, CheckpointError, CheckpointStore, disk_error
+from andrea.durable import TEMP_SUFFIX
 from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.storage import Reservation

@@ -28,8 +28,8 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from andrea.checkpoints import fsync_dir
 from andrea.data.spec import BatchSpec
+from andrea.durable import fsync_dir
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path

@@ -13,7 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-from andrea.checkpoints import fsync_dir
+from andrea.durable import fsync_dir
 from andrea.paths import run_dir, runs_dir, unsettled_mark
 from andrea.room.lifecycle import close_due_rounds
 from andrea.runs.info import abandoned_message
