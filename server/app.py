@@ -103,7 +103,7 @@ async def _lifespan(app: FastAPI):
     # Runs that never started: those left from before a restart now, then every few seconds.
     await sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
                            settings.data_dir if settings.shares_store else None,
-                           app.state.checkpoints)
+                           app.state.checkpoints, app.state.storage)
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed

@@ -129,6 +129,33 @@ class Upload:
         self._in_chunk = 0
         self._chunks_done += 1
 
+    def hash_written(self) -> None:
+        """The digests of what was written at its offsets (CheckpointStore.write_filled): the
+        file read back in order, its chunks' digests recorded, not checked."""
+        self._file.flush()
+        self.digests, self.size = [], 0
+        self.sha, self._chunk, self._in_chunk, self._chunks_done = \
+            hashlib.sha256(), hashlib.sha256(), 0, 0
+        with open(self.path, "rb") as f:
+            while block := f.read(READ_BYTES):
+                view = memoryview(block)
+                while view:
+                    take = min(len(view), self.chunk_bytes - self._in_chunk)
+                    self._chunk.update(view[:take])
+                    self.sha.update(view[:take])
+                    self._in_chunk += take
+                    view = view[take:]
+                    if self._in_chunk == self.chunk_bytes:
+                        self._record_chunk()
+                self.size += len(block)
+        if self._in_chunk or not self.digests:
+            self._record_chunk()
+
+    def _record_chunk(self) -> None:
+        self.digests.append(self._chunk.hexdigest())
+        self._chunk, self._in_chunk = hashlib.sha256(), 0
+        self._chunks_done += 1
+
     def finish(self) -> None:
         """The whole body is here: the last (short) chunk checked, the data on disk."""
         if self._in_chunk:
@@ -255,6 +282,23 @@ class CheckpointStore:
         upload = self.begin(run_id, step, len(whole), digests, chunk)
         try:
             upload.write(whole)
+            return self.commit(run_id, upload, optimizer, sections, kept=max(self.kept or 0, 2))
+        finally:
+            self.discard(upload)
+
+    def write_filled(self, run_id: str, step: int, size: int, fill, optimizer: str,
+                     sections: list[dict]) -> dict:
+        """Checkpoint `step` of `size` bytes that `fill(f)` writes at their offsets into an open
+        file (a room's close streams its sections a chunk at a time, never a whole copy in
+        memory); then digested and committed as write() does. A fill that raises commits
+        nothing."""
+        upload = self.begin(run_id, step, size, [], CHUNK_BYTES)
+        try:
+            upload._file.truncate(size)
+            fill(upload._file)
+            upload.hash_written()
+            if upload.size != size:
+                raise ValueError(f"checkpoint {step}: {upload.size} bytes written, not {size}")
             return self.commit(run_id, upload, optimizer, sections, kept=max(self.kept or 0, 2))
         finally:
             self.discard(upload)

@@ -5,6 +5,7 @@ dir is the platform's user data folder, the same for `serve`, `train` and `expor
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -133,6 +134,11 @@ class Settings(BaseSettings):
     # 1 GiB holds any default-shaped run (the tiny preset's ~0.7 KB records for its 1M steps
     # at most), and refuses 1M steps of batch 1024 with per-row losses (~13 GB).
     max_run_bytes: int = Field(1 << 30, ge=1 << 20)
+    # The largest room run (parameters) this server takes: a room's version 0 is made here and
+    # its closes stream a chunk at a time, but each version is 8 bytes a parameter on disk and
+    # making version 0 holds its weights in memory once. Default: a parameter per 32 bytes of
+    # the machine's memory (24 GiB: ~800M).
+    room_max_params: int = Field(default_factory=lambda: _memory_bytes() // 32, ge=1)
     # Bytes per second of a trainer's messages (metrics, status, samples), per run and per
     # client address (all its trainer sockets together): past them the server reads the
     # sockets more slowly (nothing is lost, the tab's acks come later). The fastest real
@@ -231,3 +237,11 @@ class Settings(BaseSettings):
             return False
         return (parts.scheme in ("http", "https") and (parts.hostname or "") in self.hosts
                 and ok_port == port)
+
+
+def _memory_bytes() -> int:
+    """The machine's physical memory (4 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30

@@ -61,6 +61,9 @@ class RoomConfig(BaseModel):
     codec: Literal["int8", "f16", "f32"] = Field("int8", description=(
         "how pseudo-gradients travel: int8 block-wise absmax (~4x less than f32), f16 or f32"))
     max_workers: int = Field(16, ge=1, le=64)
+    workers_per_address: int = Field(1, ge=1, le=64, description=(
+        "active workers one client address may have: one participant is one worker; more "
+        "for one machine with several GPUs, or a demo in one browser"))
     quorum: int = Field(1, ge=1, le=64, description=(
         "pseudo-gradients a round needs to close at its deadline"))
     round_deadline_s: float = Field(120.0, gt=0, le=86_400, description=(

@@ -14,6 +14,8 @@ the round's, rounds.py). The browser's encoder is static/js/engine/room_codec.js
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 CODECS = ("int8", "f16", "f32")
@@ -85,3 +87,48 @@ def decode(body: bytes, codec: str, numel: int) -> np.ndarray:
     if bad:
         raise DeltaRefused(f"{bad} of the pseudo-gradient's {numel} values are not finite")
     return x
+
+
+CHUNK = 1 << 20       # elements a streamed read decodes at once (a multiple of BLOCK)
+
+
+def read_range(f, codec: str, numel: int, start: int, stop: int) -> np.ndarray:
+    """f32 [stop - start] of the body in the open file `f` (its size checked by the caller):
+    elements start..stop, `start` a multiple of BLOCK. Not checked for finite values: chunks()
+    does that for a body taken in; a body stored was checked when it was taken."""
+    n = stop - start
+    if codec == "f32":
+        f.seek(4 * start)
+        return np.frombuffer(f.read(4 * n), "<f4").astype(np.float32)
+    if codec == "f16":
+        f.seek(2 * start)
+        return np.frombuffer(f.read(2 * n), "<f2").astype(np.float32)
+    b0, b1 = start // BLOCK, _blocks(stop)
+    f.seek(4 * b0)
+    scale = np.frombuffer(f.read(4 * (b1 - b0)), "<f4").astype(np.float32)
+    f.seek(4 * _blocks(numel) + start)
+    q = np.frombuffer(f.read(n), np.int8).astype(np.float32)
+    return (_padded(q).reshape(-1, BLOCK) * scale[:, None]).reshape(-1)[:n]
+
+
+def chunks(path, codec: str, numel: int, chunk: int = CHUNK):
+    """(start, f32 chunk) over a body on disk, CHUNK elements at a time (memory: one chunk,
+    whatever the model's size); DeltaRefused for a wrong size or a value that is not finite,
+    as decode()."""
+    want = payload_bytes(codec, numel)
+    size = os.path.getsize(path)
+    if size != want:
+        raise DeltaRefused(f"a {codec} pseudo-gradient of this model is {want} bytes "
+                           f"({numel} elements), not {size}")
+    with open(path, "rb") as f:
+        if codec == "int8":
+            scale = np.frombuffer(f.read(4 * _blocks(numel)), "<f4")
+            if not np.isfinite(scale).all() or (scale < 0).any():
+                raise DeltaRefused("an int8 block scale is negative or not finite")
+        for start in range(0, numel, chunk):
+            x = read_range(f, codec, numel, start, min(numel, start + chunk))
+            bad = np.count_nonzero(~np.isfinite(x))
+            if bad:
+                raise DeltaRefused(f"values of the pseudo-gradient are not finite ({bad} in "
+                                   f"elements {start}..{start + x.size})")
+            yield start, x

@@ -11,7 +11,9 @@ import math
 import time
 from pathlib import Path
 
-from andrea.checkpoints import CheckpointError, CheckpointStore
+from fastapi import HTTPException
+
+from andrea.checkpoints import DISK_ERRNOS, CheckpointError, CheckpointStore
 from andrea.model import run_layout
 from andrea.room.rounds import Room, RoomError
 from andrea.runs.lifecycle import publish_run
@@ -62,16 +64,55 @@ async def recover_rooms(store, fanout, ckpts: CheckpointStore) -> None:
     await _each_room(store, fanout, ckpts, runs, recover, "recovered")
 
 
-async def close_due_rounds(store, fanout, ckpts: CheckpointStore) -> list[str]:
-    """Every room whose open round passed its deadline with a quorum is closed (the app's
-    sweep). Returns the runs whose round closed."""
+async def close_when_due(store, fanout, storage, room: Room, now: float) -> bool:
+    """Under the run's lock: the open round closed if it is due, its bytes reserved in the
+    storage budget first. A close that cannot reserve them (or that the disk refuses) closes
+    nothing: the room says it waits for disk and tries again later, with a longer wait each
+    time, and the workers' pseudo-gradients stay in the round. Returns whether it closed."""
+    st = await asyncio.to_thread(room.load)
+    if not room.due(st, now) or now < (st["open"].get("retry_at") or 0):
+        return False
+    try:
+        held = await storage.reserve(room.close_bytes(), f"round {st['version']}'s close")
+    except HTTPException as e:
+        if e.status_code != 507:
+            raise
+        await _wait_for_disk(fanout, room, room.close_bytes(), now)
+        return False
+    try:
+        line = await asyncio.to_thread(room.close_if_due, now, True)
+    except OSError as e:
+        if e.errno not in DISK_ERRNOS:
+            raise
+        await _wait_for_disk(fanout, room, room.close_bytes(), now)
+        return False
+    finally:
+        held.release()
+    if line is None:
+        return False
+    await after_close(store, fanout, room)
+    return True
+
+
+async def _wait_for_disk(fanout, room: Room, nbytes: int, now: float) -> None:
+    why = f"waiting for {nbytes / (1 << 20):.0f} MiB of disk to close the round"
+    at = await asyncio.to_thread(room.wait_for_disk, why, now)
+    log.warning("run %s: %s (again at %s)", room.run_id, why, time.ctime(at))
+    fanout.publish(room.run_id, {"type": "room", "event": "waiting", "waiting": why})
+
+
+async def close_due_rounds(store, fanout, ckpts: CheckpointStore, storage) -> list[str]:
+    """Every room's workers that hold a slot for free dropped (Room.drop_silent), and every
+    open round past its deadline with a quorum closed (the app's sweep). Returns the runs
+    whose round closed."""
     closed = []
     now = time.time()
 
     async def close(run: dict, room: Room) -> None:
-        if await asyncio.to_thread(room.close_if_due, now) is not None:
+        if await asyncio.to_thread(room.drop_silent, now):
+            fanout.publish(room.run_id, {"type": "room", "event": "left"})
+        if await close_when_due(store, fanout, storage, room, now):
             closed.append(run["id"])
-            await after_close(store, fanout, room)
     await _each_room(store, fanout, ckpts, await asyncio.to_thread(_rooms_waiting,
                                                                    ckpts.data_dir),
                      close, "closed")
@@ -95,14 +136,14 @@ async def _each_room(store, fanout, ckpts: CheckpointStore, run_ids: list[str], 
 
 
 def _rooms_waiting(data_dir: Path) -> list[str]:
-    """The runs whose room has a pseudo-gradient waiting (read without the lock: the round is
-    looked at again under it)."""
+    """The runs whose room is open and has a worker (read without the lock: the room is looked
+    at again under it)."""
     out = []
     for state in (data_dir / "runs").glob("*/room/state.json"):
         try:
             st = json.loads(state.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if not st.get("finished") and st["open"]["first_at"] is not None:
+        if not st.get("finished") and any(w["left"] is None for w in st["workers"].values()):
             out.append(state.parent.parent.name)
     return out

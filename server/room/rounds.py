@@ -1,7 +1,7 @@
 """A room's durable state and its rounds: who joined, which global version is being trained,
-the pseudo-gradients received for it, and the round's close (clip, average, outer step, the next
-version committed). Blocking file I/O: the routes call it in a thread, holding the run's lock
-(Fanout.run_lock, across processes too), so every change here is one writer's.
+the pseudo-gradients received for it, and the reports. Blocking file I/O: the routes call it in
+a thread, holding the run's lock (Fanout.run_lock, across processes too), so every change here
+is one writer's. The close's math is aggregate.py's and its streamed file work close.py's.
 
   <run_dir>/room/state.json           the room now (atomic rewrite per change: the commit)
   <run_dir>/room/deltas/<v>/<w>.bin   round v's pseudo-gradients as sent, one per worker
@@ -9,18 +9,20 @@ version committed). Blocking file I/O: the routes call it in a thread, holding t
   <run_dir>/room/reports.jsonl        workers' inner losses, and eval losses of a version
   <run_dir>/checkpoints/<v>           global version v: W, then the outer momentum (f32 each)
 
-A round's pseudo-gradients wait on disk until it closes, so memory holds one running sum and one
-decoded delta, never N, and a server that restarts mid-round loses none. Each is clipped to
-clip_multiple x the median of that round's norms before the mean (round 0 included: no previous
-round is needed), so one worker's 100x delta moves the model no more than a typical one; a
-pseudo-gradient of the wrong size or with a value that is not finite is refused at upload.
+What a room trusts nobody with:
+  - version 0 is made here from the run's seed (init.py), never uploaded;
+  - a pseudo-gradient is refused (422) unless every value is finite and within what H AdamW
+    steps at the run's learning rate can move an element (bounds.py), whatever the others sent;
+  - one client address is one worker (workers_per_address), joins are bounded per address, a
+    worker that sends nothing within a round deadline of joining leaves, and the run's owner
+    may remove a worker for good (its token and its address);
+  - reports are one per worker and version, bounded, and in the run's storage budget.
 
-Closing a round v: W and momentum of version v read, the clipped mean applied by the outer
-optimizer (outer.py), checkpoint v+1 committed, the round's line appended, then state.json says
-v+1 and the round's deltas are removed. A crash after the commit and before state.json is redone at
-the next load from the same files (the same bytes: the commit is a no-op; the round's line may
-be written twice, and is read once), so a restart resumes at the last closed round with nothing
-lost."""
+A round's pseudo-gradients wait on disk until it closes, so a server that restarts mid-round
+loses none. Closing a round v: version v + 1 committed (close.py), the round's line appended,
+then state.json says v + 1 and the round's deltas are removed. A crash after the commit and
+before state.json is redone at the next load from the same files (the same bytes: the commit is
+a no-op; the round's line may be written twice, and is read once)."""
 
 from __future__ import annotations
 
@@ -37,32 +39,33 @@ import numpy as np
 from andrea.checkpoints import CheckpointStore
 from andrea.durable import append_line, fsync_dir, read_lines, write_atomic
 from andrea.paths import room_dir
-from andrea.room.codec import DeltaRefused, decode, payload_bytes
-from andrea.room.outer import nesterov_step, norm64
+from andrea.room.aggregate import HISTORY_NORMS
+from andrea.room.bounds import delta_bound
+from andrea.room.close import OPTIMIZER, close_round, commit_arrays, sections
+from andrea.room.codec import DeltaRefused, chunks, payload_bytes
 from andrea.room.shards import rounds_total
 from andrea.web.auth import new_token, token_hash, token_matches
 
-OPTIMIZER = "room_outer"     # the checkpoints' optimizer name: global W and outer momentum
+__all__ = ["OPTIMIZER", "Room", "RoomError", "param_mask", "sections"]
+REMOVED = "removed by the run's owner"
+WAIT_BACKOFF_S = (10, 20, 40, 80, 160, 300)    # a close waiting for disk tries again after
 
 
 class RoomError(Exception):
-    """A request the room refuses, with the HTTP status that says why; `closed`: the round
-    closed all the same (a refused pseudo-gradient was the last answer it waited for)."""
+    """A request the room refuses, with the HTTP status that says why."""
 
-    def __init__(self, status: int, message: str, closed: bool = False):
+    def __init__(self, status: int, message: str):
         super().__init__(message)
-        self.status, self.closed = status, closed
+        self.status = status
 
 
-def sections(numel: int) -> list[dict]:
-    return [{"name": "W", "bytes": 4 * numel}, {"name": "momentum", "bytes": 4 * numel}]
-
-
-def param_mask(layout: dict) -> np.ndarray:
-    """True where the flat buffer holds a parameter (False: alignment padding, kept zero)."""
+def param_mask(layout: dict, decay_only: bool = False) -> np.ndarray:
+    """True where the flat buffer holds a parameter (False: alignment padding, kept zero);
+    `decay_only`: only the decayed ones (the matrices)."""
     mask = np.zeros(layout["total_numel"], bool)
     for p in layout["params"]:
-        mask[p["offset"]:p["offset"] + p["numel"]] = True
+        if p["decay"] or not decay_only:
+            mask[p["offset"]:p["offset"] + p["numel"]] = True
     return mask
 
 
@@ -81,18 +84,25 @@ class Room:
 
     @cached_property
     def mask(self) -> np.ndarray:
-        """Where the flat buffer holds a parameter (param_mask): made once per Room."""
         return param_mask(self.layout)
+
+    @cached_property
+    def decay(self) -> np.ndarray:
+        return param_mask(self.layout, decay_only=True)
 
     # ---- state ---------------------------------------------------------------------------
     def _path(self) -> Path:
         return self.dir / "state.json"
 
-    def create(self, join_token: str) -> None:
-        """The room of a new run: no version yet (the first worker publishes version 0)."""
+    def create(self, join_token: str, weights: np.ndarray, now: float) -> None:
+        """The room of a new run, at version 0: `weights`, the run's seeded initialisation
+        (init.py), with zero momentum."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._save({"version": None, "join_token_sha256": token_hash(join_token),
-                    "workers": {}, "open": _open_round(), "finished": False})
+        top_decay, top = commit_arrays(self.ckpts, self.run_id, 0, weights, self.decay)
+        self._save({"version": 0, "join_token_sha256": token_hash(join_token),
+                    "workers": {}, "open": _open_round(now), "finished": False,
+                    "max_abs_decay": top_decay, "max_abs": top, "norm_history": [], "evals": {},
+                    "report_bytes": 0})
 
     def read(self) -> dict:
         """The state as committed (a close in progress under the lock is not in it yet)."""
@@ -107,7 +117,7 @@ class Room:
         would look interrupted."""
         st = self.read()
         v = st["version"]
-        if v is not None and not st["finished"] and st["open"]["received"] \
+        if not st["finished"] and st["open"]["received"] \
                 and self.ckpts.get(self.run_id, v + 1) is not None:
             st = self._close(st, time.time())
         return st
@@ -119,51 +129,101 @@ class Room:
         append_line(self.dir / name, line)
 
     # ---- workers -------------------------------------------------------------------------
-    def join(self, join_token: str, now: float, worker_token: str | None = None) -> dict:
-        """A new worker: its id, data slot and token (shown once), and the version to train
-        (None: none yet; train from the run's seed and publish version 0). With the token of a
-        worker still in the room (its tab reloaded or crashed), that worker again: the same id
-        and slot, from the current version (one it already sent for this round is kept; a
-        second is refused as a duplicate)."""
+    def join(self, join_token: str, now: float, address: str,
+             worker_token: str | None = None) -> dict:
+        """A new worker: its id, data slot and token (shown once), and the version to train.
+        With the token of a worker that was in the room (its tab reloaded, crashed or left),
+        that worker again, from the current version (one it already sent for this round is
+        kept; a second is refused as a duplicate). One client address is one worker unless
+        the room allows more (workers_per_address); new joins are bounded per address."""
         st = self.load()
         if not token_matches(st["join_token_sha256"], join_token):
             raise RoomError(403, "wrong or missing join token: use the room's join link")
         if st["finished"]:
             raise RoomError(409, "this room run is finished: there is nothing left to train")
-        if worker_token:
-            for wid, w in _active(st).items():
-                if token_matches(w["token_sha256"], worker_token):
-                    return {"worker": int(wid), "slot": w["slot"], "token": worker_token,
-                            "version": st["version"], "rejoined": True}
-        if len(st["workers"]) >= self.max_joins():
-            raise RoomError(409, f"this room has had {len(st['workers'])} joins, its most "
-                                 "(max_workers per round): rejoin with your worker token")
-        active = _active(st)
-        taken = {w["slot"] for w in active.values()}
+        workers, per = st["workers"], self.room["workers_per_address"]
+        if any(w.get("removed") and w.get("address") == address for w in workers.values()):
+            raise RoomError(403, f"a worker of this address was {REMOVED}: it may not join "
+                                 "again")
+        again = worker_token and next((wid for wid, w in workers.items()
+                                       if token_matches(w["token_sha256"], worker_token)), None)
+        if again is not None and workers[again]["left"] is None:
+            w = workers[again]
+            return {"worker": int(again), "slot": w["slot"], "token": worker_token,
+                    "version": st["version"], "rejoined": True}
+        mine = [w for w in _active(st).values() if w.get("address") == address]
+        if len(mine) >= per:
+            raise RoomError(409, f"this address already trains {len(mine)} worker(s) of this "
+                                 f"room, its most (workers_per_address {per}): one participant "
+                                 "is one worker; the room's creator can allow more")
+        slot = self._free_slot(st)
+        if again is not None:        # a worker that left comes back: the same id and token
+            w = workers[again]
+            w.update(slot=slot, left=None, why=None, missed=0, rejoined=now,
+                     rejoined_version=st["version"], address=address)
+            self._save(st)
+            return {"worker": int(again), "slot": slot, "token": worker_token,
+                    "version": st["version"], "rejoined": True}
+        joins = [w["joined"] for w in workers.values() if w.get("address") == address]
+        if len(joins) >= self.joins_per_address():
+            raise RoomError(409, f"this address has joined this room {len(joins)} times, its "
+                                 "most: rejoin with your worker token")
+        recent = sum(1 for t in joins if now - t < self.room["round_deadline_s"])
+        if recent >= per + 2:
+            raise RoomError(429, f"this address joined {recent} times in the last "
+                                 f"{self.room['round_deadline_s']:g} s: wait, or rejoin with "
+                                 "your worker token")
+        wid = str(len(workers))
+        token = new_token()
+        workers[wid] = {"slot": slot, "token_sha256": token_hash(token), "joined": now,
+                        "joined_version": st["version"], "left": None, "why": None,
+                        "address": address, "bytes": 0, "deltas": 0, "stale": 0, "refused": 0,
+                        "missed": 0, "reported": []}
+        self._save(st)
+        return {"worker": int(wid), "slot": slot, "token": token, "version": st["version"]}
+
+    def _free_slot(self, st: dict) -> int:
+        taken = {w["slot"] for w in _active(st).values()}
         free = [s for s in range(self.room["max_workers"]) if s not in taken]
         if not free:
             raise RoomError(409, f"the room is full: {self.room['max_workers']} workers train "
                                  "it now (its max_workers)")
-        wid = str(len(st["workers"]))
-        token = new_token()
-        st["workers"][wid] = {"slot": free[0], "token_sha256": token_hash(token), "joined": now,
-                              "joined_version": st["version"], "left": None, "why": None,
-                              "bytes": 0, "deltas": 0, "stale": 0, "refused": 0, "missed": 0}
-        self._save(st)
-        return {"worker": int(wid), "slot": free[0], "token": token, "version": st["version"]}
+        return free[0]
+
+    def joins_per_address(self) -> int:
+        """New workers one address may add over the room's life: workers_per_address a round
+        and one round more (a tab that comes back rejoins with its worker token instead)."""
+        return self.room["workers_per_address"] * (self.rounds + 1)
 
     def worker_of(self, st: dict, token: str) -> str:
         """The id of the active worker whose token this is; 403 otherwise."""
         for wid, w in st["workers"].items():
             if token and token_matches(w["token_sha256"], token):
                 if w["left"] is not None:
-                    raise RoomError(403, f"worker {wid} left the room ({w['why']}): join again")
+                    again = "" if w.get("removed") else ": join again"
+                    raise RoomError(403, f"worker {wid} left the room ({w['why']}){again}")
                 return wid
         raise RoomError(403, "wrong or missing worker token: join the room first")
 
     def leave(self, token: str, now: float, why: str = "left") -> dict:
         st = self.load()
-        wid = self.worker_of(st, token)
+        return self._drop(st, self.worker_of(st, token), now, why)
+
+    def remove(self, worker: int, now: float) -> dict:
+        """The run's owner (or the operator) removes worker `worker`: out of the round, and
+        neither its token nor its address may join again."""
+        st = self.load()
+        wid = str(worker)
+        if wid not in st["workers"]:
+            raise RoomError(404, f"the room has no worker {worker}")
+        st["workers"][wid]["removed"] = True
+        if st["workers"][wid]["left"] is not None:
+            st["workers"][wid]["why"] = REMOVED
+            self._save(st)
+            return st
+        return self._drop(st, wid, now, REMOVED)
+
+    def _drop(self, st: dict, wid: str, now: float, why: str) -> dict:
         st["workers"][wid].update(left=now, why=why)
         open_ = st["open"]
         open_["received"].pop(wid, None)     # a worker that leaves is not in the round
@@ -175,28 +235,10 @@ class Room:
         return st
 
     # ---- versions ------------------------------------------------------------------------
-    def publish_init(self, token: str, weights: bytes, now: float) -> dict:
-        """Version 0 from a worker's seeded initialisation; the first one wins (409 after)."""
-        st = self.load()
-        self.worker_of(st, token)
-        if st["version"] is not None:
-            raise RoomError(409, f"the room already has version {st['version']}: download it")
-        if len(weights) != 4 * self.numel:
-            raise RoomError(400, f"version 0 of this model is {4 * self.numel} bytes of f32 "
-                                 f"weights, not {len(weights)}")
-        try:
-            w = decode(weights, "f32", self.numel)
-        except DeltaRefused as e:      # not finite
-            raise RoomError(422, f"version 0 refused: {e}") from None
-        self._commit(0, w, np.zeros(self.numel, np.float32))
-        st["version"] = 0
-        self._save(st)
-        return st
-
     def open_weights(self, version: int):
         """(bytes, the verified file open at version `version`'s weights): for streaming."""
         st = self.read()
-        if st["version"] is None or version > st["version"]:
+        if version > st["version"]:
             raise RoomError(404, f"the room has no version {version} yet "
                                  f"(newest: {st['version']})")
         if self.ckpts.get(self.run_id, version) is None:
@@ -204,25 +246,30 @@ class Room:
                                  f"{st['version']}")
         return self.ckpts.open_section(self.run_id, version, 0)
 
-    def _commit(self, version: int, weights: np.ndarray, momentum: np.ndarray) -> None:
-        self.ckpts.write(self.run_id, version, [weights.astype("<f4").tobytes(),
-                                                momentum.astype("<f4").tobytes()],
-                         OPTIMIZER, sections(self.numel))
+    def close_bytes(self) -> int:
+        """What a close writes: the next version's checkpoint (W and momentum, f32 each)."""
+        return 8 * self.numel
 
     # ---- pseudo-gradients ----------------------------------------------------------------
     def expected_bytes(self) -> int:
         return payload_bytes(self.room["codec"], self.numel)
 
+    def bound(self, st: dict) -> float:
+        """The most one element of an honest pseudo-gradient of the current version can be."""
+        return delta_bound(self.config, st["max_abs_decay"], st["max_abs"])
+
     def accept(self, token: str, version: int, body_path: Path, now: float) -> dict:
         """Worker's pseudo-gradient for `version` (the file `body_path`, moved into the round
-        when taken). Returns {"closed": the round closed now, "version": the current one};
-        RoomError 409 for a stale version or a second one, 422 for a refused body."""
+        when taken). Returns {"version", "due": the round may close now, "refused": None or
+        why it was not taken (a good one may still be sent)}; RoomError 409 for a stale
+        version or a second one."""
         st = self.load()
         wid = self.worker_of(st, token)
         worker, open_ = st["workers"][wid], st["open"]
         if st["finished"]:
             raise RoomError(409, "this room run is finished: its last version is the model")
-        if st["version"] is None or version != st["version"]:
+        worker["sent_at"] = now
+        if version != st["version"]:
             worker["stale"] += 1
             open_["stale"] += 1
             self._save(st)
@@ -233,30 +280,43 @@ class Room:
             raise RoomError(409, f"worker {wid} already sent its pseudo-gradient for version "
                                  f"{version}")
         try:
-            delta = decode(body_path.read_bytes(), self.room["codec"], self.numel)
+            norm, top = self._measure(body_path)
+            bound = self.bound(st)
+            if top > bound:
+                raise DeltaRefused(
+                    f"an element moves by {top:.4g}, more than {self.room['inner_steps']} AdamW "
+                    f"steps at lr {self.config['lr']:g} can move one ({bound:.4g})")
         except DeltaRefused as e:
             worker["refused"] += 1
             open_["refused"][wid] = str(e)
-            closed = self._maybe_close(st, now)
-            raise RoomError(422, f"pseudo-gradient refused: {e}; the round goes on without "
-                                 f"it{' (and it closed)' if closed else ''}; a good one may "
-                                 "still be sent", closed) from None
+            self._save(st)
+            return {"version": version, "due": self.due(st, now), "refused": str(e)}
         open_["refused"].pop(wid, None)      # refused before: this one counts
-        delta[~self.mask] = 0
         nbytes = body_path.stat().st_size
         folder = self.dir / "deltas" / str(version)
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(body_path, folder / f"{wid}.bin")
         fsync_dir(folder)
-        open_["received"][wid] = {"bytes": nbytes, "norm": norm64(delta), "at": now}
+        open_["received"][wid] = {"bytes": nbytes, "norm": norm, "at": now}
         if open_["first_at"] is None:
             open_["first_at"] = now
         worker.update(bytes=worker["bytes"] + nbytes, deltas=worker["deltas"] + 1, missed=0)
-        return {"closed": self._maybe_close(st, now), "version": version}
+        self._save(st)      # what was taken is committed first: a close redone has it
+        return {"version": version, "due": self.due(st, now), "refused": None}
 
-    def _discard_delta(self, version: int | None, wid: str) -> None:
-        if version is not None:
-            (self.dir / "deltas" / str(version) / f"{wid}.bin").unlink(missing_ok=True)
+    def _measure(self, path: Path) -> tuple[float, float]:
+        """(L2 norm in float64, largest |value|) of a body on disk, padding excluded, a chunk
+        at a time; DeltaRefused for a wrong size or a value that is not finite."""
+        total, top = 0.0, 0.0
+        for start, x in chunks(path, self.room["codec"], self.numel):
+            x[~self.mask[start:start + x.size]] = 0
+            x64 = x.astype(np.float64)
+            total += float(np.dot(x64, x64))
+            top = max(top, float(np.abs(x).max(initial=0.0)))
+        return math.sqrt(total), top
+
+    def _discard_delta(self, version: int, wid: str) -> None:
+        (self.dir / "deltas" / str(version) / f"{wid}.bin").unlink(missing_ok=True)
 
     # ---- closing -------------------------------------------------------------------------
     def due(self, st: dict, now: float) -> bool:
@@ -272,29 +332,50 @@ class Room:
         return (got >= self.room["quorum"]
                 and now >= open_["first_at"] + self.room["round_deadline_s"])
 
-    def _maybe_close(self, st: dict, now: float) -> bool:
-        self._save(st)          # what was taken is committed first: a close redone has it
-        if self.due(st, now):
-            self._close(st, now)
-            return True
-        return False
-
-    def close_if_due(self, now: float) -> dict | None:
-        """The sweep's call: closes the open round when due; its line, or None. A round that
-        waits past missed_rounds deadlines after its first pseudo-gradient (its quorum out of
-        reach: the others' tabs gone) drops the workers that sent nothing: they would count as
-        missed at a close that never comes, holding their slots for good."""
+    def drop_silent(self, now: float) -> list[str]:
+        """The sweep's first call (under the lock): workers that hold a slot for free leave.
+        One that has sent nothing since it (re)joined leaves a round deadline after it joined
+        or after the version it trains appeared, whichever is later; one that sent before and
+        now sends nothing for missed_rounds deadlines after the round's first pseudo-gradient
+        leaves too (its quorum out of reach, it would hold the room for good)."""
         st = self.load()
-        open_ = st["open"]
-        if not self.due(st, now) and open_["first_at"] is not None and not st["finished"] \
-                and now >= open_["first_at"] + self.room["missed_rounds"] * \
-                self.room["round_deadline_s"]:
-            for wid, worker in _active(st).items():
-                if wid not in open_["received"] and wid not in open_["refused"]:
-                    worker.update(left=now, why=f"sent nothing for {self.room['missed_rounds']}"
-                                                " round deadlines")
+        if st["finished"]:
+            return []
+        open_, deadline = st["open"], self.room["round_deadline_s"]
+        gone = []
+        for wid, w in _active(st).items():
+            if wid in open_["received"] or wid in open_["refused"]:
+                continue
+            since = max(w.get("rejoined") or w["joined"], open_["opened_at"] or 0)
+            if not _sent_since_join(w) and now >= since + deadline:
+                w.update(left=now, why=f"sent nothing within {deadline:g} s of joining")
+                gone.append(wid)
+            elif open_["first_at"] is not None and \
+                    now >= open_["first_at"] + self.room["missed_rounds"] * deadline:
+                w.update(left=now, why=f"sent nothing for {self.room['missed_rounds']} round "
+                                       "deadlines")
+                gone.append(wid)
+        if gone:
             self._save(st)
+        return gone
+
+    def wait_for_disk(self, why: str, now: float) -> float:
+        """A close that could not reserve its bytes: the room says so and tries again later
+        (WAIT_BACKOFF_S, longer each time). Returns when."""
+        st = self.load()
+        tries = st["open"].get("waits", 0)
+        at = now + WAIT_BACKOFF_S[min(tries, len(WAIT_BACKOFF_S) - 1)]
+        st["open"].update(waiting=why, retry_at=at, waits=tries + 1)
+        self._save(st)
+        return at
+
+    def close_if_due(self, now: float, force: bool = False) -> dict | None:
+        """Closes the open round when due (and not waiting for disk, unless `force`); its
+        line, or None."""
+        st = self.load()
         if not self.due(st, now):
+            return None
+        if not force and now < (st["open"].get("retry_at") or 0):
             return None
         return self._close(st, now)["last_round"]
 
@@ -309,45 +390,31 @@ class Room:
                     shutil.rmtree(folder, ignore_errors=True)
         return st
 
-    def max_joins(self) -> int:
-        """Joins over the room's life (a worker's log entry each): max_workers per round and
-        one round more; a tab that comes back rejoins with its worker token instead."""
-        return self.room["max_workers"] * (self.rounds + 1)
-
     def _close(self, st: dict, now: float) -> dict:
         v, open_ = st["version"], st["open"]
         ids = sorted(open_["received"], key=int)
-        norms = np.array([open_["received"][w]["norm"] for w in ids])
-        limit = self.room["clip_multiple"] * float(np.median(norms))
-        _, f = self.ckpts.open_verified(self.run_id, v)
-        with f:
-            weights = np.frombuffer(f.read(4 * self.numel), "<f4").astype(np.float32)
-            momentum = np.frombuffer(f.read(4 * self.numel), "<f4").astype(np.float32)
-        total = np.zeros(self.numel, np.float32)      # the one running sum
-        scales = {}
-        for w in ids:
-            delta = decode((self.dir / "deltas" / str(v) / f"{w}.bin").read_bytes(),
-                           self.room["codec"], self.numel)
-            delta[~self.mask] = 0
-            norm = open_["received"][w]["norm"]
-            scales[w] = min(1.0, limit / norm) if norm > 0 else 1.0
-            if scales[w] < 1.0:
-                delta *= np.float32(scales[w])
-            total += delta
-        total /= np.float32(len(ids))
-        nesterov_step(weights, momentum, total, self.room["outer_lr"],
-                      self.room["outer_momentum"], first=(v == 0))
-        self._commit(v + 1, weights, momentum)
+        norms = [open_["received"][w]["norm"] for w in ids]
+        got = close_round(self.ckpts, self.run_id, v, self.numel, self.room["codec"],
+                          [self.dir / "deltas" / str(v) / f"{w}.bin" for w in ids], norms,
+                          st["norm_history"], self.room, self.mask, self.decay)
         line = {"round": v, "version": v + 1, "closed_at": now,
                 "opened_at": open_["opened_at"], "median_norm": float(np.median(norms)),
-                "clip_limit": limit, "outer_grad_norm": norm64(total),
-                "workers": {w: {**open_["received"][w], "clip_scale": scales[w]} for w in ids},
+                "clip_limit": got["limit"], "reference_norm": got["reference_norm"],
+                "outer_grad_norm": got["outer_grad_norm"],
+                "step_norm": got["step_norm"], "rejected": got["rejected"],
+                "dropped": ids if got["rejected"] else [],
+                "workers": {w: {**open_["received"][w], "clip_scale": got["scales"][i],
+                                "cosine": got["cosines"][i], "averaged": i in got["kept"]}
+                            for i, w in enumerate(ids)},
                 "refused": open_["refused"], "stale": open_["stale"]}
         for wid, worker in _active(st).items():      # who sent nothing this round
             if wid not in open_["received"] and wid not in open_["refused"]:
                 worker["missed"] += 1
                 if worker["missed"] >= self.room["missed_rounds"]:
                     worker.update(left=now, why=f"sent nothing for {worker['missed']} rounds")
+        if got["rejected"] is None:
+            st["max_abs_decay"], st["max_abs"] = got["max_abs_decay"], got["max_abs"]
+            st["norm_history"] = (st["norm_history"] + got["clipped_norms"])[-HISTORY_NORMS:]
         st.update(version=v + 1, open=_open_round(now), last_round=line,
                   finished=v + 1 >= self.rounds)
         self._append("rounds.jsonl", line)   # before the state: a redo appends it again
@@ -357,43 +424,77 @@ class Room:
 
     # ---- reports and reading -------------------------------------------------------------
     def report(self, token: str, version: int, losses: list[float],
-               eval_loss: float | None, now: float) -> None:
+               eval_loss: float | None, now: float, max_bytes: int) -> None:
         """A worker's inner losses of the round that trained `version`, and the eval loss of
-        `version`'s global weights when it measured one."""
+        `version`'s global weights when it measured one: one per worker and version, within
+        the run's storage budget (`max_bytes`, ANDREA_MAX_RUN_BYTES)."""
         st = self.load()
         wid = self.worker_of(st, token)
-        if st["version"] is None or not 0 <= version <= st["version"]:
-            raise RoomError(409, f"no version {version} has been trained here")
+        worker = st["workers"][wid]
+        if not worker["joined_version"] <= version <= st["version"]:
+            raise RoomError(409, f"worker {wid} trained no version {version} here")
         if len(losses) > self.room["inner_steps"]:
             raise RoomError(422, f"a round has {self.room['inner_steps']} inner steps, not "
                                  f"{len(losses)} losses")
         if not all(math.isfinite(x) for x in losses) or \
                 (eval_loss is not None and not math.isfinite(eval_loss)):
             raise RoomError(422, "losses must be finite numbers")
-        worker = st["workers"][wid]
-        sent = worker.get("reports", 0)
-        if sent >= 2 * (st["version"] + 1):     # a round's report, and a retry of it
-            raise RoomError(409, f"worker {wid} has sent {sent} reports for {st['version'] + 1}"
-                                 " versions: one a round")
-        worker["reports"] = sent + 1
+        if version in worker.setdefault("reported", []):
+            raise RoomError(409, f"worker {wid} already reported version {version}: one report "
+                                 "a version")
+        line = {"worker": int(wid), "version": version, "at": now, "losses": losses,
+                "eval_loss": eval_loss}
+        size = len(json.dumps(line)) + 1
+        if st["report_bytes"] + size > max_bytes:
+            raise RoomError(507, f"this run's storage budget is used up: its reports take "
+                                 f"{st['report_bytes']} of the {max_bytes} bytes a run may "
+                                 "store (ANDREA_MAX_RUN_BYTES); this report was not stored")
+        worker["reported"].append(version)
+        st["report_bytes"] += size
+        if eval_loss is not None:
+            st["evals"].setdefault(str(version), {})[wid] = eval_loss
         self._save(st)
-        self._append("reports.jsonl", {"worker": int(wid), "version": version, "at": now,
-                                       "losses": losses, "eval_loss": eval_loss})
+        self._append("reports.jsonl", line)
 
     def closed_rounds(self) -> list[dict]:
         """rounds.jsonl's lines, one per round (a close redone after a crash wrote its line
         twice: the last one counts)."""
-        return list({line["round"]: line for line in self._lines("rounds.jsonl")}.values())
+        return list({line["round"]: line for line in read_lines(self.dir / "rounds.jsonl")}
+                    .values())
 
-    def reports(self) -> list[dict]:
-        return self._lines("reports.jsonl")
+    def reports(self, offset: int = 0, limit: int | None = None) -> tuple[list[dict], int]:
+        """(reports offset..offset + limit, how many there are)."""
+        lines = read_lines(self.dir / "reports.jsonl")
+        return lines[offset:None if limit is None else offset + limit], len(lines)
 
-    def _lines(self, name: str) -> list[dict]:
-        return read_lines(self.dir / name)
+
+def evals(st: dict) -> list[dict]:
+    """Per version, the median of the workers' eval-loss reports, and the workers whose report
+    is far from it (more than FAR_MADS median absolute deviations and FAR_FRACTION of the
+    median): one worker cannot draw the curve."""
+    out = []
+    for v in sorted(st.get("evals", {}), key=int):
+        by = st["evals"][v]
+        xs = np.array(list(by.values()), np.float64)
+        med = float(np.median(xs))
+        mad = float(np.median(np.abs(xs - med)))
+        far = [int(w) for w, x in by.items()
+               if len(xs) >= 3 and abs(x - med) > max(FAR_MADS * mad, FAR_FRACTION * abs(med))]
+        out.append({"version": int(v), "median": med, "workers": len(xs), "outliers": far})
+    return out
+
+
+FAR_MADS, FAR_FRACTION = 3.0, 0.05
+
+
+def _sent_since_join(w: dict) -> bool:
+    """A pseudo-gradient (taken, refused or stale) since its latest (re)join."""
+    return (w.get("sent_at") or -1) >= (w.get("rejoined") or w["joined"])
 
 
 def _open_round(now: float | None = None) -> dict:
-    return {"opened_at": now, "first_at": None, "received": {}, "refused": {}, "stale": 0}
+    return {"opened_at": now, "first_at": None, "received": {}, "refused": {}, "stale": 0,
+            "waiting": None, "retry_at": None, "waits": 0}
 
 
 def _active(st: dict) -> dict:

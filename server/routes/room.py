@@ -2,29 +2,30 @@
 version, send their pseudo-gradients, and take the next version.
 
   GET    /api/runs/{id}/room                     the room now: version, workers, open round,
-                                                 closed rounds (public, as every run's reads)
+                                                 closed rounds, eval medians (public, as every
+                                                 run's reads)
   POST   /api/runs/{id}/room/workers             join (Bearer: the join token) -> worker id,
                                                  data slot, worker token, version to train
                                                  (X-Andrea-Worker-Token: that worker again)
   DELETE /api/runs/{id}/room/workers             leave (Bearer: the worker token)
+  DELETE /api/runs/{id}/room/workers/{w}         the run's owner removes worker w for good
   GET    /api/runs/{id}/room/weights/{v}         global version v's weights, f32 [total_numel]
-  PUT    /api/runs/{id}/room/weights/0           version 0 from a worker's seeded init (the
-                                                 first wins; Bearer: a worker token)
+                                                 (version 0: the server's seeded init)
   POST   /api/runs/{id}/room/deltas/{v}          the worker's pseudo-gradient for version v
                                                  (global - its weights, in the room's codec)
   POST   /api/runs/{id}/room/reports/{v}         its inner losses of that round, and the eval
                                                  loss of version v's weights
-  GET    /api/runs/{id}/room/reports             every report
+  GET    /api/runs/{id}/room/reports             the reports, paged (offset, limit)
   GET    /api/runs/{id}/room/batches/{v}/{slot}/{step}   (data.py) a worker's batch
 
 Only a worker's token may send (the join token only joins: a participant is never the run's
 owner), checked before a byte of a body is read. A pseudo-gradient is exactly the codec's size
-for the model (413/400 before a byte is stored otherwise), reserved in the storage budget like a
-checkpoint, one per worker and round (409 for a second, a stale one, or one for a finished
-room), and refused when not finite (422; a good one may follow). Reports are one a round (and a
-retry), joins max_workers a round. Every change happens under the run's lock; rounds close when
-every worker answered, or by the app's sweep at their deadline (room/lifecycle.py
-close_due_rounds), which also drops workers silent for missed_rounds deadlines."""
+for the model (413/400 before a byte is stored otherwise), reserved in the storage budget while
+it streams, one per worker and round (409 for a second, a stale one, or one for a finished
+room), and refused (422; a good one may follow) when a value is not finite or past what the
+round's AdamW steps can move an element. Every change happens under the run's lock; a round
+closes when every worker answered, or by the app's sweep at its deadline (room/lifecycle.py),
+its bytes reserved first."""
 
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ import pathlib
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
 from andrea.checkpoints import CheckpointError, CheckpointStore
-from andrea.room.lifecycle import after_close, room_of_run
-from andrea.room.rounds import Room, RoomError
+from andrea.room.lifecycle import close_when_due, room_of_run
+from andrea.room.rounds import Room, RoomError, evals
 from andrea.routes.run_files import (
     gone_meanwhile,
     http_error,
@@ -53,8 +54,10 @@ from andrea.web.deps import (
     CheckpointsDep,
     FanoutDep,
     RunDep,
+    SettingsDep,
     StorageDep,
     StoreDep,
+    authorize,
     bearer,
 )
 
@@ -62,6 +65,9 @@ router = APIRouter(prefix="/api/runs/{run_id}/room", tags=["room"])
 log = logging.getLogger("andrea.room")
 
 Version = Annotated[int, Path(ge=0, lt=2**31, description="a global version of the room")]
+WorkerId = Annotated[int, Path(ge=0, lt=2**31, description="a worker of the room")]
+REPORTS_PAGE = 500          # reports per page by default, and 2x that at most
+HIDDEN = {"token_sha256", "address", "reported"}   # a worker's fields nobody else reads
 
 
 def room_of(run: dict, ckpts: CheckpointStore) -> Room:
@@ -94,13 +100,16 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
         # what one worker would send per inner step with per-step fp32 gradient all-reduce
         # (its whole gradient once a step), beside what it sends per round here
         "allreduce_bytes_per_step": 4 * room.numel,
-        "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k != "token_sha256"}}
+        "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k not in HIDDEN}}
                     for w, info in st["workers"].items()],
         "open": {"received": sorted(map(int, open_["received"])),
                  "refused": {int(k): v for k, v in open_["refused"].items()},
-                 "first_at": open_["first_at"],
+                 "first_at": open_["first_at"], "opened_at": open_["opened_at"],
                  "deadline_at": open_["first_at"] and open_["first_at"] + cfg["round_deadline_s"],
-                 "stale": open_["stale"]},
+                 "stale": open_["stale"], "waiting": open_.get("waiting"),
+                 # the most one element of a pseudo-gradient of this version may move
+                 "delta_bound": room.bound(st)},
+        "evals": evals(st),
         "closed": rounds,
     }
 
@@ -112,8 +121,11 @@ async def join_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
     # A tab that was a worker before (reloaded, crashed) sends that worker's token to be it
     # again: X-Andrea-Worker-Token.
     again = request.headers.get("x-andrea-worker-token")
+    # One participant is one worker: counted by client address (uvicorn's: a trusted proxy's
+    # X-Forwarded-For).
+    address = request.client.host if request.client else ""
     async with fanout.run_lock(run["id"]):
-        joined = await _call(room.join, bearer(request), time.time(), again)
+        joined = await _call(room.join, bearer(request), time.time(), address, again)
     fanout.publish(run["id"], {"type": "room", "event": "joined", "worker": joined["worker"]})
     return {**joined, "rounds": room.rounds, "room": run["config"]["room"]}
 
@@ -128,6 +140,20 @@ async def leave_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
     return Response(status_code=204)
 
 
+@router.delete("/workers/{worker}", status_code=204)
+async def remove_room_worker(run: RunDep, worker: WorkerId, request: Request,
+                             ckpts: CheckpointsDep, fanout: FanoutDep, settings: SettingsDep,
+                             store: StoreDep) -> Response:
+    """The run's owner (or the operator) removes a worker: out of the round, and neither its
+    token nor its address joins again."""
+    await authorize(request, settings, store, run["id"])
+    room = room_of(run, ckpts)
+    async with fanout.run_lock(run["id"]):
+        await _call(room.remove, worker, time.time())
+    fanout.publish(run["id"], {"type": "room", "event": "left", "worker": worker})
+    return Response(status_code=204)
+
+
 @router.get("/weights/{version}", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}}})
 async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep):
@@ -137,23 +163,6 @@ async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep)
     size, f = await _call(room.open_weights, version)
     return StreamingResponse(stream_file(f, size), media_type="application/octet-stream",
                              headers={"content-length": str(size), "cache-control": "no-store"})
-
-
-@router.put("/weights/0", status_code=201)
-async def put_room_init(run: RunDep, request: Request, ckpts: CheckpointsDep, fanout: FanoutDep,
-                   storage: StorageDep, store: StoreDep) -> dict:
-    room = room_of(run, ckpts)
-    await _a_worker(room, request)
-    path = await _receive(request, room, 4 * room.numel, "version 0's weights", storage)
-    try:
-        async with fanout.run_lock(run["id"]):
-            await gone_meanwhile(store, ckpts.data_dir, run["id"], "room weights")
-            body = await asyncio.to_thread(path.read_bytes)
-            st = await _call(room.publish_init, bearer(request), body, time.time())
-    finally:
-        path.unlink(missing_ok=True)
-    fanout.publish(run["id"], {"type": "room", "event": "version", "version": st["version"]})
-    return {"version": st["version"]}
 
 
 @router.post("/deltas/{version}")
@@ -166,20 +175,18 @@ async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts
     try:
         async with fanout.run_lock(run["id"]):
             await gone_meanwhile(store, ckpts.data_dir, run["id"], "pseudo-gradient")
-            try:
-                got = await asyncio.to_thread(room.accept, bearer(request), version, path,
-                                              time.time())
-            except RoomError as e:
-                if e.closed:        # refused, but the last answer the round waited for
-                    await after_close(store, fanout, room)
-                raise HTTPException(e.status, str(e)) from None
-            except (CheckpointError, OSError) as e:
-                raise http_error(e) or e
-            if got["closed"]:
-                await after_close(store, fanout, room)
+            now = time.time()
+            got = await _call(room.accept, bearer(request), version, path, now)
+            # (a refused one may be the last answer the round waited for: it closes all the
+            # same)
+            closed = got["due"] and await close_when_due(store, fanout, storage, room, now)
     finally:
         path.unlink(missing_ok=True)      # (gone once taken into the round)
-    return got
+    if got["refused"] is not None:
+        raise HTTPException(422, f"pseudo-gradient refused: {got['refused']}; the round goes "
+                                 f"on without it{' (and it closed)' if closed else ''}; a good "
+                                 "one may still be sent")
+    return {"closed": closed, "version": version}
 
 
 class Report(BaseModel):
@@ -190,18 +197,25 @@ class Report(BaseModel):
 
 @router.post("/reports/{version}", status_code=204)
 async def post_room_report(run: RunDep, version: Version, body: Report, request: Request,
-                      ckpts: CheckpointsDep, fanout: FanoutDep) -> Response:
+                           ckpts: CheckpointsDep, fanout: FanoutDep,
+                           settings: SettingsDep) -> Response:
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
         await _call(room.report, bearer(request), version, body.losses, body.eval_loss,
-                    time.time())
+                    time.time(), settings.max_run_bytes)
     fanout.publish(run["id"], {"type": "room", "event": "report", "version": version})
     return Response(status_code=204)
 
 
 @router.get("/reports")
-async def get_room_reports(run: RunDep, ckpts: CheckpointsDep) -> list[dict]:
-    return await _call(room_of(run, ckpts).reports)
+async def get_room_reports(run: RunDep, ckpts: CheckpointsDep,
+                           offset: Annotated[int, Query(ge=0)] = 0,
+                           limit: Annotated[int, Query(ge=1, le=2 * REPORTS_PAGE)] = REPORTS_PAGE
+                           ) -> dict:
+    """The reports offset..offset + limit, oldest first; `next`: the next page's offset."""
+    reports, total = await _call(room_of(run, ckpts).reports, offset, limit)
+    end = offset + len(reports)
+    return {"reports": reports, "total": total, "next": end if end < total else None}
 
 
 async def _a_worker(room: Room, request: Request) -> None:

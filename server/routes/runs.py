@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import shutil
+import time
 from typing import Annotated
 from urllib.parse import quote
 
@@ -33,6 +34,7 @@ from andrea.durable import fsync_dir
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
+from andrea.room.init import seeded_weights
 from andrea.room.rounds import Room
 from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly, temp_file
 from andrea.run_config import RunConfig
@@ -112,9 +114,15 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
         # A room run is open to its workers from now on: `running` until its last round closes
         # (the sweep never expires it), its join token shown once, as the write token is.
         join_token = new_token()
-        await store.run(store.create_run, run_id, cfg, token_hash(token), None)
-        await asyncio.to_thread(Room(ckpts.data_dir, ckpts, run_id, cfg, layout).create,
-                                join_token)
+        room = Room(ckpts.data_dir, ckpts, run_id, cfg, layout)
+        held = await _room_quota(room, settings, storage)
+        try:
+            await store.run(store.create_run, run_id, cfg, token_hash(token), None)
+            # Version 0 is the run's seeded init, made here: no worker uploads it.
+            await asyncio.to_thread(lambda: room.create(
+                join_token, seeded_weights(layout, cfg["seed"]), time.time()))
+        finally:
+            held.release()
         await store.run(store.set_status, run_id, "running", "a room run: open to its workers")
     elif config.parent is None:
         await store.run(store.create_run, run_id, cfg, token_hash(token), None)
@@ -142,6 +150,20 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
             "batches": request.app.url_path_for("room_batch", run_id=run_id,
                                                 version="{version}", slot="{slot}",
                                                 step="{step}")})
+
+
+async def _room_quota(room: Room, settings, storage):
+    """A room this server can hold, or 422 with the number (ANDREA_ROOM_MAX_PARAMS); then its
+    most bytes on disk at once (max_workers pseudo-gradients of a round and three versions:
+    the two kept and a close's new one) must fit the storage budget now (507), and version
+    0's are reserved (the Reservation, to release once written)."""
+    if room.numel > settings.room_max_params:
+        raise HTTPException(422, f"a room run of {room.numel:,} parameters is more than this "
+                                 f"server holds ({settings.room_max_params:,}, "
+                                 "ANDREA_ROOM_MAX_PARAMS): choose a smaller model")
+    most = room.room["max_workers"] * room.expected_bytes() + 3 * room.close_bytes()
+    (await storage.reserve(most, "a room run's rounds")).release()
+    return await storage.reserve(room.close_bytes(), "a room run's version 0")
 
 
 async def _run_quotas(request: Request, limiter, store, settings) -> None:

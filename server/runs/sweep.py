@@ -102,18 +102,19 @@ async def drop_unfinished_branches(store, data_dir: Path, before: float | None) 
 
 
 async def expire_runs(store, fanout, grace_s: float, data_dir: Path | None = None,
-                      ckpts=None) -> None:
+                      ckpts=None, storage=None) -> None:
     """The app's sweep, started with its lifespan (app.py): now, for the runs left from before
     a restart, then every EXPIRE_EVERY_S in the background, for what a run's own timer
     (expire_later) missed (the store out of reach then, the process that made it gone). With
     `data_dir` (processes sharing the store), also the branches whose copy stopped moving
     BRANCH_STALE_S ago (drop_unfinished_branches: their process died). With `ckpts`, also the
-    room runs' rounds whose deadline passed (room/lifecycle.py)."""
+    room runs' rounds whose deadline passed and their silent workers (room/lifecycle.py), with
+    `storage` the budget their closes reserve in."""
     async def sweep(failing: bool) -> bool:
         try:
             await expire(store, fanout, grace_s)
             if ckpts is not None:
-                await close_due_rounds(store, fanout, ckpts)
+                await close_due_rounds(store, fanout, ckpts, storage)
             if data_dir is not None:
                 await drop_unfinished_branches(store, data_dir, time.time() - BRANCH_STALE_S)
             return False
