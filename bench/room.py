@@ -35,13 +35,15 @@ EVAL_BATCHES = 8
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
              gpu: bool, outer: dict) -> dict:
-    """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds."""
+    """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds. The
+    tabs all join from this machine's address: the room allows W from one address."""
     from playwright.sync_api import sync_playwright
 
     r = httpx.post(f"{url}/api/runs", json={
         "preset": preset, "batch_size": B, "steps": steps, "seed": 1,
         "room": {"inner_steps": H, "codec": codec, "max_workers": max(W, 1),
-                 "round_deadline_s": 3600, **outer}}, timeout=60)
+                 "workers_per_address": max(W, 1), "round_deadline_s": 3600, **outer}},
+        timeout=60)
     r.raise_for_status()
     run = r.json()
     link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"

@@ -50,7 +50,8 @@ class RoomConfig(BaseModel):
     """A room run: the room's workers (browser tabs, anyone with its join link) train one model
     together by DiLoCo (Douillard et al. 2023). From the same global weights each runs
     inner_steps AdamW steps on its own batches, then sends its pseudo-gradient (global minus its
-    weights); the server clips each to clip_multiple x the round's median norm, averages them,
+    weights); the server clips each to clip_multiple x the median norm of the round and the
+    last rounds, averages those that agree with their peers (server/room/aggregate.py),
     and applies SGD with Nesterov momentum (outer_lr, outer_momentum: the paper's 0.7 and 0.9)
     to make the next global version (server/room/). The run's `steps` are each worker's inner
     steps in all: steps / inner_steps rounds."""
@@ -69,7 +70,8 @@ class RoomConfig(BaseModel):
     round_deadline_s: float = Field(120.0, gt=0, le=86_400, description=(
         "after a round's first pseudo-gradient, how long the others have"))
     clip_multiple: float = Field(2.0, ge=1, le=1000, description=(
-        "each pseudo-gradient is clipped to this multiple of the round's median norm"))
+        "each pseudo-gradient is clipped to this multiple of the median norm of the round and "
+        "the last rounds"))
     missed_rounds: int = Field(3, ge=1, le=10_000, description=(
         "a worker that sends nothing for this many rounds in a row has left the room"))
 

@@ -31,10 +31,10 @@ from andrea.web.uvicorn_limits import transport_of
 log = logging.getLogger("andrea.web.limits")
 
 # PUT /api/runs/{id}/checkpoints/{step}, PUT /api/runs/{id}/weights, and a room's
-# PUT /api/runs/{id}/room/weights/0 and POST /api/runs/{id}/room/deltas/{version}: each route
+# POST /api/runs/{id}/room/deltas/{version}: each route
 # refuses any size but its own exact one, before and while reading.
 SIZED_UPLOADS = {
-    "PUT": re.compile(r"/api/runs/[^/]+/(checkpoints/[^/]+|weights|room/weights/0)"),
+    "PUT": re.compile(r"/api/runs/[^/]+/(checkpoints/[^/]+|weights)"),
     "POST": re.compile(r"/api/runs/[^/]+/room/deltas/[^/]+"),
 }
 DISCONNECT: Message = {"type": "http.disconnect"}

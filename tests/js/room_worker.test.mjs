@@ -1,6 +1,7 @@
 // The room worker's network edge cases (static/js/engine/room_worker.js), with a stand-in
 // Trainer: a version pruned before this worker downloaded it (the room moved on while it
-// waited) is replaced by the room's newest, and the next round starts from that one.
+// waited) is replaced by the room's newest, and the next round starts from that one; version 0
+// is the server's like any other, downloaded and never published.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { RoomWorker } from '../../static/js/engine/room_worker.js';
@@ -35,4 +36,14 @@ test('a version no longer kept is replaced by the newest, and the round goes on 
   assert.equal(w.version, 6);
   assert.deepEqual(loaded, [6, 6]);
   assert.equal(next, 6 * 4);           // the Trainer's step: version 6's first inner step
+});
+
+test('version 0 (the server made it from the run\'s seed) is downloaded like any version', async () => {
+  const { w, asked, loaded } = worker([0], []);
+  w.room.publish = async () => assert.fail('a worker never publishes weights');
+  await w.take(0);
+  assert.deepEqual(asked, [0]);
+  assert.deepEqual(loaded, [0]);        // the room's weights, not this worker's seeded ones
+  assert.equal(w.version, 0);
+  assert.equal(w.evalLoss, 1.5);
 });

@@ -68,20 +68,17 @@ function fetchRuns() {
 }
 
 /** A room run beside one-browser runs at the same total tokens: each global version's eval
- *  loss at the step a single browser of the same batch reaches after as many tokens (the
- *  inner steps of every pseudo-gradient averaged into the versions before it). */
+ *  loss (the median of its workers' measures, the room's evals) at the step a single browser
+ *  of the same batch reaches after as many tokens (the inner steps of every pseudo-gradient
+ *  averaged into the versions before it). */
 async function roomRecords(id) {
-  const [room, reports] = await Promise.all([
-    fetchJson(routePath('get_room', { run_id: id })),
-    fetchJson(routePath('get_room_reports', { run_id: id })),
-  ]);
+  const room = await fetchJson(routePath('get_room', { run_id: id }));
   const H = room.config.inner_steps;
   const steps = [0];   // tokens before version v, in one browser's steps
   for (const round of room.closed) steps[round.version] = steps[round.round] + H * Object.keys(round.workers).length;
-  const evals = new Map();
-  for (const r of reports) if (r.eval_loss !== null && steps[r.version] !== undefined) evals.set(r.version, r.eval_loss);
-  return [...evals].sort((a, b) => a[0] - b[0])
-    .map(([v, loss]) => ({ step: steps[v], eval_loss: loss, version: v }));
+  return room.evals.filter((e) => steps[e.version] !== undefined)
+    .sort((a, b) => a.version - b.version)
+    .map((e) => ({ step: steps[e.version], eval_loss: e.median, version: e.version }));
 }
 
 /** One x axis over the union of steps; per key, each run a column with gaps where it has no

@@ -1,13 +1,15 @@
-// A room run's page (server/room/): the room's global eval loss per version, each worker's
-// inner losses in its own colour, who joined and left and what each sent beside what per-step
-// fp32 all-reduce would have sent. A tab opened from the room's join link (#join=...) may join
-// and train here: the engine's RoomWorker (engine/room_worker.js) on this GPU, the room's
-// network handed to it as functions.
+// A room run's page (server/room/): the room's global eval loss per version (the median of the
+// workers' measures, and the reports far from it), each worker's inner losses in its own
+// colour, who joined and left and what each sent beside what per-step fp32 all-reduce would
+// have sent; the run's owner may remove a worker. A tab opened from the room's join link
+// (#join=...) may join and train here: the engine's RoomWorker (engine/room_worker.js) on this
+// GPU, the room's network handed to it as functions.
 import { createContext } from '../engine/context.js';
 import { RoomWorker } from '../engine/room_worker.js';
 import { fetchLoader } from '../engine/shaders.js';
 import {
   fetchJson, fetchRetrying, heldWorkerToken, responseDetail, saveWorkerToken, takeJoinToken,
+  withToken,
 } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { COLORS, Chart, fmtBytes } from './charts.js';
@@ -18,54 +20,100 @@ import { watch } from './telemetry.js';
 const body = document.body;
 const runId = $('room').dataset.runId;
 const POLL_MS = 500;             // how often a worker looks for the next global version
+const REPORTS_PAGE = 1000;       // reports per request (the server's most)
 
-const state = { run: null, room: null, reports: [], worker: null, mine: [], charts: null };
+// workerStatus: [text, class] of this tab's worker once it joins (null: the room's status).
+const state = { run: null, room: null, reports: [], worker: null, workerStatus: null, charts: null };
 
 function joinLink(token) {
   return `${location.origin}${routePath('run_page', { run_id: runId })}#join=${encodeURIComponent(token)}`;
 }
 
+/** Every worker's report, page by page (the server answers at most REPORTS_PAGE at once). */
+async function fetchReports() {
+  const reports = [];
+  for (let offset = 0; offset !== null;) {
+    const page = await fetchJson(`${routePath('get_room_reports', { run_id: runId })}` +
+      `?offset=${offset}&limit=${REPORTS_PAGE}`);
+    reports.push(...page.reports);
+    offset = page.reports.length ? page.next : null;   // (an empty page ends it whatever it says)
+  }
+  return reports;
+}
+
 async function refresh() {
   const [room, reports] = await Promise.all([
-    fetchJson(routePath('get_room', { run_id: runId })),
-    fetchJson(routePath('get_room_reports', { run_id: runId })),
+    fetchJson(routePath('get_room', { run_id: runId })), fetchReports(),
   ]);
   state.room = room;
   state.reports = reports;
   show();
 }
 
+/** The page's status: this tab's worker's once it joined, else the room's; and what the room's
+ *  open round waits for (a close that cannot reserve disk), whichever it is. */
+function showStatus() {
+  const { room } = state;
+  const [text, cls] = state.workerStatus
+    ?? [room.finished ? 'finished' : `training version ${room.version}`, 'ok'];
+  const waiting = room.open.waiting ?? null;
+  setStatus(waiting ? `${text}, ${waiting}` : text, waiting && cls !== 'bad' ? 'warn' : cls);
+  if (waiting) body.dataset.waiting = waiting;
+  else delete body.dataset.waiting;
+}
+
 function show() {
   const { room } = state;
   const cfg = room.config;
   const active = room.workers.filter((w) => w.left === null).length;
-  stat('version', `${room.version ?? '–'} of ${room.rounds}`, 'global version');
+  stat('version', `${room.version} of ${room.rounds}`, 'global version');
   stat('workers', `${active} training (${room.workers.length} joined)`, 'workers');
   stat('round', `${cfg.inner_steps} inner steps`, 'round');
   stat('outer', `Nesterov lr ${cfg.outer_lr}, momentum ${cfg.outer_momentum}`, 'outer step');
   stat('codec', `${cfg.codec}: ${fmtBytes(room.delta_bytes)} per pseudo-gradient`, 'sent as');
-  if (!state.worker) {
-    const text = room.finished ? 'finished' : room.version === null
-      ? 'waiting for its first worker' : `training version ${room.version}`;
-    setStatus(text, 'ok');
-    body.dataset.status = room.finished ? 'finished' : 'running';
-  }
+  if (!state.worker) body.dataset.status = room.finished ? 'finished' : 'running';
+  showStatus();
   drawCharts();
   drawWorkers();
+}
+
+/** The global eval loss's columns: per version its median (the room's evals), then at the
+ *  same version each outlier's reported value, one x each (x repeats; uPlot draws each point).
+ *  -> [xs, medians, far from the median]. */
+function evalColumns(evals, reports) {
+  const reported = new Map();   // "version worker" -> that worker's eval loss of that version
+  for (const r of reports) if (r.eval_loss !== null) reported.set(`${r.version} ${r.worker}`, r.eval_loss);
+  const cols = [[], [], []];
+  for (const e of [...evals].sort((a, b) => a.version - b.version)) {
+    cols[0].push(e.version);
+    cols[1].push(e.median);
+    cols[2].push(null);
+    for (const w of e.outliers) {
+      const loss = reported.get(`${e.version} ${w}`);
+      if (loss === undefined) continue;   // (a report newer than the reports read)
+      cols[0].push(e.version);
+      cols[1].push(null);
+      cols[2].push(loss);
+    }
+  }
+  return cols;
 }
 
 function drawCharts() {
   if (!state.charts) {
     state.charts = {
-      eval: new Chart($('charts'), 'global eval loss', [{ label: 'eval loss', points: true }],
-        { y: 'loss', x: 'global version', placeholder: 'No version measured yet.' }),
+      eval: new Chart($('charts'), 'global eval loss', [
+        { label: 'median of the workers', points: true },
+        { label: 'far from the median', points: true, color: COLORS[3] },
+      ], { y: 'loss', x: 'global version', placeholder: 'No version measured yet.' }),
       inner: null, workers: 0,
     };
   }
-  const evals = new Map();
-  for (const r of state.reports) if (r.eval_loss !== null) evals.set(r.version, r.eval_loss);
-  const versions = [...evals.keys()].sort((a, b) => a - b);
-  state.charts.eval.setData([versions, versions.map((v) => evals.get(v))]);
+  const evals = state.room.evals;
+  state.charts.eval.setData(evalColumns(evals, state.reports));
+  const box = state.charts.eval.box.dataset;
+  box.versions = String(evals.length);
+  box.outliers = String(evals.reduce((n, e) => n + e.outliers.length, 0));
   // Inner losses: per worker, at the global inner step (version x H + i).
   const H = state.room.config.inner_steps;
   const ids = state.room.workers.map((w) => w.worker);
@@ -102,6 +150,17 @@ function drawWorkers() {
       td.textContent = String(c);
       tr.append(td);
     }
+    const td = document.createElement('td');
+    // As the run page's edit form: whether this tab may act as the run's owner (its token, or
+    // the local owner of a loopback server) is the server's to say, and a refusal says why.
+    if (w.left === null && !room.finished) {
+      const remove = Object.assign(document.createElement('button'), {
+        className: 'danger remove', textContent: 'Remove',
+        title: 'the run\'s owner only: this worker leaves the room, and its token can never rejoin' });
+      remove.onclick = () => removeWorker(w.worker, remove);
+      td.append(remove);
+    }
+    tr.append(td);
     return tr;
   });
   $('workers').tBodies[0].replaceChildren(...rows);
@@ -110,6 +169,24 @@ function drawWorkers() {
   $('traffic').textContent = sent ? `The room sent ${fmtBytes(sent)} of pseudo-gradients; ` +
     `per-step fp32 gradient all-reduce would have sent ${fmtBytes(would)} ` +
     `(${Math.round(would / sent)}x more).` : 'Nothing sent yet.';
+}
+
+/** The run's owner removes worker `id` (DELETE, with the run's token where this tab holds it):
+ *  it shows left, and its token can never rejoin. */
+async function removeWorker(id, button) {
+  if (!confirm(`Remove worker ${id} from the room? It stops training here, and its token can ` +
+    'never rejoin.')) return;
+  button.disabled = true;
+  try {
+    const res = await fetch(routePath('remove_room_worker', { run_id: runId, worker: id }),
+      withToken(runId, { method: 'DELETE' }));
+    if (!res.ok) throw new Error(await responseDetail(res));
+  } catch (e) {
+    showError(`Worker ${id} not removed: ${e.message}`);
+    button.disabled = false;
+    return;
+  }
+  await refresh();
 }
 
 /** The room's network, as the engine's RoomWorker asks for it. Every call rides out a server
@@ -125,11 +202,6 @@ function roomNetwork(me) {
         {}, { accept: [410] });
       return res.status === 410 ? null : res.arrayBuffer();
     },
-    publish: async (buf) => {
-      const res = await send(routePath('put_room_init', { run_id: runId }),
-        { method: 'PUT', body: buf }, [409]);
-      return res.status === 409 ? null : res.json();   // 409: another worker published first
-    },
     // 409: the round closed without this one (stale), or a retry of one that arrived: either
     // way training goes on. 422 (refused: not finite) is thrown.
     send: (v, buf) => send(routePath('post_room_delta', { run_id: runId, version: v }),
@@ -143,15 +215,24 @@ function roomNetwork(me) {
         const room = await bytes(routePath('get_room', { run_id: runId }))
           .then((b) => JSON.parse(new TextDecoder().decode(b)));
         if (room.version > after || room.finished) return room.version;
+        // Removed by the run's owner (or dropped for missed rounds) meanwhile: the room would
+        // refuse what this one sends next, so it ends now, saying why.
+        const mine = room.workers.find((w) => w.worker === me.worker);
+        if (mine && mine.left !== null) throw new Error(`worker ${me.worker} left the room (${mine.why})`);
         await new Promise((r) => setTimeout(r, POLL_MS));
       }
     },
   };
 }
 
+function workerStatus(text, cls = '') {
+  state.workerStatus = [text, cls];
+  showStatus();
+}
+
 async function join(token) {
   $('join').hidden = true;
-  setStatus('Joining the room…');
+  workerStatus('Joining the room…');
   const again = heldWorkerToken(runId);   // this tab was a worker before it reloaded
   const res = await fetch(routePath('join_room', { run_id: runId }), { method: 'POST',
     headers: { authorization: `Bearer ${token}`, ...(again ? { 'x-andrea-worker-token': again } : {}) } });
@@ -167,7 +248,7 @@ async function join(token) {
     fetchRetrying(routePath('get_run_layout', { run_id: runId })).then((r) => r.json()),
     fetchRetrying(routePath('optimizer_maps')).then((r) => r.json()),
   ]);
-  setStatus('Compiling kernels and taking the global weights…');
+  workerStatus('Compiling kernels and taking the global weights…');
   if (window.andreaGpuOnly && ctx.software) {   // `andrea train --gpu`: never a fallback
     ctx.destroy();
     throw new Error(`the browser offered only a software WebGPU adapter (${ctx.info.vendor} ` +
@@ -182,7 +263,7 @@ async function join(token) {
     on: {
       status: (status, message) => {
         body.dataset.workerStatus = status;
-        setStatus(`worker ${me.worker}: ${status}${message ? `: ${message}` : ''}`,
+        workerStatus(`worker ${me.worker}: ${status}${message ? `: ${message}` : ''}`,
           status === 'failed' ? 'bad' : 'ok');
       },
       round: () => refresh().catch(() => {}),

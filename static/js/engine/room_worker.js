@@ -4,13 +4,13 @@
 // to round, as DiLoCo's inner optimizer is), sends its pseudo-gradient (global minus its
 // weights, in the room's codec) and waits for version v + 1. Round r trains version r, so the
 // Trainer's step s is round floor(s / H)'s inner step s mod H, and the learning rate follows
-// the run's schedule over its steps.
+// the run's schedule over its steps. Every version is the server's (version 0 made from the
+// run's seed with the room): a worker only downloads global weights, never publishes them.
 //
 // DOM-free: the app hands in the room's network as functions (room.js):
 //   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
-//           on past it), publish(ArrayBuffer) -> {version}
-//           | null (another worker published version 0 first), send(v, ArrayBuffer) -> any,
-//           report(v, losses, evalLoss), nextVersion(after) -> the newest version > after}
+//           on past it), send(v, ArrayBuffer) -> any, report(v, losses, evalLoss),
+//           nextVersion(after) -> the newest version > after}
 //   loadBatch(version, step), loadValBatch(index) -> ArrayBuffer
 //   on = {record(rec), round({version, losses, evalLoss, bytes}), status(status, message)}
 
@@ -20,8 +20,7 @@ import { Trainer } from './trainer.js';
 const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
 
 export class RoomWorker {
-  /** config: the run's (with config.room); version: the one to train first (null: none yet:
-   *  train from the run's seed and publish it as version 0). */
+  /** config: the run's (with config.room); version: the one to train first (the join's). */
   static async create({ ctx, layout, config, maps = null, version, room, loadBatch,
     loadValBatch, on = {} }) {
     const w = new RoomWorker({ config, room, on });
@@ -33,7 +32,7 @@ export class RoomWorker {
       // room's business, not one worker's.
       config: { ...config, steps: w.rounds * H, eval_every: 0, sample_every: 0 },
       loadBatch: (step) => loadBatch(Math.floor(step / H), step % H),
-      start: (version ?? 0) * H,
+      start: version * H,
       sync: { every: H, at: (done) => w.endRound(done / H - 1) },
       on: { record: (rec) => w.record(rec), status: (...a) => w.on.status(...a) },
     });
@@ -67,22 +66,14 @@ export class RoomWorker {
     this.on.record(rec);
   }
 
-  /** Loads version `version` (null: publishes this worker's seeded weights as version 0, or
-   *  takes the one another worker published first) and measures its eval loss. */
+  /** Loads version `version` (the room's newest instead where it was pruned meanwhile) and
+   *  measures its eval loss. */
   async take(version) {
-    let w;
-    if (version === null) {
-      w = await this.trainer.model.getParams();
-      const published = await this.room.publish(w.slice().buffer);
-      version = 0;
-      if (!published) w = new Float32Array(await this.room.weights(0));
-    } else {
-      let buf;
-      while ((buf = await this.room.weights(version)) === null) {
-        version = await this.room.nextVersion(version);   // pruned meanwhile: the newest
-      }
-      w = new Float32Array(buf);
+    let buf;
+    while ((buf = await this.room.weights(version)) === null) {
+      version = await this.room.nextVersion(version);   // pruned meanwhile: the newest
     }
+    const w = new Float32Array(buf);
     this.trainer.setWeights(w);
     this.version = version;
     this.global = w;
