@@ -157,8 +157,9 @@ def test_one_f32_worker_trains_its_round_exactly_as_a_plain_run(live_server):
     """Round 0's inner steps are the Trainer's own steps on the plain run's batches (slot 0 of
     round 0 draws batch index i at step i) with the same schedule: the same losses, up to the
     init's last bits (the room's version 0 is the server's numpy port of the GPU's init, whose
-    log and cos differ from the GPU's by an ulp or so: 4e-7 of the first loss measured, where
-    another batch moves a loss by 1e-2)."""
+    log and cos differ from the GPU's by an ulp or so: 4e-7 of the first loss measured, 2e-5
+    by the 8th step as Adam's sign-like steps amplify it, where another batch moves a loss by
+    1e-2)."""
     common = (*cli_args(), "--steps", "8", "--batch-size", "2", "--seed", "9",
               "--server", live_server)
     plain = andrea_train(*common, "--eval-every", "0", "--sample-every", "0")
@@ -169,7 +170,7 @@ def test_one_f32_worker_trains_its_round_exactly_as_a_plain_run(live_server):
     reports = all_reports(f"{live_server}/api/runs/{room['run_id']}/room")
     got = next(r["losses"] for r in reports if r["version"] == 0)
     assert len(want) == 8 and len(got) == 8
-    assert max(abs(g / w - 1) for g, w in zip(got, want)) < 1e-5, (got, want)
+    assert max(abs(g / w - 1) for g, w in zip(got, want)) < 1e-4, (got, want)
 
 
 def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, live_server):
