@@ -206,10 +206,12 @@ function roomNetwork(me) {
     // way training goes on. 422 (refused: not finite) is thrown.
     send: (v, buf) => send(routePath('post_room_delta', { run_id: runId, version: v }),
       { method: 'POST', body: buf }, [409]),
+    // 409: this version's report is in already (a retry whose answer was lost, or a tab that
+    // reloaded); 507: the run's storage budget holds no more reports. Training goes on.
     report: (v, losses, evalLoss) => send(routePath('post_room_report', { run_id: runId, version: v }), {
       method: 'POST', headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ losses: losses.filter((x) => Number.isFinite(x)),
-        eval_loss: Number.isFinite(evalLoss) ? evalLoss : null }) }),
+        eval_loss: Number.isFinite(evalLoss) ? evalLoss : null }) }, [409, 507]),
     nextVersion: async (after) => {
       for (;;) {
         const room = await bytes(routePath('get_room', { run_id: runId }))
