@@ -31,6 +31,19 @@ def host_of(value: str) -> tuple[str, int | None]:
         return "", None
 
 
+# The port a URL of each scheme means when it names none.
+DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+
+def page_port(host: str, scheme: str) -> int | None:
+    """The port the participant's browser used: the Host header's, or, where it names none,
+    the default of the request's scheme (a proxy on 443 or 80 passes `workshop.local` as Host;
+    uvicorn takes the scheme from a trusted proxy's X-Forwarded-Proto). Never this server's own
+    port: the browser did not use it."""
+    _, port = host_of(host)
+    return port or DEFAULT_PORTS.get(scheme)
+
+
 # Host names that always reach this server from this machine (the Host header's name part).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Live bytes buffered per viewer socket before it is dropped: Settings.viewer_queue_bytes's
@@ -228,8 +241,9 @@ class Settings(BaseSettings):
         return tuple(sorted(names))
 
     def origin_allowed(self, origin: str, port: int | None) -> bool:
-        """A websocket's Origin: http(s) from an allowed host on this server's port (the
-        Host header's, which the middleware has checked already)."""
+        """A page's Origin: http(s) from an allowed host on `port`, the one the page used
+        (page_port: the Host header's, which the middleware has checked already, or its
+        scheme's default behind a proxy)."""
         try:
             parts = urlsplit(origin)
             ok_port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)

@@ -50,6 +50,7 @@ RECIPE = """
             proxy_set_header Connection $connection_upgrade;
             proxy_read_timeout 1h;
             proxy_buffering off;
+            proxy_request_buffering off;
         }}
     }}
 """

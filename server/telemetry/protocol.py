@@ -57,7 +57,7 @@ from typing import Annotated, Literal, Union
 from fastapi import WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from andrea.config import Settings, host_of
+from andrea.config import Settings, page_port
 from andrea.metrics import Record, Step
 from andrea.runs.info import TrainerStatus
 from andrea.telemetry.uvicorn_shim import abort, limit_frames
@@ -161,8 +161,8 @@ def _origin_ok(ws: WebSocket, settings: Settings) -> bool:
     origin = ws.headers.get("origin")
     if origin is None:
         return True
-    _, port = host_of(ws.headers.get("host", ""))
-    return settings.origin_allowed(origin, port or settings.port)
+    return settings.origin_allowed(origin, page_port(ws.headers.get("host", ""),
+                                                     ws.scope.get("scheme", "ws")))
 
 
 def _text_of(raw: dict, limit: int) -> str:

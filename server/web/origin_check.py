@@ -9,18 +9,20 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from andrea.config import Settings, host_of
+from andrea.config import Settings, page_port
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-def cross_site(headers: dict[bytes, bytes], settings: Settings) -> str | None:
-    """Why a request's headers say it comes from a page of another site; None: they do not."""
+def cross_site(headers: dict[bytes, bytes], settings: Settings,
+               scheme: str = "http") -> str | None:
+    """Why a request's headers say it comes from a page of another site; None: they do not.
+    `scheme`: the request's (https behind a TLS proxy)."""
     origin = headers.get(b"origin")
     if origin is not None:
         origin_s = origin.decode("latin-1")
-        _, port = host_of(headers.get(b"host", b"").decode("latin-1"))
-        if not settings.origin_allowed(origin_s, port or settings.port):
+        port = page_port(headers.get(b"host", b"").decode("latin-1"), scheme)
+        if not settings.origin_allowed(origin_s, port):
             return (f"a page of {origin_s[:100]!r} may not change anything on this server; "
                     "use its own pages, the CLI or the API without a browser")
     if headers.get(b"sec-fetch-site", b"").lower() == b"cross-site":
@@ -38,7 +40,7 @@ class OriginCheck:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in STATE_CHANGING:
-            why = cross_site(dict(scope["headers"]), self.settings)
+            why = cross_site(dict(scope["headers"]), self.settings, scope.get("scheme", "http"))
             if why:
                 await JSONResponse({"detail": why}, status_code=403)(scope, receive, send)
                 return
