@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
 
-    # --- A workshop's server (README "A workshop on one server"): who may change what, and
+    # --- A workshop's server (docs/workshop.md): who may change what, and
     # the bounds no participant can push the server past. ---
     # The machine's own user (a request from a loopback address, through no proxy, naming a
     # loopback host and this server's port) may change any run without a token
