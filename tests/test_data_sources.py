@@ -415,3 +415,180 @@ def test_a_damaged_tokenizer_is_trained_again_and_an_unreadable_file_is_said(tmp
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(sources.CorpusError, match="cannot be read: Permission denied"):
         sources.user_source("mine", tmp_path / "c")
+
+
+# ---- the corpus checked at serve time: text that is not UTF-8, a corpus too small for a run ----
+
+
+def _folder_with_bad_files(folder: Path, docs: int = 3) -> Path:
+    """A folder of `docs` good text files, a binary file and a latin-1 one."""
+    user_corpus(folder, "good", docs=docs)
+    _write(folder / "blob.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (folder / "sub").mkdir()
+    _write(folder / "sub" / "latin1.md", "Crème brûlée, café.\n".encode("latin-1"))
+    return folder
+
+
+def test_a_folder_skips_a_binary_and_a_latin1_file_and_names_them(tmp_path):
+    """One file that is not UTF-8 text used to refuse the whole folder; now it is left out, the
+    rest is served, and the source says which files it skipped and why."""
+    from andrea.data.sources import corpus_summary, skipped_warnings
+
+    folder = _folder_with_bad_files(tmp_path / "mixed")
+    s = user_source("mixed", folder)
+    assert len(s.documents) == 3 and s.files == 3
+    assert [rel for rel, _ in s.skipped] == ["blob.txt", str(Path("sub", "latin1.md"))]
+    assert "binary" in s.skipped[0][1] and "not UTF-8" in s.skipped[1][1]
+    assert s.documents == user_source("mixed", user_corpus(tmp_path / "clean", "good",
+                                                           docs=3)).documents
+    summary = corpus_summary([s])
+    assert summary.startswith("Andrea: corpus mixed (") and "from 3 files" in summary
+    assert "skipped 2: blob.txt, " in summary and "latin1.md" in summary
+    warned = skipped_warnings([s])
+    assert len(warned) == 2
+    assert str(folder / "blob.txt") in warned[0] and "binary" in warned[0]
+    assert str(folder / "sub" / "latin1.md") in warned[1] and "not UTF-8" in warned[1]
+    # Nothing but such files: still an error, which names them.
+    only_bad = tmp_path / "bad"
+    only_bad.mkdir()
+    _write(only_bad / "blob.txt", b"\x00\x01")
+    with pytest.raises(CorpusError, match=r"empty .*skipped: blob.txt \(looks binary"):
+        user_source("bad", only_bad)
+
+
+def test_a_single_binary_file_given_directly_stops_serve_with_one_line(tmp_path, capsys):
+    blob = _write(tmp_path / "blob.txt", b"abc\x00\x01\x02")
+    latin = _write(tmp_path / "latin1.txt", "café".encode("latin-1"))
+    for path, why in ((blob, "looks binary"), (latin, "not UTF-8")):
+        code = main(["serve", "--data-dir", str(tmp_path / "d"), "--only-corpus",
+                     "--corpus", f"mine={path}"])
+        assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("andrea serve: ") and str(path) in err and why in err
+
+
+def _tiny_corpus(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "only.txt").write_text("Just a few words, far fewer than a row.\n")
+    return folder
+
+
+def test_a_run_the_corpus_cannot_serve_is_refused_with_the_sizes(tmp_path):
+    """A corpus too small for a run's rows was accepted, and every run failed at batch 0; now
+    POST /api/runs answers 422 with the tokens there are and those a row needs, and stores
+    nothing. A run that picks sources needs each of them to hold a row."""
+    from fastapi.testclient import TestClient
+
+    from andrea.app import create_app
+    from andrea.config import Settings
+
+    tiny = _tiny_corpus(tmp_path / "tiny")
+    settings = Settings(data_dir=tmp_path / "d", corpora=(("small", tiny),), only_corpus=True)
+    with TestClient(create_app(settings)) as c:
+        n = c.get("/api/corpus?preset=tiny").json()["sources"][0]
+        r = c.post("/api/runs", json={"preset": "tiny"})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "65 tokens (seq_len + 1)" in detail and "vocab 512" in detail
+        assert f"small: {n['train_tokens']} training, {n['val_tokens']} held out" in detail
+        assert c.post("/api/runs", json={"preset": "tiny", "seq_len": 2, "sources": ["small"]}
+                      ).status_code == 201         # 3 tokens: it holds that
+        assert len(c.get("/api/runs").json()) == 1
+
+    big = user_corpus(tmp_path / "big", "big")
+    settings = Settings(data_dir=tmp_path / "d2", corpora=(("big", big), ("small", tiny)),
+                        only_corpus=True)
+    with TestClient(create_app(settings)) as c:
+        assert c.post("/api/runs", json={"preset": "tiny"}).status_code == 201
+        assert c.post("/api/runs", json={"preset": "tiny", "sources": ["big"]}
+                      ).status_code == 201
+        r = c.post("/api/runs", json={"preset": "tiny", "sources": ["small", "big"]})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "picked source holds" in detail and "(small: " in detail and "big:" not in detail
+        assert len(c.get("/api/runs").json()) == 2
+
+
+def test_the_shape_check_is_what_the_batch_draw_needs():
+    """rows_problem says None exactly when every training and validation batch can be drawn."""
+    import itertools
+
+    import numpy as np
+
+    from andrea.data.spec import BatchSpec
+    from andrea.data.tokens import TokenFile
+    from andrea.data.windows import rows_problem, sample_batch
+
+    T = 8
+    sizes = [(0, 0), (8, 8), (9, 8), (8, 9), (9, 9), (30, 3), (3, 30)]
+    for (a, b), picks, mode in itertools.product(itertools.product(sizes, repeat=2),
+                                                 [(), ("a",), ("b",), ("a", "b")],
+                                                 ["uniform", "fixed", "bandit"]):
+        files = [TokenFile(name, np.arange(n + v, dtype=np.uint16), n)
+                 for name, (n, v) in zip("ab", (a, b))]
+        spec = BatchSpec(seed=1, batch_size=4, seq_len=T, vocab_size=512, total_steps=10,
+                         mode=mode, weights=(0.0, 1.0) if mode == "fixed" else (),
+                         sources=picks)
+        why = rows_problem(files, spec)
+        weights = np.ones(2) if mode == "bandit" else None
+        try:
+            for step in range(3):
+                sample_batch(files, spec, step, "train", weights)
+                sample_batch(files, spec, step, "val")
+            served = True
+        except ValueError:
+            served = False
+        if why is None:
+            assert served, (a, b, picks, mode)
+        elif not picks:      # (a picked source too short is refused though the draw would
+            assert not served, (a, b, picks, mode, why)   # skip it: its rows silently go)
+        if why:
+            assert f"{T + 1} tokens" in why
+
+
+def test_serve_skips_bad_files_says_so_and_warns_of_a_corpus_too_small(tmp_path):
+    """`andrea serve` on a folder with a binary and a latin-1 file serves the rest: its corpus
+    line says what was read and skipped, a warning names each skipped file and why, and once the
+    presets' data is prepared a warning says the corpus is too small for the largest preset's
+    context; a run of that context is refused (422)."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from andrea.cli.launch import free_port, stop_server
+
+    folder = _folder_with_bad_files(tmp_path / "mixed", docs=40)
+    port, data = free_port(), tmp_path / "data"
+    cmd = [sys.executable, "-m", "andrea", "serve", "--port", str(port), "--data-dir", str(data),
+           "--only-corpus", "--corpus", f"mixed={folder}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, "".join(lines)
+            if any("too small for preset 120m" in line for line in lines):
+                break
+            time.sleep(0.1)
+        out = "".join(lines)
+        assert "too small for preset 120m's context of 1,024 tokens" in out, out
+        assert "1,025 tokens" in out and "vocab 8192" in out and "held out)" in out
+        assert "presets that fit: tiny" in out
+        with urllib.request.urlopen(url + "/api/corpus?preset=tiny", timeout=60) as r:
+            assert [s["documents"] for s in json.load(r)["sources"]] == [40]
+        req = urllib.request.Request(url + "/api/runs", method="POST",
+                                     data=json.dumps({"preset": "120m"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code == 422 and "1,025 tokens" in json.load(e.value)["detail"]
+    finally:
+        stop_server(proc)
+        reader.join(10)
+    out = "".join(lines)
+    assert "Andrea: corpus mixed (" in out and "from 40 files; skipped 2: blob.txt, " in out
+    assert f"skipped {folder / 'blob.txt'}: looks binary" in out
+    assert f"skipped {folder / 'sub' / 'latin1.md'}: not UTF-8" in out

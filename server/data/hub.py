@@ -114,14 +114,49 @@ class DataHub:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield        # closing the file releases the lock
 
+    def context_warning(self) -> str | None:
+        """`andrea serve`'s warning when the corpus cannot give a training and a held-out row of
+        the largest preset's context (windows.rows_problem; runs of such a context are refused
+        at POST /api/runs), naming the presets that still fit; None when it can."""
+        from andrea.data.spec import BatchSpec
+        from andrea.data.windows import rows_problem
+        from andrea.model import PRESETS
+
+        def problem(cfg) -> str | None:
+            spec = BatchSpec(seed=0, batch_size=1, seq_len=cfg.seq_len,
+                             vocab_size=cfg.vocab_size, total_steps=1)
+            return rows_problem(self.prepared(cfg.vocab_size).files, spec)
+
+        by_context = sorted(PRESETS.items(), key=lambda kv: kv[1].seq_len)
+        name, largest = by_context[-1]
+        why = problem(largest)
+        if why is None:
+            return None
+        fit = [n for n, cfg in by_context[:-1] if problem(cfg) is None]
+        return (f"Andrea: warning: the corpus is too small for preset {name}'s context of "
+                f"{largest.seq_len:,} tokens: {why}. Runs that ask for such a context are "
+                "refused (422); " + (f"presets that fit: {', '.join(fit)}" if fit else
+                                     "no preset's context fits"))
+
     def warm(self, vocab_sizes) -> threading.Thread:
-        """Prepare these vocab sizes in the background so the first batch is served at once."""
+        """Prepare these vocab sizes in the background so the first batch is served at once;
+        then print context_warning's line if the corpus is too small for the largest preset."""
         def run():
+            failed = False
             for v in sorted(set(vocab_sizes)):
                 try:
                     self.prepared(v)
                 except Exception as e:  # the request that needs it will report the error
                     print(f"Andrea: preparing data for vocab {v} failed: {e}", flush=True)
+                    failed = True
+            if failed:
+                return
+            try:
+                if why := self.context_warning():
+                    print(why, flush=True)
+            except Exception as e:
+                print(f"Andrea: checking the corpus against the presets failed: {e}",
+                      flush=True)
         thread = threading.Thread(target=run, name="andrea-data-warm", daemon=True)
         thread.start()
         return thread

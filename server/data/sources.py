@@ -19,7 +19,9 @@ it (see _dedup). Files that are not UTF-8 (a few test files are, on purpose)
 or hold NUL bytes are skipped. User text comes from `andrea serve --corpus NAME=PATH` (a file,
 or a folder of .txt/.md/.jsonl/.parquet files), after the embedded sources, or instead of them
 with `--only-corpus` (then the tokenizer is trained on the user's text alone, and the corpus
-hash is another). Every problem with user text is a CorpusError whose message names the path.
+hash is another). Every problem with user text is a CorpusError whose message names the path,
+but one: a file of a folder that is not UTF-8 text (binary, another encoding) is skipped, and
+`andrea serve` names it and why (corpus_summary, skipped_warnings).
 
 Documents are ordered by a hash of their name, so the held-out documents of each source (the
 validation split, see tokens.py) are a fair sample, not the last few alphabetically.
@@ -33,7 +35,7 @@ import os
 import re
 import sysconfig
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -57,12 +59,23 @@ class CorpusError(ValueError):
     """User-supplied corpus text is unusable; the message says which path and why."""
 
 
+class NotText(CorpusError):
+    """A user file that is not UTF-8 text (NUL bytes, or bytes UTF-8 cannot decode): fatal when
+    the file is given itself, skipped with a warning inside a folder (user_source)."""
+
+    def __init__(self, path: Path, why: str, advice: str = ""):
+        super().__init__(f"{path}: {why}{advice}")
+        self.path, self.why = path, why
+
+
 @dataclass(frozen=True)
 class Source:
     name: str                      # shown in charts and the batch description
     kind: str                      # "docs" | "code" | "user"
     origin: str                    # where the text came from, for humans
     documents: tuple[str, ...]     # in stream order; token files put an end-of-text after each
+    files: int = 0                 # user text: the files read
+    skipped: tuple[tuple[str, str], ...] = ()   # user text: (file, why) of each file left out
 
     @property
     def n_chars(self) -> int:
@@ -198,7 +211,7 @@ def _dedup(sources: list[Source]) -> list[Source]:
             if d not in seen:
                 seen.add(d)
                 kept.append(d)
-        out.append(Source(s.name, s.kind, s.origin, tuple(kept)))
+        out.append(replace(s, documents=tuple(kept)))
     return out
 
 
@@ -252,11 +265,11 @@ def _read_text(path: Path) -> str:
     except OSError as e:            # unreadable (permissions, a dangling link): said, not raised
         raise CorpusError(f"{path}: cannot be read: {e.strerror or e}") from None
     if b"\x00" in raw:
-        raise CorpusError(f"{path}: looks binary (contains NUL bytes); give UTF-8 text")
+        raise NotText(path, "looks binary (contains NUL bytes)", "; give UTF-8 text")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise NotText(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
@@ -310,7 +323,11 @@ def _documents(path: Path) -> list[tuple[str, str]]:
 def user_source(name: str, path: Path) -> Source:
     """A file, or a folder whose .txt/.md/.jsonl/.parquet files (recursively) give the
     documents: a .txt/.md file is one document, a .jsonl file one per line (its `text` field),
-    a .parquet file one per row (its `text` column; needs the optional pyarrow)."""
+    a .parquet file one per row (its `text` column; needs the optional pyarrow).
+
+    A file of a folder that is not UTF-8 text (binary, or another encoding) is skipped, and
+    listed in the source's `skipped` with why (`andrea serve` warns of each); a folder left
+    with no text, or such a file given itself, is a CorpusError."""
     if not NAME_RE.match(name):
         raise CorpusError(f"corpus name {name!r}: use 1-40 letters, digits, '.', '_' or '-'")
     path = Path(path).expanduser()
@@ -325,10 +342,17 @@ def user_source(name: str, path: Path) -> Source:
             raise CorpusError(f"{path}: folder holds no {'/'.join(USER_SUFFIXES)} files")
     else:
         raise CorpusError(f"{path}: neither a file nor a folder")
-    named, total = [], 0
+    named, total, skipped = [], 0, []
     for f in files:
         rel = str(f.relative_to(path)) if f != path else f.name
-        for part, text in _documents(f):
+        try:
+            documents = _documents(f)
+        except NotText as e:
+            if f == path:              # the file given itself: nothing else to serve
+                raise
+            skipped.append((rel, e.why))
+            continue
+        for part, text in documents:
             total += len(text)
             if total > USER_CHAR_CAP:
                 raise CorpusError(f"{path}: more than {USER_CHAR_CAP:,} characters; "
@@ -336,8 +360,32 @@ def user_source(name: str, path: Path) -> Source:
             if text.strip():           # an empty file or record is skipped, not fatal
                 named.append((f"{rel}:{part}" if part else rel, text))
     if not named:
-        raise CorpusError(f"{path}: empty (no text in {len(files)} file(s))")
-    return Source(name, "user", str(path.resolve()), _by_name_hash(named))
+        left_out = (f"; skipped: {_listed(skipped)}" if skipped else "")
+        raise CorpusError(f"{path}: empty (no text in {len(files)} file(s){left_out})")
+    return Source(name, "user", str(path.resolve()), _by_name_hash(named),
+                  files=len(files) - len(skipped), skipped=tuple(skipped))
+
+
+def _listed(skipped) -> str:
+    return ", ".join(f"{rel} ({why})" for rel, why in skipped)
+
+
+def corpus_summary(sources: list[Source]) -> str:
+    """The line `andrea serve` prints at start: each source with its characters, and for user
+    text the files read and those skipped (skipped_warnings says why, one line each)."""
+    def one(s: Source) -> str:
+        read = f" from {s.files:,} file{'s' * (s.files != 1)}" if s.kind == "user" else ""
+        left_out = (f"; skipped {len(s.skipped)}: {', '.join(rel for rel, _ in s.skipped)}"
+                    if s.skipped else "")
+        return f"{s.name} ({s.n_chars:,} chars{read}{left_out})"
+    return "Andrea: corpus " + ", ".join(one(s) for s in sources)
+
+
+def skipped_warnings(sources: list[Source]) -> list[str]:
+    """One warning line per user file left out of its folder's source, naming it and why."""
+    return [f"Andrea: warning: corpus {s.name!r}: skipped {Path(s.origin) / rel}: {why}; "
+            "it is not served (convert it to UTF-8 text to train on it)"
+            for s in sources for rel, why in s.skipped]
 
 
 def parse_corpus_arg(arg: str) -> tuple[str, Path]:

@@ -81,6 +81,44 @@ def val_windows(files: Sequence[TokenFile], spec: BatchSpec,
     return src, start
 
 
+def rows_problem(files: Sequence[TokenFile], spec: BatchSpec) -> str | None:
+    """Why train_windows or val_windows would refuse this spec's batches, with the sizes (None:
+    they serve them). A row is T + 1 tokens: training needs a source the run draws from
+    (picked, with a positive weight) whose train part holds one, evaluation a picked source
+    whose held-out tail does; a run that picks its sources needs each of them to hold both (a
+    picked source too short would silently give no rows). POST /api/runs refuses such a run
+    (422) and `andrea serve` warns when the largest preset's context does not fit, instead of
+    every run failing at batch 0. Raises ValueError for a picked source the corpus lacks."""
+    need = spec.seq_len + 1
+    mask = source_mask(files, spec)
+    n_train = np.array([f.n_train for f in files], dtype=np.int64)
+    n_val = np.array([f.n_val for f in files], dtype=np.int64)
+    vocab = f" at vocab {spec.vocab_size}"
+    row = f"a row of seq_len {spec.seq_len} is {need:,} tokens (seq_len + 1)"
+    advice = "give more text (--corpus) or ask for a shorter seq_len"
+
+    def sizes(which) -> str:
+        return ", ".join(f"{files[i].name}: {n_train[i]:,} training, {n_val[i]:,} held out"
+                         for i in which)
+
+    if spec.sources:
+        short = [i for i in np.flatnonzero(mask) if min(n_train[i], n_val[i]) < need]
+        if short:
+            s = "s" * (len(short) > 1)
+            return (f"{row}, more than the picked source{s} hold{'s' * (not s)}{vocab} "
+                    f"({sizes(short)}): pick sources with more text, {advice}")
+    weights = (np.asarray(spec.weights, dtype=np.float64) if spec.mode == "fixed"
+               and len(spec.weights) == len(files) else np.ones(len(files)))
+    drawn = np.flatnonzero(mask & (weights > 0))
+    if not (n_train[drawn] >= need).any():
+        return (f"{row}, and no source has that many training tokens{vocab} "
+                f"({sizes(drawn)}): {advice}")
+    if not (n_val[mask] >= need).any():
+        return (f"{row}, and no source has that many held-out tokens{vocab} "
+                f"({sizes(np.flatnonzero(mask))}): {advice}")
+    return None
+
+
 def sample_batch(files: Sequence[TokenFile], spec: BatchSpec, step: int, split: Split = "train",
                  weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """tokens (B, T + 1) uint32 and source index per row (B,) uint8.

@@ -29,7 +29,9 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
+from andrea.data.sources import CorpusError
 from andrea.data.spec import BatchSpec
+from andrea.data.windows import rows_problem
 from andrea.durable import fsync_dir
 from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
@@ -107,6 +109,7 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
     if config.sources is not None:      # the picked sources: this corpus's, in its order
         cfg["sources"] = _picked_sources(config.sources, [s.name for s in data.sources()])
     spec = BatchSpec.of_run(cfg)
+    await _corpus_serves(spec, data)
     layout = run_layout(cfg)
     await _storage_quota(cfg, layout, data, settings, storage)
     join_token = None
@@ -197,6 +200,20 @@ async def _storage_quota(cfg: dict, layout: dict, data, settings, storage) -> No
                                  f"for at most {fits:,} steps, or a smaller batch_size. "
                                  "Nothing was stored")
     await storage.check_run(estimate, how)
+
+
+async def _corpus_serves(spec: BatchSpec, data) -> None:
+    """422 for a run whose rows this corpus cannot hold (windows.rows_problem: its seq_len + 1
+    tokens in a training part and in a held-out tail, in each picked source when it picks
+    some), with the sizes, before anything is stored: it used to be accepted and fail at
+    batch 0. Needs the token files of the run's vocab size (built here when no batch, page
+    or warm-up has asked for them yet, as its first batch would)."""
+    try:
+        corpus = await asyncio.to_thread(data.prepared, spec.vocab_size)
+    except CorpusError as e:        # user text changed or vanished since start
+        raise HTTPException(500, f"corpus unavailable: {e}") from e
+    if why := rows_problem(corpus.files, spec):
+        raise HTTPException(422, f"the corpus cannot serve this run: {why}. Nothing was stored")
 
 
 def _picked_sources(picked: list[str], names: list[str]) -> list[str]:
