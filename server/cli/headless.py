@@ -7,13 +7,14 @@ browser and drives the page.
 
 It never ends in a traceback: every failure is one line on stderr ("andrea train: <reason>") and,
 with `--json`, one JSON object on stdout (ok false, an `error` field). Exit 2: a config the
-server refuses. Exit 1: everything else that fails: Playwright missing or broken, no browser at
-ANDREA_CHROMIUM (/usr/bin/chromium by default), a browser that does not start, no WebGPU
-adapter (these four are checked before any run is created), a server that does not answer, a
-page or module error, a failed asset or shader request, a GPU that cannot hold the run. A run
-that was created but never trained is not left `created`: see _settle_untrained. Ctrl-C,
-SIGTERM and SIGHUP stop the run (status `stopped`) and exit 130; past --timeout the run is
-stopped too, and the command exits 1. Progress always goes to stderr.
+server refuses, or a bad setting of the server it starts (--data-dir, ANDREA_*). Exit 1:
+everything else that fails: Playwright missing or broken, no browser at ANDREA_CHROMIUM
+(/usr/bin/chromium by default), a browser that does not start, no WebGPU adapter (these four are
+checked before any run is created), a server that does not answer, a page or module error, a
+failed asset or shader request, a GPU that cannot hold the run. A run that was created but never
+trained is not left `created`: see _settle_untrained. Ctrl-C, SIGTERM and SIGHUP stop the run
+(status `stopped`) and exit 130; past --timeout the run is stopped too, and the command exits 1.
+Progress always goes to stderr.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from andrea.cli.train_args import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     TrainError,
+    own_server_settings,
     run_config,
     run_config_model,
 )
@@ -87,6 +89,8 @@ def _command(args: argparse.Namespace) -> int:
     browser = Chromium(gpu=args.gpu)
     try:
         config = run_config(args)
+        if not args.server:     # the server started for it: its settings, before anything starts
+            own_server_settings(args)
         # Whatever can fail without a run is checked before one is created (and before a server
         # is started for it): Playwright and the browser's executable, a given server, the
         # browser's start and its WebGPU adapter.
@@ -372,7 +376,7 @@ def _set_status(url: str, run_id: str, token: str, status: str, message: str) ->
                     reply = json.loads(ws.recv(timeout=CONNECT_S))
                     if reply.get("type") == "pong":
                         return True
-                why = reply.get("message") or str(reply)
+                why = reply.get("message") or f"the server answered {reply.get('type')!r}"
         except Exception as e:  # the server is gone too: nothing more to tell it
             why = str(e) or type(e).__name__
         if "another trainer" in why and time.monotonic() < deadline:

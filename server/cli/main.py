@@ -16,7 +16,21 @@ import sys
 from pathlib import Path
 
 from andrea import __version__
+from andrea.cli.bad_settings import BadSetting, load_settings, typed
 from andrea.config import Settings
+
+# The flag that gives each Settings field `andrea serve` takes (an error names it); the rest
+# come from ANDREA_*.
+SERVE_FLAGS = {"host": "--host", "port": "--port", "data_dir": "--data-dir",
+               "only_corpus": "--only-corpus", "corpora": "--corpus"}
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error in one line (the flag, what was given, what is allowed), exit 2: the whole
+    usage is --help's, not printed above it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -46,16 +60,18 @@ def open_url(host: str, port: int) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from andrea.app import create_app
-    from andrea.data.sources import CorpusError, parse_corpus_arg
-    from andrea.model import PRESETS
+    from andrea.data.sources import (
+        CorpusError,
+        corpus_summary,
+        parse_corpus_arg,
+        skipped_warnings,
+    )
 
     try:
         corpora = tuple(parse_corpus_arg(a) for a in args.corpus)
-        settings = Settings(**_given(args, "host", "port", "data_dir", "only_corpus"),
-                            **({"corpora": corpora} if corpora else {}))   # or ANDREA_CORPORA
+        settings = load_settings(SERVE_FLAGS,
+                                 **_given(args, "host", "port", "data_dir", "only_corpus"),
+                                 **({"corpora": corpora} if corpora else {}))  # or ANDREA_CORPORA
         if settings.only_corpus and not settings.corpora:
             print("andrea serve: error: --only-corpus serves only your own text, and none was "
                   "given: add --corpus NAME=PATH (a file or a folder), or drop --only-corpus to "
@@ -67,8 +83,16 @@ def _serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         settings, made_token = _with_admin_token(settings)   # before any worker: one for all
+        # (Imported once the settings are known good: a bad one is said at once.)
+        import uvicorn
+
+        from andrea.app import create_app
+        from andrea.model import PRESETS
         app = create_app(settings)
         sources = app.state.data.sources()   # reads every source now: bad text fails here
+    except BadSetting as e:     # the setting, what was given and what is allowed
+        print(f"andrea serve: {e}", file=sys.stderr)
+        return 2
     except CorpusError as e:
         print(f"andrea serve: error: {e}", file=sys.stderr)
         return 2
@@ -89,8 +113,9 @@ def _serve(args: argparse.Namespace) -> int:
             sock.close()
             print(f"andrea serve: error: {e}", file=sys.stderr)
             return 1
-    print("Andrea: corpus " + ", ".join(f"{s.name} ({s.n_chars:,} chars)" for s in sources),
-          flush=True)
+    print(corpus_summary(sources), flush=True)    # what was read, and what was skipped: why
+    for line in skipped_warnings(sources):
+        print(line, file=sys.stderr, flush=True)
     if args.warm_data:  # tokenizer + token files for every preset, off the request path
         app.state.data.warm(cfg.vocab_size for cfg in PRESETS.values())
     anywhere = (" (from another machine: this machine's name or address)"
@@ -163,13 +188,14 @@ def _given(args: argparse.Namespace, *names: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="andrea", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="andrea", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"andrea {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the app")
     serve.add_argument("--host", help="bind address (default: ANDREA_HOST or 127.0.0.1, loopback)")
-    serve.add_argument("--port", type=int, help="default: ANDREA_PORT or 8000")
+    # (Checked by Settings, which says what is allowed: 0 to 65535.)
+    serve.add_argument("--port", help="default: ANDREA_PORT or 8000")
     serve.add_argument("--data-dir", type=Path,
                        help="where the database, tokenizers and token files live "
                             "(default: ANDREA_DATA_DIR or the platform's user data folder)")
@@ -186,14 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-warm-data", dest="warm_data", action="store_false",
                        help="do not build tokenizers and token files in the background at start "
                             "(the first batch request builds them instead)")
-    serve.add_argument("--workers", type=int, default=1, metavar="N",
+    serve.add_argument("--workers", type=typed(int, {"type": "integer", "minimum": 1}),
+                       default=1, metavar="N",
                        help="server processes on the one port (needs ANDREA_BROKER_URL; use "
                             "ANDREA_DATABASE_URL=postgresql://... past one machine)")
     serve.set_defaults(func=_serve)
 
     from andrea.cli.headless import train
-    from andrea.cli.train_args import BROWSER_HELP, add_train_arguments
+    from andrea.cli.train_args import (
+        BROWSER_HELP,
+        HelpFormatter,
+        add_train_arguments,
+        room_help,
+    )
     tr = sub.add_parser("train", help="train a run in headless Chromium (Playwright)",
+                        formatter_class=HelpFormatter, epilog=room_help(),
                         description="Creates a run with the given config and trains it in "
                                     "headless Chromium, as the run page does in a browser. "
                                     "Config flags left out take the server's defaults. "
@@ -235,11 +268,11 @@ def _export(args: argparse.Namespace) -> int:
         if args.server:
             out = export_command.fetch_export(args.server, args.run_id, args.out, args.step)
         else:
-            settings = Settings()
+            settings = load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
             out = export_command.export_local(args.data_dir or settings.data_dir, args.run_id,
                                       args.out, args.step, settings.database_url,
                                       settings.cache_dir)
-    except (export_command.UsageError, export.NoWeights) as e:
+    except (export_command.UsageError, export.NoWeights, BadSetting) as e:
         print(f"andrea export: {e}", file=sys.stderr)
         return 2
     except (OSError, ValueError) as e:

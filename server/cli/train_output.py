@@ -1,6 +1,7 @@
 """What `andrea train` says: progress on stderr (a bar on a terminal, a line per tenth of the run
-in a log), and at the end the result: stdout gets one JSON object with --json (else a table),
-stderr one line "andrea train: <reason>" when it failed, each reason said once.
+in a log), and at the end the result: stdout gets one JSON object with --json (else the run in
+a few lines of words), stderr one line "andrea train: <reason>" when it failed, each reason said
+once.
 """
 
 from __future__ import annotations
@@ -12,15 +13,59 @@ import time
 
 
 def report(args, result: dict) -> None:
-    """The error as one line on stderr; with --json, the result as one JSON object on stdout."""
+    """The error as one line on stderr; with --json, the result as one JSON object on stdout,
+    else the run in words (summary)."""
     progress_end()
     if result.get("error"):
         result["error"] = " ".join(str(result["error"]).split())
         print(f"andrea train: {result['error']}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(result), flush=True)
-    else:
-        print("\n".join(f"{k:16s} {v}" for k, v in result.items() if k != "error"), flush=True)
+        return
+    lines = summary(result)
+    if lines:
+        print("\n".join(lines), flush=True)
+
+
+def summary(result: dict) -> list[str]:
+    """The result for a terminal: the run, how it ended and its numbers in words, what is not
+    known left out (no run: nothing, the error line said why) and the page's read-back counters
+    left to --json; the error is stderr's line, not said again."""
+    if not result.get("run_id"):
+        return []
+    room = "rounds" in result
+    head = f"{'room run' if room else 'run'} {result['run_id']}"
+    if result.get("server"):
+        head += f" on {result['server']}"
+    facts = [result["status"]] if result.get("status") else []
+    if room:
+        if result.get("version") is not None:
+            facts.append(f"version {result['version']} of {result['rounds']} rounds")
+        if result.get("workers") is not None:
+            facts.append(f"{result['workers']} worker(s)")
+        if result.get("sent_bytes"):
+            facts.append(f"{result['sent_bytes'] / 2**20:.1f} MiB of pseudo-gradients sent "
+                         f"from here")
+    if result.get("steps") is not None:
+        facts.append(f"{result['steps']} steps")
+    if result.get("final_loss") is not None:
+        facts.append(f"final loss {result['final_loss']:.4f}")
+    if result.get("final_grad_norm") is not None:
+        facts.append(f"grad norm {result['final_grad_norm']:.3g}")
+    if result.get("median_step_ms") is not None:
+        facts.append(f"median step {result['median_step_ms']:.1f} ms")
+    if isinstance(result.get("adapter"), dict):
+        facts.append(f"on {adapter_name(result['adapter'])}")
+    if result.get("device_losses"):
+        facts.append(f"GPU device lost {result['device_losses']} time(s)")
+    lines = [head + (": " + ", ".join(facts) if facts else "")]
+    if result.get("resume_link"):
+        lines.append(f"resume link: {result['resume_link']}")
+    if result.get("join_link"):
+        lines.append(f"join link: {result['join_link']}")
+    if result.get("resume_hint"):
+        lines.append(f"({result['resume_hint']})")
+    return lines
 
 
 def unexpected(e: BaseException) -> str:
