@@ -135,8 +135,9 @@ class RunConfig(BaseModel):
         "also one early (a quarter into a short run) and at the last step; 0: no samples"))
     checkpoint_every: int | None = Field(
         None, ge=1, le=1_000_000,
-        description=("default: the trainer picks it (a minute apart, ~2% of training time, "
-                     "a crash loses at most 50 steps or 2 minutes)"))
+        description=("default: the trainer picks it (at each tenth of the run and within 2 "
+                     "minutes of training; a minute apart, ~2% of training time, where those "
+                     "allow)"))
     # A branch: a new run that starts from another run's checkpoint (same preset and
     # optimizer). Set by the run page's branch button, never by the new-run form.
     parent: Parent | None = Field(None, json_schema_extra={"form": False})

@@ -210,9 +210,10 @@ def test_pause_and_stop_checkpoint(lab_session):
     assert out["after"] == out["before"], out
 
 
-def test_every_null_first_checkpoint_at_20(lab_session):
-    """every === null: the first checkpoint 20 steps after the start, then the ~2% rule
-    (next interval = ceil(50 * checkpoint ms / step ms)); never two at once."""
+def test_every_null_a_checkpoint_each_tenth_of_the_run(lab_session):
+    """every === null (checkpoint_cadence.js): one due at each tenth of the run (24 steps: 3, 6,
+    ..., 24; the first 20 steps after the start at most), the last at its end; one in flight at
+    a time, so one due meanwhile is taken at the first step after it (never two in a tenth)."""
     out = call(lab_session, SETUP + """
         const r = await train();
         return {steps: r.ckpts.map((c) => c.step), ms: r.ckpts.map((c) => c.readMs + c.hashMs),
@@ -220,5 +221,6 @@ def test_every_null_first_checkpoint_at_20(lab_session):
     """, {"optimizer": "adamw", "f16": False, "steps": 24, "sections": sections("adamw"),
           "chunk": CHUNK})
     assert out["state"] == "finished"
-    assert out["steps"][0] == 20 and out["steps"] == sorted(set(out["steps"])), out
-    assert all(s <= 24 for s in out["steps"])
+    tenth = [s // 3 for s in out["steps"]]                 # 24 steps: a tenth is 3
+    assert out["steps"][0] == 3 and out["steps"][-1] == 24, out
+    assert tenth == sorted(set(tenth)), out               # never two in one tenth

@@ -1,10 +1,10 @@
 // The pure parts of checkpoints (engine/checkpoint.js): matching the server's sections to the
-// engine's buffers, cutting the body into chunks, the ~2% cadence, digests.
+// engine's buffers, cutting the body into chunks, the median, digests (the cadence:
+// checkpoint_cadence.test.mjs).
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { test } from 'node:test';
-import { RISK_MS, RISK_STEPS, chunkPlan, matchSections, median, nextCheckpointInterval, sha256Hex,
-  toHex }
+import { chunkPlan, matchSections, median, sha256Hex, toHex }
   from '../../static/js/engine/checkpoint.js';
 
 const own = [{ name: 'W', buffer: 'w', bytes: 40 }, { name: 'codes', buffer: 'c', bytes: 512 },
@@ -63,26 +63,7 @@ test('chunks of chunk_bytes (the last shorter) filled from the sections in order
   for (const bad of [0, -4, 6, 1.5, undefined]) assert.throws(() => chunkPlan(sections, bad), /chunk_bytes/);
 });
 
-test('every === null: a minute apart, 2% of training time, a bounded loss on a crash', () => {
-  assert.equal(nextCheckpointInterval(1000, 300), 200);  // a minute of 300 ms steps
-  assert.equal(nextCheckpointInterval(600, 100), 600);   // 2% of training time (a minute)
-  assert.equal(nextCheckpointInterval(2000, 100), 1000); // 2% would be 1,000: within 2 min
-  assert.equal(nextCheckpointInterval(30, 10), 6000);
-  assert.equal(nextCheckpointInterval(0.1, 300), 200);
-  assert.equal(nextCheckpointInterval(0, 70_000), 1);     // steps over a minute: every step
-  assert.equal(nextCheckpointInterval(10, NaN), 20);    // no step time yet: the first interval
-  // A CPU adapter: tiny's state read back in 15 s, 200 ms steps. 2% of training time would
-  // be 3,750 steps apart (one checkpoint per short run): at most RISK_MS of steps instead.
-  assert.equal(nextCheckpointInterval(15_000, 200), RISK_MS / 200);
-  // Slow steps: at most RISK_STEPS steps when they take longer than RISK_MS.
-  assert.equal(nextCheckpointInterval(60_000, 5000), RISK_STEPS);
-  // Whatever the adapter, a crash loses at most the larger of RISK_STEPS steps and RISK_MS.
-  for (const stepMs of [1, 7, 50, 200, 900, 3000, 20_000]) {
-    for (const ckptMs of [1, 100, 2000, 15_000, 120_000]) {
-      const n = nextCheckpointInterval(ckptMs, stepMs);
-      assert.ok(n >= 1 && n <= Math.max(RISK_STEPS, Math.ceil(RISK_MS / stepMs)), `${ckptMs} ${stepMs}`);
-    }
-  }
+test('the median of step times', () => {
   assert.equal(median([5, 1, 3]), 3);
   assert.equal(median([4, 1, 3, 2]), 2.5);
   assert.ok(Number.isNaN(median([])));

@@ -7,8 +7,9 @@
 //   const ckpt = await snapshotSections(device, sections, chunkBytes, liveSet, step);
 //   writeSections(device, sections, data);   // resume: data = the sections concatenated
 //
-// The pure functions (matchSections, chunkPlan, nextCheckpointInterval, median, toHex) are unit
-// tested in tests/js/checkpoint.test.mjs; the GPU side in tests/gpu/test_resume.py.
+// The pure functions (matchSections, chunkPlan, median, toHex) are unit tested in
+// tests/js/checkpoint.test.mjs; the GPU side in tests/gpu/test_resume.py. When checkpoints are
+// taken: checkpoint_cadence.js.
 
 const WRITE_PIECE = 64 * 2 ** 20;   // resume: queue.writeBuffer in pieces of at most this many bytes
 
@@ -71,25 +72,7 @@ export function chunkPlan(sections, chunkBytes) {
   return chunks;
 }
 
-/** every === null: steps until the next checkpoint (ckptMs: the last checkpoint's read back +
- *  digests; stepMs: a training step, both in ms). Cheap checkpoints come once a minute
- *  (MIN_INTERVAL_MS: not one upload per step for a small model); dear ones are spread so they
- *  take at most ~2% of training time (50 x ckptMs), but never so far apart that a crash loses
- *  more than the larger of RISK_STEPS steps and RISK_MS of training: a slow adapter (a CPU one
- *  reads tiny's state back in seconds) used to get a 3,750-step interval, one checkpoint per
- *  short run. Training never waits for a checkpoint (one is in flight at a time). */
-const MIN_INTERVAL_MS = 60_000;
-export const RISK_MS = 120_000;
-export const RISK_STEPS = 50;
-
-export function nextCheckpointInterval(ckptMs, stepMs) {
-  if (!(stepMs > 0) || !Number.isFinite(ckptMs)) return 20;
-  const perMinute = Math.ceil(MIN_INTERVAL_MS / stepMs);
-  const cost = Math.max(1, Math.ceil((50 * ckptMs) / stepMs), perMinute);
-  const risk = Math.max(RISK_STEPS, Math.ceil(RISK_MS / stepMs));
-  return Math.min(cost, risk);
-}
-
+/** The median of a list of numbers (NaN for none): the cadence's step time. */
 export function median(values) {
   if (!values.length) return NaN;
   const s = [...values].sort((a, b) => a - b);

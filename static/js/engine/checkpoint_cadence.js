@@ -3,10 +3,47 @@
 // on.checkpoint. The copies are encoded right after a step's submit, so a checkpoint holds
 // exactly the state after that step; training never waits for one.
 
-import { median, nextCheckpointInterval, snapshotSections } from './checkpoint.js';
+import { median, snapshotSections } from './checkpoint.js';
 
-const FIRST_AUTO_CHECKPOINT = 20;   // every === null: steps (after the start) to the first one
-const STEP_MS_WINDOW = 16;          // every === null: step time = median of this many records
+// every === null: the trainer picks the cadence. A crash loses at most a tenth of the run's steps
+// or RISK_MS of training, whichever is less (plus the read back and upload of the checkpoint in
+// flight), and, where those bounds leave room, checkpoints cost ~2% of training time:
+//   - by steps: one at every multiple of a tenth of the run (RUN_SHARE: 20, 40, ..., 200 of a
+//     200-step run), whatever the step speed; at most ~10 periodic checkpoints per run, so a short
+//     run's total cost is bounded by their count (and one in flight at a time), not a share;
+//   - by time: at most RISK_MS (2 min) of steps, at the trainer's step time, after the last one;
+//     a checkpoint dearer than MAX_SHARE of that (read back + digests over 12 s) stretches it to
+//     ckptMs / MAX_SHARE, so the time bound never takes more than 10% of training time;
+//   - no sooner than the cost rule, within those bounds: a minute apart (MIN_INTERVAL_MS: not one
+//     upload per step for a small model) and COST_FACTOR x ckptMs (~2% of training time).
+// Before the first one (no read-back time yet): FIRST_AUTO_CHECKPOINT steps after the start, or
+// sooner by either bound (a minute of steps once a step time is known). Training never waits for
+// a checkpoint: a due one waits for the one in flight and is taken at the first step after it.
+// (The cost rule used to come first: a 200-step run on a GPU kept one checkpoint, at step 20.)
+export const RUN_SHARE = 10;           // periodic checkpoints per run, by steps
+export const RISK_MS = 120_000;        // training at risk, at most (but see MAX_SHARE)
+export const MAX_SHARE = 0.1;          // of training time the time bound may spend on checkpoints
+export const MIN_INTERVAL_MS = 60_000; // cheap checkpoints: once a minute
+export const COST_FACTOR = 50;         // ~2% of training time: 50 x (read back + digests)
+export const FIRST_AUTO_CHECKPOINT = 20;
+const STEP_MS_WINDOW = 16;             // step time = median of this many records
+
+/**
+ * every === null: the step the next checkpoint is due at, after one at `step` (or the start).
+ * runSteps: the run's steps (config.steps; not a positive number: no bound by steps); stepMs: a
+ * training step; ckptMs: the last checkpoint's read back + digests (both in ms; NaN: not known).
+ */
+export function nextAutoCheckpoint(step, { runSteps, stepMs, ckptMs = NaN }) {
+  const share = runSteps > 0 ? Math.ceil(runSteps / RUN_SHARE) : Infinity;
+  const byRun = (Math.floor(step / share) + 1) * share;   // Infinity without runSteps
+  if (!(stepMs > 0)) return Math.min(byRun, step + FIRST_AUTO_CHECKPOINT);
+  const cost = Number.isFinite(ckptMs) && ckptMs > 0 ? ckptMs : 0;
+  const ms = Math.min(Math.max(MIN_INTERVAL_MS, COST_FACTOR * cost),   // the cost rule
+    Math.max(RISK_MS, cost / MAX_SHARE));                             // the time bound
+  const byTime = step + Math.max(1, Math.ceil(ms / stepMs));
+  return Number.isFinite(ckptMs) ? Math.min(byRun, byTime)
+    : Math.min(byRun, byTime, step + FIRST_AUTO_CHECKPOINT);
+}
 
 export class CheckpointCadence {
   /**
@@ -15,15 +52,19 @@ export class CheckpointCadence {
    * taken: `device`; done() the steps submitted (the state a copy encoded now holds);
    * sections() the matched state sections; recordOf(step) the promise of that step's record;
    * isBad(step) whether a non-finite loss came at or before it (such a state is never handed
-   * over); deliver(ckpt) on.checkpoint; stats {checkpoints, checkpointErrors}.
+   * over); deliver(ckpt) on.checkpoint; stats {checkpoints, checkpointErrors}; runSteps() the
+   * run's steps (every === null: the bound by steps; nextAutoCheckpoint).
    */
-  constructor(config, { device, done, sections, recordOf, isBad, deliver, stats }) {
-    Object.assign(this, { config, device, done, sections, recordOf, isBad, deliver, stats });
+  constructor(config, { device, done, sections, recordOf, isBad, deliver, stats,
+    runSteps = () => NaN }) {
+    Object.assign(this, { config, device, done, sections, recordOf, isBad, deliver, stats,
+      runSteps });
     this.inFlight = null;     // the one in flight (snapshot + deliver; never rejects)
     this.taken = null;        // the step of the last one taken
     this.saved = null;        // ... and of the last one handed over successfully
     this.next = Infinity;     // the step the next periodic one is due at
     this.stepMs = [];         // recent step times (every === null)
+    this.first = null;        // every === null: the start, until the first one is read back
     this.staging = new Set(); // live MAP_READ staging buffers
     this.lastError = null;
   }
@@ -33,13 +74,22 @@ export class CheckpointCadence {
     if (resumed) this.taken = this.saved = step;
     if (!this.config) return;
     const { every } = this.config;
-    this.next = every ? this.nextMultiple(step) : step + FIRST_AUTO_CHECKPOINT;
+    if (every) this.next = this.nextMultiple(step);
+    else {
+      this.first = step;
+      this.next = nextAutoCheckpoint(step, { runSteps: this.runSteps(), stepMs: NaN });
+    }
   }
 
-  /** A step's record came back: its time counts towards the automatic interval. */
+  /** A step's record came back: its time counts towards the automatic interval (and, before the
+   *  first checkpoint, may bring that one forward: a minute of slow steps comes before 20). */
   recordStepMs(ms) {
     this.stepMs.push(ms);
     if (this.stepMs.length > STEP_MS_WINDOW) this.stepMs.shift();
+    if (this.first !== null) {
+      this.next = Math.min(this.next, nextAutoCheckpoint(this.first,
+        { runSteps: this.runSteps(), stepMs: median(this.stepMs) }));
+    }
   }
 
   nextMultiple(step) {
@@ -76,8 +126,10 @@ export class CheckpointCadence {
         await record;
         if (this.isBad(step)) return;
         this.stats.checkpoints++;
+        this.first = null;
         this.next = this.config.every ? this.nextMultiple(step)
-          : step + nextCheckpointInterval(ck.readMs + ck.hashMs, median(this.stepMs));
+          : nextAutoCheckpoint(step, { runSteps: this.runSteps(), stepMs: median(this.stepMs),
+            ckptMs: ck.readMs + ck.hashMs });
         await this.deliver(ck);
         this.saved = Math.max(this.saved ?? 0, step);
       } catch (e) {

@@ -72,7 +72,8 @@ export class Trainer {
     this.ckpt = new CheckpointCadence(checkpoint, { device: ctx.device, done: () => this.done,
       sections: () => this.sections, recordOf: (step) => this.ring[(step - 1 + RING) % RING].pending,
       isBad: (step) => this.badStep !== undefined && this.badStep <= step,
-      deliver: (ck) => this.on.checkpoint(ck), stats: this.stats });
+      deliver: (ck) => this.on.checkpoint(ck), stats: this.stats,
+      runSteps: () => this.config.steps });
     // A device lost under us (a driver reset, a crashed GPU process, a GPU switched away) stops
     // the run: what was read back is kept, nothing more can be. ctx.destroy() is not a loss.
     this.lost = null;
@@ -205,6 +206,9 @@ export class Trainer {
             this.ckpt.now();   // not awaited: resume() may come before the upload is done
           }
           await this.resumeGate;
+          // The steps in flight have all landed: the next step's time starts now, not at the
+          // last one's record, so a pause counts in no step_ms (the page's time left is theirs).
+          lastDone = performance.now();
         }
         if (this.state === 'stopping') break;
         const step = this.step;
