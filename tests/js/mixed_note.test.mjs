@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import './facts.mjs';
-import { mixedMissing } from '../../static/js/app/mixed_note.js';
+import { mixedMissing, precisionNote } from '../../static/js/app/mixed_note.js';
 
 const gpu = (...features) => ({ software: false, info: { vendor: 'nvidia', architecture: 'hopper' },
   adapter: { features: new Set(features) } });
@@ -39,4 +39,19 @@ test('mixed note: with no adapter at all, both the GPU flags and the software ru
   const text = mixedMissing('no WebGPU here', null, 'choose fp32');
   assert.match(text, /On a GPU, Chrome offers them with --enable-unsafe-webgpu; on NVIDIA also/);
   assert.match(text, /a software adapter never has them$/);
+});
+
+test('precision note: where mixed is offered, it is spoken of only while mixed is chosen', () => {
+  const ctx = gpu('shader-f16', 'chromium-experimental-subgroup-matrix');
+  // An fp32 run (the form's default) uses no matrix units: no note says mixed runs its matmuls.
+  assert.equal(precisionNote({ ok: true, why: null }, ctx, 'fp32'), '');
+  assert.equal(precisionNote({ ok: true, why: null }, ctx, 'mixed'),
+    'This GPU has f16 matrix units for WGSL: mixed precision runs its matmuls there.');
+});
+
+test('precision note: where mixed is not offered, it says why its option is disabled', () => {
+  const note = precisionNote({ ok: false, why: 'no shader-f16' }, gpu(), 'fp32');
+  assert.match(note, /^Mixed precision needs f16 subgroup matrices \(WGSL's matrix units\), and this /);
+  assert.equal(note, `Mixed precision needs f16 subgroup matrices (WGSL's matrix units), and ${
+    mixedMissing('no shader-f16', gpu(), 'choose fp32')}.`);
 });

@@ -106,24 +106,63 @@ test('per-source columns, elapsed time and progress extend row by row', async ()
   assert.equal(progress(s, 10).perStep, 1);
 });
 
-test('the time left holds steady through slow steps (evals, samples, a pause)', async () => {
-  const { progress, median } = await import('../../static/js/app/series.js');
+test('the time left is the measured wall time per step, evals and samples included', async () => {
+  const { progress, etaWindow, median } = await import('../../static/js/app/series.js');
   assert.equal(median([]), null);
   assert.equal(median([3, 1, 2]), 2);
   assert.equal(median([4, 1, 3, 2]), 2.5);
+  // The window: whole periods of the schedule, at least 50 rows (at most 5000).
+  assert.equal(etaWindow({ eval_every: 50, sample_every: 100 }), 100);
+  assert.equal(etaWindow({ eval_every: 25, sample_every: 0 }), 50);
+  assert.equal(etaWindow({ eval_every: 0, sample_every: 0 }), 50);
+  assert.equal(etaWindow({ eval_every: 30, sample_every: 40 }), 120);
+  assert.equal(etaWindow({ eval_every: 37, sample_every: 100 }), 3700);
+  assert.equal(etaWindow({ eval_every: 997, sample_every: 1000 }), 5000);
+  assert.equal(etaWindow(null), 50);
+  // 1000 steps of about 100 ms; an eval (1 s) every 50 steps and a sample (3 s) every 100, each
+  // in the step_ms of the step after it, as trainer.js measures them; the first step's start-up.
+  const cfg = { steps: 1000, eval_every: 50, sample_every: 100 };
+  const ms = [];
+  for (let step = 1; step <= cfg.steps; step++) {
+    ms.push(step === 1 ? 5000 : 100 + (step % 7) * 3 + (((step - 1) % 50 === 0) ? 1000 : 0)
+      + (((step - 1) % 100 === 0) ? 3000 : 0));
+  }
   const s = new RunSeries(['loss']);
   let t = 0;
-  const etas = [];
-  for (let step = 1; step <= 200; step++) {
-    // 100 ms steps; every 25th takes 3 s (an eval and a sample), step 150 came after a 60 s pause.
-    const ms = step === 150 ? 60_000 : step % 25 === 0 ? 3000 : 100 + (step % 7);
-    t += ms / 1000;
-    s.add(rec(step, { time: t, step_ms: ms }));
-    if (step >= 60) etas.push(progress(s, 1000).eta);
+  const off = [];
+  const perStep = [];
+  for (let step = 1; step <= cfg.steps; step++) {
+    t += ms[step - 1] / 1000;
+    s.add(rec(step, { time: t, step_ms: ms[step - 1] }));
+    if (step < 101 || step > 600) continue;   // a full window measured, and 400+ steps left
+    const truth = ms.slice(step).reduce((a, b) => a + b, 0) / 1000;
+    const p = progress(s, cfg.steps, etaWindow(cfg));
+    off.push(p.eta / truth);
+    perStep.push(p.perStep);
   }
-  // The steps left shrink by one a step; the estimate per step stays within the steps' jitter.
-  const perStep = etas.map((eta, i) => eta / (1000 - 60 - i));
-  assert.ok(Math.max(...perStep) / Math.min(...perStep) < 1.07, perStep.join(' '));
+  // The estimate is the time the steps left will take, within where the next eval or sample
+  // falls (a typical step's 109 ms would say 0.69 of it) ...
+  assert.ok(Math.min(...off) > 0.94 && Math.max(...off) < 1.06, `${Math.min(...off)} ${Math.max(...off)}`);
+  // ... and holds steady as evals and samples enter and leave the window (whole periods).
+  assert.ok(Math.max(...perStep) / Math.min(...perStep) < 1.01, `${Math.min(...perStep)} ${Math.max(...perStep)}`);
+  const p = progress(s, 2000, etaWindow(cfg));
+  // 100 ms + 9 ms of jitter + an eval's 1 s / 50 + a sample's 3 s / 100.
+  assert.ok(Math.abs(p.perStep - 0.159) < 0.001, String(p.perStep));
+  // Early, the first step's start-up is no step's time: 3 rows measure the other 2.
+  const early = new RunSeries(['loss']);
+  [5000, 100, 120].forEach((m, i) => early.add(rec(i + 1, { time: i, step_ms: m })));
+  assert.equal(progress(early, 10, 100).perStep, 0.11);
+});
+
+test('optimizer state per parameter reads as the design says it, 8 and ~2.03', async () => {
+  const { fmtBytesPerParam } = await import('../../static/js/app/format.js');
+  // The server's bytes_per_param (server/optim.py, 4 decimals): the tiny preset's fp32 m and v
+  // over its padded tensors, the 12m's, and 8-bit states.
+  assert.equal(fmtBytesPerParam(8.0183), '8.02 B/param');
+  assert.equal(fmtBytesPerParam(8), '8 B/param');
+  assert.equal(fmtBytesPerParam(2.0312), '2.03 B/param');
+  assert.equal(fmtBytesPerParam(3.4461), '3.45 B/param');
+  assert.equal(fmtBytesPerParam(2.3463), '2.35 B/param');
 });
 
 test('values and ticks keep small numbers readable', async () => {

@@ -40,3 +40,18 @@ test('a lost device: the run ends stopped once the checkpoint read back before i
   assert.equal(t.ckpt.saved, 10);                    // what the page's resume offer reads
   assert.equal(t.ckpt.inFlight, null);
 });
+
+test('a pause counts in no step\'s step_ms (the page\'s time left is the steps\' wall time)', async () => {
+  const records = [];
+  const t = makeTrainer({ every: null, on: { record: (r) => records.push(r) } });
+  const running = t.run();
+  while (records.length < 5) await tick();
+  t.pause();
+  while (t.state !== 'paused') await tick();
+  await tick(400);                                   // the user reads the charts a while
+  t.resume();
+  assert.equal(await running, 'finished');
+  assert.equal(records.length, 40);
+  const slowest = Math.max(...records.map((r) => r.step_ms));
+  assert.ok(slowest < 200, `a step took ${slowest} ms: the pause counted in it`);
+});

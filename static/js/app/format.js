@@ -69,6 +69,13 @@ export function fmtBytes(b) {
   return i === 0 ? `${b} B` : `${b.toFixed(b >= 100 ? 0 : 1)} ${units[i]}`;
 }
 
+/** Optimizer state bytes per parameter (the layout's bytes_per_param, to 4 decimals) as the
+ *  design states them: 3 significant digits, trailing zeros dropped ("8 B/param", fp32 m and v
+ *  on a layout whose padding adds 0.018: "8.02 B/param", 8-bit: "2.03 B/param"). */
+export function fmtBytesPerParam(b) {
+  return `${fmtValue(b, 3)} B/param`;
+}
+
 /** Counts as "950", "12.3 k", "4.56 M", "1.2 B". */
 export function fmtCount(n) {
   if (n === null || n === undefined) return '–';

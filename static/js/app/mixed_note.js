@@ -33,4 +33,19 @@ export function mixedMissing(why, ctx, fallback) {
       : `On a GPU, Chrome offers them ${how}; a software adapter never has them`);
 }
 
+/** The new-run form's note under Precision, for this adapter's mixed support ({ok, why}: the
+ *  engine's ctx.mixed; `ctx` as mixedMissing's) and the precision chosen (`precision`). Where
+ *  mixed precision is offered, the note speaks of it only while it is chosen: on fp32 (the
+ *  default) a note that it "runs its matmuls" on the matrix units read as if the run did, and
+ *  an fp32 run uses none. Where it is not offered, the note says why its option is disabled and
+ *  what could change that, whatever is chosen (mixed cannot be). '': no note. */
+export function precisionNote({ ok, why }, ctx, precision) {
+  if (ok) {
+    return precision === 'mixed'
+      ? 'This GPU has f16 matrix units for WGSL: mixed precision runs its matmuls there.' : '';
+  }
+  return 'Mixed precision needs f16 subgroup matrices (WGSL\'s matrix units), and ' +
+    `${mixedMissing(why, ctx, 'choose fp32')}.`;
+}
+
 const capital = (s) => s.charAt(0).toUpperCase() + s.slice(1);

@@ -6,8 +6,8 @@ import { fetchLoader } from '../engine/shaders.js';
 import { HttpError, jsonBody, responseDetail, saveToken } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { bindClipExperiment } from './clip_experiment.js';
-import { fmtCount } from './format.js';
-import { mixedMissing } from './mixed_note.js';
+import { fmtBytesPerParam, fmtCount } from './format.js';
+import { precisionNote } from './mixed_note.js';
 import { isolated, shownText } from './text.js';
 import { routePath } from './facts.js';
 
@@ -223,7 +223,7 @@ async function updateMemory() {
     ['weights + grads (f32)', MiB(2 * weights)],
     [`optimizer state (${variant === 'adamw' ? 'fp32 m, v'
       : `8-bit m, v; f32 for ${opt.f32_tensors.filter((n) => !n.endsWith('norm.weight')).join(', ') || 'norm gains only'}`})`,
-      `${MiB(opt.state_bytes)} (${opt.bytes_per_param} B/param)`],
+      `${MiB(opt.state_bytes)} (${fmtBytesPerParam(opt.bytes_per_param)})`],
     ...(mirror ? [['f16 weight mirror', MiB(mirror)]] : []),
     [`activations (batch ${B} x ${T})`, MiB(acts)],
     ['estimated GPU memory', MiB(total)],
@@ -278,17 +278,21 @@ async function start(event) {
 }
 
 /** Mixed precision is offered where this browser's adapter has f16 subgroup matrices; the
- *  note says why not elsewhere, and how Chrome offers them where a flag would (mixed_note.js).
+ *  note (mixed_note.js precisionNote) says why not elsewhere, and how Chrome offers them where a
+ *  flag would; where it is offered, it speaks of mixed precision only while that is chosen.
  *  `ctx`: the engine's context on this adapter (null: no WebGPU here). */
-function showPrecision({ ok, why }, ctx) {
+function showPrecision(support, ctx) {
   const option = [...$('precision').options].find((o) => o.value === 'mixed');
   if (!option) return;
-  option.disabled = !ok;
-  $('precision').dataset.mixed = ok ? 'available' : 'unavailable';
-  $('precision-note').textContent = ok
-    ? 'This GPU has f16 matrix units for WGSL: mixed precision runs its matmuls there.'
-    : 'Mixed precision needs f16 subgroup matrices (WGSL\'s matrix units), and ' +
-      `${mixedMissing(why, ctx, 'choose fp32')}.`;
+  option.disabled = !support.ok;
+  $('precision').dataset.mixed = support.ok ? 'available' : 'unavailable';
+  const note = () => {
+    const text = precisionNote(support, ctx, $('precision').value);
+    $('precision-note').textContent = text;
+    $('precision-note').hidden = !text;
+  };
+  note();
+  $('precision').addEventListener('change', note);
 }
 
 async function main() {

@@ -5,7 +5,6 @@
 import { fetchJson, savedToken, takeLinkToken } from './api.js';
 import { RUN_COLUMNS, RunCharts } from './run_charts.js';
 import { $, addRecords, addSample, bindActions, resumedAt, setStatus, showError, showRun } from './run_view.js';
-import { ENDED } from './run_status.js';
 import { RunSeries, evalLosses, skippedSteps } from './series.js';
 import { followSpikes } from './spikes.js';
 import { watch } from './telemetry.js';
@@ -70,7 +69,7 @@ async function main() {
     mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
   showRun(state, run);
   bindActions(state);
-  followSpikes(runId, () => ENDED.includes(state.status), (steps) => state.charts.setSpikes(steps),
+  followSpikes(runId, () => state.status, (steps) => state.charts.setSpikes(steps),
     (step) => state.charts.focusStep(step));
   if (run.config.data_mode === 'bandit') state.charts.loadSources().catch(() => {});
   if (!mine) {

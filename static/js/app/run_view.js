@@ -7,7 +7,7 @@ import { fetchJson, heldToken, jsonBody, resumeLink, saveToken, withToken } from
 import { clipWords, routePath } from './facts.js';
 import { fmtBytes, fmtCount, fmtDuration, fmtTokensPerS, fmtValue } from './format.js';
 import { ENDED, EXPLAINED, isTraining, statusLabel, statusNote } from './run_status.js';
-import { progress } from './series.js';
+import { etaWindow, progress } from './series.js';
 import { sampleNode, setShown, shownText } from './text.js';
 
 export const $ = (id) => document.getElementById(id);
@@ -136,7 +136,7 @@ function showProgress(state) {
   const last = state.series.last;
   if (!last) return;
   const total = state.config?.steps ?? 0;
-  const p = progress(state.series, total);
+  const p = progress(state.series, total, etaWindow(state.config));
   $('progress-box').hidden = false;
   $('progress').value = p.fraction;
   const pct = p.fraction < 0.1 ? Math.floor(p.fraction * 1000) / 10 : Math.floor(p.fraction * 100);

@@ -201,22 +201,45 @@ export function median(xs) {
   return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 }
 
+const ETA_ROWS = 50;        // the fewest rows the time per step is measured over (once there)
+const ETA_MAX_ROWS = 5000;  // ... and the most: a schedule whose period is longer is cut
+
+const gcd = (a, b) => (b ? gcd(b, a % b) : a);
+
+/** The rows progress() measures the time per step over, for a run's config: a whole number of
+ *  periods of its schedule (evals every eval_every steps, samples every sample_every; 0: none),
+ *  at least ETA_ROWS, so that every window holds as many evals and samples as any other and the
+ *  estimate does not jump as one enters or leaves it. A period past ETA_MAX_ROWS (eval_every 37
+ *  with sample_every 100: 3700 is fine; co-prime thousands are not) is cut to that many rows. */
+export function etaWindow(config) {
+  let period = 1;
+  for (const every of [config?.eval_every, config?.sample_every]) {
+    if (every > 0) period = (period / gcd(period, every)) * every;
+  }
+  return Math.min(ETA_MAX_ROWS, period * Math.ceil(ETA_ROWS / period));
+}
+
 /** Progress from the newest rows: seconds per step, elapsed seconds, and the seconds left for
- *  `total` steps. Seconds per step: the median of the last `window` rows' step_ms (each step's
- *  own wall time), so that one slow step (an eval, a sample, a checkpoint, the first step after
- *  a pause) moves the estimate by nothing, not by its whole length; rows without step_ms (an
- *  older trainer's): the commit times over the same rows. */
-export function progress(series, total, window = 50) {
+ *  `total` steps. Seconds per step: the mean of the last `window` rows' step_ms (each step's
+ *  wall time from the previous step's record to its own: the evals, samples and checkpoint
+ *  copies between them included, a pause not: trainer.js), i.e. the measured wall time over
+ *  those steps. A typical step's time (a median) would leave those out and say too little time
+ *  left: 200 steps of 100 ms with an eval and a sample costing 3 s every 50 take 32 s, not 20.
+ *  `window`: etaWindow(config), a whole number of the schedule's periods. The first row of the
+ *  series (the trainer's start-up) is left out while others are there. Rows without step_ms
+ *  (an older trainer's): the commit times over the same rows. */
+export function progress(series, total, window = ETA_ROWS) {
   const n = series.length;
   if (!n) return null;
   const last = series.records[n - 1];
   const first = series.records[0];
-  const stepMs = [];
-  for (let i = Math.max(0, n - window); i < n; i++) {
+  let sum = 0;
+  let count = 0;
+  for (let i = Math.max(n > 1 ? 1 : 0, n - window); i < n; i++) {
     const ms = series.records[i].step_ms;
-    if (ms > 0) stepMs.push(ms);
+    if (ms > 0) { sum += ms; count++; }
   }
-  let perStep = stepMs.length ? median(stepMs) / 1000 : null;
+  let perStep = count ? sum / count / 1000 : null;
   const ref = series.records[Math.max(0, n - 1 - window)];
   if (perStep === null && n > 1 && last.time != null && ref.time != null && last.step > ref.step) {
     perStep = (last.time - ref.time) / (last.step - ref.step);

@@ -4,47 +4,64 @@
 // their source and text, and where the server has them the tensors, layer, non-finite elements
 // and numerical flags of the step (spike_anatomy.js). Refreshed every REFRESH_MS while the run
 // may still change; opening a spike moves the charts to its step.
+// No DOM at import (tests/js/spikes.test.mjs runs spikeTally under Node).
 import { fetchJson } from './api.js';
-import { $ } from './run_view.js';
 import { anatomyParts, topTensorText } from './spike_anatomy.js';
 import { setShown, shownText } from './text.js';
 import { routePath } from './facts.js';
+import { ENDED } from './run_status.js';
 
 const REFRESH_MS = 10_000;
+const $ = (id) => document.getElementById(id);
 
-/** Shows the run's spikes now and every REFRESH_MS until `ended()` says the run is over;
- *  `onSteps(steps)` gets the spikes' steps each time (the grad norm chart marks them), and
- *  `onOpen(step)` a spike's step when it is opened. */
-export function followSpikes(runId, ended, onSteps = () => {}, onOpen = () => {}) {
+/** How many spikes, in words, for a run whose status is `status`: a finished run's are all it
+ *  will have ("2 in all.", "No spikes in this run."); any other's may still grow ("2 so far.",
+ *  "No spikes yet.": a stopped, interrupted or failed run may be resumed). -> {count, empty}:
+ *  the rule's last sentence, and the list's text when there are none. */
+export function spikeTally(count, status) {
+  const all = status === 'finished';
+  return { count: `${count} ${all ? 'in all' : 'so far'}.`,
+    empty: all ? 'No spikes in this run.' : 'No spikes yet.' };
+}
+
+/** Shows the run's spikes now and every REFRESH_MS until `status()` (the run's status now) is
+ *  one that ends it; the list fetched after that is the last, and it is counted as the run's
+ *  whole (spikeTally). `onSteps(steps)` gets the spikes' steps each time (the grad norm chart
+ *  marks them), and `onOpen(step)` a spike's step when it is opened. */
+export function followSpikes(runId, status, onSteps = () => {}, onOpen = () => {}) {
   $('spikes').addEventListener('toggle', (event) => {
     const d = event.target;
     if (d.open && d.dataset.step && !d.dataset.restored) onOpen(Number(d.dataset.step));
     delete d.dataset.restored;
   }, true);   // (toggle does not bubble)
   const tick = async () => {
+    // The status before the fetch: a run that ended since the last tick gets one more fetch,
+    // counted as its whole, and then no more.
+    const now = status();
     try {
       const found = await fetchJson(routePath('get_spikes', { run_id: runId }));
-      showSpikes(found);
+      showSpikes(found, now);
       onSteps(found.spikes.map((s) => s.step));
     } catch (e) {
       $('spikes-rule').textContent = `Spikes unavailable: ${e.message}`;
     }
-    if (!ended()) setTimeout(tick, REFRESH_MS);
+    if (!ENDED.includes(now)) setTimeout(tick, REFRESH_MS);
   };
   tick();
 }
 
-function showSpikes({ rule, spikes }) {
+function showSpikes({ rule, spikes }, status) {
+  const tally = spikeTally(spikes.length, status);
   // Each entry's ratio is against the same median as the rule's, so an entry flagged for a clip
   // or a non-finite element (below the factor) says so instead of contradicting the header.
   $('spikes-rule').textContent = `A spike: a grad norm at least ${rule.factor}x the median grad ` +
     `norm of the ${rule.window} steps before it (fewer early in a run), a clip after ` +
     `${rule.quiet} steps without one, or a non-finite norm or gradient element. Each entry says ` +
-    `which, and its grad norm as a multiple of that median. ${spikes.length} so far.`;
+    `which, and its grad norm as a multiple of that median. ${tally.count}`;
   const box = $('spikes');
   box.dataset.count = String(spikes.length);
   if (!spikes.length) {
-    box.replaceChildren(Object.assign(document.createElement('p'), { textContent: 'No spikes yet.' }));
+    box.replaceChildren(Object.assign(document.createElement('p'), { textContent: tally.empty }));
     return;
   }
   const open = new Set([...box.querySelectorAll('details[open]')].map((d) => d.dataset.step));
