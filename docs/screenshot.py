@@ -10,7 +10,8 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from andrea.cli.chromium import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.cli.browser_flags import QUIET, SWIFTSHADER
+from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 
 OUT = Path(__file__).with_name("run-page.png")

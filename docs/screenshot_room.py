@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import sync_playwright
 
-from andrea.cli.chromium import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.cli.browser_flags import QUIET, SWIFTSHADER
+from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 
 OUT = Path(__file__).with_name("room-page.png")
@@ -21,7 +22,7 @@ def main(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as data, served(Path(data)) as url:
         run = httpx.post(f"{url}/api/runs", json={
             "preset": "tiny", "steps": H * rounds, "batch_size": 4, "lr": 0.004,
-            "room": {"inner_steps": H, "codec": "int8"}}).json()
+            "room": {"inner_steps": H, "codec": "int8", "workers_per_address": WORKERS}}).json()
         link = f"{url}/runs/{run['id']}#join={run['room']['join_token']}"
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from andrea.cli.chromium import CHROMIUM, QUIET, SWIFTSHADER
+from andrea.cli.browser_flags import QUIET, SWIFTSHADER
+from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 from e2e.planted_corpus import TRAIN_ARGS, greek_share, write_planted_corpus
 
