@@ -54,6 +54,9 @@ from andrea.cli.train_output import (
 )
 
 CONNECT_S = 5           # a server that does not answer within this is reported, not waited for
+# A new run is checked against the corpus, whose token files for a vocabulary size not asked
+# for before are made then (seconds, minutes on a big corpus or a loaded machine).
+CREATE_S = 600
 SERVER_GONE_S = 10      # a server that stops answering mid-run for this long ends the run
 MESSAGE_MAX = 2000      # a run's status message (server/telemetry/protocol.py)
 MAX_DEVICE_LOSSES = 3   # resumes after a lost GPU device before the command gives up
@@ -159,10 +162,10 @@ def _train(args, config: dict, result: dict, secret: dict, browser: Chromium,
         how = f"resumed from step {resumed['step']}"
     elif args.branch:
         config = _branch_config(url, args.branch, config)
-        run = _http("POST", url + "/api/runs", config, token=args.token)   # the parent's
+        run = _http("POST", url + "/api/runs", config, CREATE_S, token=args.token)  # the parent's
         how = f"branched from {config['parent']['run']} at step {config['parent']['step']}"
     else:
-        run = _http("POST", url + "/api/runs", config)
+        run = _http("POST", url + "/api/runs", config, CREATE_S)
         how = "new"
     result["run_id"] = run["id"]
     secret["token"] = run["token"]
