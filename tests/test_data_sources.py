@@ -500,6 +500,7 @@ def test_a_run_the_corpus_cannot_serve_is_refused_with_the_sizes(tmp_path):
     settings = Settings(data_dir=tmp_path / "d2", corpora=(("big", big), ("small", tiny)),
                         only_corpus=True)
     with TestClient(create_app(settings)) as c:
+        c.get("/api/corpus?preset=tiny")      # (the form's call: the token files are made)
         assert c.post("/api/runs", json={"preset": "tiny"}).status_code == 201
         assert c.post("/api/runs", json={"preset": "tiny", "sources": ["big"]}
                       ).status_code == 201

@@ -78,6 +78,11 @@ class DataHub:
         self.sources()
         return self._hash
 
+    def ready(self, vocab_size: int) -> PreparedCorpus | None:
+        """The prepared corpus of this vocab size if it is made already (the start's warm-up
+        makes the presets'), else None: never builds."""
+        return self._prepared.get(vocab_size)
+
     def prepared(self, vocab_size: int) -> PreparedCorpus:
         if vocab_size in self._prepared:
             return self._prepared[vocab_size]

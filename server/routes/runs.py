@@ -29,7 +29,6 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from andrea.data.sources import CorpusError
 from andrea.data.spec import BatchSpec
 from andrea.data.windows import rows_problem
 from andrea.durable import fsync_dir
@@ -206,12 +205,13 @@ async def _corpus_serves(spec: BatchSpec, data) -> None:
     """422 for a run whose rows this corpus cannot hold (windows.rows_problem: its seq_len + 1
     tokens in a training part and in a held-out tail, in each picked source when it picks
     some), with the sizes, before anything is stored: it used to be accepted and fail at
-    batch 0. Needs the token files of the run's vocab size (built here when no batch, page
-    or warm-up has asked for them yet, as its first batch would)."""
-    try:
-        corpus = await asyncio.to_thread(data.prepared, spec.vocab_size)
-    except CorpusError as e:        # user text changed or vanished since start
-        raise HTTPException(500, f"corpus unavailable: {e}") from e
+    batch 0. Read from the token files of the run's vocab size when they are made (the start's
+    warm-up makes the presets'); a vocab size nobody asked for yet is not built here (that
+    took tens of seconds on a loaded machine, past clients' timeouts): its first batch says
+    the same."""
+    corpus = data.ready(spec.vocab_size)
+    if corpus is None:
+        return
     if why := rows_problem(corpus.files, spec):
         raise HTTPException(422, f"the corpus cannot serve this run: {why}. Nothing was stored")
 
