@@ -178,6 +178,11 @@ class Settings(BaseSettings):
     # computation a second a run (the page polls every 10 s). A run whose training ended, or
     # with no trainer at it, is always current.
     spikes_fresh_s: float = Field(1.0, ge=0)
+    # The memory the spike lists' cache may hold (routes/spikes.py: each run's detector, its
+    # spikes and its answer, as estimated; the least recently asked run goes first). A run
+    # with a few dozen spikes takes ~0.1-0.3 MB, one at the cap of 5000 spikes with per-tensor
+    # norms up to ~45 MB: 64 MiB keeps hundreds of ordinary runs, or the biggest one.
+    spikes_cache_bytes: int = Field(64 << 20, ge=1 << 20)
     max_exports_per_client: int = Field(2, ge=1)
     max_viewers_per_client: int = Field(16, ge=1)
     viewer_backlog_burst_bytes: int = Field(32 << 20, ge=64 << 10)

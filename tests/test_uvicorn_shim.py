@@ -1,7 +1,8 @@
 """andrea.telemetry.uvicorn_shim against the installed uvicorn, served as `andrea serve` serves
 (cli.py: uvicorn.Config's defaults, `ws="auto"`, with and without per-message deflate). The shim
 itself degrades to doing nothing when uvicorn's internals change under it; these tests fail
-instead: the protocol object behind `receive`, its `conn.max_message_size` and `transport`.
+instead: the protocol object behind `receive`, its `conn.max_message_size`, `conn.recv_frame`
+(where ping frames are answered) and `transport`.
 And andrea.web.uvicorn_limits: the transport behind an HTTP request's `receive`, and its subclass of
 uvicorn's HTTP protocol (the hooks it overrides: heads, keep-alive, upgrade, per-client cap)."""
 
@@ -18,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from andrea.config import Settings
-from andrea.telemetry.uvicorn_shim import abort, limit_frames, protocol_of
+from andrea.telemetry.uvicorn_shim import Refusal, abort, limit_frames, limit_pings, protocol_of
 from andrea.web.uvicorn_limits import bound_to, transport_of
 from tests.aio import run
 
@@ -148,6 +149,51 @@ def test_abort_drops_the_connection_without_a_close(compression):
 
     assert run(main()) is None      # no close frame: the TCP connection was cut
     assert after and after[0]["type"] == "websocket.disconnect"
+
+
+@pytest.mark.parametrize("compression", [False, True])
+def test_limit_pings_asks_before_each_pong_paces_and_refuses(compression):
+    """Each ping frame asks the app's hook before its pong (the app never sees ping frames
+    otherwise): 0 answers it, seconds answer it and pause the socket's reads (the messages
+    behind it still arrive, later), a Refusal sends its text and closes with its code; the
+    app hears the close. Pings while the app reads messages too (the websocket layer answers
+    them between messages)."""
+    verdicts = [0.0, 0.05, 0.0, Refusal(1008, "too many pings", '{"type": "error"}')]
+    asked, got, installed = [], [], []
+
+    def on_ping():
+        asked.append(len(got))
+        return verdicts[len(asked) - 1]
+
+    async def endpoint(ws: WebSocket):
+        await ws.accept()
+        installed.append(limit_pings(ws, on_ping))
+        try:
+            while True:
+                got.append(await ws.receive_text())
+                await ws.send_text("ok")
+        except WebSocketDisconnect as e:
+            got.append(e.code)
+
+    async def main():
+        async with served(app_with(endpoint), compression) as url, connect(
+                url, ping_interval=None) as client:
+            await asyncio.wait_for(await client.ping(), 10)
+            await asyncio.wait_for(await client.ping(), 10)        # answered, then a pause
+            await client.send("after the pause")
+            assert await client.recv() == "ok"
+            await asyncio.wait_for(await client.ping(), 10)
+            refused = await client.ping()
+            assert await client.recv() == '{"type": "error"}'
+            with pytest.raises(ConnectionClosed) as e:
+                await client.recv()
+            assert isinstance(refused.exception(), ConnectionClosed)     # never ponged
+            return e.value.rcvd
+
+    rcvd = run(main())
+    assert installed == [True], "uvicorn_shim.limit_pings no longer reaches conn.recv_frame"
+    assert rcvd is not None and (rcvd.code, rcvd.reason) == (1008, "too many pings")
+    assert asked == [0, 0, 1, 1] and got == ["after the pause", 1008]
 
 
 # ---- uvicorn_limits: the HTTP protocol subclass and the transport behind `receive` ----------

@@ -3,9 +3,12 @@ routes/exports.py, telemetry/viewer.py), against real servers with small limits 
 settings) where it matters:
 
 - GET /api/runs/{id}/spikes: one computation per (run, last step), shared by every request
-  that comes meanwhile (single-flight), and incremental: a new answer feeds only the new
-  records and makes only the new spikes' batches; a resume that cuts the records back starts
-  the detector over; answers equal a fresh computation's.
+  that comes meanwhile (single-flight: per run, also while a trainer moves its last step), and
+  incremental: a new answer feeds only the new records and makes only the new spikes' batches;
+  a resume that cuts the records back starts the detector over; answers equal a fresh
+  computation's. The runs kept are bounded by their estimated bytes (spikes_cache_bytes, the
+  estimate held to the measured objects), not by a count: 100 runs asked in turn are each
+  computed once.
 - GET /api/runs/{id}/export.zip: made as it is sent, so it works with the data dir below its
   free-space floor and no file may be written (every byte of the zip equals `andrea export`'s
   files); at most max_exports_per_client at once per address (429 with Retry-After).
@@ -23,11 +26,14 @@ import contextlib
 import io
 import json
 import socket
+import sys
 import threading
 import time
 import zipfile
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -37,7 +43,8 @@ from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import main
-from andrea.routes.spikes import HEADER, Spikes
+from andrea.routes.spikes import HEADER, Spikes, _RunSpikes, get_spikes
+from andrea.spikes import RunningMedian, SpikeFinder
 from andrea.web.quotas import ClientSlots, RateLimiter
 from tests.trainer_client import expect_close, fill, hello, new_run, record, rss_mib, ws_url
 
@@ -259,6 +266,154 @@ def test_spike_pollers_on_a_real_server_compute_once_per_step(server, tmp_path):
     fresh = httpx.get(f"{url}/api/runs/{run['id']}/spikes", timeout=120)
     assert fed(fresh) == {"records": 11_000, "batches": len(spikes) + 2}
     assert fresh.json() == later.json()
+
+
+# ---- (1b) spikes: kept by memory, single-flight per run -------------------------------------
+
+
+def kept_bytes(state) -> int:
+    """What a kept run's state really holds, measured: every object reachable from it (each
+    once; the detector's and the route's objects followed, the lock's loop not)."""
+    seen, stack, total = set(), [state], 0
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, asyncio.Lock):
+            continue
+        seen.add(id(o))
+        total += sys.getsizeof(o)
+        if isinstance(o, dict):
+            stack += [*o.keys(), *o.values()]
+        elif isinstance(o, (list, tuple, set, deque)):
+            stack += list(o)
+        elif isinstance(o, (_RunSpikes, SpikeFinder, RunningMedian)):
+            stack.append(vars(o))
+    return total
+
+
+def quiet(records: list[dict]) -> list[dict]:
+    """Records without per-row losses: spikes with no rows to describe (no batches made)."""
+    return [{k: v for k, v in r.items() if k != "row_losses"} for r in records]
+
+
+def test_cycling_through_100_runs_computes_each_once_and_keeps_them_within_the_budget(client):
+    """Before: 64 runs were kept by count, so a client asking 100 runs in turn made every
+    answer again (200 computations for two rounds); now the runs kept are bounded by their
+    estimated bytes (spikes_cache_bytes), which 100 ordinary runs fit."""
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 1000}).json()
+    store = client.app.state.store
+    ids = [made["id"]] + [f"cycle{i:03d}" for i in range(99)]
+    for run_id in ids[1:]:
+        store.create_run(run_id, made["config"], "0" * 64)
+    for i, run_id in enumerate(ids):
+        store.add_metrics(run_id, quiet(spike_records(1, 60, {20 + i % 30, 55})))
+    for round_ in range(2):
+        for run_id in ids:
+            r = client.get(f"/api/runs/{run_id}/spikes")
+            assert r.status_code == 200 and how(r) == ("computed", "kept")[round_], round_
+    cache = client.app.state.spikes
+    assert cache.computed == 100 and len(cache.runs) == 100
+    assert cache.budget == client.app.state.settings.spikes_cache_bytes
+    assert cache.size == sum(s.estimate() for s in cache.runs.values()) <= cache.budget
+    assert sum(kept_bytes(s) for s in cache.runs.values()) <= cache.size
+
+
+def test_a_small_spike_budget_keeps_the_runs_last_asked_and_never_more_than_it(client):
+    """A budget of about 8 ordinary runs: cycling through 20 makes each again (the least
+    recently asked went first), what is kept is never over the budget, measured, and the
+    runs asked last are kept."""
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 1000}).json()
+    store = client.app.state.store
+    ids = [made["id"]] + [f"small{i:02d}" for i in range(19)]
+    for run_id in ids[1:]:
+        store.create_run(run_id, made["config"], "0" * 64)
+    for run_id in ids:
+        store.add_metrics(run_id, quiet(spike_records(1, 200, {30, 90, 150})))
+    client.get(f"/api/runs/{ids[0]}/spikes")
+    one = client.app.state.spikes.runs[ids[0]].estimate()
+    cache = client.app.state.spikes = Spikes(fresh_s=0, budget_bytes=8 * one + one // 2)
+    for round_ in range(2):
+        for run_id in ids:
+            r = client.get(f"/api/runs/{run_id}/spikes")
+            assert how(r) == "computed"
+            assert cache.size <= cache.budget
+            assert sum(kept_bytes(s) for s in cache.runs.values()) <= cache.budget
+    assert cache.computed == 40 and list(cache.runs) == ids[-8:]
+    assert how(client.get(f"/api/runs/{ids[-1]}/spikes")) == "kept"
+    assert how(client.get(f"/api/runs/{ids[-8]}/spikes")) == "kept"
+    cache.budget = one // 2                     # a run alone over the budget is not kept
+    store.add_metrics(ids[0], quiet(spike_records(201, 210, set())))
+    assert how(client.get(f"/api/runs/{ids[0]}/spikes")) == "computed"
+    assert cache.size <= cache.budget and ids[0] not in cache.runs
+
+
+@pytest.mark.parametrize("shape", ["bare", "rows", "non-finite", "anatomy", "phases"])
+def test_a_kept_runs_estimate_is_at_least_what_it_holds(client, shape):
+    """The estimate the budget counts (_RunSpikes.estimate) is at least the bytes measured
+    of what is kept, and not far above them, for records of every shape: with per-row
+    losses (rows described, their text kept), a NaN every step, per-tensor norms and
+    non-finite counts, a bandit's phase changes."""
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 2000}).json()
+    run_id, store = made["id"], client.app.state.store
+    n_tensors = len(made["layout"]["params"])
+    records = spike_records(1, 1200, set(range(100, 1201, 25)))
+    for r in records:
+        if shape != "rows":
+            r.pop("row_losses")
+        if shape == "non-finite":
+            r["grad_norm"] = None
+        if shape == "anatomy":
+            spike = r["grad_norm"] > 5
+            r.update(logit_max=10.0 + r["step"] % 7, softmax_denom_min=1.5,
+                     tensor_grad_norms=[0.1 + i / 100 for i in range(n_tensors)],
+                     grad_nonfinite=2 if spike else 0,
+                     tensor_nonfinite=[int(spike and i < 2) for i in range(n_tensors)])
+        if shape == "phases":
+            r["phase"] = r["step"] // 3
+    store.add_metrics(run_id, records)
+    assert client.get(f"/api/runs/{run_id}/spikes").status_code == 200
+    state = client.app.state.spikes.runs[run_id]
+    assert len(state.finder.spikes) > 40
+    measured = kept_bytes(state)
+    assert measured <= state.estimate() <= 2 * measured, (measured, state.estimate())
+
+
+def test_concurrent_requests_for_a_run_being_trained_share_one_computation(client):
+    """While a trainer trains a run its last step moves between requests: before, each last
+    step began its own computation (8 requests, 8 computations of the same run, one after
+    another); now a request shares the run's answer being made where that is current for it
+    (begun less than spikes_fresh_s ago), and only there: with no trainer at the run, a
+    request for a later step than the answer being made begins the next one."""
+    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
+                                          "steps": 5000}).json()
+    run_id, store, app = made["id"], client.app.state.store, client.app
+    store.add_metrics(run_id, quiet(spike_records(1, 1100, {500, 1050})))
+    run = store.get_run(run_id)
+    assert run["status"] not in ("finished", "stopped", "failed", "interrupted")
+    now = [100.0]
+    app.state.spikes = Spikes(fresh_s=1.0, clock=lambda: now[0])
+
+    def ask(last: int, trainer: bool):
+        """The route, as a request for the run at `last` would call it (a task: it runs to
+        its first wait when the caller next waits)."""
+        return asyncio.ensure_future(get_spikes(
+            SimpleNamespace(app=app), {**run, "last_step": last}, store, app.state.data,
+            app.state.runs, app.state.settings, SimpleNamespace(has_trainer=lambda _: trainer)))
+
+    async def at_once(lasts: list[int], trainer: bool):
+        return await asyncio.gather(*[ask(last, trainer) for last in lasts])
+
+    got = client.portal.call(at_once, list(range(1000, 1008)), True)
+    assert sorted(r.headers[HEADER].split(";")[0] for r in got) == ["computed"] + ["shared"] * 7
+    assert app.state.spikes.computed == 1 and len({r.body for r in got}) == 1
+    assert [s["step"] for s in json.loads(got[0].body)["spikes"]] == [500, 1050]
+
+    app.state.spikes = Spikes(fresh_s=1.0, clock=lambda: now[0])
+    older, later = client.portal.call(at_once, [1000, 1100], False)
+    assert [r.headers[HEADER].split(";")[0] for r in (older, later)] == ["computed"] * 2
+    assert app.state.spikes.computed == 2 and app.state.spikes.runs[run_id].answer[0] == 1100
 
 
 # ---- (2) export.zip: streamed, nothing on disk; per-client concurrency -------------------------

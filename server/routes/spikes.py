@@ -6,19 +6,24 @@ the start of its text: the row's tokens made again from the run's batch spec (th
 the trainer got for that step) and decoded with the run's tokenizer. A read, open to all, like
 the metrics.
 
-What a read may cost is bounded (viewers poll it while a run trains): the answer is made once
-per (run, last step), by one task that every request for it awaits, and kept, encoded, until
-the run's last step moves (while a trainer trains it, until it is also spikes_fresh_s old: a
-trainer's steps move it every few milliseconds, and a poller must not make one each; a run
-whose training ended gets its last answer at once). Making it is incremental: the run's
+What a read may cost is bounded (viewers poll it while a run trains): an answer is current
+for a request when it was made for the run's last step, or, while a trainer trains the run,
+when it was begun less than spikes_fresh_s ago (a trainer's steps move the last step every
+few milliseconds, and a poller must not make one each; a run whose training ended gets its
+last answer at once). A current answer kept is served as it is; otherwise a request awaits the
+run's answer being made (single-flight: one task per run that every request it is current for
+awaits), or begins the next one. Making it is incremental: the run's
 detector (SpikeFinder) is kept and fed only the records after the last one it saw (a resume
 that cut the records back to before it starts it over), and each spike's rows are described
 once (its batch made once).
 So a new answer costs what the new records cost, not the run's length: each spike's JSON is
 made once too (again only where its rows or boundary gain their description), an answer joins
 them. At most COMPUTING are made at once; a run's newest MAX_SPIKES are kept and listed (a
-run that found more says how many older ones were left out: `omitted`), and the runs kept
-hold at most KEPT_BYTES of JSON. The x-andrea-spikes header says how an answer came:
+run that found more says how many older ones were left out: `omitted`). What is kept of the
+runs (detector, spikes, their JSON, the answer) is bounded by its memory, not by a count of
+runs: each run's is estimated (_RunSpikes.estimate, held to a measure of the real objects by
+tests/test_web_reads.py) and the runs least recently asked go first while the sum is over
+Settings.spikes_cache_bytes. The x-andrea-spikes header says how an answer came:
 `computed; records=N; batches=M` (records fed, batches made for it), `shared` (another
 request's computation) or `kept`. (A trainer that commits a step below one the detector has
 seen, out of order, is not seen until the detector starts over; the engine sends its steps in
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import OrderedDict
 
@@ -37,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 
 from andrea import spike_anatomy as anatomy
 from andrea import spikes as rule
+from andrea.config import Settings
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
 from andrea.model import run_layout
@@ -48,12 +55,20 @@ router = APIRouter(prefix="/api", tags=["runs"])
 
 DETAILED = 50       # the newest spikes whose outlier rows get their source and text
 TEXT_CHARS = 300    # of each row's text
-CACHED = 64         # runs whose detector and answer are kept (the least recently asked go)
-KEPT_BYTES = 32 << 20   # ... and their JSON in all (answers and spikes'), at most: the same
 MAX_SPIKES = 5000       # a run's newest spikes kept and listed (a NaN every step is a spike)
 COMPUTING = 2       # answers made at once, over all runs
 FEED_PAGE = 250     # records read at a time (~2.5 ms of a reader thread: the loop waits less)
 HEADER = "x-andrea-spikes"
+BUDGET = Settings.model_fields["spikes_cache_bytes"].default    # (the app passes its setting)
+# A kept run's memory, estimated (_RunSpikes.estimate) from what is cheap to count: its
+# detector with full running medians and its object overhead; per tensor of its layout; per
+# phase change its detector saw; per spike, SPIKE_BYTES and BYTES_PER_JSON_BYTE per byte of
+# its JSON for its objects (besides the JSON itself); per described row, ROW_BYTES besides
+# its strings. Measured (CPython 3.11; records with and without row losses, per-tensor norms,
+# non-finite counts, phases): a spike's objects take up to 2.6 times its JSON plus ~350 B, a
+# run's fixed part ~15 KB; the estimate is 1.1-1.5 times what tests/test_web_reads.py measures.
+RUN_BYTES, TENSOR_BYTES, CHANGE_BYTES = 16 << 10, 320, 160
+SPIKE_BYTES, BYTES_PER_JSON_BYTE, ROW_BYTES = 1024, 3, 192
 RULE = {"window": rule.WINDOW, "factor": rule.FACTOR, "min_history": rule.MIN_HISTORY,
         "quiet": rule.QUIET, "boundary": rule.BOUNDARY, "top_tensors": anatomy.TOP_TENSORS,
         "collapse_denom": anatomy.COLLAPSE_DENOM, "logit_factor": anatomy.LOGIT_FACTOR}
@@ -85,18 +100,67 @@ class _RunSpikes:
         self.shown: dict[int, tuple[tuple[bool, bool], bytes]] = {}
         self.answer: tuple[int | None, bytes, float] | None = None
 
+    def estimate(self) -> int:
+        """The bytes it holds, about (an upper estimate: see RUN_BYTES): its answer, each
+        spike's JSON and the spike's objects, its described rows' text, its layout and the
+        phase changes its detector keeps."""
+        size = (RUN_BYTES + TENSOR_BYTES * len(self.tensors)
+                + CHANGE_BYTES * len(self.finder.changes))
+        if self.answer is not None:
+            size += sys.getsizeof(self.answer[1])
+        # Every spike listed has its JSON in `shown` (a spike not listed yet: its JSON's size
+        # is not known; only a computation that failed leaves one, and it is reset).
+        size += sum(SPIKE_BYTES + (1 + BYTES_PER_JSON_BYTE) * len(js)
+                    for _, js in self.shown.values())
+        size += sum(ROW_BYTES + sys.getsizeof(d[0]) + sys.getsizeof(d[1])
+                    if d is not None else ROW_BYTES
+                    for rows in self.described.values() for d in rows.values())
+        return size
+
+
+class _Flight:
+    """A run's answer being made: for its last step, begun (by `clock`) at `begun`."""
+
+    def __init__(self, last: int | None, begun: float, future: asyncio.Future):
+        self.last, self.begun, self.future = last, begun, future
+
 
 class Spikes:
-    """The app's (app.state.spikes): the runs' detectors (LRU), the answers being made by
-    (run, last step), and how many were made (`computed`); a run's answer younger than
-    `fresh_s` by `clock` is served for a later last step while a trainer trains it."""
+    """The app's (app.state.spikes): the runs kept (LRU, their estimated bytes `size` in all
+    at most `budget_bytes`), the answer being made for each run (its newest: `flights`), and
+    how many were made (`computed`). An answer is current for a request for the run's last
+    step `last` when it was made for that step or, while a trainer trains the run
+    (`training`), begun less than `fresh_s` ago by `clock`."""
 
-    def __init__(self, fresh_s: float, clock=time.monotonic):
-        self.fresh_s, self.clock = fresh_s, clock
+    def __init__(self, fresh_s: float, clock=time.monotonic, budget_bytes: int = BUDGET):
+        self.fresh_s, self.budget, self.clock = fresh_s, budget_bytes, clock
         self.runs: OrderedDict[str, _RunSpikes] = OrderedDict()
-        self.flights: dict[tuple[str, int | None], asyncio.Future] = {}
+        self.sizes: dict[str, int] = {}     # each kept run's estimate, as last made
+        self.size = 0
+        self.flights: dict[str, _Flight] = {}
         self.computing = asyncio.Semaphore(COMPUTING)
         self.computed = 0
+
+    def current(self, made_for: int | None, begun: float, last: int | None,
+                training: bool) -> bool:
+        return made_for == last or training and self.clock() - begun < self.fresh_s
+
+    def keep(self, run_id: str, state: _RunSpikes) -> None:
+        """Keeps `state` as the run's, the most recently asked, at its size now; the least
+        recently asked runs go while the sum is over the budget (this one too, where it
+        alone is over it: its answer has been made, a later one starts over)."""
+        self.drop(run_id)
+        self.runs[run_id] = state
+        self.sizes[run_id] = size = state.estimate()
+        self.size += size
+        while self.size > self.budget:
+            self.drop(next(iter(self.runs)))
+
+    def drop(self, run_id: str, state: _RunSpikes | None = None) -> None:
+        """Forgets the run's kept state (only where it is `state`, if given)."""
+        if run_id in self.runs and (state is None or self.runs[run_id] is state):
+            del self.runs[run_id]
+            self.size -= self.sizes.pop(run_id)
 
 
 @router.get("/runs/{run_id}/spikes")
@@ -108,22 +172,25 @@ async def get_spikes(request: Request, run: RunDep, store: StoreDep, hub: DataDe
     the largest shares of the step's squared gradient norm, its non-finite gradient elements,
     the loss kernel's largest |logit| and smallest softmax denominator, and numerical flags;
     with the rule that found them."""
-    cache: Spikes = app_state(request.app, "spikes", lambda: Spikes(settings.spikes_fresh_s))
+    cache: Spikes = app_state(request.app, "spikes", lambda: Spikes(
+        settings.spikes_fresh_s, budget_bytes=settings.spikes_cache_bytes))
     run_id, last = run["id"], run.get("last_step")
+    training = _training(run, fanout)
     state = cache.runs.get(run_id)
-    if state is not None and state.answer is not None and (
-            state.answer[0] == last or _training(run, fanout)
-            and cache.clock() - state.answer[2] < cache.fresh_s):
+    if state is not None and state.answer is not None and cache.current(
+            state.answer[0], state.answer[2], last, training):
         cache.runs.move_to_end(run_id)
         return _response(state.answer[1], "kept")
-    key = (run_id, last)
-    flight = cache.flights.get(key)
-    if flight is not None:
-        body, _ = await asyncio.shield(flight)
+    flight = cache.flights.get(run_id)
+    if flight is not None and cache.current(flight.last, flight.begun, last, training):
+        body, _ = await asyncio.shield(flight.future)
         return _response(body, "shared")
-    flight = cache.flights[key] = asyncio.ensure_future(_compute(cache, run, store, hub, runs))
-    flight.add_done_callback(lambda f: _landed(cache, key, f))
-    body, how = await asyncio.shield(flight)    # (made to the end if this request goes)
+    # The run's next answer (one for an earlier step, not current for this request, is made
+    # to its end for its own requests; this one waits for it: the run's lock).
+    flight = cache.flights[run_id] = _Flight(last, cache.clock(), asyncio.ensure_future(
+        _compute(cache, run, store, hub, runs)))
+    flight.future.add_done_callback(lambda _, flight=flight: _landed(cache, run_id, flight))
+    body, how = await asyncio.shield(flight.future)     # (made to the end if this request goes)
     return _response(body, how)
 
 
@@ -136,11 +203,11 @@ def _response(body: bytes, how: str) -> Response:
     return Response(body, media_type="application/json", headers={HEADER: how})
 
 
-def _landed(cache: Spikes, key: tuple, flight: asyncio.Future) -> None:
-    if cache.flights.get(key) is flight:
-        del cache.flights[key]
-    if not flight.cancelled():
-        flight.exception()      # retrieved: a failure is its requests' (503, 500), not lost
+def _landed(cache: Spikes, run_id: str, flight: _Flight) -> None:
+    if cache.flights.get(run_id) is flight:
+        del cache.flights[run_id]
+    if not flight.future.cancelled():
+        flight.future.exception()   # retrieved: a failure is its requests' (503, 500), not lost
 
 
 async def _compute(cache: Spikes, run: dict, store, hub, runs) -> tuple[bytes, str]:
@@ -152,10 +219,8 @@ async def _compute(cache: Spikes, run: dict, store, hub, runs) -> tuple[bytes, s
     async with cache.computing:
         state = cache.runs.get(run_id)
         if state is None or state.tensors != tensors:
-            state = cache.runs[run_id] = _RunSpikes(tensors)
-        cache.runs.move_to_end(run_id)
-        while len(cache.runs) > CACHED:
-            cache.runs.popitem(last=False)
+            state = _RunSpikes(tensors)
+            cache.keep(run_id, state)
         async with state.lock:
             begun = cache.clock()       # (the answer holds the records committed by now)
             try:
@@ -163,14 +228,12 @@ async def _compute(cache: Spikes, run: dict, store, hub, runs) -> tuple[bytes, s
                 body, made = await _answer(state, hub, runs, run_id)
             except BaseException:
                 state.reset()   # fed part of a page, perhaps: start over next time
+                cache.drop(run_id, state)
                 raise
             state.answer = (last, body, begun)
             cache.computed += 1
-        # (A run's spikes' JSON is about its answer's size again.)
-        kept = sum(2 * len(s.answer[1]) for s in cache.runs.values() if s.answer)
-        while kept > KEPT_BYTES and len(cache.runs) > 1:
-            _, gone = cache.runs.popitem(last=False)
-            kept -= 2 * len(gone.answer[1]) if gone.answer else 0
+            # At its new size (kept again where it went meanwhile: it is the newest).
+            cache.keep(run_id, state)
     return body, f"computed; records={fed}; batches={made}"
 
 

@@ -12,13 +12,17 @@ Trainer (`/ws/runs/{id}`, trainer.py), client -> server:
    "message"?: str, "adapter"?: {...}}
   {"type": "sample", "step": int, "text": str}                      generated text
   {"type": "ping"}
+  (and websocket ping frames, which the websocket layer answers with a pong)
 server -> client: welcome {last_committed_step, records_per_message}, ack {step}, pong,
 error {message, kind?} (then the close), notice {message} (the socket stays open: e.g. the
 run's sample quota is reached, later samples are dropped; once per socket). A trainer sends at
 most records_per_message records per metrics message; past Settings.metrics_rate_per_s records
 a second, or Settings.metrics_bytes_per_s bytes a second of its messages (or
 client_metrics_bytes_per_s from its address, all its trainer sockets together), the server
-reads its socket more slowly (acks come later, nothing is refused).
+reads its socket more slowly (acks come later, nothing is refused). Pings count too (each a
+few KiB: trainer.py PING_COST), ping messages and ping frames alike, and so does what a
+socket sends before its hello (against its address alone: until then it is no run's); a
+socket that sends ping frames faster than trainer.PING_FRAMES allows is closed 1008.
 Steps are those of the run: 0 .. its `steps`. A finished or failed run stays so: only
 POST /api/runs/{id}/resume (a checkpoint) or a branch trains it again.
 
@@ -38,14 +42,14 @@ One trainer per run: a second hello while one is connected is refused, and so is
 resume revoked (routes/checkpoints.py).
 Close codes (an error message comes first): 1003 bad data, 1008 policy (origin, token, revoked
 token, the run already has a trainer, unknown run, a finished run, too many viewer sockets from
-one address), 1009 too big, 1013 try again later (a viewer too slow to keep up; the server
-cannot store records: full disk, read-only data dir — the trainer keeps its unacked records
-and reconnects), 4507 STORAGE_BUDGET (storage.py: the trainer's records, sample or status
-change would cross the data dir's free-space floor, or its run's max_run_bytes; nothing of that
-message was stored, everything acked before it is): the close reason and the error message
-start with the kind, "disk_floor: ..." or "run_bytes: ...", and the error carries it as
-`kind`; the trainer keeps its unacked records and tries again slowly (every 30 s: the operator
-may free space or delete runs meanwhile).
+one address, a flood of ping frames: kind `ping_flood`), 1009 too big, 1013 try again later
+(a viewer too slow to keep up; the server cannot store records: full disk, read-only data
+dir — the trainer keeps its unacked records and reconnects), 4507 STORAGE_BUDGET (storage.py:
+the trainer's records, sample or status change would cross the data dir's free-space floor,
+or its run's max_run_bytes; nothing of that message was stored, everything acked before it
+is): the close reason and the error message start with the kind, "disk_floor: ..." or
+"run_bytes: ...", and the error carries it as `kind`; the trainer keeps its unacked records
+and tries again slowly (every 30 s: the operator may free space or delete runs meanwhile).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from andrea.config import Settings, page_port
 from andrea.metrics import Record, Step
 from andrea.runs.info import TrainerStatus
-from andrea.telemetry.uvicorn_shim import abort, limit_frames
+from andrea.telemetry.uvicorn_shim import Refusal, abort, limit_frames
 
 # One metrics batch (UTF-8 bytes; a record: ~200 B + its lists). Parsing a message holds the
 # event loop (pydantic's validation keeps the GIL, so a thread does not help): at 256 KiB one
@@ -132,6 +136,7 @@ ViewerMessage = TypeAdapter(Annotated[Union[From, Ping], Field(discriminator="ty
 # among them, as final.
 BUSY = "busy"               # another trainer holds the run
 REVOKED_TOKEN = "revoked"   # the run was resumed elsewhere: this token is void
+PING_FLOOD = "ping_flood"   # websocket ping frames far faster than any client needs
 
 
 class ProtocolError(Exception):
@@ -208,20 +213,39 @@ async def receive(ws: WebSocket, adapter: TypeAdapter, limit: int):
     return _parse(adapter, _text_of(await ws.receive(), limit))
 
 
+async def receive_text(ws: WebSocket, limit: int) -> tuple[str, int]:
+    """(the next message's text, its UTF-8 bytes), not parsed yet (parse)."""
+    text = _text_of(await ws.receive(), limit)
+    return text, len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def parse(adapter: TypeAdapter, text: str):
+    """A message's text parsed by `adapter` (ProtocolError 1003 where it is not one)."""
+    return _parse(adapter, text)
+
+
 async def receive_sized(ws: WebSocket, adapter: TypeAdapter, limit: int):
     """(the next message, its UTF-8 bytes): what the trainer's rates and storage count."""
-    text = _text_of(await ws.receive(), limit)
-    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    text, size = await receive_text(ws, limit)
     return _parse(adapter, text), size
+
+
+def _error(message: str, kind: str | None) -> dict:
+    return {"type": "error", "message": message} | ({"kind": kind} if kind else {})
+
+
+def refusal(code: int, message: str, kind: str | None = None) -> Refusal:
+    """What close() sends, for the websocket layer to send itself (uvicorn_shim.limit_pings:
+    a ping frame refused where the app never sees it)."""
+    return Refusal(code, message[:120], json.dumps(_error(message, kind)))
 
 
 async def close(ws: WebSocket, code: int, message: str, timeout: float = 5.0,
                 kind: str | None = None) -> None:
     """The error message (with its `kind`, where given), then the close; a peer that does not
     take them in time is cut off."""
-    error = {"type": "error", "message": message} | ({"kind": kind} if kind else {})
     try:
-        await asyncio.wait_for(ws.send_json(error), timeout)
+        await asyncio.wait_for(ws.send_json(_error(message, kind)), timeout)
         await asyncio.wait_for(ws.close(code=code, reason=message[:120]), timeout)
     except asyncio.TimeoutError:
         abort(ws)

@@ -1,10 +1,12 @@
 """The trainer socket, `/ws/runs/{id}`: the training tab's, one per run (protocol.py has its
 messages). It commits each metrics batch to the store, acks it, and publishes exactly what was
 committed to the run's viewers (fanout.py); status changes and samples likewise. Each message
-is paced by its bytes (quotas.MessageRates: per run and per client address) and, before it is
-committed, checked against the storage budget (storage.py: the data dir's floor, the run's
-max_run_bytes; past either the socket is closed protocol.STORAGE_BUDGET). When it goes,
-runs/lifecycle.py marks the run interrupted if no trainer comes back within the grace period."""
+is paced by its bytes (quotas.MessageRates: per run and per client address; pings, the
+websocket layer's ping frames among them, and whatever comes before the hello too: PING_COST,
+HELLO_COST) and, before it is committed, checked against the storage budget (storage.py: the
+data dir's floor, the run's max_run_bytes; past either the socket is closed
+protocol.STORAGE_BUDGET). When it goes, runs/lifecycle.py marks the run interrupted if no
+trainer comes back within the grace period."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from andrea.store import StoreUnavailable
 from andrea.telemetry.protocol import (
     BUSY,
     MAX_MESSAGE_BYTES,
+    PING_FLOOD,
     RECORDS_PER_MESSAGE,
     REVOKED_TOKEN,
     STORAGE_BUDGET,
@@ -37,9 +40,13 @@ from andrea.telemetry.protocol import (
     TrainerMessage,
     accept,
     close,
+    parse,
     receive_sized,
+    receive_text,
+    refusal,
 )
 from andrea.telemetry.record_checks import check_precision, check_rows, check_tensors, tensor_count
+from andrea.telemetry.uvicorn_shim import limit_pings
 from andrea.web.deps import (
     REVOKED,
     DataDep,
@@ -50,7 +57,7 @@ from andrea.web.deps import (
     StorageDep,
     StoreDep,
 )
-from andrea.web.quotas import SampleQuota, TokenBucket, sample_bytes
+from andrea.web.quotas import MessageRates, SampleQuota, TokenBucket, sample_bytes
 
 log = logging.getLogger("andrea.telemetry")
 router = APIRouter()
@@ -64,6 +71,18 @@ FINAL = ("finished", "failed")
 # least MIN_COST; a status change at least STATUS_COST (a transaction, a read of the run and a
 # message to each viewer: 64 a second per run at the default 1 MiB/s).
 MIN_COST, STATUS_COST = 256, 16 << 10
+# A ping (message or websocket ping frame) costs PING_COST, and what a socket sends before its
+# hello (the hello too: a token check and a run read) at least HELLO_COST, from its address'
+# bucket alone (anyone may name any run). At the default 1 MiB/s: 128 at once, then 64 a
+# second, per address (and per run, after the hello); a page pings once per sync, the
+# websockets library every 20 s. (Before, a ping message cost 256 B, 4096 a second unpaced, and
+# a ping frame or anything before the hello nothing: a ping flood raised another trainer's ack
+# median from 2.6 to 8.4 ms.)
+PING_COST = HELLO_COST = 16 << 10
+# A socket's own ping frames, which cannot be paced as exactly as messages (the websocket layer
+# reads and answers them while the app waits): a burst, then a rate; one past them closes the
+# socket 1008 (kind ping_flood), far above any client's need.
+PING_FRAMES = (20, 2.0)
 # What the page is told to do when the storage budget closes its socket (protocol.py).
 STORAGE_NEXT = {
     FLOOR: "ask the operator to free space or delete runs no longer needed",
@@ -77,6 +96,29 @@ def _feed_bandit(runs: RunRegistry, run_id: str, records: list[Record]) -> None:
     # every step of the phases it depends on (data/bandit.py).
     for r in records:
         runs.report_losses(run_id, r.step, r.source_losses or {})
+
+
+class _PingFrames:
+    """What the socket's websocket ping frames cost (uvicorn_shim.limit_pings asks before each
+    pong): PING_COST from the address' bucket (and the run's, once the hello made the socket
+    the run's: `run`), waited out by not reading the socket; past PING_FRAMES, the close."""
+
+    def __init__(self, rates: MessageRates, client: str, run_id: str):
+        self.rates, self.client, self.run_id = rates, client, run_id
+        self.run: str | None = None     # the run's, after its hello
+        self.frames = TokenBucket(*PING_FRAMES)
+
+    def __call__(self):
+        if self.frames.try_take() > 0:
+            log.warning("run %s: ping frame flood from %s, socket closed", self.run_id,
+                        self.client)
+            burst, rate = PING_FRAMES
+            return refusal(1008, f"ping flood: more than {burst} websocket pings at once or "
+                                 f"{rate:g} a second; one every few seconds is plenty",
+                           PING_FLOOD)
+        if self.run is None:
+            return self.rates.client_wait_s(self.client, PING_COST)
+        return self.rates.wait_s(self.run, self.client, PING_COST)
 
 
 def _check_steps(steps: int, *values: int | None) -> None:
@@ -118,6 +160,23 @@ async def _receive(ws: WebSocket):
     return await receive_sized(ws, TrainerMessage, MAX_MESSAGE_BYTES)
 
 
+async def _first(ws: WebSocket, rates: MessageRates, client: str):
+    """The first message (a hello, or not), within HELLO_TIMEOUT_S; paced before it is parsed,
+    against the address alone (the socket is no run's yet): its bytes, at least HELLO_COST,
+    whatever it is (a binary or too big one too: refused after the wait)."""
+    refused = None
+    try:
+        text, size = await asyncio.wait_for(receive_text(ws, MAX_MESSAGE_BYTES),
+                                            timeout=HELLO_TIMEOUT_S)
+    except ProtocolError as e:
+        refused, size = e, 0
+    if wait := rates.client_wait_s(client, max(size, HELLO_COST)):
+        await asyncio.sleep(wait)
+    if refused is not None:
+        raise refused
+    return parse(TrainerMessage, text)
+
+
 @router.websocket("/ws/runs/{run_id}")
 async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: FanoutDep,
                          runs: RunsDep, settings: SettingsDep, data: DataDep,
@@ -127,8 +186,10 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
     if not await accept(ws, settings, TRAINER_FRAME_BYTES):
         return
     client = ws.client.host if ws.client else ""
+    pings = _PingFrames(rates, client, run_id)
+    limit_pings(ws, pings)
     try:
-        hello, _ = await asyncio.wait_for(_receive(ws), timeout=HELLO_TIMEOUT_S)
+        hello = await _first(ws, rates, client)
         if not isinstance(hello, Hello):
             raise ProtocolError(1008, "the first message must be hello with the run's token")
         async with fanout.run_lock(run_id):   # a resume cannot revoke between check and join
@@ -146,6 +207,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             if not await fanout.claim_trainer(run_id):
                 raise ProtocolError(1008, "another trainer holds this run", BUSY)
             connected = True
+        pings.run = run_id
         if run["status"] in ("running", "paused"):
             # A tab back after a dropped connection: its viewers said "no training tab".
             fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
@@ -172,8 +234,9 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             # Past the run's or the client's bytes per second (or, below, the records per
             # second) the socket is read more slowly: nothing is refused or lost, the tab's
             # acks come later.
-            wait = rates.wait_s(run_id, client, max(
-                size, STATUS_COST if isinstance(msg, Status) else MIN_COST))
+            wait = rates.wait_s(run_id, client, max(size, STATUS_COST if isinstance(msg, Status)
+                                                    else PING_COST if isinstance(msg, Ping)
+                                                    else MIN_COST))
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
                 check_rows(run["config"]["batch_size"], msg.records)

@@ -1,6 +1,6 @@
 """The one place that reaches into uvicorn's private websocket internals.
 
-Starlette's WebSocket offers neither thing the sockets need from the server:
+Starlette's WebSocket offers none of the things the sockets need from the server:
 - a per-socket message size limit that the websocket layer enforces while it reads (close
   1009), so a big message is refused before it is buffered whole;
 - aborting a connection whose peer stopped reading (a close would wait, for ever, for the
@@ -9,19 +9,30 @@ Starlette's WebSocket offers neither thing the sockets need from the server:
   message unread, so the kernel answers the peer with a reset that can overtake the close
   frame, and the peer sees "no close frame" instead of the reason. The shim sends the close
   frame and a FIN, reads and drops what still comes for at most LINGER_S, then closes.
+- a say over the peer's ping frames: websockets answers each with a pong itself, inside
+  uvicorn's data_received, before the app could see it, and however fast they come (a flood
+  of them costs the event loop as much as messages, while the app waits for the hello or
+  reads the socket more slowly). limit_pings hands each ping to the app's budget first.
 uvicorn's websockets-sansio protocol (what `andrea serve` runs: uvicorn's `ws="auto"` where the
-`websockets` package is installed) has both: the ASGI `receive` it hands the app is a bound
+`websockets` package is installed) has them: the ASGI `receive` it hands the app is a bound
 method of the protocol object, whose `conn` (websockets' ServerProtocol) has
-`max_message_size` and whose `transport` can be aborted. Where that is not so (another server
-or websockets implementation) both functions do nothing: protocol.py still checks every
-message's size once it has arrived. tests/test_uvicorn_shim.py fails if uvicorn changes what
-this relies on. Its HTTP counterpart is andrea/uvicorn_limits.py (header timeout, per-client
-cap, cutting a stalled download), pinned by the same tests.
+`max_message_size` and `recv_frame` (each frame parsed, pings answered there) and whose
+`transport` can be paused and aborted. Where that is not so (another server or websockets
+implementation) the functions do nothing: protocol.py still checks every message's size once
+it has arrived, and pings stay the server's own. tests/test_uvicorn_shim.py fails if uvicorn
+changes what this relies on. Its HTTP counterpart is andrea/uvicorn_limits.py (header timeout,
+per-client cap, cutting a stalled download), pinned by the same tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from fastapi import WebSocket
+from websockets.exceptions import ProtocolError
+from websockets.frames import Opcode
+from websockets.protocol import State
 
 # How long a socket closed for a too-big message keeps reading (and dropping) the rest of it, so
 # the peer can read the close frame before the connection goes (nginx's lingering_time, scaled
@@ -72,3 +83,61 @@ def abort(ws: WebSocket) -> None:
     proto = protocol_of(ws)
     if proto is not None:
         proto.transport.abort()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """limit_pings' answer to a ping that is one too many: `text` (a message, e.g. the
+    protocol's error) is sent, then the close frame (code, reason: at most 123 UTF-8 bytes)."""
+    code: int
+    reason: str
+    text: str | None = None
+
+
+def limit_pings(ws: WebSocket, on_ping: Callable[[], float | Refusal]) -> bool:
+    """Each ping frame the peer sends asks on_ping() first, which answers
+    - 0: pong as usual;
+    - seconds > 0: pong, then nothing more is read from the socket for that long (the peer's
+      next frames wait: paced; a message the app has not read yet keeps it paused anyway);
+    - a Refusal: no pong; its text and close frame are sent, the connection is closed as
+      after a too-big message (the app's receive hears the close: WebSocketDisconnect).
+    False (nothing done) where uvicorn's protocol is not reachable."""
+    proto = protocol_of(ws)
+    plain = getattr(getattr(proto, "conn", None), "recv_frame", None)
+    if proto is None or not callable(plain):
+        return False
+    conn, until = proto.conn, [0.0]
+
+    def recv_frame(frame) -> None:
+        if frame.opcode is not Opcode.PING or conn.state is not State.OPEN:
+            plain(frame)
+            return
+        verdict = on_ping()
+        if isinstance(verdict, Refusal):
+            if verdict.text is not None:
+                conn.send_text(verdict.text.encode("utf-8"))
+            conn.fail(verdict.code, verdict.reason)     # the close frame; the rest discarded
+            # Ends websockets' parser as a bad frame does: uvicorn then closes the connection
+            # (handle_parser_exception, lingering where limit_frames set it) with that frame.
+            raise ProtocolError(verdict.reason)
+        plain(frame)
+        if verdict > 0:
+            _pause(proto, verdict, until)
+
+    conn.recv_frame = recv_frame
+    return True
+
+
+def _pause(proto, seconds: float, until: list[float]) -> None:
+    """Reads nothing from the peer for `seconds` (from the latest of overlapping pauses)."""
+    until[0] = max(until[0], proto.loop.time() + seconds)
+    proto.transport.pause_reading()
+    proto.loop.call_later(seconds, _resume, proto, until)
+
+
+def _resume(proto, until: list[float]) -> None:
+    if proto.loop.time() < until[0] - 0.01:    # a later pause's own timer resumes
+        return
+    # uvicorn's own pause (a message the app has not read yet) is uvicorn's to end.
+    if not getattr(proto, "read_paused", False) and not proto.transport.is_closing():
+        proto.transport.resume_reading()

@@ -103,10 +103,10 @@ BYTES_BURST_S = 2
 
 
 class MessageRates:
-    """Bytes per second of trainer messages: a bucket per run (kept across its sockets: a
-    reconnect does not refill it) and one per client address (all trainer sockets from it
-    share it). wait_s takes from both and says how long to wait before reading on; `paced`
-    counts the messages that had to wait."""
+    """Bytes per second of trainer messages (and pings: telemetry/trainer.py says what each
+    costs): a bucket per run (kept across its sockets: a reconnect does not refill it) and one
+    per client address (all trainer sockets from it share it). wait_s takes from both and says
+    how long to wait before reading on; `paced` counts the messages that had to wait."""
 
     def __init__(self, per_run: float, per_client: float,
                  clock: Callable[[], float] = time.monotonic):
@@ -119,6 +119,13 @@ class MessageRates:
         the seconds until both are out of it again (0: none)."""
         wait = max(self.runs.bucket(run_id).take(nbytes),
                    self.clients.bucket(client).take(nbytes))
+        self.paced += wait > 0
+        return wait
+
+    def client_wait_s(self, client: str, nbytes: int) -> float:
+        """The same for what a socket sends before it is a run's (before its hello, which
+        anyone may send for any run): from the client's bucket alone."""
+        wait = self.clients.bucket(client).take(nbytes)
         self.paced += wait > 0
         return wait
 
