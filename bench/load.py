@@ -404,15 +404,20 @@ def serve_own(args: argparse.Namespace):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
     log(f"starting a server (data in {data})")
-    # Every simulated laptop here has the one address 127.0.0.1: the per-address bounds of a
-    # workshop (new runs, open connections, viewer sockets and their backlog reads) would count
-    # them all as one participant.
-    proc, url = start_server(data, timeout=120, env={
+    proc, url = start_server(data, timeout=120, env=client_bounds_env(args))
+    return proc, url, data
+
+
+def client_bounds_env(args: argparse.Namespace) -> dict[str, str]:
+    """The settings a server loaded by these clients starts with (serve_own, and every process
+    of bench/load_cluster.py): every simulated laptop here has the one address 127.0.0.1, so the
+    per-address bounds of a workshop (new runs, open connections, viewer sockets and their
+    backlog reads) would count them all as one participant; raised above what the run needs."""
+    return {
         "ANDREA_RUN_BURST": str(args.trainers + 10),
         "ANDREA_MAX_CONNECTIONS_PER_CLIENT": str(2 * (args.trainers + args.viewers) + 64),
         "ANDREA_MAX_VIEWERS_PER_CLIENT": str(args.viewers + 16),
-        "ANDREA_VIEWER_BACKLOG_BURST_BYTES": str(1 << 40)})
-    return proc, url, data
+        "ANDREA_VIEWER_BACKLOG_BURST_BYTES": str(1 << 40)}
 
 
 def measure(args: argparse.Namespace, servers: list[str], pids: list[int]) -> dict:

@@ -2,8 +2,9 @@
 PostgreSQL cluster (the store) and Redis (the broker), both started here as the tests start
 them (tests/pg.py, tests/redis_server.py), N `andrea serve` processes on N ports over one data
 dir, then bench/load.py with every server (trainers round-robin, each viewer on another process
-than its run's trainer) and the rest of the command line passed through. Everything is stopped
-at the end.
+than its run's trainer) and the rest of the command line passed through. Every process starts
+with bench/load.py's raised per-client bounds (client_bounds_env: all clients here share one
+address), sized from that command line. Everything is stopped at the end.
 
     python bench/load_cluster.py --processes 2 -- --trainers 100 --viewers 1000 --duration 60
     python bench/load_cluster.py --processes 2 --sqlite -- ...   # a shared SQLite file instead
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea.cli.launch import start_server, stop_server  # noqa: E402
+from bench.load import client_bounds_env, parse_args  # noqa: E402
 from tests import pg  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 
@@ -36,8 +38,9 @@ def main() -> int:
                     help="after --: bench/load.py's arguments")
     args = ap.parse_args()
     load_args = [a for a in args.load_args if a != "--"]
+    bounds = client_bounds_env(parse_args(load_args))   # (bad arguments: exit 2 before any start)
     with contextlib.ExitStack() as stack:
-        env = {"ANDREA_BROKER_URL": stack.enter_context(redis_server())}
+        env = {**bounds, "ANDREA_BROKER_URL": stack.enter_context(redis_server())}
         if not args.sqlite:
             cluster = stack.enter_context(pg.cluster())
             env["ANDREA_DATABASE_URL"] = stack.enter_context(cluster.database())

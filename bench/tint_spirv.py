@@ -21,7 +21,8 @@ import json
 import pathlib
 import threading
 
-from server.chromium import CHROMIUM, webgpu_args
+from andrea.cli.browser_flags import webgpu_args
+from andrea.cli.chromium import CHROMIUM
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MARK = "Dumped SPIRV disassembly"

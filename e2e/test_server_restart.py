@@ -13,6 +13,11 @@ from andrea.web.auth import token_init_script
 
 STEPS = 40
 OUTAGE_S = 65       # past the ~56 s after which the page used to give a batch up
+# The server stops once steps 1..HOLD are committed, with the run mid-way whatever the adapter's
+# speed: the page's request for step HOLD + 1's batch is held (a gate) until then, and answered
+# once the server is gone (fetched before it went), so that step is trained in the outage and
+# its record must wait to be resent.
+HOLD = 12
 
 
 def committed(data_dir, run_id):
@@ -34,15 +39,21 @@ def test_run_survives_a_server_restart(page, tmp_path):
                                            b' "sample_every": 0, "eval_every": 0}' % STEPS),
                                      headers={"content-type": "application/json"})
         run = json.load(urllib.request.urlopen(req))
+        held = []   # Playwright's sync API runs this handler only inside its own calls
+        page.route(f"**/api/runs/{run['id']}/batches/{HOLD}", lambda route: held.append(route))
         page.add_init_script(token_init_script(run["id"], run["token"]))
         page.goto(f"{url}/runs/{run['id']}")
         deadline = time.monotonic() + 120
-        while len(committed(tmp_path, run["id"])) < 8 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while not (held and len(committed(tmp_path, run["id"])) >= HOLD) and \
+                time.monotonic() < deadline:
+            page.wait_for_timeout(200)
+        (gate,) = held
+        batch = gate.fetch()
         stop_server(server)
         before = committed(tmp_path, run["id"])
-        assert 8 <= len(before) < STEPS
-        # The page trains on what it has prefetched, queues its records, then waits, saying so.
+        assert before == list(range(1, HOLD + 1))
+        gate.fulfill(response=batch)
+        # The page trains on what it has (prefetched), queues its records, then waits, saying so.
         page.wait_for_function("document.body.dataset.unreachable !== undefined",
                                timeout=30_000)
         notice = page.inner_text("#unreachable")
