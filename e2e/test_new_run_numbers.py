@@ -30,7 +30,7 @@ BOXES = """(selector) => {
 
 def _beside(page, selector: str) -> dict:
     r = page.evaluate(BOXES, selector)
-    (bl, bt, br, bb), (tl, tt, tr, tb) = r["box"], r["text"]
+    (_, bt, br, bb), (tl, tt, _, tb) = r["box"], r["text"]
     middle = (bt + bb) / 2
     assert tt <= middle <= tb, f"{selector}: the checkbox is not on its words' line: {r}"
     assert 0 <= tl - br <= 16, f"{selector}: the words do not follow the checkbox: {r}"
@@ -45,7 +45,7 @@ def test_room_checkbox_sits_with_its_label_and_state_reads_in_sensible_bytes(pag
     page.wait_for_function("!document.getElementById('start').disabled")
 
     room = _beside(page, "#room-run")
-    mirror = _beside(page, "input[name=f16_mirror]")          # the form's other checkboxes, as they were
+    mirror = _beside(page, "input[name=f16_mirror]")  # the form's other checkboxes, as they were
     assert room["direction"] == mirror["direction"] == "row"
     assert room["color"] == mirror["color"]
     gap = lambda r: r["text"][0] - r["box"][2]    # noqa: E731
