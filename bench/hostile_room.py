@@ -30,7 +30,7 @@ from andrea.config import Settings
 from andrea.room import codec
 from bench.hostile_workers import rss_mib
 from tests.conftest import LocalClient
-from tests.test_room_hostile import ATTACKS, eval_loss, play_room
+from tests.test_room_hostile import attack_table
 
 MODEL = {"preset": "120m", "n_layer": 6, "steps": 100,
          "room": {"inner_steps": 50, "codec": "int8", "max_workers": 8,
@@ -40,22 +40,14 @@ MODEL = {"preset": "120m", "n_layer": 6, "steps": 100,
 def attacks() -> None:
     with tempfile.TemporaryDirectory() as tmp, \
             LocalClient(create_app(Settings(data_dir=Path(tmp)))) as c:
-        honest = {n: play_room(c, n, None, 0) for n in (1, 3)}
-        run0, w0, _ = honest[3]
-        before = eval_loss(c, run0, w0)
-        base = {n: eval_loss(c, run, w) for n, (run, _, w) in honest.items()}
-        print(f"eval loss of version 0: {before:.4f}; honest room of 1: {base[1]:.4f}, "
-              f"of 3: {base[3]:.4f}")
-        print(f"{'attack':>7} {'hostile':>8} {'eval loss':>10} {'vs honest':>10} "
-              f"{'weights away':>13}")
-        for kind in ATTACKS:
-            for honest_n, hostile_n in ((1, 1), (3, 1), (3, 2)):
-                run, _, w = play_room(c, honest_n, kind, hostile_n)
-                loss = eval_loss(c, run, w)
-                step = np.linalg.norm(honest[honest_n][2] - w0)
-                away = np.linalg.norm(w - honest[honest_n][2]) / step
-                print(f"{kind:>7} {hostile_n} of {honest_n + hostile_n:<3} {loss:10.4f} "
-                      f"{(loss / base[honest_n] - 1) * 100:+9.2f}% {away * 100:12.1f}%")
+        before, base, rows = attack_table(c)
+    print(f"eval loss of version 0: {before:.4f}; honest room of 1: {base[1]:.4f}, "
+          f"of 3: {base[3]:.4f}")
+    print(f"{'attack':>7} {'hostile':>8} {'eval loss':>10} {'vs honest':>10} "
+          f"{'weights away':>13}")
+    for r in rows:
+        print(f"{r['kind']:>7} {r['hostile']} of {r['honest'] + r['hostile']:<3} "
+              f"{r['loss']:10.4f} {r['change'] * 100:+9.2f}% {r['away'] * 100:12.1f}%")
 
 
 def memory() -> None:

@@ -12,9 +12,7 @@ import http.server
 import re
 import shutil
 import socket
-import subprocess
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +21,7 @@ import pytest
 from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import start_server, stop_server
 from tests.browser import browser_args
+from tests.test_web_proxy import start_nginx
 
 NAME = "workshop.local"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -69,35 +68,12 @@ def proxied(tmp_path_factory):
               .replace("/etc/ssl/workshop.local.key", str(root / "key.pem"))
               .replace("http://127.0.0.1:8000", f"http://127.0.0.1:{port}"))
     assert recipe.count(str(root)) == 2 and f":{port};" in recipe
-    conf = root / "nginx.conf"
-    conf.write_text(f"""
-daemon off;
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {root}/body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-{recipe}
-}}
-""")
-    nginx = subprocess.Popen([NGINX, "-p", str(root), "-c", str(conf)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", 443), timeout=1).close()
-                break
-            except OSError:
-                if nginx.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nginx did not start: {nginx.stderr.read().decode()}")
-                time.sleep(0.05)
+        nginx = start_nginx(root, recipe, 443)
+    except BaseException:
+        stop_server(proc)
+        raise
+    try:
         yield url, root / "data"
     finally:
         nginx.terminate()

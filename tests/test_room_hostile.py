@@ -196,33 +196,45 @@ def play_room(c, honest_n: int, hostile: str | None, hostile_n: int, rounds_n: i
     return run, w0, weights(c, run, rounds_n)
 
 
+def attack_table(c) -> tuple[float, dict[int, float], list[dict]]:
+    """Every attack of ATTACKS by 1 of 2, 1 of 4 and 2 of 5 workers, beside the honest rooms
+    of 1 and 3: (version 0's eval loss, the honest rooms' by size, a row per attack with its
+    eval loss, its change against the honest room's and how far its weights ended from the
+    honest room's, in honest steps)."""
+    honest = {n: play_room(c, n, None, 0) for n in (1, 3)}
+    run0, w0, _ = honest[3]
+    before = eval_loss(c, run0, w0)
+    base = {n: eval_loss(c, run, w) for n, (run, _, w) in honest.items()}
+    rows = []
+    for kind in ATTACKS:
+        for honest_n, hostile_n in ((1, 1), (3, 1), (3, 2)):
+            run, _, w = play_room(c, honest_n, kind, hostile_n)
+            loss = eval_loss(c, run, w)
+            step = np.linalg.norm(honest[honest_n][2] - w0)
+            rows.append({"kind": kind, "honest": honest_n, "hostile": hostile_n, "loss": loss,
+                         "change": loss / base[honest_n] - 1,
+                         "away": np.linalg.norm(w - honest[honest_n][2]) / step})
+    return before, base, rows
+
+
 def test_a_minority_of_hostile_workers_cannot_move_the_model(app_client):
     """1 of 2, 1 of 4 and 2 of 5 workers attack (huge, sign-flipped, random, stale) for two
     rounds of real PyTorch training. With a majority of 3 honest workers the room's eval loss
     stays within 1% of the honest room's; a room of two cannot tell which worker is honest,
     and there the bounds limit the damage: a sign-flipper can hold the room still (its
     deltas cancel the honest one's), never push it past where it started."""
-    c = app_client
-    honest = {n: play_room(c, n, None, 0) for n in (1, 3)}
-    run0, w0, _ = honest[3]
-    before = eval_loss(c, run0, w0)
-    base = {n: eval_loss(c, run, w) for n, (run, _, w) in honest.items()}
+    before, base, rows = attack_table(app_client)
     print(f"\neval loss: version 0 {before:.4f}; honest rooms of 1: {base[1]:.4f}, 3: "
           f"{base[3]:.4f}")
     assert base[3] < before and base[1] < before
-    for kind in ATTACKS:
-        for honest_n, hostile_n in ((1, 1), (3, 1), (3, 2)):
-            run, _, w = play_room(c, honest_n, kind, hostile_n)
-            loss = eval_loss(c, run, w)
-            step = np.linalg.norm(honest[honest_n][2] - w0)
-            moved = np.linalg.norm(w - honest[honest_n][2]) / step
-            print(f"{kind:>6} {hostile_n} of {honest_n + hostile_n}: eval loss {loss:.4f} "
-                  f"({(loss / base[honest_n] - 1) * 100:+.2f}% against the honest room's), "
-                  f"weights {moved * 100:.1f}% of the honest step away")
-            if honest_n >= 3:
-                assert abs(loss / base[honest_n] - 1) < 0.01, (kind, hostile_n)
-            else:       # at worst the room stands still: never worse than its version 0
-                assert loss < before * 1.01, kind
+    for r in rows:
+        print(f"{r['kind']:>6} {r['hostile']} of {r['honest'] + r['hostile']}: eval loss "
+              f"{r['loss']:.4f} ({r['change'] * 100:+.2f}% against the honest room's), "
+              f"weights {r['away'] * 100:.1f}% of the honest step away")
+        if r["honest"] >= 3:
+            assert abs(r["change"]) < 0.01, r
+        else:       # at worst the room stands still: never worse than its version 0
+            assert r["loss"] < before * 1.01, r
 
 
 # ---- one participant, one worker; nobody holds a slot for free -------------------------------

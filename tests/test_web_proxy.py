@@ -62,9 +62,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _nginx(prefix: Path, upstream: int) -> tuple[subprocess.Popen, int]:
-    """nginx in the foreground with RECIPE, its files under `prefix`; (process, its port)."""
-    listen = _free_port()
+def nginx_conf(prefix: Path, servers: str) -> Path:
+    """An nginx.conf around `servers` (server blocks) whose files all live under `prefix`."""
     prefix.mkdir(parents=True, exist_ok=True)
     conf = prefix / "nginx.conf"
     conf.write_text(f"""
@@ -80,22 +79,34 @@ http {{
     fastcgi_temp_path {prefix}/fastcgi;
     uwsgi_temp_path {prefix}/uwsgi;
     scgi_temp_path {prefix}/scgi;
-    map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
-    {RECIPE.format(listen=listen, name=NAME, upstream=upstream)}
+{servers}
 }}
 """)
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(conf)],
+    return conf
+
+
+def start_nginx(prefix: Path, servers: str, port: int) -> subprocess.Popen:
+    """nginx in the foreground with `servers`, once `port` answers."""
+    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(nginx_conf(prefix, servers))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 15
     while True:
         try:
-            socket.create_connection(("127.0.0.1", listen), timeout=1).close()
-            return proc, listen
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"nginx did not start: {proc.stderr.read().decode()}")
             time.sleep(0.05)
+
+
+def _nginx(prefix: Path, upstream: int) -> tuple[subprocess.Popen, int]:
+    """nginx with RECIPE on a free port; (process, its port)."""
+    listen = _free_port()
+    servers = "map $http_upgrade $connection_upgrade { default upgrade; '' close; }\n" + \
+        RECIPE.format(listen=listen, name=NAME, upstream=upstream)
+    return start_nginx(prefix, servers, listen), listen
 
 
 @pytest.fixture(scope="module", params=["default", "local owner asked"])
