@@ -21,7 +21,7 @@ import pytest
 from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import start_server, stop_server
 from tests.browser import browser_args
-from tests.test_web_proxy import start_nginx
+from tests.test_web_proxy import free_port, start_nginx
 
 NAME = "workshop.local"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -68,8 +68,17 @@ def proxied(tmp_path_factory):
               .replace("/etc/ssl/workshop.local.key", str(root / "key.pem"))
               .replace("http://127.0.0.1:8000", f"http://127.0.0.1:{port}"))
     assert recipe.count(str(root)) == 2 and f":{port};" in recipe
+    # Ready when a port of its own answers (443 may be another suite's nginx beside this one,
+    # which answers too); nginx binds every listen at once, so a taken 443 or 80 stops it.
+    probe = free_port()
     try:
-        nginx = start_nginx(root, recipe, 443)
+        nginx = start_nginx(root, recipe + f"server {{ listen 127.0.0.1:{probe}; return 204; }}\n",
+                            probe)
+    except RuntimeError as e:
+        stop_server(proc)
+        if "in use" in str(e):
+            pytest.skip(f"ports 443 and 80 are taken (another suite's proxy?): {e}")
+        raise
     except BaseException:
         stop_server(proc)
         raise
@@ -104,7 +113,7 @@ def create_and_train(page, base: str) -> str:
         page.fill(f"input[name={name}]", str(value))
     page.wait_for_function("!document.getElementById('start').disabled", timeout=120_000)
     page.click("#start")
-    page.wait_for_url("**/runs/*")
+    page.wait_for_url("**/runs/*", timeout=TIMEOUT)
     run_id = page.url.rsplit("/", 1)[1]
     try:
         page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)

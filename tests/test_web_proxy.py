@@ -56,7 +56,7 @@ RECIPE = """
 """
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -103,7 +103,7 @@ def start_nginx(prefix: Path, servers: str, port: int) -> subprocess.Popen:
 
 def _nginx(prefix: Path, upstream: int) -> tuple[subprocess.Popen, int]:
     """nginx with RECIPE on a free port; (process, its port)."""
-    listen = _free_port()
+    listen = free_port()
     servers = "map $http_upgrade $connection_upgrade { default upgrade; '' close; }\n" + \
         RECIPE.format(listen=listen, name=NAME, upstream=upstream)
     return start_nginx(prefix, servers, listen), listen
