@@ -77,7 +77,10 @@ def proxied(tmp_path_factory):
     except RuntimeError as e:
         stop_server(proc)
         if "in use" in str(e):
-            pytest.skip(f"ports 443 and 80 are taken (another suite's proxy?): {e}")
+            # The recipe listens on 443 and 80 as printed; another program holds them here
+            # (a second suite's nginx beside this one: that suite runs this test).
+            pytest.skip(f"another program listens on 443 or 80, which the README's recipe "
+                        f"binds: {e}")
         raise
     except BaseException:
         stop_server(proc)

@@ -1,6 +1,6 @@
 """How a round's pseudo-gradients become one: the close's math, a function of the workers'
 deltas read chunk by chunk (read(i, start, stop) -> f32), so memory holds a chunk of each,
-never a whole delta, and a test can call it on arrays.
+never a whole delta (RobustMean takes any read(i, start, stop): arrays as well as files).
 
 1. Norm clip from history. Each delta is scaled to at most clip_multiple x a reference norm:
    the median of this round's norms together with the norms that entered the last rounds
@@ -91,15 +91,3 @@ class RobustMean:
         """(start, the aggregate's f32 chunk) in order."""
         for start, x in self._clipped(self.kept):
             yield start, x.mean(axis=0, dtype=np.float32)
-
-
-def robust_mean(deltas: list[np.ndarray], history: list[float], clip_multiple: float,
-                chunk: int = CHUNK) -> tuple[np.ndarray, RobustMean]:
-    """The aggregate of whole arrays (tests, the bench): (f32 [numel], its RobustMean)."""
-    norms = [float(np.linalg.norm(d.astype(np.float64))) for d in deltas]
-    agg = RobustMean(lambda i, a, b: deltas[i][a:b].astype(np.float32), norms,
-                     deltas[0].size, history, clip_multiple, chunk)
-    out = np.empty(deltas[0].size, np.float32)
-    for start, part in agg.chunks():
-        out[start:start + part.size] = part
-    return out, agg
