@@ -1,35 +1,41 @@
 // 07_loss: mean token cross-entropy and its gradient, one pass over the vocabulary per row.
+// The loss may run over the batch's rows a chunk at a time (model.js lossChunkRows: the logits of
+// a big batch do not fit one buffer): a dispatch takes rows [row0, row0 + rows) of the N.
 //
-// cross_entropy (one workgroup per row)
-//   @binding(0) dims    : {N = B*T rows, V}     uniform
-//   @binding(1) logits  : array<f32> [N, V]     read, then = dlogits in place (when WRITE_GRAD):
-//                                               (softmax - onehot(target)) / N
-//   @binding(2) targets : array<u32> [N]        read
+// cross_entropy (one workgroup per row of the chunk)
+//   @binding(0) dims    : {N = B*T rows, V,     uniform; N sizes the losses layout and the mean's
+//                          row0, rows}          1 / N, so a row's loss and dlogits are the same
+//                                               bits whichever chunk computes them
+//   @binding(1) logits  : array<f32> [rows, V]  the chunk's rows (row r is row row0 + r of the
+//                                               batch); read, then = dlogits in place (when
+//                                               WRITE_GRAD): (softmax - onehot(target)) / N
+//   @binding(2) targets : array<u32> [N]        read at row0 + r
 //   @binding(3) losses  : array<f32> [3N + 4]   [n] = lse - logit[target];  [N] = mean (loss_mean);
 //                                               [N + 1] = max |logit|, [N + 2] = min softmax
 //                                               denominator (loss_mean); [N + 4 + 2n] = row n's
 //                                               max |logit|, [N + 5 + 2n] = its denominator
 //                                               sum_v exp(logit_v - max_v), in [1, V]: 1 means one
 //                                               token holds all of the row's probability
-//   Dispatch: N workgroups (2-D when over 65535) of WG threads.
+//                                               (n = row0 + r: the batch's row index)
+//   Dispatch: rows workgroups (2-D when over 65535) of WG threads.
 // cross_entropy_direct: the same at WG 8 with a row per thread, for a software adapter
 //   (kernels.js): lane l of 8 does thread l's strided part, then reduce.wgsl's trees at WG 8
 //   (tree8_max, tree8_sum); no workgroup memory or barriers, the same bits.
-//   Dispatch: grid1d(ceil(N / DWG)) workgroups of DWG threads.
+//   Dispatch: grid1d(ceil(rows / DWG)) workgroups of DWG threads.
 //
-// scale_dlogits (mixed precision's loss scaling; elementwise over vec4s)
+// scale_dlogits (mixed precision's loss scaling; elementwise over the chunk's rows x V)
 //   @binding(4) scaler  : array<f32> [4]        [0] = the loss scale (12_optimizer.wgsl keeps it)
 //   dlogits *= scale, a power of two, so exactly; the backward's f16 operands then hold gradients
-//   that would underflow unscaled. Dispatch: ceil(N V / WG) workgroups (2-D when large).
+//   that would underflow unscaled. Dispatch: ceil(rows V / WG) workgroups (2-D when large).
 //
-// loss_mean (one workgroup; fixed-order sum, so deterministic)
-//   binds dims and losses only; losses[N] = sum(losses[0..N)) / N, and the batch's max |logit|
-//   and min denominator from the rows'. Dispatch: 1 workgroup.
+// loss_mean (one workgroup, after every chunk's cross_entropy; fixed-order sum, so deterministic)
+//   binds dims and losses only (row0, rows unused); losses[N] = sum(losses[0..N)) / N, and the
+//   batch's max |logit| and min denominator from the rows'. Dispatch: 1 workgroup.
 
 override WG: u32;   // workgroup size: the launcher passes it and sizes its grid with it
 override WRITE_GRAD: bool = true;
 
-struct Dims { N: u32, V: u32, pad0: u32, pad1: u32 }
+struct Dims { N: u32, V: u32, row0: u32, rows: u32 }
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
@@ -43,9 +49,10 @@ struct Dims { N: u32, V: u32, pad0: u32, pad1: u32 }
 @compute @workgroup_size(WG)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) t: u32) {
-  let row = wid.x + wid.y * nwg.x;
-  if (row >= dims.N) { return; }
-  let base = row * dims.V;
+  let r = wid.x + wid.y * nwg.x;   // the chunk's row
+  if (r >= dims.rows) { return; }
+  let row = dims.row0 + r;         // the batch's
+  let base = r * dims.V;
   var m = -3.0e38;
   var neg = -3.0e38;   // max of -logit: with m, the row's max |logit|
   for (var v = t; v < dims.V; v = v + WG) {
@@ -82,9 +89,10 @@ fn logit4(i: u32) -> vec4<f32> {
 @compute @workgroup_size(DWG)
 fn cross_entropy_direct(@builtin(global_invocation_id) gid: vec3<u32>,
                         @builtin(num_workgroups) nwg: vec3<u32>) {
-  let row = flat_id(gid, nwg, DWG);
-  if (row >= dims.N) { return; }
-  let base = row * dims.V;
+  let r = flat_id(gid, nwg, DWG);   // the chunk's row
+  if (r >= dims.rows) { return; }
+  let row = dims.row0 + r;          // the batch's
+  let base = r * dims.V;
   let full = dims.V & ~7u;   // whole rounds of the 8 threads; then lanes l < V - full
   var mlo = vec4<f32>(-3.0e38);
   var mhi = vec4<f32>(-3.0e38);
@@ -154,6 +162,6 @@ fn loss_mean(@builtin(local_invocation_index) t: u32) {
 fn scale_dlogits(@builtin(global_invocation_id) gid: vec3<u32>,
                  @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = flat_id(gid, nwg, WG);
-  if (i >= dims.N * dims.V) { return; }
+  if (i >= dims.rows * dims.V) { return; }
   logits[i] = logits[i] * scaler[0];
 }

@@ -148,9 +148,10 @@ test('limitProblems: binding limits and the server\'s head-dim limit', () => {
   const p = limitProblems(tiny, 4, 64, small);
   assert.equal(p.length, 2);
   assert.match(p[0], /weights/);
-  // In the new-run form's words: what the buffer holds, its product, the settings to lower.
-  assert.match(p[1], /^the logits \(batch size x context x vocabulary\) at batch size 4 x context 64: /);
-  assert.match(p[1], /: lower the batch size, the context or the vocabulary$/);
+  // In the new-run form's words: what the buffer holds, its product, the settings to lower
+  // (the logits bind here: the loss takes them in chunks, tests/js/loss_chunks.test.mjs).
+  assert.match(p[1], /^the FFN's gate and up projections \(batch size x context x 2 x FFN width\) at batch size 4 x context 64: /);
+  assert.match(p[1], /: lower the batch size, the context or the FFN width$/);
   const wide = { ...tiny, config: { ...tiny.config, head_dim: 32 }, limits: { max_head_dim: 16 } };
   assert.deepEqual(limitProblems(wide, 2, 64, roomy), ['head dim over 16 is not supported']);
 });

@@ -324,20 +324,35 @@ export class Kernels {
   /** losses[lossFloats(N)]: per-row CE, the mean at [N], logit stats (07_loss.wgsl); logits
    *  become dlogits when writeGrad */
   crossEntropy({ logits, targets, losses, N, V, writeGrad = true }) {
-    const grad = { WRITE_GRAD: writeGrad ? 1 : 0 };
-    const { entry, constants, grid } = this.rowLaunch('cross_entropy', lossThreads(V), N);
     return Promise.all([
-      this.op('07_loss.wgsl', entry, { ...constants, ...grad }, [N, V],
-        { logits, targets, losses }, grid, 'cross_entropy'),
-      this.op('07_loss.wgsl', 'loss_mean', { WG: lossThreads(V), ...grad }, [N, V], { losses },
-        [1, 1], 'loss_mean'),
+      this.crossEntropyRows({ logits, targets, losses, N, V, writeGrad }),
+      this.lossMean({ losses, N, V, writeGrad }),
     ]);
   }
 
-  /** logits[N, V] (= dlogits) *= scaler[0], mixed precision's loss scale (07_loss.wgsl) */
+  /** crossEntropy's per-row part for rows [row0, row0 + rows) of the N: logits [rows, V] holds
+   *  just those rows (a loss chunk, model.js); the losses land at the rows' batch indices, the
+   *  dlogits are divided by N, so each row's bits are those of a whole-batch launch. */
+  crossEntropyRows({ logits, targets, losses, N, V, row0 = 0, rows = N, writeGrad = true }) {
+    check(row0 + rows <= N, `cross_entropy: rows ${row0} + ${rows} are past the batch's ${N}`);
+    const { entry, constants, grid } = this.rowLaunch('cross_entropy', lossThreads(V), rows);
+    return this.op('07_loss.wgsl', entry, { ...constants, WRITE_GRAD: writeGrad ? 1 : 0 },
+      [N, V, row0, rows], { logits, targets, losses }, grid, 'cross_entropy');
+  }
+
+  /** losses[N] = the mean of the N per-row losses, and the batch's logit stats (07_loss.wgsl);
+   *  after every row's crossEntropyRows. */
+  lossMean({ losses, N, V, writeGrad = true }) {
+    // WRITE_GRAD changes nothing here; passed so the pipeline is the one crossEntropy made.
+    return this.op('07_loss.wgsl', 'loss_mean', { WG: lossThreads(V), WRITE_GRAD: writeGrad ? 1 : 0 },
+      [N, V, 0, N], { losses }, [1, 1], 'loss_mean');
+  }
+
+  /** logits[N, V] (= dlogits) *= scaler[0], mixed precision's loss scale (07_loss.wgsl); N: the
+   *  rows logits holds (a loss chunk's) */
   scaleDlogits({ logits, scaler, N, V }) {
-    return this.op('07_loss.wgsl', 'scale_dlogits', { WG: WG_ELEMENT }, [N, V], { logits, scaler },
-      grid1d(cdiv(N * V, WG_ELEMENT)), 'loss_scale');
+    return this.op('07_loss.wgsl', 'scale_dlogits', { WG: WG_ELEMENT }, [N, V, 0, N],
+      { logits, scaler }, grid1d(cdiv(N * V, WG_ELEMENT)), 'loss_scale');
   }
 
   /** Fill w[numel] from a seeded normal (std) or with ones */

@@ -15,13 +15,46 @@ import { copyOp, encodeOps, releaseOps, view } from './ops.js';
 /** Bytes the adapter binds in one storage buffer. */
 const bindLimit = (limits) => Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
 
+// Loss chunks start on multiples of this many rows: a chunk's views of the [N, C] rows (the final
+// norm's output, its gradient) then start on a multiple of 64 x 4 = 256 bytes, WebGPU's storage
+// offset alignment, whatever C.
+const CHUNK_ALIGN = 64;
+
+/** Rows per loss chunk of an N-row batch over V logits a row: the lm head and the loss run a
+ *  chunk at a time through one [rows, V] logits buffer (Model.buildOps). One chunk (rows = N)
+ *  wherever the [N, V] logits bind; else the fewest that do, of equal rows rounded up to a
+ *  multiple of CHUNK_ALIGN (the last chunk takes what is left). The budget is the binding limit
+ *  and nothing lower: a plan that binds today keeps its ops, bit for bit and at full speed, and
+ *  the logits are about a sixth of a plan's activations (12m; the FFN's gu and h over its six
+ *  layers take a third), so capping them lower would save little; chunks are for the batches
+ *  that could not run at all. Without limits (the new-run page before it knows the adapter): one. */
+export function lossChunkRows(N, V, limits = null) {
+  const bind = limits ? bindLimit(limits) : Infinity;
+  if (N * V * 4 <= bind) return N;
+  const most = Math.floor(bind / (4 * V * CHUNK_ALIGN)) * CHUNK_ALIGN;   // whole aligned rows
+  if (most === 0) return CHUNK_ALIGN;   // not even these bind: limitProblems says so
+  const chunks = Math.ceil(N / most);
+  return Math.ceil(N / chunks / CHUNK_ALIGN) * CHUNK_ALIGN;
+}
+
+/** The loss chunks of N rows at `rows` a chunk: [first row, row count] each. */
+export function lossChunks(N, rows) {
+  if (N > 0 && !(rows >= 1)) throw new Error(`loss chunks of ${rows} rows`);
+  const chunks = [];
+  for (let r0 = 0; r0 < N; r0 += rows) chunks.push([r0, Math.min(rows, N - r0)]);
+  return chunks;
+}
+
 /** Every activation buffer of a (B, T) plan: [name, f32 elements, per-layer count or null].
  *  The plan allocates exactly these, and the new-run page sums them for its memory estimate.
  *  limits: the adapter's, where known; the attention backward's dS buffer is full size only
- *  where they bind it (without limits: assumed to). */
-export function activationShapes(config, B, T, limits = null, mixed = false) {
+ *  where they bind it (without limits: assumed to), and the logits hold one loss chunk's rows
+ *  (lossChunkRows; `rows` overrides it). */
+export function activationShapes(config, B, T, limits = null, mixed = false,
+  rows = lossChunkRows(B * T, config.vocab_size, limits)) {
   const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V } = config;
   const N = B * T;
+  const headMs = [...new Set(lossChunks(N, rows).map(([, n]) => n))];   // the lm head's M per chunk
   const ds = attentionDsNumel(B, T, H, mixed ? C / H : 0);
   const dsBinds = !limits || ds * 4 <= bindLimit(limits);
   return [
@@ -37,7 +70,7 @@ export function activationShapes(config, B, T, limits = null, mixed = false) {
     ['gu', N * 2 * F, L],                             // [N, 2F] gate | up
     ['h', N * F, L],                                  // [N, F] silu(gate) * up
     ['nf', N * C, null], ['rstdf', N, null],          // final norm
-    ['logits', N * V, null],                          // [N, V], then dlogits in place
+    ['logits', Math.min(rows, N) * V, null],          // [rows, V] a loss chunk's, then dlogits in place
     ['losses', lossFloats(N), null],                  // 07_loss.wgsl's layout
     ['rope', T * (C / H), null],                      // [T, D/2, 2] cos, sin
     ['dres', N * C, null], ['dn', N * C, null], ['datt', N * C, null],   // backward scratch
@@ -46,17 +79,20 @@ export function activationShapes(config, B, T, limits = null, mixed = false) {
     ['dh', N * F, null], ['dgu', N * 2 * F, null],
     ['gainPart', gainPartialNumel(N, C), null],      // norm-gain gradient partial sums
     // split-K partials of the weight gradients: the [out, in] shapes of the backward's five
-    // linearBackwardWeight calls (lm head, down, gate|up, o, q|k|v)
-    ['wgradPart', Math.max(1, ...[[V, C], [C, F], [2 * F, C], [C, C], [3 * C, C]].map(
-      ([n, k]) => weightGradPartNumel(N, n, k, mixed))), null],
+    // linearBackwardWeight calls (lm head over each loss chunk's rows; down, gate|up, o, q|k|v
+    // over all N)
+    ['wgradPart', Math.max(1, ...headMs.map((m) => weightGradPartNumel(m, V, C, mixed)),
+      ...[[C, F], [2 * F, C], [C, C], [3 * C, C]].map(([n, k]) => weightGradPartNumel(N, n, k, mixed))),
+    null],
   ];
 }
 
-/** Bytes of a (B, T) plan's activations, and the largest single one (limits as above). */
-export function activationBytes(config, B, T, limits = null, mixed = false) {
+/** Bytes of a (B, T) plan's activations, and the largest single one (limits, rows as above). */
+export function activationBytes(config, B, T, limits = null, mixed = false,
+  rows = lossChunkRows(B * T, config.vocab_size, limits)) {
   let total = 0;
   let largest = { name: null, bytes: 0 };
-  for (const [name, numel, layers] of activationShapes(config, B, T, limits, mixed)) {
+  for (const [name, numel, layers] of activationShapes(config, B, T, limits, mixed, rows)) {
     total += numel * 4 * (layers ?? 1);
     if (numel * 4 > largest.bytes) largest = { name, bytes: numel * 4 };
   }
@@ -67,7 +103,10 @@ export function activationBytes(config, B, T, limits = null, mixed = false) {
 // size is a product of, and the settings that shrink it (limitProblems names the one too large
 // to bind). The rest are [N, C] rows of the residual stream's width.
 const ACTIVATION_WORDS = {
-  logits: ['the logits', 'batch size x context x vocabulary', 'the batch size, the context or the vocabulary'],
+  // The loss takes the logits in chunks that bind (lossChunkRows): too large only where the
+  // smallest chunk's are.
+  logits: ["the logits of the loss's smallest chunk", `${CHUNK_ALIGN} positions x vocabulary`,
+    'the vocabulary'],
   gu: ["the FFN's gate and up projections", 'batch size x context x 2 x FFN width',
     'the batch size, the context or the FFN width'],
   h: ["the FFN's hidden activations", 'batch size x context x FFN width',
@@ -129,8 +168,10 @@ export function matmulSpans(params) {
 export class Model {
   /** ctx: {device, lib} from the lab or trainer; layout: the server's parameter table;
    *  precision: 'fp32', or 'mixed' (the linears' matmuls with f16 operands and f32 accumulation
-   *  on the GPU's matrix units, mma.js; everything else, weights and gradients stay f32). */
-  constructor(ctx, layout, { precision = 'fp32' } = {}) {
+   *  on the GPU's matrix units, mma.js; everything else, weights and gradients stay f32).
+   *  lossRows: rows per loss chunk, a multiple of 64, instead of lossChunkRows' choice (tests
+   *  and benches force chunks with it); null: lossChunkRows. */
+  constructor(ctx, layout, { precision = 'fp32', lossRows = null } = {}) {
     this.ctx = ctx;
     this.device = ctx.device;
     this.layout = layout;
@@ -142,6 +183,10 @@ export class Model {
       if (!ok) throw new Error(`mixed precision is not available on this adapter: ${why}`);
     }
     this.precision = precision;
+    if (lossRows !== null && !(Number.isInteger(lossRows) && lossRows > 0 && lossRows % CHUNK_ALIGN === 0)) {
+      throw new Error(`lossRows must be a positive multiple of ${CHUNK_ALIGN}, got ${lossRows}`);
+    }
+    this.lossRows = lossRows;
     this.k = new Kernels(ctx.device, ctx.lib, { maxHeadDim: layout.limits.max_head_dim,
       mixed: precision === 'mixed', software: ctx.software });
     const bytes = layout.total_numel * 4;
@@ -246,22 +291,30 @@ export class Model {
     if (T > Tmax) throw new Error(`sequence length ${T} exceeds the model's ${Tmax}`);
     const problems = limitProblems(this.layout, B, T, this.ctx.limits);
     if (problems.length) throw new Error(`cannot plan batch ${B} x ${T}: ${problems.join('; ')}`);
+    const N = B * T;
+    const rows = Math.min(N, this.lossRows ?? lossChunkRows(N, this.config.vocab_size, this.ctx.limits));
     const a = {};  // activations kept for backward, and backward scratch
     for (const [name, numel, layers] of activationShapes(this.config, B, T, this.ctx.limits,
-      this.k.mixed)) {
+      this.k.mixed, rows)) {
       const make = (i) => storageBuffer(this.device, numel * 4, { label: layers ? `${name}${i}` : name });
       a[name] = layers ? [...Array(layers)].map((_, i) => make(i)) : make(0);
     }
     try {
-      return await this.buildOps(a, B, T);
+      return await this.buildOps(a, B, T, rows);
     } catch (e) {
       destroyPlan({ acts: a, forward: [], loss: [], backward: [] });
       throw e;
     }
   }
 
-  /** The forward, loss and backward op lists of a plan over activations `a`. */
-  async buildOps(a, B, T) {
+  /** The op lists of a plan over activations `a`, the loss in chunks of `rows` rows:
+   *  forward, then loss (the mean loss in losses[N]; G untouched: an eval runs forward + loss),
+   *  then backward (gradients into G). With one chunk a step runs the three in that order. With
+   *  more, logits holds one chunk at a time, so a step (plan.step) runs each chunk's lm head,
+   *  loss and lm-head backward before the next chunk's: forward ends at the final norm, loss
+   *  holds the chunks' lm heads and losses, backward starts with their lm-head backwards. The
+   *  three lists still hold each op of a step once (what the profilers time and release frees). */
+  async buildOps(a, B, T, rows) {
     const { n_embd: C, n_layer: L, n_head: H, ffn_dim: F, vocab_size: V,
       norm_eps: eps, rope_theta: theta } = this.config;
     const D = C / H;
@@ -283,13 +336,14 @@ export class Model {
       }
       return name;
     };
-    const linear = (x, name, y, n, kk, accum = false) => k.linear({ x,
-      w: this.tw(weight(name, n, kk)), y, M: N, N: n, K: kk, accum, wF16: f16 });
-    const linearBackward = (dy, x, name, dx, n, kk) => [
-      k.linearBackwardInput({ dy, w: this.tw(weight(name, n, kk)), dx, M: N, N: n, K: kk,
+    // M: the rows x, y, dy and dx hold (a loss chunk's for the lm head; else all N).
+    const linear = (x, name, y, n, kk, accum = false, M = N) => k.linear({ x,
+      w: this.tw(weight(name, n, kk)), y, M, N: n, K: kk, accum, wF16: f16 });
+    const linearBackward = (dy, x, name, dx, n, kk, M = N) => [
+      k.linearBackwardInput({ dy, w: this.tw(weight(name, n, kk)), dx, M, N: n, K: kk,
         wF16: f16 }),
       k.linearBackwardWeight({ dy, x, dw: this.t(G, name), part: a.wgradPart,
-        M: N, N: n, K: kk }),
+        M, N: n, K: kk }),
     ];
     // An RMSNorm's backward from dn: its gain's gradient into G, and dx (= or += with accum).
     const normBackward = (x, rstd, name, dx, accum) => [
@@ -320,16 +374,31 @@ export class Model {
     forward.push(
       k.rmsnorm({ x: a.res[L], g: this.t(W, 'model.norm.weight'), y: a.nf, rstd: a.rstdf,
         N, C, eps }),
-      linear(a.nf, wte, a.logits, V, C),
     );
-    // Loss and dlogits (in place over logits), as its own list so logits() can skip it.
-    const loss = [k.crossEntropy({ logits: a.logits, targets: a.targets, losses: a.losses,
-      N, V })];
-    if (this.lossScaler) loss.push(k.scaleDlogits({ logits: a.logits, scaler: this.lossScaler, N, V }));
+
+    // The lm head (tied wte) and the loss, a chunk of rows at a time (lossChunkRows): per chunk
+    // the logits [n, V] of nf's rows, their losses (at the rows' batch indices, each the bits a
+    // whole-batch loss gives: 07_loss.wgsl), dlogits in place, and the lm head's backward: dn's
+    // rows, and wte's gradient += over the chunk's rows. Per row the matmuls sum in the same
+    // order whatever their M (matmul_tiles.js, mma_ops.js: the tile changes no result), so a
+    // row's logits, loss and dn are the same bits chunked or not; only wte's gradient sums its
+    // rows in another order (chunk by chunk, each with its own split-K). Mixed precision with N
+    // not a multiple of 16 is the exception: the whole batch then takes the fp32 matmuls, a
+    // chunk of a multiple of 64 rows the matrix units.
+    const chunks = lossChunks(N, rows);
+    const rowsOf = (buf, r0, n) => (n === N ? buf : view(buf, r0 * C, n * C));   // [n, C] of [N, C]
+    const head = chunks.map(([r0, n]) => ({
+      forward: linear(rowsOf(a.nf, r0, n), wte, a.logits, V, C, false, n),        // [n, V]
+      loss: k.crossEntropyRows({ logits: a.logits, targets: a.targets, losses: a.losses, N, V,
+        row0: r0, rows: n }),
+      scale: this.lossScaler && k.scaleDlogits({ logits: a.logits, scaler: this.lossScaler, N: n, V }),
+      backward: linearBackward(a.logits, rowsOf(a.nf, r0, n), wte, rowsOf(a.dn, r0, n), V, C, n),
+    }));
+    const lossMean = k.lossMean({ losses: a.losses, N, V });
+    const scaled = (h) => (h.scale ? [h.scale] : []);
 
     // Backward: the forward list in exact reverse, gradients into G (+=).
     const backward = [
-      ...linearBackward(a.logits, a.nf, wte, a.dn, V, C),
       ...normBackward(a.res[L], a.rstdf, 'model.norm.weight', a.dres, false),
     ];
     for (let i = L - 1; i >= 0; i--) {
@@ -352,8 +421,26 @@ export class Model {
       N, C, V }));
 
     const flat = async (list) => (await Promise.all(list)).flat();
-    return { B, T, N, acts: a, forward: await flat(forward), loss: await flat(loss),
-      backward: await flat(backward) };
+    const plan = { B, T, N, rows, acts: a, forward: await flat(forward) };
+    plan.heads = await flat(head.map((h) => h.forward));   // each chunk's lm head, for logitRows
+    if (head.length === 1) {
+      // One chunk: the lists as they have always been; a step runs them in order.
+      const [h] = head;
+      plan.forward.push(plan.heads[0]);
+      plan.loss = await flat([h.loss, lossMean, ...scaled(h)]);
+      plan.backward = await flat([...h.backward, ...backward]);
+      return plan;
+    }
+    const chunkOps = await Promise.all(head.map(async (h, c) => ({
+      loss: [plan.heads[c], ...await flat([h.loss, ...scaled(h)])],
+      backward: await flat(h.backward),
+    })));
+    const [mean, rest] = await Promise.all([flat([lossMean]), flat(backward)]);
+    plan.loss = [...chunkOps.flatMap((c) => c.loss), ...mean];
+    plan.backward = [...chunkOps.flatMap((c) => c.backward), ...rest];
+    plan.step = [...plan.forward, ...chunkOps.flatMap((c) => [...c.loss, ...c.backward]), ...mean,
+      ...rest];
+    return plan;
   }
 
   /** Upload a batch: tokens and targets, each [B, T] row-major. */
@@ -376,7 +463,9 @@ export class Model {
   }
 
   /** Encode forward + loss + backward into `encoder` (the trainer adds the optimizer); `first`:
-   *  the first compute pass's descriptor (timestampWrites), or null. */
+   *  the first compute pass's descriptor (timestampWrites), or null. A chunked plan's step
+   *  interleaves loss and backward (buildOps sets it); one chunk's is the three lists in order,
+   *  taken at the first step. */
   encodeStep(encoder, plan, first = null) {
     plan.step ??= [...plan.forward, ...plan.loss, ...plan.backward];
     encodeOps(encoder, plan.step, first);
@@ -394,12 +483,28 @@ export class Model {
     return { loss: losses[plan.N], grads: await this.getGrads() };
   }
 
-  /** Logits [B, T, V] for a batch of tokens. */
+  /** Logits [B, T, V] for a batch of tokens (read back a loss chunk at a time). */
   async logits(tokens, B, T) {
     const plan = await this.plan(B, T);
     this.writeBatch(plan, tokens);
     this.submit(plan.forward);
-    return new Float32Array(await readBuffer(this.device, plan.acts.logits));
+    const V = this.config.vocab_size;
+    const out = new Float32Array(plan.N * V);
+    for (const [r0, n] of lossChunks(plan.N, plan.rows)) out.set(await this.logitRows(plan, r0, n), r0 * V);
+    return out;
+  }
+
+  /** Logits [count, V] of rows [row0, row0 + count) of the batch whose forward was submitted
+   *  last; the rows lie in one loss chunk. With one chunk the forward left every row's in
+   *  acts.logits; with more, their chunk's lm head runs first. */
+  async logitRows(plan, row0, count) {
+    const c = Math.floor(row0 / plan.rows);
+    const end = Math.min(plan.N, (c + 1) * plan.rows);
+    if (count < 1 || row0 + count > end) throw new Error(`rows ${row0} + ${count} cross a loss chunk of ${plan.rows}`);
+    if (plan.heads.length > 1) this.submit([plan.heads[c]]);
+    const V = this.config.vocab_size;
+    return new Float32Array(await readBuffer(this.device, plan.acts.logits, count * V * 4,
+      (row0 - c * plan.rows) * V * 4));
   }
 }
 

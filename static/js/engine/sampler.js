@@ -2,8 +2,6 @@
 // last position's logits, sample with temperature. Occasional and small, so it reads back
 // synchronously (the trainer runs it between steps).
 
-import { readBuffer } from './gpu.js';
-
 /** Mulberry32: a tiny seeded PRNG so samples are reproducible for a (run, step). */
 export function rng(seed) {
   let a = seed >>> 0;
@@ -24,7 +22,7 @@ const WINDOW_STEP = 64;   // window lengths come in steps of this: few plans, li
  *  so a short window gives the same ids as the full T at a fraction of the cost (a 56-token
  *  sample of 120m: a [1, 64] forward instead of [1, 1024]). */
 export async function generate(model, prompt, n, { temperature = 0.8, seed = 0, window = null } = {}) {
-  const { seq_len: T, vocab_size: V } = model.config;
+  const { seq_len: T } = model.config;
   const W = window ?? Math.min(T, Math.ceil((prompt.length + n) / WINDOW_STEP) * WINDOW_STEP);
   const plan = await model.plan(1, W);
   const random = rng(seed);
@@ -36,9 +34,9 @@ export async function generate(model, prompt, n, { temperature = 0.8, seed = 0, 
     buf.set(ctx);
     model.writeBatch(plan, buf);
     model.submit(plan.forward);
-    // Causal attention: padding after the context cannot change the last real position.
-    const row = new Float32Array(await readBuffer(model.device, plan.acts.logits, V * 4,
-      (ctx.length - 1) * V * 4));
+    // Causal attention: padding after the context cannot change the last real position. Only
+    // its row is read (its loss chunk's lm head runs where the plan has several: Model.logitRows).
+    const row = await model.logitRows(plan, ctx.length - 1, 1);
     ids.push(sampleRow(row, temperature, random));
   }
   return ids.slice(prompt.length);
