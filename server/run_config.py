@@ -56,19 +56,28 @@ class RoomConfig(BaseModel):
     to make the next global version (server/room/). The run's `steps` are each worker's inner
     steps in all: steps / inner_steps rounds."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-    inner_steps: int = Field(50, ge=1, le=100_000, description="H: inner steps per round")
-    outer_lr: float = Field(0.7, gt=0, le=10)
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    inner_steps: int = Field(50, ge=1, le=100_000, description=(
+        "H: the AdamW steps a worker trains on its own batches from the global weights before "
+        "it sends its pseudo-gradient (one round)"))
+    outer_lr: float = Field(0.7, gt=0, le=10, description=(
+        "the learning rate of the outer step, SGD with Nesterov momentum on the round's "
+        "averaged pseudo-gradient; DiLoCo's is 0.7"))
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description=(
+        "the outer step's Nesterov momentum; DiLoCo's is 0.9"))
     codec: Literal["int8", "f16", "f32"] = Field("int8", description=(
         "how pseudo-gradients travel: int8 block-wise absmax (~4x less than f32), f16 or f32"))
-    max_workers: int = Field(16, ge=1, le=64)
+    max_workers: int = Field(16, ge=1, le=64, description=(
+        "workers that may train in the room at once: one more is refused, the room is full"))
     workers_per_address: int = Field(1, ge=1, le=64, description=(
         "active workers one client address may have: one participant is one worker; more "
         "for one machine with several GPUs, or a demo in one browser"))
     quorum: int = Field(1, ge=1, le=64, description=(
-        "pseudo-gradients a round needs to close at its deadline"))
+        "pseudo-gradients a round needs to close at its deadline (it closes before that once "
+        "every worker has answered)"))
     round_deadline_s: float = Field(120.0, gt=0, le=86_400, description=(
-        "after a round's first pseudo-gradient, how long the others have"))
+        "after a round's first pseudo-gradient, how long the others have (seconds); a worker "
+        "that sends nothing this long after it joined leaves: set it above the slowest "
+        "machine's round"))
     clip_multiple: float = Field(2.0, ge=1, le=1000, description=(
         "each pseudo-gradient is clipped to this multiple of the median norm of the round and "
         "the last rounds"))

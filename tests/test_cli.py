@@ -534,6 +534,53 @@ def test_flags_of_two_runs_are_refused_not_one_dropped(server, monkeypatch, caps
     assert code == 2 and said in result["error"] and result["run_id"] is None, result
 
 
+class PageThatTrainsARoom(PageThatCannotTrain):
+    """The room's page as a worker through the room's API: each round it sends a
+    pseudo-gradient and reports the eval loss of the version it trained (EVALS), then that of
+    the room's last version, with the command's tick between."""
+    EVALS = (5.0, 4.0, 3.0)
+
+    def drive(self, url, run, timeout, tick, join_token=None):
+        import numpy as np
+
+        from andrea.cli.chromium import drive_result
+
+        room_url = f"{url}/api/runs/{run['id']}/room"
+        me = httpx.post(f"{room_url}/workers",
+                        headers={"authorization": f"Bearer {join_token}"}).json()
+        auth = {"authorization": f"Bearer {me['token']}"}
+        numel = httpx.get(room_url).json()["numel"]
+        for v in range(len(self.EVALS)):
+            assert tick() is None
+            if v < len(self.EVALS) - 1:
+                r = httpx.post(f"{room_url}/deltas/{v}", headers=auth,
+                               content=np.full(numel, 1e-4, "<f4").tobytes())
+                assert r.status_code == 200, r.text
+            r = httpx.post(f"{room_url}/reports/{v}", headers=auth,
+                           json={"losses": [], "eval_loss": self.EVALS[v]})
+            assert r.status_code == 204, r.text
+        assert tick() is None
+        return drive_result(done="finished")
+
+
+def test_a_room_worker_prints_each_version_and_its_global_eval_loss(server, monkeypatch, capsys):
+    """`andrea train --room`: a line per global version (the workers that made it, its global
+    eval loss), not a step bar; --json's result has the room's final eval loss."""
+    code, result, err = train_in_process(
+        monkeypatch, capsys, PageThatTrainsARoom, "--server", server, "--steps", "4",
+        "--room", '{"inner_steps": 2, "codec": "f32"}')
+    assert code == 0 and result["ok"], result
+    assert (result["version"], result["rounds"], result["workers"]) == (2, 2, 1)
+    assert (result["final_eval_loss"], result["final_eval_version"]) == (3.0, 2)
+    lines = [ln for ln in err.splitlines() if ln.startswith("version ")]
+    assert lines == ["version 0/2: the seeded init, global eval loss 5.0000",
+                     "version 1/2: 1 worker, global eval loss 4.0000",
+                     "version 2/2: 1 worker, global eval loss 3.0000"], err
+    assert "step " not in err and "loss -" not in err
+    from andrea.cli.train_output import summary
+    assert "global eval loss 3.0000 (version 2)" in summary(result)[0]
+
+
 STOPPED_WHILE_TRAINING = r'''
 import sys, time
 from andrea.cli import headless, main as cli

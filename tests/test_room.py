@@ -496,3 +496,122 @@ def test_a_models_weights_and_pseudo_gradients_pass_the_body_limit(tmp_path):
         r = c.post(f"/api/runs/{run['id']}/room/reports/0", json={"losses": [1.0] * 100_000},
                    headers=bearer(w["token"]))
         assert r.status_code == 413              # a report is JSON: the limit holds
+
+
+# ---- what the room's page and the runs list read -------------------------------------------
+
+def progress(client, run: dict, worker: dict, version: int, step: int):
+    return client.post(f"/api/runs/{run['id']}/room/progress/{version}", json={"step": step},
+                       headers=bearer(worker["token"]))
+
+
+def test_the_room_says_what_each_worker_does_and_what_its_round_waits_for(app_client):
+    """Each worker's state (training step k of H, sending, waiting, refused, starting, left,
+    done), the open round's `waiting_for` and whether its quorum is in, and the server's clock
+    to count its deadline down by; a worker that left comes back by its worker token."""
+    c = app_client
+    run = create(c, quorum=2, round_deadline_s=1000)        # inner_steps 3, 2 rounds
+    rid, numel = run["id"], run["layout"]["total_numel"]
+    a, b, d = join(c, run), join(c, run), join(c, run)
+
+    def room():
+        return c.get(f"/api/runs/{rid}/room").json()
+
+    def states():
+        return {w["worker"]: (w["state"], w["step"]) for w in room()["workers"]}
+    assert set(states().values()) == {("starting", None)}
+    assert progress(c, run, a, 0, 2).status_code == 204
+    assert progress(c, run, b, 0, 3).status_code == 204
+    assert states() == {a["worker"]: ("training", 2), b["worker"]: ("sending", 3),
+                        d["worker"]: ("starting", None)}
+    # What a progress may say: the version trained now, a step of its round, a worker's token.
+    assert progress(c, run, a, 1, 1).status_code == 409
+    assert progress(c, run, a, 0, 4).status_code == 422
+    assert c.post(f"/api/runs/{rid}/room/progress/0", json={"step": 1}).status_code == 403
+    assert c.post(f"/api/runs/{rid}/room/progress/0", json={"step": "1"},
+                  headers=bearer(a["token"])).status_code == 422
+    before = room()
+    assert before["open"]["waiting_for"] == sorted([a["worker"], b["worker"], d["worker"]])
+    assert before["open"]["deadline_at"] is None and not before["open"]["quorum_met"]
+    assert abs(before["now"] - time.time()) < 60
+    assert send(c, run, b, 0, np.full(numel, 1e-3, np.float32)).json()["closed"] is False
+    now = room()
+    assert states()[b["worker"]] == ("waiting", 3)
+    assert now["open"]["waiting_for"] == sorted([a["worker"], d["worker"]])
+    assert not now["open"]["quorum_met"]                       # 1 of the 2 it needs
+    assert now["open"]["deadline_at"] == now["open"]["first_at"] + 1000
+    bad = np.zeros(numel, np.float32)
+    bad[0] = np.nan
+    assert send(c, run, a, 0, bad).status_code == 422
+    assert states()[a["worker"]] == ("refused", None)
+    # d leaves, and comes back by its worker token: the same worker, starting again (what it
+    # told before it left is not what it does now).
+    assert progress(c, run, d, 0, 1).status_code == 204
+    assert c.delete(f"/api/runs/{rid}/room/workers", headers=bearer(d["token"])).status_code == 204
+    assert states()[d["worker"]] == ("left", None)
+    assert room()["open"]["waiting_for"] == []
+    r = c.post(f"/api/runs/{rid}/room/workers", headers={
+        **bearer(run["room"]["join_token"]), "x-andrea-worker-token": d["token"]})
+    assert r.status_code == 201 and r.json()["worker"] == d["worker"] and r.json()["rejoined"]
+    assert states()[d["worker"]] == ("starting", None)
+    assert room()["open"]["waiting_for"] == [d["worker"]]
+    for w in (a, d):
+        assert send(c, run, w, 0, np.full(numel, 1e-3, np.float32)).status_code == 200
+    assert room()["version"] == 1 and room()["open"]["quorum_met"] is False
+    assert set(states().values()) == {("starting", None)}      # a new round: nothing told yet
+    for w in (a, b, d):
+        send(c, run, w, 1, np.full(numel, 1e-3, np.float32))
+    assert room()["finished"] and set(states().values()) == {("done", None)}
+
+
+def test_the_runs_list_shows_a_room_in_rounds_with_its_global_eval_loss(app_client):
+    """GET /api/runs: a room run's `room` says its rounds closed of all, its workers now (none
+    once it finished) and its last and best global eval loss; a one-browser run has none."""
+    c = app_client
+    run = create(c)                                          # 6 steps in rounds of 3: 2 rounds
+    plain = c.post("/api/runs", json={"preset": "tiny", "steps": 4}).json()
+    numel = run["layout"]["total_numel"]
+
+    def listed():
+        return {r["id"]: r for r in c.get("/api/runs").json()}
+    assert listed()[plain["id"]]["room"] is None
+    assert listed()[run["id"]]["room"] == {
+        "version": 0, "rounds": 2, "finished": False, "training": 0, "joined": 0,
+        "eval_loss": None, "eval_version": None, "best_eval_loss": None}
+    a, b = join(c, run), join(c, run)
+    for w, loss in ((a, 5.0), (b, 5.2)):
+        assert c.post(f"/api/runs/{run['id']}/room/reports/0", json={"losses": [],
+                      "eval_loss": loss}, headers=bearer(w["token"])).status_code == 204
+        send(c, run, w, 0, np.full(numel, 1e-3, np.float32))
+    line = listed()[run["id"]]["room"]
+    assert (line["version"], line["training"], line["joined"]) == (1, 2, 2)
+    # (the median of two: their mean)
+    assert (line["eval_loss"], line["eval_version"], line["best_eval_loss"]) == (5.1, 0, 5.1)
+    for w, loss in ((a, 4.0), (b, 4.5)):
+        c.post(f"/api/runs/{run['id']}/room/reports/1", json={"losses": [], "eval_loss": loss},
+               headers=bearer(w["token"]))
+        send(c, run, w, 1, np.full(numel, 1e-3, np.float32))
+    line = listed()[run["id"]]["room"]
+    assert line["finished"] and (line["version"], line["training"], line["joined"]) == (2, 0, 2)
+    assert (line["eval_loss"], line["eval_version"], line["best_eval_loss"]) == (4.25, 1, 4.25)
+    assert listed()[run["id"]]["status"] == "finished"
+
+
+def test_every_room_setting_has_its_words_on_the_form_and_in_the_help(app_client):
+    """RoomConfig's descriptions are the one place for a room setting's words: the new-run form
+    shows each (an input named room.<field> and its sentence), `andrea train --help` too."""
+    from markupsafe import escape
+
+    from andrea.cli.train_args import room_help
+    from andrea.run_config import RoomConfig
+
+    fields = RoomConfig.model_json_schema()["properties"]
+    assert len(fields) == 10
+    for name, prop in fields.items():
+        assert len(prop.get("description", "")) > 20, name
+    helped = " ".join(room_help().split())
+    page = app_client.get("/").text
+    for name, prop in fields.items():
+        assert f"{name} {' '.join(prop['description'].split())}" in helped, name
+        assert f'name="room.{name}"' in page, name
+        assert f'<small class="field-hint">{escape(prop["description"])}</small>' in page, name

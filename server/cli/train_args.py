@@ -66,7 +66,8 @@ def _flag_type(annotation, prop: dict):
 
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's, but a description or epilog keeps its lines: each is filled on its own, and
-    one that starts with two spaces is an entry ("  NAME  words"), its words hung under it."""
+    one that starts with two spaces is an entry ("  NAME  words"), its words hung under it; a
+    word is never cut at its hyphen ("pseudo-gradient" stays one)."""
     NAME_WIDTH = 20
 
     def _fill_text(self, text, width, indent):
@@ -76,22 +77,14 @@ class HelpFormatter(argparse.HelpFormatter):
                 name, _, words = line.strip().partition(" ")
                 head = f"{indent}  {name:{self.NAME_WIDTH}} "
                 out.append(textwrap.fill(" ".join(words.split()), width, initial_indent=head,
-                                         subsequent_indent=" " * len(head)))
+                                         subsequent_indent=" " * len(head),
+                                         break_on_hyphens=False))
             else:
                 out.append(textwrap.fill(" ".join(line.split()), width, initial_indent=indent,
-                                         subsequent_indent=indent))
+                                         subsequent_indent=indent, break_on_hyphens=False))
         return "\n".join(out)
 
 
-# Words for a room option whose RoomConfig field (run_config.py) has no description: its
-# description, once it has one, is used instead.
-ROOM_WORDS = {
-    "outer_lr": "the learning rate of the outer step, SGD with Nesterov momentum on the round's "
-                "averaged pseudo-gradient; DiLoCo's is 0.7",
-    "outer_momentum": "the outer step's Nesterov momentum; DiLoCo's is 0.9",
-    "max_workers": "workers that may train in the room at once: one more is refused, the room "
-                   "is full",
-}
 ROOM_EXAMPLE = '{"inner_steps": 50, "codec": "int8"}'
 
 
@@ -102,14 +95,15 @@ def room_model():
 
 def room_help() -> str:
     """`andrea train --help`'s words on --room: each room option, what it does, what it may be
-    and its default, from RoomConfig's fields and JSON schema (so they cannot drift apart)."""
+    and its default, from RoomConfig's fields, their descriptions and JSON schema (the one
+    place for them: the new-run form shows the same words)."""
     lines = ["room options: --room takes a JSON object of them, e.g. " + ROOM_EXAMPLE + "; "
              "one left out takes its default. A room run is trained by the tabs that join it "
              "(DiLoCo): each runs inner_steps steps from the same global weights, then sends "
              "its pseudo-gradient; the server clips, averages and applies them as the next "
              "global version."]
     for name, prop in room_model().model_json_schema()["properties"].items():
-        words = prop.get("description") or ROOM_WORDS.get(name, "")
+        words = prop["description"]
         kind = allowed(prop, json_values=True)
         if kind and name.endswith("_s"):
             kind = kind.replace("a number", "a number of seconds", 1)

@@ -43,6 +43,9 @@ def summary(result: dict) -> list[str]:
             facts.append(f"version {result['version']} of {result['rounds']} rounds")
         if result.get("workers") is not None:
             facts.append(f"{result['workers']} worker(s)")
+        if result.get("final_eval_loss") is not None:
+            facts.append(f"global eval loss {result['final_eval_loss']:.4f} (version "
+                         f"{result['final_eval_version']})")
         if result.get("sent_bytes"):
             facts.append(f"{result['sent_bytes'] / 2**20:.1f} MiB of pseudo-gradients sent "
                          f"from here")

@@ -7,6 +7,8 @@ is one writer's. The close's math is aggregate.py's and its streamed file work c
   <run_dir>/room/deltas/<v>/<w>.bin   round v's pseudo-gradients as sent, one per worker
   <run_dir>/room/rounds.jsonl         one line per closed round: who sent what, norms, clips
   <run_dir>/room/reports.jsonl        workers' inner losses, and eval losses of a version
+  <run_dir>/room/progress.json        each worker's inner step now (for the room's page; not
+                                      durable: a crash loses only who was at which step)
   <run_dir>/checkpoints/<v>           global version v: W, then the outer momentum (f32 each)
 
 What a room trusts nobody with:
@@ -37,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.checkpoints import CheckpointStore
-from andrea.durable import append_line, fsync_dir, read_lines, write_atomic
+from andrea.durable import TEMP_SUFFIX, append_line, fsync_dir, read_lines, write_atomic
 from andrea.paths import room_dir
 from andrea.room.aggregate import HISTORY_NORMS
 from andrea.room.bounds import delta_bound
@@ -456,6 +458,36 @@ class Room:
         self._save(st)
         self._append("reports.jsonl", line)
 
+    def progress(self, token: str, version: int, step: int, now: float) -> None:
+        """A worker has trained `step` of the round's inner steps on `version` (0: it has the
+        version and trains its first): the room's page shows who trains, sends or waits. Kept
+        in progress.json, rewritten without fsync (it is not the room's commit)."""
+        st = self.read()
+        wid = self.worker_of(st, token)
+        if version != st["version"]:
+            raise RoomError(409, f"version {version} is not the one being trained (now "
+                                 f"{st['version']})")
+        H = self.room["inner_steps"]
+        if not 0 <= step <= H:
+            raise RoomError(422, f"a round has {H} inner steps: step {step} is not one")
+        seen = self.read_progress()
+        seen[wid] = {"version": version, "step": step, "at": now}
+        path = self.dir / "progress.json"
+        tmp = path.with_name(f"progress.{os.getpid()}.{time.monotonic_ns()}{TEMP_SUFFIX}")
+        try:
+            tmp.write_text(json.dumps(seen), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def read_progress(self) -> dict:
+        """{worker id: {version, step, at}}: each worker's last reported inner step."""
+        try:
+            seen = json.loads((self.dir / "progress.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return seen if isinstance(seen, dict) else {}
+
     def closed_rounds(self) -> list[dict]:
         """rounds.jsonl's lines, one per round (a close redone after a crash wrote its line
         twice: the last one counts)."""
@@ -485,6 +517,52 @@ def evals(st: dict) -> list[dict]:
 
 
 FAR_MADS, FAR_FRACTION = 3.0, 0.05
+
+
+def worker_state(st: dict, wid: str, progress: dict, inner_steps: int) -> dict:
+    """What worker `wid` does now, in the words the room's page shows: {"state", "step"}.
+      left      it left the room (or was removed, or dropped: its `why`);
+      done      the room finished with it in it;
+      waiting   its pseudo-gradient for this round is in: it waits for the round to close;
+      refused   its pseudo-gradient was refused (a good one may follow);
+      sending   it trained the round's last inner step: its pseudo-gradient is on its way;
+      training  `step` of inner_steps done on the current version (its last report);
+      starting  nothing reported on the current version yet (it takes the version, measures
+                its eval loss, or compiles its kernels)."""
+    w, open_ = st["workers"][wid], st["open"]
+    if w["left"] is not None:
+        return {"state": "left", "step": None}
+    if st["finished"]:
+        return {"state": "done", "step": None}
+    if wid in open_["received"]:
+        return {"state": "waiting", "step": inner_steps}
+    if wid in open_["refused"]:
+        return {"state": "refused", "step": None}
+    at = progress.get(wid)
+    since = w.get("rejoined") or w["joined"]
+    if not at or at.get("version") != st["version"] or at.get("at", 0) < since:
+        return {"state": "starting", "step": None}
+    step = int(at["step"])
+    return {"state": "sending" if step >= inner_steps else "training", "step": step}
+
+
+def summary(data_dir: Path, run_id: str, config: dict) -> dict | None:
+    """A room run in a line of the runs list: its rounds closed of all, whether it finished,
+    its workers now (training: active while it runs; 0 once it finished) and all that joined,
+    and its last global eval loss (the median of the newest version measured) and its best.
+    Read without the lock (the state as committed); None where it has no room (yet)."""
+    try:
+        st = json.loads((room_dir(data_dir, run_id) / "state.json").read_text(encoding="utf-8"))
+        measured = evals(st)
+        last = measured[-1] if measured else None
+        return {"version": st["version"], "rounds": rounds_total(config),
+                "finished": st["finished"],
+                "training": 0 if st["finished"] else len(_active(st)),
+                "joined": len(st["workers"]),
+                "eval_loss": last and last["median"], "eval_version": last and last["version"],
+                "best_eval_loss": min((e["median"] for e in measured), default=None)}
+    except (OSError, ValueError, KeyError, TypeError):    # (a damaged room: the list goes on)
+        return None
 
 
 def _sent_since_join(w: dict) -> bool:

@@ -16,6 +16,9 @@ version, send their pseudo-gradients, and take the next version.
   POST   /api/runs/{id}/room/reports/{v}         its inner losses of that round, and the eval
                                                  loss of version v's weights
   GET    /api/runs/{id}/room/reports             the reports, paged (offset, limit)
+  POST   /api/runs/{id}/room/progress/{v}        the worker's inner step of version v now
+                                                 (the room's page shows who trains, sends,
+                                                 waits)
   GET    /api/runs/{id}/room/batches/{v}/{slot}/{step}   (data.py) a worker's batch
 
 Only a worker's token may send (the join token only joins: a participant is never the run's
@@ -42,7 +45,7 @@ from starlette.requests import ClientDisconnect
 
 from andrea.checkpoints import CheckpointError, CheckpointStore
 from andrea.room.lifecycle import close_when_due, room_of_run
-from andrea.room.rounds import Room, RoomError, evals
+from andrea.room.rounds import Room, RoomError, evals, worker_state
 from andrea.routes.run_files import (
     gone_meanwhile,
     http_error,
@@ -89,21 +92,32 @@ async def _call(fn, *args):
 
 @router.get("")
 async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
+    """`now`: the server's clock (a page counts a deadline down by it, not by its own). Each
+    worker's `state` and `step`: what it does now (rounds.worker_state). The open round's
+    `waiting_for`: the active workers it still waits for; it closes when they have answered,
+    or at `deadline_at` once `quorum` pseudo-gradients are in (`quorum_met`)."""
     room = room_of(run, ckpts)
     st = await _call(room.read)
     rounds = await _call(room.closed_rounds)
+    progress = await _call(room.read_progress)
     cfg = run["config"]["room"]
     open_ = st["open"]
+    answered = set(open_["received"]) | set(open_["refused"])
     return {
         "version": st["version"], "rounds": room.rounds, "finished": st["finished"],
+        "now": time.time(),
         "config": cfg, "numel": room.numel, "delta_bytes": room.expected_bytes(),
         # what one worker would send per inner step with per-step fp32 gradient all-reduce
         # (its whole gradient once a step), beside what it sends per round here
         "allreduce_bytes_per_step": 4 * room.numel,
-        "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k not in HIDDEN}}
+        "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k not in HIDDEN},
+                     **worker_state(st, w, progress, cfg["inner_steps"])}
                     for w, info in st["workers"].items()],
         "open": {"received": sorted(map(int, open_["received"])),
                  "refused": {int(k): v for k, v in open_["refused"].items()},
+                 "waiting_for": sorted(int(w) for w, info in st["workers"].items()
+                                       if info["left"] is None and w not in answered),
+                 "quorum_met": len(open_["received"]) >= cfg["quorum"],
                  "first_at": open_["first_at"], "opened_at": open_["opened_at"],
                  "deadline_at": open_["first_at"] and open_["first_at"] + cfg["round_deadline_s"],
                  "stale": open_["stale"], "waiting": open_.get("waiting"),
@@ -204,6 +218,23 @@ async def post_room_report(run: RunDep, version: Version, body: Report, request:
         await _call(room.report, bearer(request), version, body.losses, body.eval_loss,
                     time.time(), settings.max_run_bytes)
     fanout.publish(run["id"], {"type": "room", "event": "report", "version": version})
+    return Response(status_code=204)
+
+
+class Progress(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    step: int = Field(ge=0, le=100_000, description="inner steps of the round done")
+
+
+@router.post("/progress/{version}", status_code=204)
+async def post_room_progress(run: RunDep, version: Version, body: Progress, request: Request,
+                             ckpts: CheckpointsDep, fanout: FanoutDep) -> Response:
+    """A worker's inner step now (its worker token): the room's page shows it. Not a report:
+    nothing of it is kept once the round moves on."""
+    room = room_of(run, ckpts)
+    async with fanout.run_lock(run["id"]):
+        await _call(room.progress, bearer(request), version, body.step, time.time())
+    fanout.publish(run["id"], {"type": "room", "event": "progress", "version": version})
     return Response(status_code=204)
 
 

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from andrea.data.spec import BatchSpec
@@ -36,7 +37,7 @@ from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
 from andrea.room.init import seeded_weights
-from andrea.room.rounds import Room
+from andrea.room.rounds import Room, summary
 from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly, temp_file
 from andrea.run_config import RunConfig
 from andrea.runs.info import checkpoint_info, read_run
@@ -268,6 +269,22 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
 RUNS_PAGE, RUNS_PAGE_MAX = 100, 500
 
 
+class RoomLine(BaseModel):
+    """A room run in the runs list (room/rounds.py summary)."""
+    version: int                    # rounds closed
+    rounds: int
+    finished: bool
+    training: int                   # active workers now (0 once it finished)
+    joined: int                     # workers that ever joined
+    eval_loss: float | None         # the last global eval loss (median of its workers')
+    eval_version: int | None        # of this version
+    best_eval_loss: float | None    # the lowest of the versions' global eval losses
+
+
+class ListedRun(Run):
+    room: RoomLine | None = None    # a room run's room; None for any other run
+
+
 def _cursor(run: dict) -> str:
     """Where the next page starts: after this run (repr: the float exactly)."""
     return f"{run['created_at']!r}:{run['id']}"
@@ -289,17 +306,23 @@ def _parse_cursor(before: str) -> tuple[float, str]:
 async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
                     settings: SettingsDep,
                     limit: Annotated[int, Query(ge=1, le=RUNS_PAGE_MAX)] = RUNS_PAGE,
-                    before: Annotated[str | None, Query(max_length=200)] = None) -> list[Run]:
+                    before: Annotated[str | None, Query(max_length=200)] = None
+                    ) -> list[ListedRun]:
     """A page of runs, newest first: `limit` of them, those after the cursor `before`. A
     `Link: <...>; rel="next"` header names the next page while there may be more, and
     X-Total-Count says how many are listed (a branch still being made is neither). Their rows
-    alone (reading them costs the same however many records they hold); nothing is written."""
+    alone (reading them costs the same however many records they hold), and a room run's
+    room in a line (`room`: rounds, workers now, last global eval loss); nothing is written."""
     rows = await store.run(store.list_runs, limit, before and _parse_cursor(before))
     response.headers["X-Total-Count"] = str(await store.run(store.count_runs, True))
     if len(rows) == limit:
         response.headers["Link"] = (f"</api/runs?limit={limit}&before="
                                     f"{quote(_cursor(rows[-1]), safe='')}>; rel=\"next\"")
-    return [read_run(r, fanout.has_trainer(r["id"]), settings.start_grace_s) for r in rows]
+    rooms = await asyncio.to_thread(lambda: {
+        r["id"]: summary(settings.data_dir, r["id"], r["config"]) for r in rows
+        if r["config"].get("room")})
+    return [{**read_run(r, fanout.has_trainer(r["id"]), settings.start_grace_s),
+             "room": rooms.get(r["id"])} for r in rows]
 
 
 @router.get("/runs/{run_id}")

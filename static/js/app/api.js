@@ -180,8 +180,15 @@ export function heldWorkerToken(runId) {
   return sessionStorage.getItem(`${tokenKey(runId)}:worker`);
 }
 
-export function saveWorkerToken(runId, token) {
+/** The id of the room worker this tab was (the page offers to rejoin as it), or null. */
+export function heldWorkerId(runId) {
+  const id = sessionStorage.getItem(`${tokenKey(runId)}:worker-id`);
+  return id === null ? null : Number(id);
+}
+
+export function saveWorkerToken(runId, token, worker = null) {
   sessionStorage.setItem(`${tokenKey(runId)}:worker`, token);
+  if (worker !== null) sessionStorage.setItem(`${tokenKey(runId)}:worker-id`, String(worker));
 }
 
 /** The link that takes `runId` with its token to another browser: the token rides in the

@@ -1,7 +1,10 @@
 // Compare page: the chosen runs overlaid (loss, eval loss, grad norm, learning rate, step and
-// optimizer time), each run in its own colour and dash (a room run: its global eval loss at
-// the same total tokens); the difference of each run's loss to a baseline run (fp32 AdamW by
-// default, chosen in a select); a summary table and the settings in which the runs differ; the gradient norm of one layer (compare_layers.js). While a run may
+// optimizer time), each run in its own colour and dash; with a room run among them the x axis
+// is tokens trained (a room's: every worker's together; a one-browser run's: its steps x batch
+// x context), else steps. The difference of each run's loss to a baseline run (fp32 AdamW by
+// default, a one-browser run over a room; chosen in a select); a summary table and the settings
+// in which the runs differ (a room's each its own row); the gradient norm of one layer
+// (compare_layers.js). While a run may
 // still change the page reads them again every REFRESH_MS, and offers the runs made in this tab
 // that wait for a training tab (compare_train.js).
 import { fetchJson } from './api.js';
@@ -34,12 +37,18 @@ function tailMean(losses) {
   return l.length ? l.reduce((a, b) => a + b, 0) / l.length : null;
 }
 
-/** fp32 AdamW (without the f16 mirror) when one is there, else the first run. */
+/** fp32 AdamW (without the f16 mirror) when one is there, else the first run; a one-browser
+ *  run before a room run (a room has no training loss of its own to be the reference of). */
 function defaultBaseline(found) {
-  const fp32 = found.find((r) => r.run.config.optimizer === 'adamw' && !r.run.config.f16_mirror)
-    ?? found.find((r) => r.run.config.optimizer === 'adamw');
-  return (fp32 ?? found[0]).id;
+  const single = found.filter((r) => !r.run.config.room);
+  const pool = single.length ? single : found;
+  const fp32 = pool.find((r) => r.run.config.optimizer === 'adamw' && !r.run.config.f16_mirror)
+    ?? pool.find((r) => r.run.config.optimizer === 'adamw');
+  return (fp32 ?? pool[0]).id;
 }
+
+/** Tokens one step of a one-browser run trains: its batch of rows of its context. */
+const tokensPerStep = (config) => config.batch_size * config.seq_len;
 
 /** A run's legend label; the clip mode too where the runs differ in it and the name does not
  *  already say it (the clipping experiment's runs are named for theirs). */
@@ -49,44 +58,54 @@ function labeller(found) {
     const { name, config } = r.run;
     const clip = clipWords(config.clip_mode, 'name');
     const says = clipDiffers && !name.includes(clip) ? `, ${clip}` : '';
-    const room = config.room ? `, a room of its workers: x its tokens in one browser's steps` : '';
+    const room = config.room ? ', room run: its workers\' tokens together' : '';
     return `${shownText(name)} (${config.optimizer}${config.f16_mirror ? ' + f16' : ''}${says}${room})`;
   };
 }
 
 /** Each id's run and its records ({id, run: null, metrics: []} for an unknown run); a room
- *  run's are roomRecords. */
+ *  run's are roomRecords, and `room` its room. */
 function fetchRuns() {
   return Promise.all(ids.map(async (id) => {
     const [run, metrics] = await Promise.all([
       fetchJson(routePath('get_run', { run_id: id })).catch(() => null),          // "no such run" in the table
       fetchJson(routePath('get_metrics', { run_id: id })).catch(() => []),
     ]);
-    if (run?.config.room) return { id, run, metrics: await roomRecords(id) };
+    if (run?.config.room) {
+      const room = await fetchJson(routePath('get_room', { run_id: id }));
+      return { id, run, room, metrics: roomRecords(room, run.config) };
+    }
     return { id, run, metrics };
   }));
 }
 
-/** A room run beside one-browser runs at the same total tokens: each global version's eval
- *  loss (the median of its workers' measures, the room's evals) at the step a single browser
- *  of the same batch reaches after as many tokens (the inner steps of every pseudo-gradient
- *  averaged into the versions before it). */
-async function roomRecords(id) {
-  const room = await fetchJson(routePath('get_room', { run_id: id }));
-  const H = room.config.inner_steps;
-  const steps = [0];   // tokens before version v, in one browser's steps
-  for (const round of room.closed) steps[round.version] = steps[round.round] + H * Object.keys(round.workers).length;
-  return room.evals.filter((e) => steps[e.version] !== undefined)
+/** A room run's records: each global version's eval loss (the median of its workers'
+ *  measures, the room's evals) at the tokens the room trained before it, every worker's
+ *  together: each closed round's H inner steps of each worker whose pseudo-gradient it took,
+ *  of batch x context tokens each. */
+function roomRecords(room, config) {
+  const perRound = room.config.inner_steps * tokensPerStep(config);
+  const tokens = [0];   // tokens before version v
+  for (const round of [...room.closed].sort((a, b) => a.round - b.round)) {
+    tokens[round.version] = tokens[round.round] + perRound * Object.keys(round.workers).length;
+  }
+  return room.evals.filter((e) => tokens[e.version] !== undefined)
     .sort((a, b) => a.version - b.version)
-    .map((e) => ({ step: steps[e.version], eval_loss: e.median, version: e.version }));
+    .map((e) => ({ step: e.version, tokens: tokens[e.version], eval_loss: e.median, version: e.version }));
 }
 
-/** One x axis over the union of steps; per key, each run a column with gaps where it has no
- *  step. */
-function columns(found) {
-  const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => m.step)))].sort((a, b) => a - b);
+/** Where a record goes on the x axis: its step, or with a room among the runs (`tokens`) the
+ *  tokens trained by then (a one-browser run's steps x batch x context; a room's all its
+ *  workers'). */
+const xOf = (r, m, tokens) => (!tokens ? m.step
+  : r.run.config.room ? m.tokens : m.step * tokensPerStep(r.run.config));
+
+/** One x axis over the union of the runs' x; per key, each run a column with gaps where it has
+ *  no record there. */
+function columns(found, tokens) {
+  const steps = [...new Set(found.flatMap((r) => r.metrics.map((m) => xOf(r, m, tokens))))].sort((a, b) => a - b);
   const at = (r, key) => {
-    const by = new Map(r.metrics.map((m) => [m.step, m[key]]));
+    const by = new Map(r.metrics.map((m) => [xOf(r, m, tokens), m[key]]));
     return steps.map((s) => by.get(s) ?? null);
   };
   const cols = Object.fromEntries(['loss', 'eval_loss', 'grad_norm', 'lr', 'step_ms', 'opt_ms']
@@ -112,7 +131,9 @@ function summary(runs, found, base) {
     swatch.style.color = COLORS[i % COLORS.length];
     tr.insertCell().append(swatch, a);
     tr.insertCell().textContent = run.config.optimizer + (run.config.f16_mirror ? ' + f16' : '');
-    tr.insertCell().textContent = String(metrics.length);
+    const room = runs.find((x) => x.id === id)?.room;
+    tr.insertCell().textContent = room ? `${room.version} of ${room.rounds} rounds`
+      : String(metrics.length);
     const ck = run.checkpoint?.last_step;
     tr.insertCell().textContent = ck ? `step ${ck}${run.can_resume ? ' · resumable' : ''}` : '-';
     tr.insertCell().textContent = losses.length ? losses[losses.length - 1].toFixed(4) : '-';
@@ -137,11 +158,26 @@ function summary(runs, found, base) {
   }
 }
 
+/** A run's settings as the config table shows them: each its own row, a room run's room
+ *  settings each as "room: <name>" (a one-browser run has none: "–"), and "room run" yes/no. */
+function settingsOf(config) {
+  const out = {};
+  for (const [k, v] of Object.entries(config)) {
+    if (k === 'room') continue;
+    out[k] = v;
+  }
+  out['room run'] = config.room ? 'yes' : 'no';
+  for (const [k, v] of Object.entries(config.room ?? {})) out[`room: ${k}`] = v;
+  return out;
+}
+
 /** The settings in which the runs differ (all of them with the box ticked). */
 function configDiff(found) {
   const all = $('config-all').checked;
-  const keys = [...new Set(found.flatMap((r) => Object.keys(r.run.config)))].sort();
-  const show = (v) => (v === undefined ? '–' : v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v));
+  const settings = found.map((r) => settingsOf(r.run.config));
+  const keys = [...new Set(settings.flatMap((c) => Object.keys(c)))].sort();
+  const show = (v) => (v === undefined ? '–' : Array.isArray(v) ? v.join(', ')
+    : v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v));
   const head = document.querySelector('#config-diff thead');
   const body = document.querySelector('#config-diff tbody');
   head.replaceChildren();
@@ -151,7 +187,7 @@ function configDiff(found) {
   body.replaceChildren();
   let differing = 0;
   for (const k of keys) {
-    const vals = found.map((r) => show(r.run.config[k]));
+    const vals = settings.map((c) => show(c[k]));
     const differs = new Set(vals).size > 1;
     differing += differs;
     if (!differs && !all) continue;
@@ -186,12 +222,14 @@ async function main() {
   const wanted = params.get('baseline');
   select.value = found.some((r) => r.id === wanted) ? wanted : (found.length ? defaultBaseline(found) : '');
 
-  let { steps, cols } = columns(found);
+  // A room among the runs: one tokens axis (a room's round is many browsers' steps at once).
+  const tokens = found.some((r) => r.run.config.room);
+  let { steps, cols } = columns(found, tokens);
   const style = (r, i) => ({ label: label(r), color: COLORS[i % COLORS.length],
     dash: DASHES[i % DASHES.length] });
   const parent = $('charts');
   const spec = found.map(style);
-  const o = { group: 'compare', placeholder: 'No steps recorded.' };
+  const o = { group: 'compare', placeholder: 'No steps recorded.', x: tokens ? 'tokens' : 'step' };
   const charts = {
     loss: new Chart(parent, 'loss', spec, { ...o, y: 'training loss (nats/token)', positive: true }),
     diff: new Chart(parent, 'difference to baseline', spec,
@@ -203,7 +241,7 @@ async function main() {
     step: new Chart(parent, 'step time', spec, { ...o, y: 'ms per step', positive: true }),
     opt: new Chart(parent, 'optimizer time (GPU)', spec, { ...o, y: 'ms per step', positive: true }),
   };
-  const layers = new LayerOverlay(spec);
+  const layers = new LayerOverlay(spec, o.x);
   charts.layer = layers.chart;
   window.andreaCharts = charts;
   await layers.load(found);
@@ -225,7 +263,7 @@ async function main() {
     charts.lr.setData([steps, ...cols.lr]);
     charts.step.setData([steps, ...sm('step_ms')]);
     charts.opt.setData([steps, ...sm('opt_ms')]);
-    layers.draw(found, steps, (c) => smooth(c, alpha));
+    layers.draw(found, steps, (c) => smooth(c, alpha), (r, m) => xOf(r, m, tokens));
     showTrainLinks($('train-links'), found);
   };
   // Runs that may still change: read again (the same runs; a deleted one keeps its last).
@@ -235,9 +273,9 @@ async function main() {
     runs = await fetchRuns();
     for (const r of found) {
       const fresh = runs.find((x) => x.id === r.id);
-      if (fresh?.run) Object.assign(r, { run: fresh.run, metrics: fresh.metrics });
+      if (fresh?.run) Object.assign(r, { run: fresh.run, metrics: fresh.metrics, room: fresh.room });
     }
-    ({ steps, cols } = columns(found));
+    ({ steps, cols } = columns(found, tokens));
     await layers.load(found);
     draw();
     document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed ?? 0) + 1);
@@ -262,6 +300,7 @@ async function main() {
   }
   draw();
   parent.dataset.series = String(found.length);
+  parent.dataset.x = o.x;
   document.body.dataset.ready = '1';
   refresh().catch((e) => console.warn('compare: refresh stopped', e));
 }

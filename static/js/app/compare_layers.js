@@ -12,12 +12,13 @@ export const TOTAL = 'all layers total';
 const $ = (id) => document.getElementById(id);
 
 export class LayerOverlay {
-  /** spec: the compare charts' series (one per found run, same order). */
-  constructor(spec) {
+  /** spec: the compare charts' series (one per found run, same order); x: their x axis
+   *  ('step', or 'tokens' with a room run among them). */
+  constructor(spec, x = 'step') {
     this.params = new Map();    // run id -> its parameter table (runs with per-tensor norms)
     this.select = $('layer');
     this.chart = new Chart($('layer-charts'), 'grad norm of the layer', spec,
-      { group: 'compare', y: 'L2 norm (before clipping)', positive: true, placeholder: 'No steps recorded.' });
+      { group: 'compare', y: 'L2 norm (before clipping)', positive: true, placeholder: 'No steps recorded.', x });
     this.select.append(new Option(TOTAL, TOTAL));
   }
 
@@ -40,8 +41,9 @@ export class LayerOverlay {
     $('layers-card').hidden = false;
   }
 
-  /** One column per run over `steps` for the chosen layer; `smooth(col)` as the other charts. */
-  draw(found, steps, smooth) {
+  /** One column per run over `steps` (the charts' xs: a record's at x(run, record)) for the
+   *  chosen layer; `smooth(col)` as the other charts. */
+  draw(found, steps, smooth, x = (r, m) => m.step) {
     const layer = this.select.value;
     const missing = [];
     const cols = found.map((r) => {
@@ -52,7 +54,7 @@ export class LayerOverlay {
         missing.push(shownText(r.run.name));
         values = r.metrics.map(() => null);
       } else values = layerValues(r.metrics, params, layer);
-      const by = new Map(r.metrics.map((m, i) => [m.step, values[i]]));
+      const by = new Map(r.metrics.map((m, i) => [x(r, m), values[i]]));
       return smooth(steps.map((s) => by.get(s) ?? null));
     });
     this.chart.setData([steps, ...cols]);

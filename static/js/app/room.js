@@ -1,19 +1,22 @@
 // A room run's page (server/room/): the room's global eval loss per version (the median of the
 // workers' measures, and the reports far from it), each worker's inner losses in its own
-// colour, who joined and left and what each sent beside what per-step fp32 all-reduce would
-// have sent; the run's owner may remove a worker. A tab opened from the room's join link
-// (#join=...) may join and train here: the engine's RoomWorker (engine/room_worker.js) on this
-// GPU, the room's network handed to it as functions.
+// colour, who joined and left, what each does now (training step k of H, sending, waiting,
+// left) and what the open round waits for, and what each sent beside what per-step fp32
+// all-reduce would have sent; the run's owner may remove a worker. A tab opened from the room's
+// join link (#join=...) says what joining means and joins with one click ("Join and train"):
+// the engine's RoomWorker (engine/room_worker.js) trains on this GPU, the room's network handed
+// to it as functions. A worker that left (or whose tab reloaded) may join again as itself.
 import { createContext } from '../engine/context.js';
 import { RoomWorker } from '../engine/room_worker.js';
 import { fetchLoader } from '../engine/shaders.js';
 import {
-  fetchJson, fetchRetrying, heldWorkerToken, responseDetail, saveWorkerToken, takeJoinToken,
-  withToken,
+  fetchJson, fetchRetrying, heldWorkerId, heldWorkerToken, responseDetail, saveWorkerToken,
+  takeJoinToken, withToken,
 } from './api.js';
 import { SHADER_BASE } from './assets.js';
-import { COLORS, Chart, fmtBytes } from './charts.js';
+import { COLORS, Chart, Throttle, fmtBytes, fmtCount } from './charts.js';
 import { routePath } from './facts.js';
+import { roundText, workerNow } from './room_words.js';
 import { $, setStatus, showError, stat } from './run_view.js';
 import { watch } from './telemetry.js';
 
@@ -21,9 +24,13 @@ const body = document.body;
 const runId = $('room').dataset.runId;
 const POLL_MS = 500;             // how often a worker looks for the next global version
 const REPORTS_PAGE = 1000;       // reports per request (the server's most)
+const PROGRESS_MS = 1000;        // a worker tells its inner step at most this often (and its last)
 
 // workerStatus: [text, class] of this tab's worker once it joins (null: the room's status).
-const state = { run: null, room: null, reports: [], worker: null, workerStatus: null, charts: null };
+// skew: the server's clock minus this tab's (s), so a round's deadline counts down by the
+// server's. joined: this tab's worker id while it trains here.
+const state = { run: null, room: null, reports: [], worker: null, workerStatus: null, charts: null,
+  skew: 0, joined: null };
 
 function joinLink(token) {
   return `${location.origin}${routePath('run_page', { run_id: runId })}#join=${encodeURIComponent(token)}`;
@@ -41,13 +48,45 @@ async function fetchReports() {
   return reports;
 }
 
-async function refresh() {
-  const [room, reports] = await Promise.all([
-    fetchJson(routePath('get_room', { run_id: runId })), fetchReports(),
+/** The room again, and its reports unless `reports` is false (a worker's step: only the room
+ *  changed). */
+async function refresh(reports = true) {
+  const [room, got] = await Promise.all([
+    fetchJson(routePath('get_room', { run_id: runId })), reports ? fetchReports() : null,
   ]);
   state.room = room;
-  state.reports = reports;
+  state.skew = room.now - Date.now() / 1000;
+  if (got) state.reports = got;
   show();
+}
+
+function showRound() {
+  if (!state.room) return;
+  const text = roundText(state.room, Date.now() / 1000 + state.skew);
+  $('round-status').textContent = text;
+  $('round-status').dataset.waitingFor = String(state.room.open.waiting_for?.length ?? 0);
+}
+
+/** What joining means, before anything is joined: the model, this tab's GPU, the rounds. */
+function showOffer() {
+  const { run, room } = state;
+  const cfg = run.config;
+  const H = room.config.inner_steps;
+  const active = room.workers.filter((w) => w.left === null).length;
+  const held = heldWorkerId(runId);
+  const mine = held === null ? null : room.workers.find((w) => w.worker === held);
+  const again = mine && !mine.removed;
+  $('join-what').textContent = `Joining makes this tab one of the room's workers: this tab's ` +
+    `GPU (WebGPU) trains the ${run.model_name} model (${fmtCount(run.n_params)} parameters) ` +
+    `with the others. A round is ${H} inner steps on this tab's own batches (${cfg.batch_size} ` +
+    `x ${cfg.seq_len} tokens each) from the room's global weights; then it sends what it ` +
+    `learned (${fmtBytes(room.delta_bytes)}, ${room.config.codec}) and takes the next global ` +
+    `version. The room has ${room.rounds} rounds (${room.version} done; ${active} ` +
+    `worker${active === 1 ? '' : 's'} training now). Keep this tab open while it trains; ` +
+    'Leave stops it.';
+  $('join').textContent = again ? `Rejoin as worker ${held}` : 'Join and train';
+  $('join').title = again ? `train in the room again as worker ${held} (this tab's worker before)`
+    : 'train this room\'s model on this tab\'s GPU, with the others';
 }
 
 /** The page's status: this tab's worker's once it joined, else the room's; and what the room's
@@ -66,13 +105,21 @@ function show() {
   const { room } = state;
   const cfg = room.config;
   const active = room.workers.filter((w) => w.left === null).length;
+  const joined = `${room.workers.length} joined`;
   stat('version', `${room.version} of ${room.rounds}`, 'global version');
-  stat('workers', `${active} training (${room.workers.length} joined)`, 'workers');
+  stat('workers', room.finished ? `none training: finished (${joined})` : `${active} training (${joined})`, 'workers');
   stat('round', `${cfg.inner_steps} inner steps`, 'round');
   stat('outer', `Nesterov lr ${cfg.outer_lr}, momentum ${cfg.outer_momentum}`, 'outer step');
   stat('codec', `${cfg.codec}: ${fmtBytes(room.delta_bytes)} per pseudo-gradient`, 'sent as');
   if (!state.worker) body.dataset.status = room.finished ? 'finished' : 'running';
   showStatus();
+  showRound();
+  if (!$('join-offer').hidden) {
+    if (room.finished) {
+      $('join-offer').hidden = true;
+      $('join').hidden = true;
+    } else showOffer();
+  }
   drawCharts();
   drawWorkers();
 }
@@ -139,12 +186,15 @@ function drawCharts() {
 function drawWorkers() {
   const { room } = state;
   const perRound = room.allreduce_bytes_per_step * room.config.inner_steps;
+  const H = room.config.inner_steps;
   const rows = room.workers.map((w) => {
-    const cells = [w.worker, w.slot, new Date(w.joined * 1000).toLocaleTimeString(),
+    const mine = w.worker === state.joined ? ' (this tab)' : '';
+    const cells = [w.worker, workerNow(w, H) + mine, w.slot, new Date(w.joined * 1000).toLocaleTimeString(),
       w.left === null ? '' : `${new Date(w.left * 1000).toLocaleTimeString()} (${w.why})`,
       w.deltas, fmtBytes(w.bytes), fmtBytes(w.deltas * perRound), w.stale, w.refused];
     const tr = document.createElement('tr');
     tr.dataset.worker = String(w.worker);
+    tr.dataset.state = w.state ?? '';
     for (const c of cells) {
       const td = document.createElement('td');
       td.textContent = String(c);
@@ -232,62 +282,167 @@ function workerStatus(text, cls = '') {
   showStatus();
 }
 
+/** Tells the room this worker's inner step (POST .../progress/{v}): at most every PROGRESS_MS,
+ *  the latest one last, and the round's first and last step at once; one request at a time.
+ *  A refusal (the round moved on, the worker left) is nothing to act on: it is not retried. */
+function progressTeller(me, H) {
+  let latest = null;
+  let told = null;
+  let busy = false;
+  let timer = null;
+  let lastAt = -Infinity;
+  const post = async () => {
+    timer = null;
+    if (busy || latest === told) return;
+    busy = true;
+    lastAt = performance.now();
+    const p = told = latest;
+    try {
+      await fetch(routePath('post_room_progress', { run_id: runId, version: p.version }), {
+        method: 'POST', body: JSON.stringify({ step: p.step }),
+        headers: { authorization: `Bearer ${me.token}`, 'content-type': 'application/json' } });
+    } catch { /* the next step tells it again */ }
+    busy = false;
+    if (latest !== told) later();
+  };
+  const later = () => {
+    timer ??= setTimeout(post, Math.max(0, lastAt + PROGRESS_MS - performance.now()));
+  };
+  return {
+    /** rec: a Trainer record (its step counts from 1 over every round: round r's steps are
+     *  r * H + 1 .. (r + 1) * H). */
+    record(rec) {
+      const version = Math.floor((rec.step - 1) / H);
+      const step = rec.step - version * H;
+      latest = { version, step };
+      if ((step === 1 || step === H) && !busy) {
+        clearTimeout(timer);
+        post();
+      } else later();
+    },
+    stop() {
+      clearTimeout(timer);
+      latest = told;
+    },
+  };
+}
+
 async function join(token) {
   $('join').hidden = true;
+  $('join-offer').hidden = true;
+  $('error').hidden = true;   // (why a join before failed: this one is another try)
+  delete body.dataset.done;
   workerStatus('Joining the room…');
-  const again = heldWorkerToken(runId);   // this tab was a worker before it reloaded
+  const again = heldWorkerToken(runId);   // this tab was a worker before (it reloaded, or left)
   const res = await fetch(routePath('join_room', { run_id: runId }), { method: 'POST',
     headers: { authorization: `Bearer ${token}`, ...(again ? { 'x-andrea-worker-token': again } : {}) } });
   if (!res.ok) throw new Error(`could not join: ${await responseDetail(res)}`);
   const me = await res.json();
-  saveWorkerToken(runId, me.token);
+  saveWorkerToken(runId, me.token, me.worker);
+  state.joined = me.worker;
+  body.dataset.worker = String(me.worker);
   $('mode').textContent = `(worker ${me.worker} trains here)`;
   const config = state.run.config;
+  const H = config.room.inner_steps;
+  let ended = false;        // the device is given back when the worker ends: not a loss then
   const ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE),
-    onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => showError(m),
+    onError: (m) => showError(`GPU error: ${m}`), onLost: (m) => { if (!ended) showError(m); },
     mixed: config.precision === 'mixed' ? 'required' : false });
-  const [layout, maps] = await Promise.all([
-    fetchRetrying(routePath('get_run_layout', { run_id: runId })).then((r) => r.json()),
-    fetchRetrying(routePath('optimizer_maps')).then((r) => r.json()),
-  ]);
-  workerStatus('Compiling kernels and taking the global weights…');
-  if (window.andreaGpuOnly && ctx.software) {   // `andrea train --gpu`: never a fallback
-    ctx.destroy();
-    throw new Error(`the browser offered only a software WebGPU adapter (${ctx.info.vendor} ` +
-      `${ctx.info.architecture}), and this worker was asked to train on the GPU`);
-  }
-  const worker = await RoomWorker.create({
-    ctx, layout, config, maps, version: me.version, room: roomNetwork(me),
-    loadBatch: (v, step) => fetchRetrying(routePath('room_batch',
-      { run_id: runId, version: v, slot: me.slot, step })).then((r) => r.arrayBuffer()),
-    loadValBatch: (i) => fetchRetrying(routePath('run_val_batch', { run_id: runId, index: i }))
-      .then((r) => r.arrayBuffer()),
-    on: {
-      status: (status, message) => {
-        body.dataset.workerStatus = status;
-        workerStatus(`worker ${me.worker}: ${status}${message ? `: ${message}` : ''}`,
-          status === 'failed' ? 'bad' : 'ok');
-      },
-      round: () => refresh().catch(() => {}),
-    },
-  });
-  state.worker = worker;
-  window.andreaTrainer = worker.trainer;   // `andrea train` reads its stats and stops it
-  $('leave').hidden = false;
-  $('leave').onclick = () => worker.stop('left the room');
+  const teller = progressTeller(me, H);
+  let worker = null;
   let end;
   try {
+    const [layout, maps] = await Promise.all([
+      fetchRetrying(routePath('get_run_layout', { run_id: runId })).then((r) => r.json()),
+      fetchRetrying(routePath('optimizer_maps')).then((r) => r.json()),
+    ]);
+    workerStatus('Compiling kernels and taking the global weights…');
+    if (window.andreaGpuOnly && ctx.software) {   // `andrea train --gpu`: never a fallback
+      throw new Error(`the browser offered only a software WebGPU adapter (${ctx.info.vendor} ` +
+        `${ctx.info.architecture}), and this worker was asked to train on the GPU`);
+    }
+    worker = await RoomWorker.create({
+      ctx, layout, config, maps, version: me.version, room: roomNetwork(me),
+      loadBatch: (v, step) => fetchRetrying(routePath('room_batch',
+        { run_id: runId, version: v, slot: me.slot, step })).then((r) => r.arrayBuffer()),
+      loadValBatch: (i) => fetchRetrying(routePath('run_val_batch', { run_id: runId, index: i }))
+        .then((r) => r.arrayBuffer()),
+      on: {
+        record: (rec) => teller.record(rec),
+        status: (status, message) => {
+          body.dataset.workerStatus = status;
+          workerStatus(`worker ${me.worker}: ${status}${message ? `: ${message}` : ''}`,
+            status === 'failed' ? 'bad' : 'ok');
+        },
+        round: () => refreshSoon(true).catch(() => {}),
+      },
+    });
+    state.worker = worker;
+    window.andreaTrainer = worker.trainer;   // `andrea train` reads its stats and stops it
+    $('leave').hidden = false;
+    $('leave').onclick = () => {
+      $('leave').disabled = true;
+      worker.stop('left the room');
+    };
     end = await worker.run();
   } finally {
-    worker.destroy();
+    teller.stop();
+    worker?.destroy();
+    ended = true;
+    ctx.destroy();            // a rejoin makes its own
+    $('leave').hidden = true;
+    $('leave').disabled = false;
+    state.worker = null;
+    state.joined = null;
     if (end !== 'finished') {   // stopped, failed, or thrown: its slot goes to another tab
       await fetch(routePath('leave_room', { run_id: runId }),
         { method: 'DELETE', headers: { authorization: `Bearer ${me.token}` } }).catch(() => {});
     }
   }
-  $('leave').hidden = true;
-  body.dataset.done = end;
-  await refresh();
+  await refresh().catch(() => {});
+  if (end !== 'finished') offerJoin(token);
+  body.dataset.done = end;      // last: the page shows the room as it ended
+}
+
+/** Joins with `token` (the room's join token), and says why where it could not. */
+function start(token) {
+  return join(token).catch((e) => {
+    showError(e.message || String(e));
+    body.dataset.done = 'failed';
+    offerJoin(token);
+  });
+}
+
+/** The join offer (what joining means, and the button) while the room trains; pressing it
+ *  joins (again, as this tab's worker where it was one). */
+function offerJoin(token) {
+  if (state.room.finished) return;
+  const mine = state.room.workers.find((w) => w.worker === heldWorkerId(runId));
+  if (mine?.removed) return;          // removed by the run's owner: it may not come back
+  $('join-offer').hidden = false;
+  showOffer();
+  $('join').hidden = false;
+  $('join').onclick = () => start(token);
+}
+
+/** refresh(), coalesced: one at a time, and one more after it where asked meanwhile. */
+const pending = { busy: false, again: null };
+async function refreshSoon(reports) {
+  if (pending.busy) {
+    pending.again = pending.again || reports;
+    return;
+  }
+  pending.busy = true;
+  try {
+    await refresh(reports);
+  } finally {
+    pending.busy = false;
+  }
+  if (pending.again !== null) {
+    const more = pending.again;
+    pending.again = null;
+    await refreshSoon(more);
+  }
 }
 
 async function main() {
@@ -299,7 +454,14 @@ async function main() {
   }
   state.run = await res.json();
   await refresh();
-  watch(runId, (msg) => { if (msg.type === 'room' || msg.type === 'run') refresh().catch(() => {}); });
+  // A worker's step changes only the room (not its reports): the room alone is read again, at
+  // most once a second however many workers tell theirs.
+  const steps = new Throttle(PROGRESS_MS, () => refreshSoon(false).catch(() => {}));
+  watch(runId, (msg) => {
+    if (msg.type === 'room' && msg.event === 'progress') steps.request();
+    else if (msg.type === 'room' || msg.type === 'run') refreshSoon(true).catch(() => {});
+  });
+  setInterval(showRound, 1000);         // the round's deadline counts down
   if (token) {
     $('copy-join').hidden = false;
     $('copy-join').onclick = async () => {
@@ -311,15 +473,8 @@ async function main() {
         prompt('The join link (anyone who opens it may train in this room):', link);
       }
     };
-    if (!state.room.finished) {
-      const start = () => join(token).catch((e) => {
-        showError(e.message || String(e));
-        body.dataset.done = 'failed';
-      });
-      $('join').hidden = false;
-      $('join').onclick = start;
-      if (window.andreaAutoJoin) start();   // `andrea train --join` (server/cli/chromium.py)
-    }
+    if (window.andreaAutoJoin && !state.room.finished) start(token);   // `andrea train --join` (server/cli/chromium.py)
+    else offerJoin(token);
   }
   body.dataset.ready = '1';
 }

@@ -3,6 +3,7 @@
 // runs as they change.
 import { jsonBody, responseDetail, withToken } from './api.js';
 import { fmtDuration } from './format.js';
+import { roomProgress, roomStatus } from './room_words.js';
 import { statusLabel } from './run_status.js';
 import { setShown, shownText } from './text.js';
 import { routePath } from './facts.js';
@@ -40,7 +41,14 @@ function link(href, text) {
 
 const fmtLoss = (v) => (v === null || v === undefined ? '–' : v.toFixed(4));
 const elapsedOf = (r) => (r.first_time && r.last_time ? r.last_time - r.first_time : null);
-const progressOf = (r) => (r.last_step ?? 0) / r.config.steps;
+// A room run (r.room: the server's line of it) counts rounds closed, and its losses are the
+// global eval losses of its versions (no one tab's training loss is the run's).
+const progressOf = (r) => (r.room ? r.room.version / r.room.rounds : (r.last_step ?? 0) / r.config.steps);
+const lastLossOf = (r) => (r.room ? r.room.eval_loss : r.last_loss);
+const bestEvalOf = (r) => (r.room ? r.room.best_eval_loss : r.best_eval_loss);
+/** The state a run is filtered and sorted by: a room run's is its room's (it has no one
+ *  training tab: "no training tab" would say nothing). */
+const labelOf = (r) => (r.room ? (r.room.finished ? 'finished' : 'running') : statusLabel(r));
 // The text a run trained on, as its user picked it: its sources' names, or "all" (left out:
 // every source of the server's corpus). The corpus hash tells corpora of the same names apart.
 const sourcesOf = (r) => (r.config.sources?.length ? r.config.sources.join(', ') : 'all');
@@ -52,16 +60,18 @@ function keyOf(r, key) {
   if (key === 'elapsed') return elapsedOf(r);
   if (key === 'preset') return `${r.model_name} ${r.config.optimizer}`;
   if (key === 'name') return r.name.toLowerCase();
-  if (key === 'status') return statusLabel(r);
+  if (key === 'status') return labelOf(r);
+  if (key === 'last_loss') return lastLossOf(r);
+  if (key === 'best_eval_loss') return bestEvalOf(r);
   if (key === 'corpus') return `${sourcesOf(r)} ${corpusOf(r)}`;
   return r[key] ?? null;
 }
 
 function matches(r) {
-  if (statusFilter.value && statusLabel(r) !== statusFilter.value) return false;
+  if (statusFilter.value && labelOf(r) !== statusFilter.value) return false;
   const q = filter.value.trim().toLowerCase();
   if (!q) return true;
-  const hay = [r.name, r.id, statusLabel(r), r.model_name, r.config.optimizer, ...(r.tags || []),
+  const hay = [r.name, r.id, labelOf(r), r.room ? 'room' : '', r.model_name, r.config.optimizer, ...(r.tags || []),
     r.notes || '', sourcesOf(r), corpusOf(r)].join(' ').toLowerCase();
   return q.split(/\s+/).every((w) => hay.includes(w));
 }
@@ -116,15 +126,21 @@ function render() {
     cell(tr, state.renaming?.id === r.id ? state.renaming.form : name, 'name');
     const ck = r.checkpoint?.last_step;
     // What is true now: "never started", "no training tab" (run_status.js), not a stale status.
-    const label = statusLabel(r);
-    const st = cell(tr, label + (r.can_resume ? ` · resumable from step ${ck}` : ''), 'status');
+    const label = labelOf(r);
+    const st = cell(tr, r.room ? roomStatus(r.room)
+      : label + (r.can_resume ? ` · resumable from step ${ck}` : ''), 'status');
     st.dataset.status = label;
     st.title = r.message ?? '';       // why it failed, stopped, was interrupted or never started
-    cell(tr, `${r.last_step ?? 0} / ${r.config.steps} (${Math.floor(progressOf(r) * 100)} %)`);
-    cell(tr, `${r.model_name} · ${r.config.optimizer}${r.config.f16_mirror ? ' + f16' : ''}`);
+    cell(tr, r.room ? roomProgress(r.room)
+      : `${r.last_step ?? 0} / ${r.config.steps} (${Math.floor(progressOf(r) * 100)} %)`, 'progress');
+    cell(tr, `${r.model_name} · ${r.config.optimizer}${r.config.f16_mirror ? ' + f16' : ''}` +
+      (r.room ? ' · room' : ''));
     cell(tr, corpusCell(r, severalCorpora), 'corpus');
-    cell(tr, fmtLoss(r.last_loss));
-    cell(tr, fmtLoss(r.best_eval_loss));
+    const last = cell(tr, fmtLoss(lastLossOf(r)), 'last-loss');
+    if (r.room?.eval_version !== null && r.room?.eval_version !== undefined) {
+      last.title = `the room's global eval loss of version ${r.room.eval_version} (the median of its workers' measures)`;
+    }
+    cell(tr, fmtLoss(bestEvalOf(r)), 'best-eval');
     cell(tr, elapsedOf(r) === null ? '–' : fmtDuration(elapsedOf(r)));
     cell(tr, new Date(r.created_at * 1000).toLocaleString());
     const ex = document.createElement('span');
@@ -270,7 +286,7 @@ async function refresh() {
   const ids = new Set(state.runs.map((r) => r.id));
   for (const id of [...state.selected]) if (!ids.has(id)) state.selected.delete(id);
   if (state.renaming && !ids.has(state.renaming.id)) state.renaming = null;   // deleted meanwhile
-  const statuses = [...new Set(state.runs.map((r) => statusLabel(r)))].sort();
+  const statuses = [...new Set(state.runs.map((r) => labelOf(r)))].sort();
   const have = [...statusFilter.options].map((o) => o.value);
   for (const s of statuses) if (!have.includes(s)) statusFilter.append(new Option(s, s));
   render();
