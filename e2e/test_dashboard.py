@@ -14,6 +14,7 @@ import pytest
 from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
+from tests.browser import PAGE_WAIT_MS
 
 STEPS = 40
 SHOTS = Path(os.environ.get("ANDREA_SHOTS", "/tmp/shots"))
@@ -79,7 +80,7 @@ def _ready(page, url: str) -> None:
     page.goto(url)
     page.wait_for_function("document.body?.dataset.ready === '1' || "
                            "Number(document.getElementById('charts')?.dataset.steps || 0) > 0",
-                           timeout=60_000)
+                           timeout=PAGE_WAIT_MS)
 
 
 def test_lr_chart_ticks_and_hover_show_small_values(page, live_server, runs, page_errors):
@@ -297,11 +298,12 @@ def test_no_page_scrolls_sideways_and_screenshots(browser, live_server, runs, vi
     for name, path in _pages(live_server, runs).items():
         page.goto(live_server + path)
         if name == "diagnostics":
-            page.wait_for_function("document.body.dataset.webgpu !== undefined", timeout=60_000)
+            page.wait_for_function("document.body.dataset.webgpu !== undefined",
+                                   timeout=PAGE_WAIT_MS)
         elif name.startswith("run"):
             page.wait_for_function("document.body.dataset.ready === '1' || "
                                    "Number(document.getElementById('charts')?.dataset.steps"
-                                   " || 0) > 0", timeout=60_000)
+                                   " || 0) > 0", timeout=PAGE_WAIT_MS)
         else:
             page.wait_for_load_state("networkidle")
         page.wait_for_timeout(300)

@@ -1,9 +1,9 @@
-from tests.browser import CHROMIUM, QUIET_FLAGS
+from tests.browser import CHROMIUM, PAGE_WAIT_MS, QUIET_FLAGS
 
 
 def test_diagnostics_reports_webgpu_ok(page, live_server, page_errors):
     page.goto(live_server + "/diagnostics")
-    page.wait_for_function("document.body.dataset.webgpu !== undefined", timeout=60_000)
+    page.wait_for_function("document.body.dataset.webgpu !== undefined", timeout=PAGE_WAIT_MS)
     assert page.evaluate("document.body.dataset.webgpu") == "ok", page.inner_text("main")
     diag = page.evaluate("window.andreaDiagnostics")
     st = diag["selftest"]
@@ -28,7 +28,7 @@ def test_diagnostics_explains_missing_webgpu(playwright, live_server):
     try:
         page = browser.new_page()
         page.goto(live_server + "/diagnostics")
-        page.wait_for_function("document.body.dataset.webgpu !== undefined", timeout=60_000)
+        page.wait_for_function("document.body.dataset.webgpu !== undefined", timeout=PAGE_WAIT_MS)
         assert page.evaluate("document.body.dataset.webgpu") == "unavailable"
         explain = page.locator("#explain")
         assert explain.is_visible()

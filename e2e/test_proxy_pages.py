@@ -20,7 +20,7 @@ import pytest
 
 from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import start_server, stop_server
-from tests.browser import browser_args
+from tests.browser import PAGE_WAIT_MS, browser_args
 from tests.test_web_proxy import free_port, start_nginx
 
 NAME = "workshop.local"
@@ -109,7 +109,7 @@ def participant(playwright, proxied):
 
 def create_and_train(page, base: str) -> str:
     page.goto(base + "/")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     page.select_option("#preset", "tiny")
     for name, value in {"steps": 6, "batch_size": 2, "eval_every": 3,
                         "sample_every": 0}.items():
@@ -140,9 +140,10 @@ def test_the_apps_pages_work_through_the_readme_proxy(proxied, participant, base
         # Watched: a second tab (a viewer's websocket through the proxy) draws its records.
         viewer = context.new_page()
         viewer.goto(f"{base}/runs/{run_id}")
-        viewer.wait_for_function("document.body.dataset.socket === 'connected'", timeout=60_000)
+        viewer.wait_for_function("document.body.dataset.socket === 'connected'",
+                                 timeout=PAGE_WAIT_MS)
         viewer.wait_for_function("document.getElementById('charts').dataset.steps === '6'",
-                                 timeout=60_000)
+                                 timeout=PAGE_WAIT_MS)
         # Renamed from the runs list, with the token the creating tab holds.
         page.goto(f"{base}/runs")
         page.wait_for_function("document.body.dataset.ready === '1'")
@@ -155,7 +156,7 @@ def test_the_apps_pages_work_through_the_readme_proxy(proxied, participant, base
         assert httpx.get(f"{url}/api/runs/{run_id}").json()["name"] == f"through {base}"
         # Compared.
         page.goto(f"{base}/compare?ids={run_id}")
-        page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+        page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
         assert page.get_attribute("[data-chart='loss']", "data-points") == "6"
         assert not errors, errors
     finally:

@@ -14,6 +14,7 @@ import time
 
 import httpx
 
+from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL, cli_args
 
 H, ROUNDS, WORKERS = 4, 3, 4
@@ -75,7 +76,7 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
         page.context.route("**/room/batches/0/**", hold(joined, first))
         page.context.route(f"**/room/batches/{ROUNDS - 1}/**", hold(left, held))
         page.goto(link)
-        page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+        page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
         assert page.url.endswith(f"/runs/{run['id']}")          # the token left the bar
         pages.append(page)
     room_url = f"{live_server}/api/runs/{run['id']}/room"
@@ -92,7 +93,7 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     # A fifth joins once the room trains version 1, then leaves: the rounds go on without it.
     extra = browser.new_context().new_page()
     extra.goto(link)
-    extra.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    extra.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     wait_room(room_url, lambda r: r["version"] >= 1, pages[0])
     extra.click("#join")
     extra.wait_for_function("document.body.dataset.workerStatus === 'running'", timeout=TIMEOUT)
@@ -134,7 +135,7 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     # The room's page lists every worker, the one that left with why.
     page = pages[0]
     page.reload()
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     assert page.locator("#workers tbody tr").count() == WORKERS + 1
     assert "left" in page.inner_text(f"#workers tr[data-worker='{gone[0]['worker']}']")
     chart = page.locator("[data-chart='global eval loss']")
@@ -144,7 +145,7 @@ def test_four_pages_train_one_model_and_a_fifth_joins_and_leaves(browser, live_s
     assert chart.get_attribute("data-points") == str(ROUNDS + 1 + outliers)   # one x each
     # /compare draws its global eval loss at the tokens it took, in one browser's steps.
     page.goto(f"{live_server}/compare?ids={run['id']}")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     assert page.get_attribute("[data-chart='eval loss']", "data-points") == str(ROUNDS + 1)
 
 
@@ -177,7 +178,7 @@ def test_one_f32_worker_trains_its_round_exactly_as_a_plain_run(live_server):
 
 def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, live_server):
     page.goto(live_server + "/")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     page.select_option("#preset", "tiny")
     page.check("#room-run")
     page.fill("input[name='room.inner_steps']", "5")
@@ -185,7 +186,7 @@ def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, liv
     page.wait_for_function("!document.getElementById('start').disabled")
     page.click("#start")
     page.wait_for_url("**/runs/*")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     run_id = page.url.rsplit("/", 1)[1]
     assert "#" not in page.url                        # the join token left the address bar
     config = httpx.get(f"{live_server}/api/runs/{run_id}").json()["config"]
@@ -208,7 +209,7 @@ def test_the_owner_removes_a_worker_from_the_rooms_page(browser, live_server):
     worker.wait_for_function("document.body.dataset.workerStatus === 'running'", timeout=TIMEOUT)
     owner = browser.new_context().new_page()
     owner.goto(f"{live_server}/runs/{run['id']}")
-    owner.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    owner.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     row = "#workers tr[data-worker='0']"
     dialogs = []
 
@@ -219,7 +220,7 @@ def test_the_owner_removes_a_worker_from_the_rooms_page(browser, live_server):
     owner.click(f"{row} button.remove")
     owner.wait_for_function(
         f"document.querySelector(\"{row}\")?.innerText.includes(\"removed by the run's owner\")",
-        timeout=60_000)
+        timeout=PAGE_WAIT_MS)
     assert "Remove worker 0" in dialogs[0]
     assert owner.locator(f"{row} button.remove").count() == 0      # only active workers have one
     assert not owner.is_visible("#error")

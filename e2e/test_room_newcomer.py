@@ -12,6 +12,7 @@ import re
 import httpx
 import numpy as np
 
+from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL
 from tests.trainer_client import hello, record, ws_url
 
@@ -41,7 +42,7 @@ def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browse
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(f"{live_server}/runs/{run['id']}#join={run['room']['join_token']}")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     # Before joining: what it means, and one button.
     offer = " ".join(page.inner_text("#join-offer").split())
     n_params = httpx.get(f"{live_server}/api/runs/{run['id']}").json()["n_params"]
@@ -67,7 +68,7 @@ def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browse
     assert httpx.delete(f"{room_url}/workers", headers=bearer(slow["token"])).status_code == 204
     page.wait_for_function("document.body.dataset.done === 'stopped'", timeout=TIMEOUT)
     page.wait_for_function("document.querySelector(\"#workers tr[data-worker='0']\")"
-                           "?.dataset.state === 'left'", timeout=60_000)
+                           "?.dataset.state === 'left'", timeout=PAGE_WAIT_MS)
     assert page.locator(f"{mine} td").nth(1).inner_text() == "left"
     # It may come back, as itself.
     assert page.is_visible("#join-offer") and page.inner_text("#join") == "Rejoin as worker 1"
@@ -118,7 +119,7 @@ def test_the_runs_list_and_compare_read_a_room_in_rounds_workers_and_tokens(page
         assert json.loads(ws.recv(timeout=10))["type"] == "ack"
     # /runs: the room in rounds, its last global eval loss, its workers now.
     page.goto(f"{live_server}/runs")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     row = page.locator(f"#runs tr[data-run-id='{room_run['id']}']")
     assert row.locator("td.progress").inner_text() == "2 / 2 rounds (100 %)"
     assert row.locator("td.status").inner_text() == "finished · 2 workers trained it"
@@ -128,7 +129,7 @@ def test_the_runs_list_and_compare_read_a_room_in_rounds_workers_and_tokens(page
         == "4 / 4 (100 %)"
     # /compare, the room first: one tokens axis, a one-browser baseline, room settings as rows.
     page.goto(f"{live_server}/compare?ids={room_run['id']},{plain['id']}")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     assert page.get_attribute("#charts", "data-x") == "tokens"
     assert page.input_value("#baseline") == plain["id"]
     # Tokens: the plain run's steps 1-4 at 2 x 32 tokens each (64 .. 256); the room's versions

@@ -10,6 +10,7 @@ import urllib.request
 
 from andrea.cli.launch import free_port, start_server, stop_server
 from andrea.web.auth import token_init_script
+from tests.browser import PAGE_WAIT_MS
 
 STEPS = 40
 OUTAGE_S = 65       # past the ~56 s after which the page used to give a batch up
@@ -62,7 +63,8 @@ def test_run_survives_a_server_restart(page, tmp_path):
         assert page.evaluate("document.body.dataset.done") is None      # still waiting, not failed
         assert page.evaluate("document.body.dataset.status") == "running"
         server, _ = start_server(tmp_path, port)
-        page.wait_for_function("document.body.dataset.unreachable === undefined", timeout=60_000)
+        page.wait_for_function("document.body.dataset.unreachable === undefined",
+                               timeout=PAGE_WAIT_MS)
         assert page.is_hidden("#unreachable")
         page.wait_for_function("document.body.dataset.done !== undefined", timeout=300_000)
         assert page.evaluate("document.body.dataset.done") == "finished"

@@ -11,6 +11,7 @@ import pytest
 from websockets.sync.client import connect
 
 from andrea.web.auth import token_init_script
+from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL
 
 STEPS = 30
@@ -25,7 +26,7 @@ def fill(page, **fields):
 
 def start_run(page, live_server, optimizer):
     page.goto(live_server + "/")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     page.select_option("#preset", SMALL["preset"])
     page.check(f"input[name=optimizer][value={optimizer}]")
     page.click("#shape summary")      # the model's own shape: the suite's small model
@@ -86,11 +87,11 @@ def test_second_tab_watches_live(browser, live_server, server_data_dir):
                               timeout=TIMEOUT)
     trainer.click("#pause")   # so the run cannot end before the viewer is connected
     # Paused: no time left is counted, though no record came since (the status alone says so).
-    trainer.wait_for_function("document.body.dataset.status === 'paused'", timeout=60_000)
+    trainer.wait_for_function("document.body.dataset.status === 'paused'", timeout=PAGE_WAIT_MS)
     assert "left" not in trainer.inner_text("#progress-text")
     viewer = browser.new_context().new_page()   # another tab, no token: watches
     viewer.goto(f"{live_server}/runs/{run_id}")
-    viewer.wait_for_function("document.body.dataset.socket === 'connected'", timeout=60_000)
+    viewer.wait_for_function("document.body.dataset.socket === 'connected'", timeout=PAGE_WAIT_MS)
     first = int(viewer.evaluate("document.getElementById('charts').dataset.steps || '0'"))
     assert first < STEPS
     trainer.click("#resume")
@@ -147,7 +148,7 @@ def test_form_leaves_defaults_to_the_server(page, live_server):
     """The form's defaults and bounds are RunConfig's: an empty warmup is the server's default
     (so 5 steps are not refused for a warmup of 20), an empty learning rate is required."""
     page.goto(live_server + "/")
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     page.wait_for_function("!document.getElementById('start').disabled")
     assert page.input_value("input[name=warmup_steps]") == ""
     page.fill("input[name=lr]", "")
@@ -214,7 +215,7 @@ def test_a_short_run_with_the_defaults_ends_with_a_sample_and_an_eval(browser, l
     assert "eval loss" in viewer.inner_text("#stats")
     # The watch socket's backlog sends the records, then the samples: wait for those too.
     viewer.wait_for_function("document.querySelectorAll('#samples [data-step]').length >= 2",
-                             timeout=60_000)
+                             timeout=PAGE_WAIT_MS)
     assert viewer.locator("#samples [data-step]").count() == 2
     viewer.context.close()
     ctx.close()
@@ -234,7 +235,7 @@ def test_a_closed_training_tab_reads_no_training_tab(browser, live_server):
     viewer.goto(f"{live_server}/runs/{run['id']}")
     viewer.wait_for_function("document.body.dataset.shownStatus === 'running'")
     viewer.wait_for_function("document.getElementById('progress-text').textContent"
-                             ".includes('left')", timeout=60_000)
+                             ".includes('left')", timeout=PAGE_WAIT_MS)
     assert viewer.locator("#resume-run").is_hidden()     # its tab holds it
     ctx.close()              # the training tab goes, without a word to the server
     viewer.wait_for_function("document.body.dataset.shownStatus === 'no training tab'",

@@ -15,6 +15,9 @@ from andrea.cli.launch import start_server, stop_server
 QUIET_FLAGS = QUIET
 # ANDREA_GPU_BROWSER=1: on a machine with a real GPU, the flags of `andrea train --gpu`.
 GPU_BROWSER = bool(os.environ.get("ANDREA_GPU_BROWSER"))
+# How long a page may take to get ready or answer before a test calls it hung (ms): a guard,
+# not a measure, generous for SwiftShader on a machine running two suites at once.
+PAGE_WAIT_MS = 180_000
 
 
 def browser_args() -> list[str]:
