@@ -25,9 +25,9 @@ def bearer(token: str) -> dict:
 
 def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browser, live_server):
     """One page trains (worker 1) beside worker 0, a worker through the API that tells its step
-    and sends nothing: the page says the round waits for it, then the page leaves, worker 0
-    leaves too (the round closes on the page's), and the page rejoins as worker 1 and trains
-    the last round."""
+    and sends nothing: the page says the round waits for it, then the page leaves (at once,
+    though the round waits), worker 0 leaves too, and the page rejoins as worker 1 and trains
+    the room to its end."""
     H, ROUNDS = 3, 2
     run = httpx.post(f"{live_server}/api/runs", json={
         **SMALL, "steps": H * ROUNDS, "batch_size": 2, "seed": 11, "warmup_steps": 0,
@@ -63,7 +63,8 @@ def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browse
                      page.inner_text("#round-status")), page.inner_text("#round-status")
     assert "training (step 2 of 3)" in page.inner_text("#workers tr[data-worker='0']")
     assert "waiting for the round to close (this tab)" in page.inner_text(mine)
-    # It leaves (at the round's close), worker 0 leaves: the round closes on the page's.
+    # It leaves at once, though the round still waits (its pseudo-gradient leaves the round with
+    # it), and worker 0 leaves too.
     page.click("#leave")
     assert httpx.delete(f"{room_url}/workers", headers=bearer(slow["token"])).status_code == 204
     page.wait_for_function("document.body.dataset.done === 'stopped'", timeout=TIMEOUT)
@@ -76,7 +77,10 @@ def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browse
     page.wait_for_function("document.body.dataset.done === 'finished'", timeout=TIMEOUT)
     room = httpx.get(room_url).json()
     assert room["finished"] and len(room["workers"]) == 2
-    assert room["workers"][1]["deltas"] == ROUNDS and room["workers"][1]["left"] is None
+    assert room["workers"][1]["left"] is None and room["workers"][0]["left"] is not None
+    # Every round closed on the rejoined page's pseudo-gradient (round 0's again: the first one
+    # left the round with it).
+    assert [list(c["workers"]) for c in room["closed"]] == [["1"]] * ROUNDS
     assert page.inner_text("[data-stat='workers']").endswith("none training: finished (2 joined)")
     assert not errors, errors
     assert not page.is_visible("#error"), page.inner_text("#error")

@@ -17,6 +17,7 @@ from andrea.data import wire
 from andrea.room import codec, rounds
 from andrea.room.init import seeded_weights
 from andrea.room.outer import nesterov_step
+from andrea.run_config import RoomConfig
 from tests.conftest import LocalClient
 
 
@@ -54,9 +55,15 @@ def weights(client, run: dict, version: int) -> np.ndarray:
     return np.frombuffer(r.content, "<f4").copy()
 
 
-def torch_outer(w0: np.ndarray, grads: list[np.ndarray], lr=0.7, mu=0.9) -> np.ndarray:
+ROOM_DEFAULTS = RoomConfig()
+
+
+def torch_outer(w0: np.ndarray, grads: list[np.ndarray], lr=ROOM_DEFAULTS.outer_lr,
+                mu=ROOM_DEFAULTS.outer_momentum) -> np.ndarray:
+    """torch's SGD as the room's outer step (momentum 0: plain SGD, torch's Nesterov wants
+    momentum)."""
     p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
-    opt = torch.optim.SGD([p], lr=lr, momentum=mu, nesterov=True)
+    opt = torch.optim.SGD([p], lr=lr, momentum=mu, nesterov=mu > 0)
     for g in grads:
         p.grad = torch.from_numpy(g.copy())
         opt.step()
@@ -128,10 +135,11 @@ def test_the_outer_step_is_torch_sgd_with_nesterov_momentum():
     rng = np.random.default_rng(1)
     w0 = rng.standard_normal(5000).astype(np.float32)
     grads = [rng.standard_normal(5000).astype(np.float32) * 0.1 for _ in range(4)]
-    w, m = w0.copy(), np.zeros_like(w0)
-    for i, g in enumerate(grads):
-        nesterov_step(w, m, g, 0.7, 0.9, first=i == 0)
-    np.testing.assert_allclose(w, torch_outer(w0, grads), rtol=1e-6, atol=1e-6)
+    for lr, mu in ((0.7, 0.9), (1.3, 0.5), (ROOM_DEFAULTS.outer_lr, ROOM_DEFAULTS.outer_momentum)):
+        w, m = w0.copy(), np.zeros_like(w0)
+        for i, g in enumerate(grads):
+            nesterov_step(w, m, g, lr, mu, first=i == 0)
+        np.testing.assert_allclose(w, torch_outer(w0, grads, lr, mu), rtol=1e-6, atol=1e-6)
 
 
 # ---- rounds through the API ----------------------------------------------------------------
@@ -418,6 +426,30 @@ def test_a_round_goes_on_without_the_workers_that_left_or_went_silent(app_client
     assert workers[e["worker"]]["left"] is None
 
 
+def test_a_leave_that_leaves_every_worker_answered_closes_the_round_at_once(app_client):
+    """Two of three sent; the third's tab closes (its page leaves, or the owner removes it):
+    the round closes then, on the two, not at the deadline or the next sweep."""
+    c = app_client
+    for how in ("leave", "remove"):
+        run = create(c, round_deadline_s=1000)
+        numel = run["layout"]["total_numel"]
+        a, b, gone = join(c, run), join(c, run), join(c, run)
+        w0 = weights(c, run, 0)
+        mask = rounds.param_mask(run["layout"])      # (the layout's padding is no parameter)
+        da, db = (np.full(numel, x, np.float32) * mask for x in (1e-3, 2e-3))
+        assert send(c, run, a, 0, da).json()["closed"] is False
+        assert send(c, run, b, 0, db).json()["closed"] is False      # waits for the third
+        url = (f"/api/runs/{run['id']}/room/workers" if how == "leave"
+               else f"/api/runs/{run['id']}/room/workers/{gone['worker']}")
+        assert c.delete(url, headers=bearer(gone["token"])).status_code == 204
+        room = c.get(f"/api/runs/{run['id']}/room").json()
+        assert room["version"] == 1, how
+        assert sorted(room["closed"][-1]["workers"]) == sorted([str(a["worker"]),
+                                                                 str(b["worker"])])
+        np.testing.assert_allclose(weights(c, run, 1), torch_outer(w0, [clipped_mean([da, db])]),
+                                   rtol=1e-6, atol=1e-7)
+
+
 def rounds_room(client, run: dict) -> rounds.Room:
     from andrea.room.lifecycle import room_of_run
 
@@ -540,20 +572,21 @@ def test_the_room_says_what_each_worker_does_and_what_its_round_waits_for(app_cl
     assert now["open"]["waiting_for"] == sorted([a["worker"], d["worker"]])
     assert not now["open"]["quorum_met"]                       # 1 of the 2 it needs
     assert now["open"]["deadline_at"] == now["open"]["first_at"] + 1000
-    bad = np.zeros(numel, np.float32)
-    bad[0] = np.nan
-    assert send(c, run, a, 0, bad).status_code == 422
-    assert states()[a["worker"]] == ("refused", None)
     # d leaves, and comes back by its worker token: the same worker, starting again (what it
     # told before it left is not what it does now).
     assert progress(c, run, d, 0, 1).status_code == 204
     assert c.delete(f"/api/runs/{rid}/room/workers", headers=bearer(d["token"])).status_code == 204
     assert states()[d["worker"]] == ("left", None)
-    assert room()["open"]["waiting_for"] == []
+    assert room()["open"]["waiting_for"] == [a["worker"]]
     r = c.post(f"/api/runs/{rid}/room/workers", headers={
         **bearer(run["room"]["join_token"]), "x-andrea-worker-token": d["token"]})
     assert r.status_code == 201 and r.json()["worker"] == d["worker"] and r.json()["rejoined"]
     assert states()[d["worker"]] == ("starting", None)
+    assert room()["open"]["waiting_for"] == sorted([a["worker"], d["worker"]])
+    bad = np.zeros(numel, np.float32)
+    bad[0] = np.nan
+    assert send(c, run, a, 0, bad).status_code == 422
+    assert states()[a["worker"]] == ("refused", None)
     assert room()["open"]["waiting_for"] == [d["worker"]]
     for w in (a, d):
         assert send(c, run, w, 0, np.full(numel, 1e-3, np.float32)).status_code == 200
@@ -615,3 +648,61 @@ def test_every_room_setting_has_its_words_on_the_form_and_in_the_help(app_client
         assert f"{name} {' '.join(prop['description'].split())}" in helped, name
         assert f'name="room.{name}"' in page, name
         assert f'<small class="field-hint">{escape(prop["description"])}</small>' in page, name
+
+
+def test_the_room_page_finds_its_lone_tab_by_shape_batch_optimizer_and_lr(settings):
+    """GET .../room/lone: the newest single run (no room, no parent) of the room's model shape,
+    batch, context, optimizer and lr, one that started or may still start; null (and why)
+    without one, with the config POST /api/runs takes to make one: the room's, less its room,
+    its steps and seed kept."""
+    def lone(c, run):
+        r = c.get(f"/api/runs/{run['id']}/room/lone")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def single(c, **cfg):
+        r = c.post("/api/runs", json={"preset": "tiny", "steps": 6, "batch_size": 2, "seed": 5,
+                                      **cfg})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    with LocalClient(create_app(settings)) as c:
+        room = create(c)
+        got = lone(c, room)
+        assert got["run"] is None and got["name"] is None
+        assert "no single run" in got["why"] and "batch 2 x 64 tokens" in got["why"]
+        assert "room" not in got["config"] and "corpus_hash" not in got["config"]
+        assert {k: got["config"][k] for k in ("steps", "seed", "batch_size", "preset")} == \
+            {"steps": 6, "seed": 5, "batch_size": 2, "preset": "tiny"}
+        made = c.post("/api/runs", json=got["config"])          # what the page's button does
+        assert made.status_code == 201, made.text
+        made = made.json()
+        assert made["config"]["room"] is None and made["room"] is None
+        same = {k: v for k, v in room["config"].items() if k not in ("room", "corpus_hash")}
+        assert {k: v for k, v in made["config"].items()
+                if k not in ("room", "corpus_hash")} == same
+        assert lone(c, room)["run"] == made["id"]               # (made a moment ago: it starts)
+        # Newer runs that train anything else are not it: another batch, context, width,
+        # vocabulary, optimizer or lr, a room of the same shape, a run of another room.
+        for other in ({"batch_size": 4}, {"seq_len": 128}, {"n_embd": 32, "n_head": 2},
+                      {"vocab_size": 1024}, {"optimizer": "adamw_8bit"}, {"lr": 1e-3}):
+            single(c, **other)
+        create(c)
+        assert lone(c, room)["run"] == made["id"]
+        assert lone(c, room)["status"] == "created"
+        # The newest that matches wins (steps, seed, warmup and eval cadence are not the shape).
+        newer = single(c, steps=40, seed=1, eval_every=10)
+        c.app.state.store.add_metrics(newer["id"], [
+            {"step": s, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3}
+            for s in (1, 2)])
+        got = lone(c, room)
+        assert got["run"] == newer["id"] and "newest single run of the same shape" in got["why"]
+        never = single(c)                           # newest, and (below) never started
+        assert lone(c, room)["run"] == never["id"]
+        # Not a room run: no lone tab to look for.
+        assert c.get(f"/api/runs/{newer['id']}/room/lone").status_code == 404
+    # Past the start's grace period a run that never started has nothing to compare: skipped.
+    time.sleep(0.05)
+    late = settings.model_copy(update={"start_grace_s": 0.01})
+    with LocalClient(create_app(late)) as c:
+        assert lone(c, room)["run"] == newer["id"]

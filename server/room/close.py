@@ -49,9 +49,10 @@ def max_abs(x: np.ndarray, where: np.ndarray) -> float:
 
 def chunk_of(numel: int, n: int) -> int:
     """Elements a close reads of each delta at once: CHUNK, or less so that the n deltas'
-    chunks together hold a quarter of the model at most (a close's temporaries are a few of
-    those: memory follows the model, not the workers); a multiple of the codec's BLOCK."""
-    return max(BLOCK, min(CHUNK, numel // (4 * max(n, 1)) // BLOCK * BLOCK))
+    chunks together hold an eighth of the model at most (a close's temporaries are several of
+    those, the cosines' f64 copy twice one: memory follows the model, not the workers; a
+    quarter put the peak at 2.96x the model's f32 size); a multiple of the codec's BLOCK."""
+    return max(BLOCK, min(CHUNK, numel // (8 * max(n, 1)) // BLOCK * BLOCK))
 
 
 def close_round(ckpts: CheckpointStore, run_id: str, version: int, numel: int, codec: str,

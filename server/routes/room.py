@@ -20,6 +20,10 @@ version, send their pseudo-gradients, and take the next version.
                                                  (the room's page shows who trains, sends,
                                                  waits)
   GET    /api/runs/{id}/room/batches/{v}/{slot}/{step}   (data.py) a worker's batch
+  GET    /api/runs/{id}/room/lone                the lone tab the room's page compares it with
+                                                 (room/lone.py): the newest single run that
+                                                 trains what a worker trains, or null and the
+                                                 config to make one
 
 Only a worker's token may send (the join token only joins: a participant is never the run's
 owner), checked before a byte of a body is read. A pseudo-gradient is exactly the codec's size
@@ -45,6 +49,7 @@ from starlette.requests import ClientDisconnect
 
 from andrea.checkpoints import CheckpointError, CheckpointStore
 from andrea.room.lifecycle import close_when_due, room_of_run
+from andrea.room.lone import LONE_SCAN, lone_run
 from andrea.room.rounds import Room, RoomError, evals, worker_state
 from andrea.routes.run_files import (
     gone_meanwhile,
@@ -146,10 +151,14 @@ async def join_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
 
 @router.delete("/workers", status_code=204)
 async def leave_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
-                fanout: FanoutDep) -> Response:
+                     fanout: FanoutDep, storage: StorageDep, store: StoreDep) -> Response:
+    """A worker leaves: out of the open round, which then closes at once where every worker
+    left in it has answered (not at the next sweep: a closed tab holds nobody up)."""
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
-        await _call(room.leave, bearer(request), time.time())
+        now = time.time()
+        await _call(room.leave, bearer(request), now)
+        await close_when_due(store, fanout, storage, room, now)
     fanout.publish(run["id"], {"type": "room", "event": "left"})
     return Response(status_code=204)
 
@@ -157,13 +166,15 @@ async def leave_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
 @router.delete("/workers/{worker}", status_code=204)
 async def remove_room_worker(run: RunDep, worker: WorkerId, request: Request,
                              ckpts: CheckpointsDep, fanout: FanoutDep, settings: SettingsDep,
-                             store: StoreDep) -> Response:
+                             store: StoreDep, storage: StorageDep) -> Response:
     """The run's owner (or the operator) removes a worker: out of the round, and neither its
     token nor its address joins again."""
     await authorize(request, settings, store, run["id"])
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
-        await _call(room.remove, worker, time.time())
+        now = time.time()
+        await _call(room.remove, worker, now)
+        await close_when_due(store, fanout, storage, room, now)
     fanout.publish(run["id"], {"type": "room", "event": "left", "worker": worker})
     return Response(status_code=204)
 
@@ -247,6 +258,18 @@ async def get_room_reports(run: RunDep, ckpts: CheckpointsDep,
     reports, total = await _call(room_of(run, ckpts).reports, offset, limit)
     end = offset + len(reports)
     return {"reports": reports, "total": total, "next": end if end < total else None}
+
+
+@router.get("/lone")
+async def get_room_lone(run: RunDep, ckpts: CheckpointsDep, store: StoreDep,
+                        settings: SettingsDep) -> dict:
+    """"Did the room help?": {"run": the newest single run (no room, no parent) of the same
+    model shape, batch, context, optimizer and lr, or null; "name", "status"; "why": in words;
+    "config": what POST /api/runs takes to train one (the room's config less its room)}.
+    Bounded: the newest LONE_SCAN runs' rows are read, whatever the server holds."""
+    room_of(run, ckpts)
+    rows = await store.run(store.list_runs, LONE_SCAN)
+    return lone_run(run, rows, time.time() - settings.start_grace_s)
 
 
 async def _a_worker(room: Room, request: Request) -> None:

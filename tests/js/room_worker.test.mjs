@@ -47,3 +47,27 @@ test('version 0 (the server made it from the run\'s seed) is downloaded like any
   assert.equal(w.version, 0);
   assert.equal(w.evalLoss, 1.5);
 });
+
+test('leaving while the round waits for the others ends the wait at once', async () => {
+  // A round that cannot close without the others (their batches held, a slow laptop): the
+  // leaving worker's wait for the next version ends with stop(), not with the round.
+  const { w } = worker([3], []);
+  let asks = 0;
+  w.room.nextVersion = async (after, signal) => {
+    for (;;) {                        // the page's polling loop: the room never moves on here
+      if (signal?.aborted) return null;
+      asks++;
+      await new Promise((r) => setTimeout(r, 5));
+    }
+  };
+  let stopped = null;
+  w.trainer.stop = (reason) => { stopped = reason; };
+  await w.take(3);
+  const ended = w.endRound(3);
+  await new Promise((r) => setTimeout(r, 30));
+  assert.ok(asks > 0);                // it was waiting
+  w.stop('left the room');
+  assert.equal(await ended, undefined);   // no next step: the Trainer stops where it is
+  assert.equal(stopped, 'left the room');
+  assert.equal(w.version, 3);         // nothing newer was taken
+});

@@ -6,18 +6,25 @@
 // join link (#join=...) says what joining means and joins with one click ("Join and train"):
 // the engine's RoomWorker (engine/room_worker.js) trains on this GPU, the room's network handed
 // to it as functions. A worker that left (or whose tab reloaded) may join again as itself.
+// "Did the room help?": the global eval loss against the tokens each worker trained, beside
+// each worker's training loss and the lone tab's (the newest single run that trains what one
+// worker trains: GET .../room/lone, followed live as its own page is); without one, a button
+// makes one (the room's config less its room) and opens its page in a new tab to train it.
 import { createContext } from '../engine/context.js';
 import { RoomWorker } from '../engine/room_worker.js';
 import { fetchLoader } from '../engine/shaders.js';
 import {
-  fetchJson, fetchRetrying, heldWorkerId, heldWorkerToken, responseDetail, saveWorkerToken,
-  takeJoinToken, withToken,
+  fetchJson, fetchRetrying, heldWorkerId, heldWorkerToken, jsonBody, responseDetail, resumeLink,
+  saveToken, saveWorkerToken, takeJoinToken, withToken,
 } from './api.js';
 import { SHADER_BASE } from './assets.js';
 import { COLORS, Chart, Throttle, fmtBytes, fmtCount } from './charts.js';
 import { routePath } from './facts.js';
+import { TOKENS_AXIS, helpedSeries, helpedText } from './room_series.js';
 import { roundText, workerNow } from './room_words.js';
+import { statusLabel } from './run_status.js';
 import { $, setStatus, showError, stat } from './run_view.js';
+import { setShown } from './text.js';
 import { watch } from './telemetry.js';
 
 const body = document.body;
@@ -29,8 +36,10 @@ const PROGRESS_MS = 1000;        // a worker tells its inner step at most this o
 // workerStatus: [text, class] of this tab's worker once it joins (null: the room's status).
 // skew: the server's clock minus this tab's (s), so a round's deadline counts down by the
 // server's. joined: this tab's worker id while it trains here.
+// loneInfo: GET .../room/lone's answer; lone: the lone tab followed ({id, run, records: step ->
+// record, stop}), or null.
 const state = { run: null, room: null, reports: [], worker: null, workerStatus: null, charts: null,
-  skew: 0, joined: null };
+  skew: 0, joined: null, loneInfo: null, lone: null, helped: null };
 
 function joinLink(token) {
   return `${location.origin}${routePath('run_page', { run_id: runId })}#join=${encodeURIComponent(token)}`;
@@ -109,7 +118,8 @@ function show() {
   stat('version', `${room.version} of ${room.rounds}`, 'global version');
   stat('workers', room.finished ? `none training: finished (${joined})` : `${active} training (${joined})`, 'workers');
   stat('round', `${cfg.inner_steps} inner steps`, 'round');
-  stat('outer', `Nesterov lr ${cfg.outer_lr}, momentum ${cfg.outer_momentum}`, 'outer step');
+  stat('outer', cfg.outer_momentum === 0 && cfg.outer_lr === 1 ? "the workers' mean weights"
+    : `Nesterov lr ${cfg.outer_lr}, momentum ${cfg.outer_momentum}`, 'outer step');
   stat('codec', `${cfg.codec}: ${fmtBytes(room.delta_bytes)} per pseudo-gradient`, 'sent as');
   if (!state.worker) body.dataset.status = room.finished ? 'finished' : 'running';
   showStatus();
@@ -121,6 +131,7 @@ function show() {
     } else showOffer();
   }
   drawCharts();
+  drawHelped();
   drawWorkers();
 }
 
@@ -181,6 +192,130 @@ function drawCharts() {
   }
   const steps = [...byStep.keys()].sort((a, b) => a - b);
   state.charts.inner.setData([steps, ...ids.map((id) => steps.map((s) => byStep.get(s).get(id) ?? null))]);
+}
+
+// ---- did the room help? -------------------------------------------------------------------
+
+const LONE_COLOR = '#d81b60';
+const helpedStyle = (s) => {
+  if (s.key === 'global') return { color: '#111111', width: 2.5 };
+  if (s.key === 'lone eval') return { color: LONE_COLOR, width: 2.5, dash: [8, 4] };
+  if (s.key === 'lone train') return { color: `${LONE_COLOR}80`, width: 1, dash: [2, 3] };
+  return { color: `${COLORS[s.worker % COLORS.length]}80`, width: 1 };   // a worker's, thin
+};
+
+/** The "did the room help?" chart and its words, from the room, its reports and the lone tab. */
+function drawHelped() {
+  if (!state.room) return;
+  const lone = state.lone?.run ? { id: state.lone.id, config: state.lone.run.config,
+    records: [...state.lone.records.values()] } : null;
+  const shaped = helpedSeries(state.room, state.reports, state.run.config, lone);
+  const keys = shaped.series.map((s) => s.key).join('|');
+  if (state.helped?.keys !== keys) {   // (a worker reported first, or the lone tab came)
+    state.helped?.chart.destroy();
+    const chart = new Chart($('helped-chart'), 'the room beside one tab alone',
+      shaped.series.map((s) => ({ label: s.label, ...helpedStyle(s) })),
+      { y: 'loss', x: TOKENS_AXIS, group: 'helped', height: 300,
+        placeholder: 'No loss measured yet.' });
+    state.helped = { chart, keys };
+    window.andreaHelped = chart;       // tests read its columns
+  }
+  const { chart } = state.helped;
+  chart.setData(shaped.cols);
+  Object.assign(chart.box.dataset, {
+    versions: String(shaped.counts.versions), workers: String(shaped.counts.workers),
+    lone: lone?.id ?? '', loneEvals: String(shaped.counts.loneEvals),
+    loneSteps: String(shaped.counts.loneSteps) });
+  $('helped-text').textContent = state.loneInfo ? helpedText(shaped, Boolean(lone)) : '';
+  const info = state.loneInfo;
+  $('train-alone').hidden = !info || info.run !== null;
+  $('lone-line').hidden = !lone;
+  if (lone) {
+    const { run } = state.lone;
+    const link = $('lone-link');
+    link.href = routePath('run_page', { run_id: lone.id });
+    setShown(link, run.name);
+    let last = 0;
+    for (const step of state.lone.records.keys()) last = Math.max(last, step);
+    $('lone-status').textContent = ` (${statusLabel(run)}, step ${last} of ${run.config.steps}): ` +
+      `batch ${run.config.batch_size} x ${run.config.seq_len} tokens a step, as each worker's.`;
+  }
+}
+const helpedSoon = new Throttle(500, drawHelped);
+
+/** The lone tab now (GET .../room/lone), followed live when it is another than before; one
+ *  look at a time (the page's start, a new lone tab, one deleted). */
+let looking = Promise.resolve();
+function findLone() {
+  looking = looking.catch(() => {}).then(lookForLone);
+  return looking;
+}
+
+async function lookForLone() {
+  const info = await fetchJson(routePath('get_room_lone', { run_id: runId }));
+  state.loneInfo = info;
+  $('train-alone').title = info.run ? '' : `${info.why}: a single run of this room's model, ` +
+    'batch, optimizer, lr, seed and steps (each worker\'s), trained in a new tab';
+  if (info.run !== (state.lone?.id ?? null)) {
+    state.lone?.stop();
+    state.lone = null;
+    if (info.run) await followLone(info.run);
+  }
+  drawHelped();
+}
+
+/** Follows single run `id`: its records (the backlog, then each as it commits) and its row. */
+async function followLone(id) {
+  const lone = { id, run: await fetchJson(routePath('get_run', { run_id: id })), records: new Map(),
+    stop: () => {} };
+  state.lone = lone;
+  lone.stop = watch(id, (msg) => {
+    if (state.lone !== lone) return;
+    if (msg.type === 'records') {
+      for (const r of msg.records) {   // (what the chart draws: not its per-row losses)
+        lone.records.set(r.step, { step: r.step, loss: r.loss, eval_loss: r.eval_loss });
+      }
+    } else if (msg.type === 'resumed' && msg.kind === undefined) {   // it goes on from msg.step
+      for (const step of [...lone.records.keys()]) if (step > msg.step) lone.records.delete(step);
+    } else if (msg.type === 'run') {
+      lone.run = { ...lone.run, ...msg.run };
+    } else if (msg.type === 'deleted') {
+      findLone().catch(() => {});
+      return;
+    }
+    helpedSoon.request();
+  });
+}
+
+/** One click: a single run of the room's config less its room (each worker's steps, the same
+ *  seed: the same version 0), its page opened in a new tab, which trains it (the run's token
+ *  rides in the link's fragment, never sent to a server: api.js resumeLink). */
+async function trainAlone(button) {
+  button.disabled = true;
+  $('train-alone-status').textContent = 'Creating the run…';
+  // Opened now, in the click: a tab opened after an await may be blocked as a pop-up.
+  const tab = window.open('', '_blank');
+  try {
+    const run = await fetchJson(routePath('create_run'), jsonBody('POST', state.loneInfo.config));
+    saveToken(run.id, run.token);
+    const url = resumeLink(location.origin, run.id, run.token);
+    if (tab) tab.location.href = url;
+    const name = [...`${state.run.name} · one tab alone`].slice(0, 120).join('');   // (NAME_MAX)
+    await fetch(routePath('update_run', { run_id: run.id }),
+      withToken(run.id, jsonBody('PATCH', { name }))).catch(() => {});
+    // (the link with the token only where no tab trains it yet: it is the run's write token)
+    const open = Object.assign(document.createElement('a'), { target: '_blank',
+      href: tab ? routePath('run_page', { run_id: run.id }) : url, textContent: 'its page' });
+    $('train-alone-status').replaceChildren(tab ? 'Training it in a new tab (' : 'Open ', open,
+      tab ? '); keep that tab open.' : ' to train it (this browser blocked the new tab).');
+    await findLone();
+  } catch (e) {
+    tab?.close();
+    $('train-alone-status').textContent = '';
+    showError(`No lone tab made: ${e.message}`);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 function drawWorkers() {
@@ -262,8 +397,9 @@ function roomNetwork(me) {
       method: 'POST', headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ losses: losses.filter((x) => Number.isFinite(x)),
         eval_loss: Number.isFinite(evalLoss) ? evalLoss : null }) }, [409, 507]),
-    nextVersion: async (after) => {
+    nextVersion: async (after, signal = null) => {
       for (;;) {
+        if (signal?.aborted) return null;   // the worker left while it waited
         const room = await bytes(routePath('get_room', { run_id: runId }))
           .then((b) => JSON.parse(new TextDecoder().decode(b)));
         if (room.version > after || room.finished) return room.version;
@@ -454,6 +590,8 @@ async function main() {
   }
   state.run = await res.json();
   await refresh();
+  $('train-alone').onclick = () => trainAlone($('train-alone'));
+  await findLone().catch((e) => showError(`No lone tab to compare with: ${e.message}`));
   // A worker's step changes only the room (not its reports): the room alone is read again, at
   // most once a second however many workers tell theirs.
   const steps = new Throttle(PROGRESS_MS, () => refreshSoon(false).catch(() => {}));

@@ -10,7 +10,8 @@
 // DOM-free: the app hands in the room's network as functions (room.js):
 //   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
 //           on past it), send(v, ArrayBuffer) -> any, report(v, losses, evalLoss),
-//           nextVersion(after) -> the newest version > after}
+//           nextVersion(after, signal) -> the newest version > after, or null once `signal`
+//           (an AbortSignal: the worker left while it waited) is aborted}
 //   loadBatch(version, step), loadValBatch(index) -> ArrayBuffer
 //   on = {record(rec), round({version, losses, evalLoss, bytes}), status(status, message)}
 
@@ -46,6 +47,7 @@ export class RoomWorker {
     this.on = { record: () => {}, round: () => {}, status: () => {}, ...on };
     this.losses = [];
     this.bytesSent = 0;
+    this.leaving = new AbortController();   // stop(): ends a wait for the next version
   }
 
   /** Trains until the room's last round or stop(); resolves to the Trainer's final state. */
@@ -53,8 +55,11 @@ export class RoomWorker {
     return this.trainer.run();
   }
 
+  /** Ends the worker: at once where it waits for the next version (a round that cannot close
+   *  without the others would hold a leaving tab there), else after its step in flight. */
   stop(reason) {
     this.trainer.stop(reason);
+    this.leaving.abort();
   }
 
   destroy() {
@@ -94,7 +99,9 @@ export class RoomWorker {
     await this.room.report(this.version, losses, this.evalLoss);
     this.on.round({ version: this.version, round, losses, evalLoss: this.evalLoss,
       bytes: body.byteLength });
-    await this.take(await this.room.nextVersion(this.version));
+    const newer = await this.room.nextVersion(this.version, this.leaving.signal);
+    if (newer === null) return undefined;   // left while waiting: the Trainer stops here
+    await this.take(newer);
     const next = this.version;          // (a newer one where that one was pruned meanwhile)
     if (next < this.rounds) return next * this.config.room.inner_steps;
     // The room's last version: its eval loss reported too, and the Trainer is at its end.

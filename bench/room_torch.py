@@ -1,0 +1,260 @@
+"""Room runs in PyTorch against the real server, to choose the room's defaults (issue 52).
+
+The browser bench (bench/room.py) measures the app itself: W tabs of one Chromium, minutes per
+row. Choosing the outer step needs many more rows than that allows, so here each worker is a
+PyTorch model (Hugging Face LlamaForCausalLM from the run's layout, on CUDA where there is one)
+doing what static/js/engine/room_worker.js does, and everything else is the server's own: the
+run and its version 0, each worker's batches (the room's batch route), the codec, the bounds,
+the robust aggregate and the outer step (the pseudo-gradients go through POST .../deltas and
+the next version comes back from GET .../weights), in-process (no sockets).
+
+A worker, as the engine's: its AdamW state carried from round to round; the learning rate
+follows the run's schedule (linear warmup, cosine) over the worker's own inner steps; the global
+gradient norm clipped to max_norm; weight decay on the matrices only. Matmuls in TF32 on CUDA:
+the rows are compared with each other, all computed the same way.
+
+Rows: one worker alone for a worker's steps; one with W x the batch for as many steps (data
+parallelism); one with W x the steps (the same tokens); the room with each outer setting
+given. Every final model is evaluated the same way: mean loss on the run's first EVAL_BATCHES
+validation batches.
+
+    PYTHONPATH=$PWD python3 -m bench.room_torch --preset 12m --batch 32 --steps 800 \\
+        --workers 4 --inner 25 --outer 0.7,0.9 1.0,0
+Here (CPU, a smoke run): python -m bench.room_torch --preset tiny --batch 4 --steps 16 \\
+        --workers 2 --inner 4 --outer 1.0,0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea.app import create_app
+from andrea.config import Settings
+from andrea.data import wire
+from andrea.room import codec
+from tests.conftest import LocalClient
+from tests.reference import hf_model
+
+EVAL_BATCHES = 8
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def lr_at(step: int, cfg: dict) -> float:
+    """static/js/engine/schedule.js lrAt."""
+    lr, warmup, steps, floor = cfg["lr"], cfg["warmup_steps"], cfg["steps"], cfg["min_lr_ratio"]
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+class Worker:
+    """One trainer: an HF model on DEVICE whose flat weights follow the layout's offsets, and
+    torch's AdamW with the engine's groups and hyperparameters."""
+
+    def __init__(self, run: dict, w: np.ndarray):
+        self.layout, self.cfg = run["layout"], run["config"]
+        self.model = hf_model(self.layout, w.copy()).to(DEVICE)
+        named = dict(self.model.named_parameters())
+        self.params = [(named[p["name"]], p["offset"], p["numel"]) for p in self.layout["params"]]
+        decay = {p["name"] for p in self.layout["params"] if p["decay"]}
+        cfg = self.cfg
+        self.opt = torch.optim.AdamW(
+            [{"params": [named[n] for n in named if n in decay]},
+             {"params": [named[n] for n in named if n not in decay], "weight_decay": 0.0}],
+            lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+            weight_decay=cfg["weight_decay"])
+        self.step = 0
+
+    def set_flat(self, w: torch.Tensor) -> None:
+        with torch.no_grad():
+            for p, off, n in self.params:
+                p.copy_(w[off:off + n].view_as(p))
+
+    def flat(self) -> torch.Tensor:
+        """The weights in the layout's flat f32 order (its padding zero)."""
+        out = torch.zeros(self.layout["total_numel"], device=DEVICE)
+        for p, off, n in self.params:
+            out[off:off + n] = p.detach().reshape(-1)
+        return out
+
+    def train_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, self.cfg)
+        loss = lm_loss(self.model, tokens)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg["max_norm"])
+        self.opt.step()
+        self.step += 1
+        return loss.detach()
+
+
+def lm_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=tokens[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             tokens[:, 1:].reshape(-1))
+
+
+class Batches:
+    """A run's batches from the server's routes, fetched a few ahead on a thread."""
+
+    def __init__(self, client, urls):
+        self.c = client
+        self.pool = ThreadPoolExecutor(2)
+        self.ahead = [self.pool.submit(self.get, u) for u in urls]
+
+    def get(self, url: str) -> torch.Tensor:
+        r = self.c.get(url)
+        r.raise_for_status()
+        return torch.from_numpy(wire.decode(r.content).tokens.astype(np.int64))
+
+    def __iter__(self):
+        for f in self.ahead:
+            yield f.result().to(DEVICE, non_blocking=True)
+
+
+def eval_loss(client, run: dict, w: np.ndarray) -> float:
+    model = hf_model(run["layout"], w.copy()).to(DEVICE)
+    b = Batches(client, [f"/api/runs/{run['id']}/val_batches/{i}" for i in range(EVAL_BATCHES)])
+    with torch.no_grad():
+        return float(np.mean([float(lm_loss(model, t)) for t in b]))
+
+
+def create(client, **config) -> dict:
+    r = client.post("/api/runs", json={"seed": 1, "eval_every": 0, "sample_every": 0, **config})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def weights(client, run: dict, version: int) -> np.ndarray:
+    r = client.get(f"/api/runs/{run['id']}/room/weights/{version}")
+    r.raise_for_status()
+    return np.frombuffer(r.content, "<f4").copy()
+
+
+def single(client, preset: str, B: int, steps: int) -> dict:
+    """One trainer on a plain run's batches, from the run's seeded init (the room's version 0
+    for the same seed and shape)."""
+    from andrea.room.init import seeded_weights
+    run = create(client, preset=preset, batch_size=B, steps=steps)
+    w0 = seeded_weights(run["layout"], run["config"]["seed"])
+    t0 = time.perf_counter()
+    worker = Worker(run, w0)
+    batches = Batches(client, [f"/api/runs/{run['id']}/batches/{s}" for s in range(steps)])
+    for tokens in batches:
+        worker.train_step(tokens)
+    w = worker.flat().cpu().numpy()
+    return {"run": run, "w": w, "seconds": time.perf_counter() - t0}
+
+
+def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu: float,
+         codec_name: str) -> dict:
+    run = create(client, preset=preset, batch_size=B, steps=steps, room={
+        "inner_steps": H, "codec": codec_name, "max_workers": W, "workers_per_address": W,
+        "round_deadline_s": 86_400, "outer_lr": lr, "outer_momentum": mu})
+    rid = run["id"]
+    auth = {"authorization": f"Bearer {run['room']['join_token']}"}
+    tokens = [client.post(f"/api/runs/{rid}/room/workers", headers=auth).json()
+              for _ in range(W)]
+    w0 = weights(client, run, 0)
+    workers = [Worker(run, w0) for _ in range(W)]
+    rounds = -(-steps // H)
+    fmt = run["room"]["batches"]
+    t0, sent, outer = time.perf_counter(), 0, 0.0
+    global_w = torch.from_numpy(w0).to(DEVICE)
+    for version in range(rounds):
+        for me, worker in zip(tokens, workers):
+            worker.set_flat(global_w)
+            urls = [fmt.format(version=version, slot=me["slot"], step=s) for s in range(H)]
+            for t in Batches(client, urls):
+                worker.train_step(t)
+            delta = (global_w - worker.flat()).cpu().numpy()
+            body = codec.encode(delta, codec_name)
+            sent += len(body)
+            t1 = time.perf_counter()
+            r = client.post(f"/api/runs/{rid}/room/deltas/{version}", content=body,
+                            headers={"authorization": f"Bearer {me['token']}"})
+            assert r.status_code == 200, r.text
+            outer += time.perf_counter() - t1
+        t1 = time.perf_counter()
+        st = client.get(f"/api/runs/{rid}/room").json()
+        assert st["version"] == version + 1, st
+        dropped = st["closed"][-1].get("dropped") or []
+        if dropped:
+            print(f"  round {version}: dropped {dropped}", flush=True)
+        global_w = torch.from_numpy(weights(client, run, version + 1)).to(DEVICE)
+        outer += time.perf_counter() - t1
+    return {"run": run, "w": global_w.cpu().numpy(), "seconds": time.perf_counter() - t0,
+            "server_s": outer, "sent": sent}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="12m")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=800, help="each worker's inner steps")
+    ap.add_argument("--workers", type=int, nargs="+", default=[4])
+    ap.add_argument("--inner", type=int, nargs="+", default=[25])
+    ap.add_argument("--outer", nargs="+", default=["0.7,0.9", "1.0,0"],
+                    help="outer lr,momentum pairs, one room row each")
+    ap.add_argument("--codec", default="int8")
+    ap.add_argument("--rows", nargs="+", default=["one", "wide", "tokens", "room"],
+                    choices=["one", "wide", "tokens", "room"])
+    ap.add_argument("--out", help="also append the table to this file")
+    ap.add_argument("--data-dir", type=Path, help="the server's data dir (default: a temporary "
+                    "one); one kept between calls keeps its tokenized corpus")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    S, B = args.steps, args.batch
+    with tempfile.TemporaryDirectory() as tmp, LocalClient(create_app(Settings(
+            data_dir=args.data_dir or Path(tmp) / "data"))) as c:
+        say(f"# {args.preset} B {B}, {S} inner steps a worker, {args.codec} pseudo-gradients, "
+            f"PyTorch workers on {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'CPU'}"
+            f"; eval: mean loss on {EVAL_BATCHES} validation batches")
+        say(f"{'run':44s} {'eval loss':>9s} {'vs one':>7s} {'seconds':>8s} {'server s':>8s}")
+        base = None
+
+        def row(name: str, r: dict) -> None:
+            nonlocal base
+            loss = eval_loss(c, r["run"], r["w"])
+            base = loss if base is None and name.startswith("one tab,") else base
+            vs = f"{(loss / base - 1) * 100:+6.1f}%" if base else ""
+            srv = f"{r['server_s']:8.1f}" if "server_s" in r else ""
+            say(f"{name:44s} {loss:9.4f} {vs:>7s} {r['seconds']:8.1f} {srv:>8s}")
+
+        if "one" in args.rows:
+            row(f"one tab, {S} steps", single(c, args.preset, B, S))
+        for W in args.workers:
+            if "wide" in args.rows:
+                row(f"one tab, batch {W}x, {S} steps (data parallel)",
+                    single(c, args.preset, W * B, S))
+            if "tokens" in args.rows:
+                row(f"one tab, {W}x the steps (same tokens)", single(c, args.preset, B, W * S))
+            for H in args.inner if "room" in args.rows else ():
+                for pair in args.outer:
+                    lr, mu = (float(x) for x in pair.split(","))
+                    row(f"room of {W}, H {H}, outer lr {lr:g} momentum {mu:g}",
+                        room(c, args.preset, B, S, W, H, lr, mu, args.codec))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
