@@ -4,7 +4,10 @@ trains the same total tokens and one with W x the batch for as many steps as a w
 (what synchronous data parallelism would give). Every model's final weights are evaluated the
 same way afterwards (the engine in a /lab page: the mean loss on the run's first EVAL_BATCHES
 validation batches), and each room's traffic is put beside per-step fp32 gradient
-all-reduce (each worker sending its whole gradient every inner step).
+all-reduce (each worker sending its whole gradient every inner step). Under each room's row,
+each worker's mean time per round it trained (its reports' timings, by its own clock: training,
+sending its pseudo-gradient, waiting for the round to close, downloading and evaluating the next
+version) and the share of it that is not training; then the room's.
 
 On the GPU machine, after bench/gpu/unpack_app.sh (bench/gpu/README.md):
     . /tmp/andrea-gpu/env.sh && python3 -m bench.room --gpu --preset 12m --batch 32 \\
@@ -31,6 +34,7 @@ from andrea.cli.launch import served
 from andrea.paths import weights_path
 
 EVAL_BATCHES = 8
+PHASES = ("train_ms", "send_ms", "wait_ms", "download_ms", "eval_ms")   # a report's timings
 
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
@@ -68,7 +72,48 @@ def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: s
     return {"id": run["id"], "seconds": time.monotonic() - t0, "rounds": room["rounds"],
             "version": room["version"], "sent": sum(w["bytes"] for w in room["workers"]),
             "allreduce": room["allreduce_bytes_per_step"] * steps * W,
-            "weights": f"/api/runs/{run['id']}/room/weights/{room['version']}"}
+            "weights": f"/api/runs/{run['id']}/room/weights/{room['version']}",
+            "reports": room_reports(url, run["id"])}
+
+
+def room_reports(url: str, run_id: str) -> list[dict]:
+    """Every worker's report of the room, page by page."""
+    reports, offset = [], 0
+    while offset is not None:
+        page = httpx.get(f"{url}/api/runs/{run_id}/room/reports",
+                         params={"offset": offset, "limit": 1000}, timeout=60).json()
+        reports += page["reports"]
+        offset = page["next"] if page["reports"] else None
+    return reports
+
+
+def round_phases(reports: list[dict], rounds: int) -> list[str]:
+    """Per worker, then the room's: mean ms per round trained in each phase, and the share of
+    the time not training. A report of version v carries v's wait, download and eval, then its
+    training and sending (room_worker.js); the room's last version (v == rounds) is trained by
+    none, its report only its wait, download and eval: so the sums over a worker's reports are
+    its rounds' time from joining to the end, divided by the rounds it trained."""
+    sums: dict = {}
+    for r in reports:
+        if r.get("timings") is None:
+            continue
+        s = sums.setdefault(r["worker"], dict.fromkeys(PHASES, 0.0) | {"rounds": 0})
+        for k in PHASES:
+            s[k] += r["timings"][k]
+        s["rounds"] += r["version"] < rounds
+    if not sums:
+        return ["  (no timings reported)"]
+    sums["room"] = {k: sum(s[k] for s in sums.values()) for k in (*PHASES, "rounds")}
+    lines = [f"  {'ms per round':>14s} " + " ".join(f"{k[:-3]:>9s}" for k in PHASES)
+             + f" {'overhead':>9s}"]
+    for who, s in sums.items():
+        n = max(s["rounds"], 1)
+        total = sum(s[k] for k in PHASES)
+        share = (total - s["train_ms"]) / total if total else 0.0
+        name = who if who == "room" else f"worker {who}"
+        lines.append(f"  {name:>14s} " + " ".join(f"{s[k] / n:9.1f}" for k in PHASES)
+                     + f" {share:9.1%}")
+    return lines
 
 
 def final_weights(data_dir: Path, r: dict) -> str:
@@ -200,6 +245,8 @@ def measure(args, data_dir: Path, say) -> None:
             less = f"{r['allreduce'] / r['sent']:5.0f}x" if room else ""
             say(f"{name:42s} {loss:9.4f} {r['seconds'] / 60:7.2f} {sent:>10s} {allr:>10s} "
                 f"{less:>6s}")
+            for line in round_phases(r["reports"], r["rounds"]) if room else ():
+                say(line)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Makes docs/room-page.png, the README's picture of a room run: a `tiny` room of WORKERS tabs
-(SwiftShader) trained through its join link, then the room's page at 1280 px in headless
-Chromium. Usage (from the checkout, in its .venv):
+"""Makes docs/room-page.png, the README's picture of a room run mid-run: a `tiny` room of
+WORKERS tabs (SwiftShader) trained through its join link beside one tab alone (started by the
+room page's own button), and the room's page at 1280 px in headless Chromium once half its
+rounds are done. Usage (from the checkout, in its .venv):
 python docs/screenshot_room.py [ROUNDS]"""
 
 import sys
@@ -27,19 +28,22 @@ def main(rounds: int) -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM,
                                         args=["--headless=new", *QUIET, *SWIFTSHADER])
-            workers = []
-            for _ in range(WORKERS):
-                page = browser.new_context().new_page()
-                page.add_init_script("window.andreaAutoJoin = true;")
-                page.goto(link)
-                workers.append(page)
-            for page in workers:
-                page.wait_for_function("document.body.dataset.done !== undefined",
-                                       timeout=3_600_000)
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.goto(f"{url}/runs/{run['id']}")
             page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
-            page.wait_for_timeout(1500)
+            with page.context.expect_page():       # the lone tab trains in the tab it opens
+                page.click("#train-alone")
+            workers = []
+            for _ in range(WORKERS):
+                worker = browser.new_context().new_page()
+                worker.add_init_script("window.andreaAutoJoin = true;")
+                worker.goto(link)
+                workers.append(worker)
+            room = f"{url}/api/runs/{run['id']}/room"
+            page.wait_for_function(f"fetch('{room}').then((r) => r.json())"
+                                   f".then((r) => r.version >= {rounds // 2})",
+                                   timeout=3_600_000, polling=1000)
+            page.wait_for_timeout(2500)              # (the page's next look at the room)
             page.screenshot(path=str(OUT), full_page=True)
             browser.close()
     print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")

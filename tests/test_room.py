@@ -5,6 +5,7 @@ What hostile workers can and cannot do is tests/test_room_hostile.py's."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -251,6 +252,34 @@ def test_only_workers_send_and_only_what_the_model_takes(app_client):
     # A room run is not branched.
     assert c.post("/api/runs", json={"preset": "tiny", "steps": 6,
                                      "parent": {"run": rid, "step": 1}}).status_code == 409
+
+
+def test_a_report_keeps_how_the_worker_spent_its_version(app_client):
+    """A report's `timings` (ms waiting for the version, downloading, evaluating, training,
+    sending: room_worker.js) are kept and read back with it; a report without them reads as
+    before; a negative, non-finite, huge or unknown one is refused."""
+    c = app_client
+    run = create(c)
+    rid = run["id"]
+    a, b = join(c, run), join(c, run)
+    url = f"/api/runs/{rid}/room/reports/0"
+    timings = {"wait_ms": 0, "download_ms": 12.5, "eval_ms": 30.1, "train_ms": 950.0,
+               "send_ms": 7.25}
+    good = {"wait_ms": 1.0, "download_ms": 1.0, "eval_ms": 1.0, "train_ms": 1.0, "send_ms": 1.0}
+    for bad in ({**good, "wait_ms": -1.0}, {**good, "train_ms": float("nan")},
+                {**good, "send_ms": float("inf")}, {**good, "eval_ms": 2e9},
+                {**good, "eval_ms": "1.0"}, {**good, "idle_ms": 1.0},
+                {k: v for k, v in good.items() if k != "send_ms"}):
+        r = c.post(url, content=json.dumps({"losses": [3.0], "timings": bad}),   # (NaN too)
+                   headers={**bearer(a["token"]), "content-type": "application/json"})
+        assert r.status_code == 422, bad
+    assert c.post(url, json={"losses": [3.0, 2.9, 2.8], "eval_loss": 3.1, "timings": timings},
+                  headers=bearer(a["token"])).status_code == 204
+    assert c.post(url, json={"losses": [3.1], "eval_loss": 3.2},
+                  headers=bearer(b["token"])).status_code == 204
+    got = c.get(f"/api/runs/{rid}/room/reports").json()["reports"]
+    assert got[0]["timings"] == {k: float(v) for k, v in timings.items()}
+    assert "timings" not in got[1] and got[1]["losses"] == [3.1]
 
 
 def test_each_worker_slot_draws_its_own_batches_again_at_every_rerun(app_client):

@@ -6,7 +6,8 @@ is one writer's. The close's math is aggregate.py's and its streamed file work c
   <run_dir>/room/state.json           the room now (atomic rewrite per change: the commit)
   <run_dir>/room/deltas/<v>/<w>.bin   round v's pseudo-gradients as sent, one per worker
   <run_dir>/room/rounds.jsonl         one line per closed round: who sent what, norms, clips
-  <run_dir>/room/reports.jsonl        workers' inner losses, and eval losses of a version
+  <run_dir>/room/reports.jsonl        workers' inner losses, eval losses of a version, and
+                                      how long each spent on it (timings)
   <run_dir>/room/progress.json        each worker's inner step now (for the room's page; not
                                       durable: a crash loses only who was at which step)
   <run_dir>/checkpoints/<v>           global version v: W, then the outer momentum (f32 each)
@@ -426,9 +427,11 @@ class Room:
 
     # ---- reports and reading -------------------------------------------------------------
     def report(self, token: str, version: int, losses: list[float],
-               eval_loss: float | None, now: float, max_bytes: int) -> None:
-        """A worker's inner losses of the round that trained `version`, and the eval loss of
-        `version`'s global weights when it measured one: one per worker and version, within
+               eval_loss: float | None, now: float, max_bytes: int,
+               timings: dict | None = None) -> None:
+        """A worker's inner losses of the round that trained `version`, the eval loss of
+        `version`'s global weights when it measured one, and how it spent `version` when it
+        says (`timings`, ms: routes/room.py's Timings): one per worker and version, within
         the run's storage budget (`max_bytes`, ANDREA_MAX_RUN_BYTES)."""
         st = self.load()
         wid = self.worker_of(st, token)
@@ -446,6 +449,8 @@ class Room:
                                  "a version")
         line = {"worker": int(wid), "version": version, "at": now, "losses": losses,
                 "eval_loss": eval_loss}
+        if timings is not None:           # (older reports have none)
+            line["timings"] = timings
         size = len(json.dumps(line)) + 1
         if st["report_bytes"] + size > max_bytes:
             raise RoomError(507, f"this run's storage budget is used up: its reports take "

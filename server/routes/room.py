@@ -13,8 +13,10 @@ version, send their pseudo-gradients, and take the next version.
                                                  (version 0: the server's seeded init)
   POST   /api/runs/{id}/room/deltas/{v}          the worker's pseudo-gradient for version v
                                                  (global - its weights, in the room's codec)
-  POST   /api/runs/{id}/room/reports/{v}         its inner losses of that round, and the eval
-                                                 loss of version v's weights
+  POST   /api/runs/{id}/room/reports/{v}         its inner losses of that round, the eval
+                                                 loss of version v's weights, and its timings
+                                                 (ms waiting for v, downloading, evaluating,
+                                                 training and sending it)
   GET    /api/runs/{id}/room/reports             the reports, paged (offset, limit)
   POST   /api/runs/{id}/room/progress/{v}        the worker's inner step of version v now
                                                  (the room's page shows who trains, sends,
@@ -214,10 +216,26 @@ async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts
     return {"closed": closed, "version": version}
 
 
+Ms = Annotated[float, Field(ge=0, le=1e9)]
+
+
+class Timings(BaseModel):
+    """How the worker spent the report's version, in ms by its own clock, in this order
+    (room_worker.js): waiting for it to appear, downloading it, evaluating it, training its
+    inner steps, sending the pseudo-gradient. Their sum is its time on the version."""
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    wait_ms: Ms
+    download_ms: Ms
+    eval_ms: Ms
+    train_ms: Ms
+    send_ms: Ms
+
+
 class Report(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=True)
     losses: list[float] = Field(max_length=100_000)
     eval_loss: float | None = None
+    timings: Timings | None = None
 
 
 @router.post("/reports/{version}", status_code=204)
@@ -227,7 +245,8 @@ async def post_room_report(run: RunDep, version: Version, body: Report, request:
     room = room_of(run, ckpts)
     async with fanout.run_lock(run["id"]):
         await _call(room.report, bearer(request), version, body.losses, body.eval_loss,
-                    time.time(), settings.max_run_bytes)
+                    time.time(), settings.max_run_bytes,
+                    None if body.timings is None else body.timings.model_dump())
     fanout.publish(run["id"], {"type": "room", "event": "report", "version": version})
     return Response(status_code=204)
 

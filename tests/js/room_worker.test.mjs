@@ -1,10 +1,13 @@
 // The room worker's network edge cases (static/js/engine/room_worker.js), with a stand-in
 // Trainer: a version pruned before this worker downloaded it (the room moved on while it
 // waited) is replaced by the room's newest, and the next round starts from that one; version 0
-// is the server's like any other, downloaded and never published.
+// is the server's like any other, downloaded and never published; each report carries how the
+// worker spent its version (wait, download, eval, train, send).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { RoomWorker } from '../../static/js/engine/room_worker.js';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function worker(kept, newest) {
   const asked = [];
@@ -70,4 +73,35 @@ test('leaving while the round waits for the others ends the wait at once', async
   assert.equal(await ended, undefined);   // no next step: the Trainer stops where it is
   assert.equal(stopped, 'left the room');
   assert.equal(w.version, 3);         // nothing newer was taken
+});
+
+test('each report says how the worker spent its version, the wait for a slow round included', async () => {
+  // Version 3 taken at the join, trained, sent; the round closes slowly; version 4 (the room's
+  // last) taken. Version 3's report carries its train and send and the take that started it
+  // (no wait: the join's); the last version's report carries the slow wait, its download and
+  // eval, and no training.
+  const { w } = worker([3, 4], []);
+  w.rounds = 4;
+  const reports = [];
+  w.room.report = async (v, losses, evalLoss, timings) => { reports.push({ v, losses, timings }); };
+  w.room.nextVersion = async () => { await sleep(60); return 4; };
+  w.trainer.evalLoss = async () => { await sleep(5); return 1.5; };
+  await w.take(3);
+  await sleep(30);                     // its inner steps
+  w.losses = [2.0, 1.9, 1.8, 1.7];
+  assert.equal(await w.endRound(3), 4 * 4);   // the Trainer's end
+  assert.deepEqual(reports.map((r) => [r.v, r.losses.length]), [[3, 4], [4, 0]]);
+  const phases = ['wait_ms', 'download_ms', 'eval_ms', 'train_ms', 'send_ms'];
+  for (const { timings } of reports) {
+    assert.deepEqual(Object.keys(timings).sort(), [...phases].sort());
+    for (const k of phases) assert.ok(Number.isFinite(timings[k]) && timings[k] >= 0, k);
+  }
+  const [first, last] = reports.map((r) => r.timings);
+  assert.equal(first.wait_ms, 0);      // the join's version: nothing waited for
+  assert.ok(first.train_ms >= 25, `train ${first.train_ms}`);
+  assert.ok(first.eval_ms >= 6, `eval ${first.eval_ms}`);   // two eval batches
+  assert.ok(last.wait_ms >= 50, `wait ${last.wait_ms}`);    // the slow round's close
+  assert.ok(last.eval_ms >= 6, `eval ${last.eval_ms}`);
+  assert.equal(last.train_ms, 0);      // nobody trains the last version
+  assert.equal(last.send_ms, 0);
 });

@@ -393,10 +393,11 @@ function roomNetwork(me) {
       { method: 'POST', body: buf }, [409]),
     // 409: this version's report is in already (a retry whose answer was lost, or a tab that
     // reloaded); 507: the run's storage budget holds no more reports. Training goes on.
-    report: (v, losses, evalLoss) => send(routePath('post_room_report', { run_id: runId, version: v }), {
+    // timings: how this worker spent version v (room_worker.js's header), kept with the report.
+    report: (v, losses, evalLoss, timings) => send(routePath('post_room_report', { run_id: runId, version: v }), {
       method: 'POST', headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ losses: losses.filter((x) => Number.isFinite(x)),
-        eval_loss: Number.isFinite(evalLoss) ? evalLoss : null }) }, [409, 507]),
+        eval_loss: Number.isFinite(evalLoss) ? evalLoss : null, timings }) }, [409, 507]),
     nextVersion: async (after, signal = null) => {
       for (;;) {
         if (signal?.aborted) return null;   // the worker left while it waited

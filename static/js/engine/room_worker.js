@@ -9,16 +9,38 @@
 //
 // DOM-free: the app hands in the room's network as functions (room.js):
 //   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
-//           on past it), send(v, ArrayBuffer) -> any, report(v, losses, evalLoss),
+//           on past it), send(v, ArrayBuffer) -> any, report(v, losses, evalLoss, timings),
 //           nextVersion(after, signal) -> the newest version > after, or null once `signal`
 //           (an AbortSignal: the worker left while it waited) is aborted}
 //   loadBatch(version, step), loadValBatch(index) -> ArrayBuffer
 //   on = {record(rec), round({version, losses, evalLoss, bytes}), status(status, message)}
+//
+// Timings. The report of version v says how this worker spent version v, in ms by its own clock
+// (performance.now), in the order it happened:
+//   wait_ms      waiting for v to appear: from the previous version's pseudo-gradient sent to v
+//                known (that version's report, then the round's close; 0 for the version joined
+//                at, and it adds a wait for the newest where v was pruned before its download)
+//   download_ms  downloading v's weights into the model
+//   eval_ms      measuring v's eval loss (the report's eval_loss)
+//   train_ms     its H inner steps on v: from the download and eval done (or run(), if later)
+//                to the last step's records read back
+//   send_ms      its pseudo-gradient: reading the weights back, encoding, sending
+// They follow one another without gaps, so their sum is the worker's time on version v and
+// everything but train_ms is the round's overhead. The room's last version, which nobody
+// trains, is reported with no losses, its wait, download and eval, and train_ms = send_ms = 0.
 
 import { encodeDelta, pseudoGradient } from './room_codec.js';
 import { Trainer } from './trainer.js';
 
 const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
+
+const noTimings = () => ({ wait_ms: 0, download_ms: 0, eval_ms: 0, train_ms: 0, send_ms: 0 });
+
+/** Timings as reported: whole tenths of a ms, never negative. */
+function rounded(t) {
+  return Object.fromEntries(Object.entries(t).map(([k, ms]) =>
+    [k, Math.max(0, Math.round(ms * 10) / 10)]));
+}
 
 export class RoomWorker {
   /** config: the run's (with config.room); version: the one to train first (the join's). */
@@ -47,11 +69,14 @@ export class RoomWorker {
     this.on = { record: () => {}, round: () => {}, status: () => {}, ...on };
     this.losses = [];
     this.bytesSent = 0;
+    this.timings = noTimings();   // the version being taken or trained (its report's timings)
+    this.trainFrom = null;        // when its training started (performance.now)
     this.leaving = new AbortController();   // stop(): ends a wait for the next version
   }
 
   /** Trains until the room's last round or stop(); resolves to the Trainer's final state. */
   run() {
+    this.trainFrom = performance.now();   // (the page's setup after create() is not training)
     return this.trainer.run();
   }
 
@@ -74,38 +99,57 @@ export class RoomWorker {
   /** Loads version `version` (the room's newest instead where it was pruned meanwhile) and
    *  measures its eval loss. */
   async take(version) {
+    const t = this.timings;
+    let at = performance.now();
     let buf;
     while ((buf = await this.room.weights(version)) === null) {
+      const now = performance.now();
+      t.download_ms += now - at;
       version = await this.room.nextVersion(version);   // pruned meanwhile: the newest
+      at = performance.now();
+      t.wait_ms += at - now;
     }
     const w = new Float32Array(buf);
     this.trainer.setWeights(w);
     this.version = version;
     this.global = w;
+    let now = performance.now();
+    t.download_ms += now - at;
+    at = now;
     let sum = 0;
     for (let i = 0; i < EVAL_BATCHES; i++) sum += await this.trainer.evalLoss(i);
     this.evalLoss = sum / EVAL_BATCHES;
+    now = performance.now();
+    t.eval_ms += now - at;
+    this.trainFrom = now;
   }
 
   /** After round `round`'s H steps (their records read back): send the pseudo-gradient, report,
    *  take the next version. -> the next step to train (the Trainer's sync). */
   async endRound(round) {
+    const t = this.timings;
+    const at = performance.now();
+    t.train_ms = at - (this.trainFrom ?? at);
     const mine = await this.trainer.model.getParams();
     const body = encodeDelta(pseudoGradient(this.global, mine), this.config.room.codec);
     await this.room.send(this.version, body);   // stale (the round closed without it): dropped
+    const sent = performance.now();
+    t.send_ms = sent - at;
+    this.timings = noTimings();         // the next version's: its wait starts now
     this.bytesSent += body.byteLength;
     const losses = this.losses;
     this.losses = [];
-    await this.room.report(this.version, losses, this.evalLoss);
+    await this.room.report(this.version, losses, this.evalLoss, rounded(t));
     this.on.round({ version: this.version, round, losses, evalLoss: this.evalLoss,
       bytes: body.byteLength });
     const newer = await this.room.nextVersion(this.version, this.leaving.signal);
+    this.timings.wait_ms += performance.now() - sent;
     if (newer === null) return undefined;   // left while waiting: the Trainer stops here
     await this.take(newer);
     const next = this.version;          // (a newer one where that one was pruned meanwhile)
     if (next < this.rounds) return next * this.config.room.inner_steps;
     // The room's last version: its eval loss reported too, and the Trainer is at its end.
-    await this.room.report(next, [], this.evalLoss);
+    await this.room.report(next, [], this.evalLoss, rounded(this.timings));
     return this.rounds * this.config.room.inner_steps;
   }
 }
