@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import numpy as np
@@ -84,6 +85,45 @@ def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browse
     assert page.inner_text("[data-stat='workers']").endswith("none training: finished (2 joined)")
     assert not errors, errors
     assert not page.is_visible("#error"), page.inner_text("#error")
+
+
+def test_a_closed_tab_leaves_and_its_round_closes_on_the_others(browser, live_server):
+    """Worker 0 (the API) has sent; the page's worker is mid-round (its batches held) when its
+    tab goes: the page leaves as it goes, and the round closes on worker 0's at once, not a
+    round deadline (here an hour) later."""
+    from andrea.room.rounds import param_mask
+
+    H = 3
+    run = httpx.post(f"{live_server}/api/runs", json={
+        **SMALL, "steps": 2 * H, "batch_size": 2, "seed": 12,
+        "room": {"inner_steps": H, "codec": "f32", "round_deadline_s": 3600,
+                 "workers_per_address": 2}}).json()
+    room_url = f"{live_server}/api/runs/{run['id']}/room"
+    first = httpx.post(f"{room_url}/workers", headers=bearer(run["room"]["join_token"])).json()
+    page = browser.new_context().new_page()
+    held = []
+    page.context.route("**/room/batches/0/*/1", lambda route: held.append(route))
+    page.goto(f"{live_server}/runs/{run['id']}#join={run['room']['join_token']}")
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
+    page.click("#join")
+    page.wait_for_function("document.body.dataset.workerStatus === 'running'",
+                           timeout=TIMEOUT)
+    while not held:                                   # mid-round: its second batch is held
+        page.wait_for_timeout(200)
+    delta = (np.full(run["layout"]["total_numel"], 1e-4, np.float32)
+             * param_mask(run["layout"]))
+    r = httpx.post(f"{room_url}/deltas/0", content=delta.tobytes(),
+                   headers=bearer(first["token"]))
+    assert r.json() == {"closed": False, "version": 0}      # it waits for the page's
+    page.goto("about:blank")                                # the tab goes
+    hung = time.monotonic() + PAGE_WAIT_MS / 1000            # (a guard: the deadline is 3600 s)
+    while (room := httpx.get(room_url).json())["version"] == 0 and time.monotonic() < hung:
+        page.wait_for_timeout(200)
+    assert room["version"] == 1, room
+    assert list(room["closed"][-1]["workers"]) == [str(first["worker"])]
+    page_worker = next(w for w in room["workers"] if w["worker"] != first["worker"])
+    assert page_worker["left"] is not None and page_worker["why"] == "left"
+    page.close()
 
 
 def a_finished_room(url: str, H: int = 2) -> tuple[dict, dict]:

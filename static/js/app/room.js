@@ -487,6 +487,7 @@ async function join(token) {
     mixed: config.precision === 'mixed' ? 'required' : false });
   const teller = progressTeller(me, H);
   let worker = null;
+  let closing = null;       // the pagehide listener that leaves the room while this one trains
   let end;
   try {
     const [layout, maps] = await Promise.all([
@@ -521,8 +522,17 @@ async function join(token) {
       $('leave').disabled = true;
       worker.stop('left the room');
     };
+    // A closed (or navigated away) tab leaves the room as it goes, so the round it was in
+    // closes on the others' at once instead of waiting out its deadlines; keepalive lets the
+    // request outlive the page. A reload rejoins as the same worker (heldWorkerToken).
+    closing = () => {
+      fetch(routePath('leave_room', { run_id: runId }), { method: 'DELETE', keepalive: true,
+        headers: { authorization: `Bearer ${me.token}` } }).catch(() => {});
+    };
+    window.addEventListener('pagehide', closing);
     end = await worker.run();
   } finally {
+    if (closing) window.removeEventListener('pagehide', closing);
     teller.stop();
     worker?.destroy();
     ended = true;
