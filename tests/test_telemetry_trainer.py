@@ -108,7 +108,7 @@ def test_a_ping_frame_flood_before_hello_is_closed_and_the_runs_trainer_keeps_wo
         with connect(url, additional_headers={"X-Forwarded-For": "10.61.0.1"},
                      ping_interval=None) as flood:
             pongs = ping_flood(flood, 1000)
-            assert "ping flood" in expect_close(flood, 1008)
+            assert "ping flood" in expect_close(flood, 1008, or_reason=True)
         answered = sum(p.is_set() for p in pongs)
         assert answered < 100, answered          # PING_FRAMES: 20 at once, then 2 a second
         assert flood.protocol.close_rcvd.reason.startswith("ping flood")
