@@ -11,43 +11,14 @@ import json
 import re
 
 import httpx
-import numpy as np
 from websockets.sync.client import connect
 
+from e2e.room_api import a_room
 from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL
 from tests.trainer_client import hello, record, ws_url
 
 CHART = "[data-chart='the room beside one tab alone']"
-
-
-def bearer(token: str) -> dict:
-    return {"authorization": f"Bearer {token}"}
-
-
-def a_room(url: str, lr: float, H: int = 2, rounds: int = 2) -> dict:
-    """A room of two API workers that trained `rounds` rounds of H inner steps (batch 2 x 32
-    tokens: 64 a step): eval losses 5.0/5.2, 4.6/4.8, 4.0/4.2 of versions 0, 1, 2, and each
-    worker's inner losses. -> the run."""
-    run = httpx.post(f"{url}/api/runs", json={
-        **SMALL, "steps": rounds * H, "batch_size": 2, "seed": 4, "lr": lr,
-        "room": {"inner_steps": H, "codec": "f32", "workers_per_address": 2}}).json()
-    room_url = f"{url}/api/runs/{run['id']}/room"
-    workers = [httpx.post(f"{room_url}/workers", headers=bearer(run["room"]["join_token"])).json()
-               for _ in range(2)]
-    numel = run["layout"]["total_numel"]
-    for v, losses in enumerate(((5.0, 5.2), (4.6, 4.8), (4.0, 4.2))[:rounds + 1]):
-        for w, loss in zip(workers, losses):
-            inner = [] if v == rounds else [loss + 0.5 - 0.1 * s for s in range(H)]
-            if v < rounds:
-                r = httpx.post(f"{room_url}/deltas/{v}", headers=bearer(w["token"]),
-                               content=np.full(numel, 1e-4, "<f4").tobytes())
-                assert r.status_code == 200, r.text
-            r = httpx.post(f"{room_url}/reports/{v}", headers=bearer(w["token"]),
-                           json={"losses": inner, "eval_loss": loss})
-            assert r.status_code == 204, r.text
-    assert httpx.get(room_url).json()["finished"]
-    return run
 
 
 def open_room(page, url: str, run: dict) -> None:

@@ -13,15 +13,12 @@ import time
 import httpx
 import numpy as np
 
+from e2e.room_api import a_room, bearer
 from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL
 from tests.trainer_client import hello, record, ws_url
 
 TIMEOUT = 600_000
-
-
-def bearer(token: str) -> dict:
-    return {"authorization": f"Bearer {token}"}
 
 
 def test_a_newcomer_joins_in_one_click_sees_the_round_wait_and_comes_back(browser, live_server):
@@ -126,26 +123,11 @@ def test_a_closed_tab_leaves_and_its_round_closes_on_the_others(browser, live_se
     page.close()
 
 
-def a_finished_room(url: str, H: int = 2) -> tuple[dict, dict]:
-    """A room of two API workers over 2 rounds: eval losses 5.0 and 5.2 of version 0, 4.6 and
-    4.8 of version 1, 4.0 and 4.2 of version 2. -> (the run, its room)."""
-    run = httpx.post(f"{url}/api/runs", json={
-        **SMALL, "steps": 2 * H, "batch_size": 2, "seed": 4,
-        "room": {"inner_steps": H, "codec": "f32", "workers_per_address": 2}}).json()
-    room_url = f"{url}/api/runs/{run['id']}/room"
-    workers = [httpx.post(f"{room_url}/workers", headers=bearer(run["room"]["join_token"])).json()
-               for _ in range(2)]
-    numel = run["layout"]["total_numel"]
-    for v, losses in enumerate(((5.0, 5.2), (4.6, 4.8), (4.0, 4.2))):
-        for w, loss in zip(workers, losses):
-            if v < 2:
-                r = httpx.post(f"{room_url}/deltas/{v}", headers=bearer(w["token"]),
-                               content=np.full(numel, 1e-4, "<f4").tobytes())
-                assert r.status_code == 200, r.text
-            r = httpx.post(f"{room_url}/reports/{v}", headers=bearer(w["token"]),
-                           json={"losses": [], "eval_loss": loss})
-            assert r.status_code == 204, r.text
-    room = httpx.get(room_url).json()
+def a_finished_room(url: str) -> tuple[dict, dict]:
+    """e2e/room_api.py's room of two API workers over 2 rounds, no inner losses. -> (the run,
+    its room)."""
+    run = a_room(url, inner=False)
+    room = httpx.get(f"{url}/api/runs/{run['id']}/room").json()
     assert room["finished"] and room["version"] == 2
     return run, room
 
