@@ -283,7 +283,8 @@ async def get_room_reports(run: RunDep, ckpts: CheckpointsDep,
 async def get_room_lone(run: RunDep, ckpts: CheckpointsDep, store: StoreDep,
                         settings: SettingsDep) -> dict:
     """"Did the room help?": {"run": the newest single run (no room, no parent) of the same
-    model shape, batch, context, optimizer and lr, or null; "name", "status"; "why": in words;
+    model shape, batch, context, optimizer, lr and corpus, or null; "name", "status"; "why":
+    in words;
     "config": what POST /api/runs takes to train one (the room's config less its room)}.
     Bounded: the newest LONE_SCAN runs' rows are read, whatever the server holds."""
     room_of(run, ckpts)
