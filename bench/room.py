@@ -1,19 +1,20 @@
 """Room runs measured side by side (server/room/, DiLoCo across browser tabs): W workers as W
-tabs of one Chromium sharing its GPU, with H inner steps per round, against one browser that
-trains the same total tokens and one with W x the batch for as many steps as a worker takes
-(what synchronous data parallelism would give). Every model's final weights are evaluated the
-same way afterwards (the engine in a /lab page: the mean loss on the run's first EVAL_BATCHES
-validation batches), and each room's traffic is put beside per-step fp32 gradient
-all-reduce (each worker sending its whole gradient every inner step). Under each room's row,
-each worker's mean time per round it trained (its reports' timings, by its own clock: training,
-sending its pseudo-gradient, waiting for the round to close, downloading and evaluating the next
-version) and the share of it that is not training; then the room's.
+tabs of one Chromium sharing its GPU, each training S inner steps in rounds of H, beside one
+browser alone for a worker's S steps (what a participant gets without the room), one with W x
+the batch for S steps (what synchronous data parallelism would give) and one with W x the steps
+(the room's tokens). Every model's final weights are evaluated the same way afterwards (the
+engine in a /lab page: the mean loss on the run's first EVAL_BATCHES validation batches), and
+each room's traffic is put beside per-step fp32 gradient all-reduce (each worker sending its
+whole gradient every inner step). Under each room's row, each worker's mean time per round it
+trained (its reports' timings, by its own clock: training, sending its pseudo-gradient, waiting
+for the round to close, downloading and evaluating the next version) and the share of it that
+is not training; then the room's.
 
 On the GPU machine, after bench/gpu/unpack_app.sh (bench/gpu/README.md):
     . /tmp/andrea-gpu/env.sh && python3 -m bench.room --gpu --preset 12m --batch 32 \\
-        --tokens-steps 2000 --workers 4 8 --inner 25 100
+        --steps 800 --workers 4 8 --inner 25
 Anywhere (SwiftShader, CPU timings), a smoke run of the same measurements:
-    python -m bench.room --preset tiny --batch 4 --tokens-steps 64 --workers 2 --inner 8
+    python -m bench.room --preset tiny --batch 4 --steps 16 --workers 2 --inner 8
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ PHASES = ("train_ms", "send_ms", "wait_ms", "download_ms", "eval_ms")   # a repo
 
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
-             gpu: bool, outer: dict) -> dict:
+             gpu: bool, outer: dict, precision: str) -> dict:
     """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds. The
     tabs all join from this machine's address: the room allows W from one address."""
     from playwright.sync_api import sync_playwright
 
     r = httpx.post(f"{url}/api/runs", json={
-        "preset": preset, "batch_size": B, "steps": steps, "seed": 1,
+        "preset": preset, "batch_size": B, "steps": steps, "seed": 1, "precision": precision,
         "room": {"inner_steps": H, "codec": codec, "max_workers": max(W, 1),
                  "workers_per_address": max(W, 1), "round_deadline_s": 3600, **outer}},
         timeout=60)
@@ -167,10 +168,11 @@ class Evaluator:
         self._p.stop()
 
 
-def single_run(url: str, preset: str, B: int, steps: int, gpu: bool) -> dict:
+def single_run(url: str, preset: str, B: int, steps: int, gpu: bool, precision: str) -> dict:
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "andrea", "train", *(["--gpu"] if gpu else []), "--server", url,
            "--preset", preset, "--batch-size", str(B), "--steps", str(steps), "--seed", "1",
+           "--precision", precision,
            "--eval-every", "0", "--sample-every", "0", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     result = json.loads(r.stdout)
@@ -184,16 +186,18 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--preset", default="12m")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--tokens-steps", type=int, default=2000,
-                    help="the total tokens of every run, in steps of one browser at --batch")
+    ap.add_argument("--steps", type=int, default=800, help="each worker's inner steps")
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--inner", type=int, nargs="+", default=[25, 100])
+    ap.add_argument("--inner", type=int, nargs="+", default=[25])
     ap.add_argument("--codec", default="int8")
-    ap.add_argument("--outer-lr", type=float, help="default: the room's (0.7)")
-    ap.add_argument("--outer-momentum", type=float, help="default: the room's (0.9)")
-    ap.add_argument("--rows", nargs="+", default=["one", "wide", "room"],
-                    choices=["one", "wide", "room"], help="which runs to train and measure")
-    ap.add_argument("--out")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "mixed"])
+    ap.add_argument("--outer", nargs="+", default=[""],
+                    help="outer lr,momentum pairs, one room row each (default: the room's)")
+    ap.add_argument("--rows", nargs="+", default=["alone", "wide", "tokens", "room"],
+                    choices=["alone", "wide", "tokens", "room"],
+                    help="alone: one browser, a worker's steps; wide: W x the batch for as many "
+                    "steps (data parallelism); tokens: W x the steps (the room's tokens); room")
+    ap.add_argument("--out", help="also append the table to this file")
     ap.add_argument("--data-dir", type=Path)
     args = ap.parse_args()
     lines = []
@@ -206,33 +210,48 @@ def main() -> None:
         data_dir = args.data_dir or Path(tmp)
         measure(args, data_dir, say)
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        with open(args.out, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def outer_step(pair: str) -> dict:
+    """'lr,momentum' -> the room's outer settings; '' -> the room's defaults."""
+    if not pair:
+        return {}
+    lr, mu = (float(x) for x in pair.split(","))
+    return {"outer_lr": lr, "outer_momentum": mu}
 
 
 def measure(args, data_dir: Path, say) -> None:
     """Each row trained, then evaluated and printed at once (a long bench split over several
     calls keeps what it measured)."""
-    S, B = args.tokens_steps, args.batch
-    outer = {k: v for k, v in (("outer_lr", args.outer_lr), ("outer_momentum", args.outer_momentum))
-             if v is not None}
+    S, B, P = args.steps, args.batch, args.precision
     plan = []
-    if "one" in args.rows:
-        plan.append(("one browser, same tokens", lambda url: single_run(
-            url, args.preset, B, S, args.gpu), False))
+    if "alone" in args.rows:
+        plan.append((f"one browser alone ({S} steps)", lambda url: single_run(
+            url, args.preset, B, S, args.gpu, P), False))
     for W in args.workers:
         if "wide" in args.rows:
-            plan.append((f"one browser, batch {W}x ({S // W} steps)", lambda url, W=W: single_run(
-                url, args.preset, W * B, S // W, args.gpu), False))
+            plan.append((f"one browser, batch {W}x ({S} steps)", lambda url, W=W: single_run(
+                url, args.preset, W * B, S, args.gpu, P), False))
+        if "tokens" in args.rows:
+            plan.append((f"one browser, {W}x the steps ({W * S})", lambda url, W=W: single_run(
+                url, args.preset, B, W * S, args.gpu, P), False))
         for H in args.inner if "room" in args.rows else ():
-            plan.append((f"room of {W}, H {H} ({S // W} steps each){' ' * bool(outer)}"
-                         + " ".join(f"{k} {v}" for k, v in outer.items()), lambda url, W=W, H=H:
-                         room_run(url, args.preset, B, W, H, S // W, args.codec, args.gpu,
-                                  outer), True))
+            for pair in args.outer:
+                outer = outer_step(pair)
+                name = f"room of {W}, H {H}" + (
+                    f", outer lr {outer['outer_lr']:g} mom. {outer['outer_momentum']:g}"
+                    if outer else ", defaults")
+                plan.append((name, lambda url, W=W, H=H, outer=outer: room_run(
+                    url, args.preset, B, W, H, S, args.codec, args.gpu, outer, P), True))
     with served(data_dir) as url:
-        say(f"# {args.preset} B {B}, every run {S} x B x T tokens; {args.codec} pseudo-gradients; "
-            f"eval: mean loss of the final weights on {EVAL_BATCHES} validation batches")
-        say(f"{'run':42s} {'eval loss':>9s} {'minutes':>7s} {'sent':>10s} {'all-reduce':>10s} "
-            f"{'less':>6s}")
+        say(f"# {args.preset} B {B} {P}, every worker {S} inner steps; {args.codec} "
+            f"pseudo-gradients; eval: mean loss of the final weights on {EVAL_BATCHES} "
+            "validation batches")
+        say(f"{'run':42s} {'eval loss':>9s} {'vs alone':>8s} {'minutes':>7s} {'sent':>10s} "
+            f"{'all-reduce':>10s} {'less':>6s}")
+        alone = None
         for name, make, room in plan:
             r = make(url)
             judge = Evaluator(url, args.gpu)
@@ -240,11 +259,13 @@ def measure(args, data_dir: Path, say) -> None:
                 loss = judge.loss(r["id"], final_weights(data_dir, r))
             finally:
                 judge.close()
+            alone = loss if alone is None and name.startswith("one browser alone") else alone
+            vs = f"{(loss / alone - 1) * 100:+7.1f}%" if alone else ""
             sent = f"{r['sent'] / 2**20:9.1f}M" if room else ""
             allr = f"{r['allreduce'] / 2**20:9.1f}M" if room else ""
             less = f"{r['allreduce'] / r['sent']:5.0f}x" if room else ""
-            say(f"{name:42s} {loss:9.4f} {r['seconds'] / 60:7.2f} {sent:>10s} {allr:>10s} "
-                f"{less:>6s}")
+            say(f"{name:42s} {loss:9.4f} {vs:>8s} {r['seconds'] / 60:7.2f} {sent:>10s} "
+                f"{allr:>10s} {less:>6s}")
             for line in round_phases(r["reports"], r["rounds"]) if room else ():
                 say(line)
 
