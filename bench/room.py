@@ -39,9 +39,11 @@ PHASES = ("train_ms", "send_ms", "wait_ms", "download_ms", "eval_ms")   # a repo
 
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
-             gpu: bool, outer: dict, precision: str) -> dict:
+             gpu: bool, outer: dict, precision: str, slow_ms: float = 0) -> dict:
     """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds. The
-    tabs all join from this machine's address: the room allows W from one address."""
+    tabs all join from this machine's address: the room allows W from one address. slow_ms:
+    the last tab waits this long before each step (a slower laptop; the Trainer's
+    stepDelayMs). `outer` may also say wait_for_slowest."""
     from playwright.sync_api import sync_playwright
 
     r = httpx.post(f"{url}/api/runs", json={
@@ -56,10 +58,12 @@ def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: s
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=webgpu_args(gpu))
         pages = []
-        for _ in range(W):
+        for i in range(W):
             page = browser.new_context().new_page()
             page.add_init_script("window.andreaAutoJoin = true;" +
-                                 ("window.andreaGpuOnly = true;" if gpu else ""))
+                                 ("window.andreaGpuOnly = true;" if gpu else "") +
+                                 (f"window.andreaStepDelayMs = {slow_ms};"
+                                  if slow_ms and i == W - 1 else ""))
             page.goto(link)
             pages.append(page)
         for page in pages:
@@ -89,31 +93,33 @@ def room_reports(url: str, run_id: str) -> list[dict]:
 
 
 def round_phases(reports: list[dict], rounds: int) -> list[str]:
-    """Per worker, then the room's: mean ms per round trained in each phase, and the share of
-    the time not training. A report of version v carries v's wait, download and eval, then its
-    training and sending (room_worker.js); the room's last version (v == rounds) is trained by
-    none, its report only its wait, download and eval: so the sums over a worker's reports are
-    its rounds' time from joining to the end, divided by the rounds it trained."""
+    """Per worker, then the room's: mean ms per round trained in each phase, the inner steps it
+    took a round (fewer than H where its rounds were cut), and the share of the time not
+    training. A report of version v carries v's wait, download and eval, then its training and
+    sending (room_worker.js); the room's last version (v == rounds) is trained by none, its
+    report only its wait, download and eval: so the sums over a worker's reports are its
+    rounds' time from joining to the end, divided by the rounds it trained."""
     sums: dict = {}
     for r in reports:
         if r.get("timings") is None:
             continue
-        s = sums.setdefault(r["worker"], dict.fromkeys(PHASES, 0.0) | {"rounds": 0})
+        s = sums.setdefault(r["worker"], dict.fromkeys(PHASES, 0.0) | {"rounds": 0, "steps": 0})
         for k in PHASES:
             s[k] += r["timings"][k]
         s["rounds"] += r["version"] < rounds
+        s["steps"] += len(r["losses"])
     if not sums:
         return ["  (no timings reported)"]
-    sums["room"] = {k: sum(s[k] for s in sums.values()) for k in (*PHASES, "rounds")}
+    sums["room"] = {k: sum(s[k] for s in sums.values()) for k in (*PHASES, "rounds", "steps")}
     lines = [f"  {'ms per round':>14s} " + " ".join(f"{k[:-3]:>9s}" for k in PHASES)
-             + f" {'overhead':>9s}"]
+             + f" {'steps':>6s} {'overhead':>9s}"]
     for who, s in sums.items():
         n = max(s["rounds"], 1)
         total = sum(s[k] for k in PHASES)
         share = (total - s["train_ms"]) / total if total else 0.0
         name = who if who == "room" else f"worker {who}"
         lines.append(f"  {name:>14s} " + " ".join(f"{s[k] / n:9.1f}" for k in PHASES)
-                     + f" {share:9.1%}")
+                     + f" {s['steps'] / n:6.1f} {share:9.1%}")
     return lines
 
 
@@ -193,6 +199,10 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "mixed"])
     ap.add_argument("--outer", nargs="+", default=[""],
                     help="outer lr,momentum pairs, one room row each (default: the room's)")
+    ap.add_argument("--slow-ms", type=float, default=0,
+                    help="one room tab waits this long before each step (a slower laptop)")
+    ap.add_argument("--cut", action="store_true",
+                    help="rooms that do not wait for the slowest (wait_for_slowest off)")
     ap.add_argument("--rows", nargs="+", default=["alone", "wide", "tokens", "room"],
                     choices=["alone", "wide", "tokens", "room"],
                     help="alone: one browser, a worker's steps; wide: W x the batch for as many "
@@ -243,8 +253,13 @@ def measure(args, data_dir: Path, say) -> None:
                 name = f"room of {W}, H {H}" + (
                     f", outer lr {outer['outer_lr']:g} mom. {outer['outer_momentum']:g}"
                     if outer else ", defaults")
+                name += f", 1 tab +{args.slow_ms:g} ms/step" if args.slow_ms else ""
+                if args.cut:
+                    outer = {**outer, "wait_for_slowest": False}
+                    name += ", cut"
                 plan.append((name, lambda url, W=W, H=H, outer=outer: room_run(
-                    url, args.preset, B, W, H, S, args.codec, args.gpu, outer, P), True))
+                    url, args.preset, B, W, H, S, args.codec, args.gpu, outer, P,
+                    args.slow_ms), True))
     with served(data_dir) as url:
         say(f"# {args.preset} B {B} {P}, every worker {S} inner steps; {args.codec} "
             f"pseudo-gradients; eval: mean loss of the final weights on {EVAL_BATCHES} "

@@ -157,10 +157,17 @@ def single(client, preset: str, B: int, steps: int) -> dict:
 
 
 def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu: float,
-         codec_name: str) -> dict:
-    run = create(client, preset=preset, batch_size=B, steps=steps, room={
-        "inner_steps": H, "codec": codec_name, "max_workers": W, "workers_per_address": W,
-        "round_deadline_s": 86_400, "outer_lr": lr, "outer_momentum": mu})
+         codec_name: str, slow: float = 1.0) -> dict:
+    """slow > 1: worker 0 is that many times slower than the others, in a room that does not
+    wait for it (wait_for_slowest off): the others train H steps a round and send first (half
+    of them cut the round), it trains the H / slow steps it would have taken meanwhile and
+    sends those (the server weights each pseudo-gradient by its steps). Its speed is modelled,
+    not timed: the steps it takes are what a slow machine's clock would allow."""
+    cfg = {"inner_steps": H, "codec": codec_name, "max_workers": W, "workers_per_address": W,
+           "round_deadline_s": 86_400, "outer_lr": lr, "outer_momentum": mu}
+    if slow > 1:
+        cfg["wait_for_slowest"] = False
+    run = create(client, preset=preset, batch_size=B, steps=steps, room=cfg)
     rid = run["id"]
     auth = {"authorization": f"Bearer {run['room']['join_token']}"}
     tokens = [client.post(f"/api/runs/{rid}/room/workers", headers=auth).json()
@@ -171,17 +178,21 @@ def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu:
     fmt = run["room"]["batches"]
     t0, sent, outer = time.perf_counter(), 0, 0.0
     global_w = torch.from_numpy(w0).to(DEVICE)
+    order = list(range(1, W)) + [0] if slow > 1 else list(range(W))   # the slow one last
     for version in range(rounds):
-        for me, worker in zip(tokens, workers):
+        for i in order:
+            me, worker = tokens[i], workers[i]
+            k = max(1, int(H / slow)) if i == 0 and slow > 1 else H
             worker.set_flat(global_w)
-            urls = [fmt.format(version=version, slot=me["slot"], step=s) for s in range(H)]
+            worker.step = version * H        # the schedule's place (a cut round skips steps)
+            urls = [fmt.format(version=version, slot=me["slot"], step=s) for s in range(k)]
             for t in Batches(client, urls):
                 worker.train_step(t)
             delta = (global_w - worker.flat()).cpu().numpy()
             body = codec.encode(delta, codec_name)
             sent += len(body)
             t1 = time.perf_counter()
-            r = client.post(f"/api/runs/{rid}/room/deltas/{version}", content=body,
+            r = client.post(f"/api/runs/{rid}/room/deltas/{version}?steps={k}", content=body,
                             headers={"authorization": f"Bearer {me['token']}"})
             assert r.status_code == 200, r.text
             outer += time.perf_counter() - t1
@@ -207,6 +218,9 @@ def main() -> None:
     ap.add_argument("--outer", nargs="+", default=["0.7,0.9", "1.0,0"],
                     help="outer lr,momentum pairs, one room row each")
     ap.add_argument("--codec", default="int8")
+    ap.add_argument("--slow", type=float, nargs="*", default=[],
+                    help="also a room row per factor: worker 0 that many times slower, in a "
+                    "room that does not wait for it (its steps modelled, not timed)")
     ap.add_argument("--rows", nargs="+", default=["one", "wide", "tokens", "room"],
                     choices=["one", "wide", "tokens", "room"])
     ap.add_argument("--out", help="also append the table to this file")
@@ -251,6 +265,9 @@ def main() -> None:
                     lr, mu = (float(x) for x in pair.split(","))
                     row(f"room of {W}, H {H}, outer lr {lr:g} momentum {mu:g}",
                         room(c, args.preset, B, S, W, H, lr, mu, args.codec))
+                    for f in args.slow:
+                        row(f"  the same, one {f:g}x slower, rounds cut",
+                            room(c, args.preset, B, S, W, H, lr, mu, args.codec, f))
     if args.out:
         with open(args.out, "a") as f:
             f.write("\n".join(lines) + "\n")

@@ -89,6 +89,11 @@ class RoomConfig(BaseModel):
         "the last rounds"))
     missed_rounds: int = Field(3, ge=1, le=10_000, description=(
         "a worker that sends nothing for this many rounds in a row has left the room"))
+    wait_for_slowest: bool = Field(True, description=(
+        "off: once half the workers have sent a whole round, the others send what they have "
+        "trained so far and the round closes, each pseudo-gradient weighted by the steps it "
+        "took: a slow laptop no longer holds the room (turn it off when machines differ); on: "
+        "every round waits for every worker's inner_steps"))
 
     @model_validator(mode="after")
     def _quorum_fits(self):
@@ -252,5 +257,6 @@ def form_fields(model: type[BaseModel] = RunConfig) -> dict[str, dict]:
                      "max_exclusive": "exclusiveMaximum" in kind and not integer,
                      "step": 1 if integer else "any",
                      "required": "default" not in prop or default is not None,
-                     "hint": prop.get("description", ""), "choices": kind.get("enum", [])}
+                     "hint": prop.get("description", ""), "choices": kind.get("enum", []),
+                     "boolean": kind.get("type") == "boolean"}
     return out

@@ -72,11 +72,13 @@ def torch_outer(w0: np.ndarray, grads: list[np.ndarray], lr=ROOM_DEFAULTS.outer_
 
 
 def clipped_mean(deltas: list[np.ndarray], multiple: float = 2.0,
-                 history: tuple = ()) -> np.ndarray:
+                 history: tuple = (), steps: list[int] | None = None) -> np.ndarray:
     """What a round averages, from the definition (aggregate.py's docstring) in float64: each
     delta clipped to `multiple` x the median of its round's and the history's norms; from 3
     deltas on, those whose score (their p-th highest cosine with another, p = the honest
-    peers any minority leaves) is under half the median score dropped; the rest's mean."""
+    peers any minority leaves) is under half the median score dropped; the rest's mean,
+    weighted by `steps` (each one's inner steps) where given."""
+    steps = np.ones(len(deltas)) if steps is None else np.array(steps, np.float64)
     x = [d.astype(np.float64) for d in deltas]
     norms = [np.linalg.norm(d) for d in x]
     limit = multiple * np.median(norms + list(history))
@@ -88,8 +90,9 @@ def clipped_mean(deltas: list[np.ndarray], multiple: float = 2.0,
         score = np.array([sorted(np.delete(cos[i], i), reverse=True)[peers - 1]
                           for i in range(n)])
         if np.median(score) > 0:
-            x = x[score >= 0.5 * np.median(score)]
-    return x.mean(0).astype(np.float32)
+            keep = score >= 0.5 * np.median(score)
+            x, steps = x[keep], steps[keep]
+    return (steps @ x / steps.sum()).astype(np.float32)
 
 
 @pytest.fixture
@@ -201,6 +204,55 @@ def test_a_round_takes_the_robust_mean_refuses_nans_and_steps_like_torch(app_cli
                   headers=bearer(run["room"]["join_token"])).status_code == 409
     # The exported model of a version is the room's global weights.
     assert c.get(f"/api/runs/{run['id']}/model.safetensors?step=2").status_code == 200
+
+
+def test_a_room_that_does_not_wait_for_the_slowest_cuts_its_round_and_weights_by_steps(
+        app_client):
+    """wait_for_slowest off: once half the workers (rounded up) sent a whole round, the round
+    is cut (GET room says so) and the others send what they trained, each pseudo-gradient
+    weighted by its steps in the mean; before the cut, and in a room that waits, a round of
+    fewer steps is refused."""
+    c = app_client
+    run = create(c, wait_for_slowest=False)
+    rid, numel = run["id"], run["layout"]["total_numel"]
+    workers = [join(c, run) for _ in range(4)]
+    rng = np.random.default_rng(7)
+    common = rng.standard_normal(numel).astype(np.float32) * 1e-3
+    mask = rounds.param_mask(run["layout"])            # (padding: the room keeps it zero)
+    deltas = [(common + rng.standard_normal(numel).astype(np.float32) * 5e-4) * mask
+              for _ in range(4)]
+
+    def send_steps(w, d, steps, version=0):
+        return c.post(f"/api/runs/{rid}/room/deltas/{version}?steps={steps}",
+                      content=codec.encode(d, "f32"), headers=bearer(w["token"]))
+
+    for bad in (0, 4):                                  # H is 3
+        assert send_steps(workers[0], deltas[0], bad).status_code == 422
+    r = send_steps(workers[3], deltas[3], 1)            # nobody is done: no cut yet
+    assert r.status_code == 409 and "not cut" in r.json()["detail"]
+    assert send(c, run, workers[0], 0, deltas[0]).status_code == 200
+    assert not c.get(f"/api/runs/{rid}/room").json()["open"]["cut"]
+    assert send_steps(workers[1], deltas[1], 3).status_code == 200   # 2 of 4: cut
+    room = c.get(f"/api/runs/{rid}/room").json()
+    assert room["open"]["cut"] and room["version"] == 0
+    assert send_steps(workers[2], deltas[2], 2).status_code == 200
+    assert send_steps(workers[3], deltas[3], 1).status_code == 200   # every one answered
+    room = c.get(f"/api/runs/{rid}/room").json()
+    assert room["version"] == 1 and not room["open"]["cut"]
+    line = room["closed"][-1]
+    assert [line["workers"][str(i)]["steps"] for i in range(4)] == [3, 3, 2, 1]
+    assert line["cut_at"] is not None
+    assert all(v["averaged"] for v in line["workers"].values())
+    want = torch_outer(seeded_weights(run["layout"], 5), [clipped_mean(deltas, steps=[3, 3, 2, 1])])
+    np.testing.assert_allclose(weights(c, run, 1), want, rtol=1e-6, atol=1e-7)
+
+    waits = create(c)                                   # the default: every round is whole
+    ws = [join(c, waits) for _ in range(2)]
+    assert send(c, waits, ws[0], 0, deltas[0]).status_code == 200
+    r = c.post(f"/api/runs/{waits['id']}/room/deltas/0?steps=1",
+               content=codec.encode(deltas[1], "f32"), headers=bearer(ws[1]["token"]))
+    assert r.status_code == 409 and "not cut" in r.json()["detail"]
+    assert not c.get(f"/api/runs/{waits['id']}/room").json()["open"]["cut"]
 
 
 def test_only_workers_send_and_only_what_the_model_takes(app_client):
@@ -668,7 +720,7 @@ def test_every_room_setting_has_its_words_on_the_form_and_in_the_help(app_client
     from andrea.run_config import RoomConfig
 
     fields = RoomConfig.model_json_schema()["properties"]
-    assert len(fields) == 10
+    assert len(fields) == 11
     for name, prop in fields.items():
         assert len(prop.get("description", "")) > 20, name
     helped = " ".join(room_help().split())

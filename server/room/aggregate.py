@@ -25,6 +25,9 @@ never a whole delta (RobustMean takes any read(i, start, stop): arrays as well a
    (+2.7%), and a median that counts the delta itself favoured random noise. With one or two
    workers this is the mean: two workers cannot tell which of them is honest, and the bounds
    only limit the damage.
+3. Weighted by steps. In a round that was cut (rounds.Room.cut_now) a slow worker's delta
+   covers fewer inner steps than the others': each is weighted by its steps (the tokens it
+   trained), so a few steps of a slow laptop count as a few steps, not as a whole round.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ class RobustMean:
     chunks() then yields the aggregate's chunks in order."""
 
     def __init__(self, read: Callable[[int, int, int], np.ndarray], norms: list[float],
-                 numel: int, history: list[float], clip_multiple: float, chunk: int = CHUNK):
+                 numel: int, history: list[float], clip_multiple: float, chunk: int = CHUNK,
+                 steps: list[int] | None = None):
         self.read, self.n, self.numel, self.chunk = read, len(norms), numel, chunk
+        self.steps = [1] * self.n if steps is None else [int(s) for s in steps]
         self.norms = [float(x) for x in norms]
         self.reference = float(np.median(self.norms + [float(h) for h in history]))
         self.limit = clip_multiple * self.reference
@@ -88,6 +93,12 @@ class RobustMean:
             yield start, x
 
     def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """(start, the aggregate's f32 chunk) in order."""
+        """(start, the aggregate's f32 chunk) in order: the kept deltas' mean, weighted by their
+        steps where those differ."""
+        steps = np.array([self.steps[i] for i in self.kept], np.float32)
+        equal = bool(np.all(steps == steps[0])) if steps.size else True
         for start, x in self._clipped(self.kept):
-            yield start, x.mean(axis=0, dtype=np.float32)
+            if equal:
+                yield start, x.mean(axis=0, dtype=np.float32)
+            else:
+                yield start, (steps @ x) / steps.sum()

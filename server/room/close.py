@@ -57,8 +57,10 @@ def chunk_of(numel: int, n: int) -> int:
 
 def close_round(ckpts: CheckpointStore, run_id: str, version: int, numel: int, codec: str,
                 delta_paths: list[Path], norms: list[float], history: list[float],
-                room: dict, mask: np.ndarray, decay: np.ndarray) -> dict:
-    """Writes version `version` + 1 from version `version` and the round's deltas; returns what
+                room: dict, mask: np.ndarray, decay: np.ndarray,
+                steps: list[int] | None = None) -> dict:
+    """Writes version `version` + 1 from version `version` and the round's deltas (`steps`:
+    the inner steps each was trained over, its weight in the mean); returns what
     the round's line records: the clip (limit, scales, tau, deviation scales), the aggregate's
     and the step's norms, the new version's largest |w| (decayed, and all), and `rejected`
     (None, or why the new version was not made)."""
@@ -69,7 +71,7 @@ def close_round(ckpts: CheckpointStore, run_id: str, version: int, numel: int, c
             x[~mask[start:stop]] = 0
             return x
         agg = RobustMean(read, norms, numel, history, room["clip_multiple"],
-                         chunk_of(numel, len(delta_paths)))
+                         chunk_of(numel, len(delta_paths)), steps)
         _, src = ckpts.open_verified(run_id, version)
         lr, mu = room["outer_lr"], room["outer_momentum"]
         out = {"g2": 0.0, "s2": 0.0, "b2": 0.0, "finite": True, "max_abs": 0.0, "top": 0.0}

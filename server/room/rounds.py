@@ -261,16 +261,23 @@ class Room:
         """The most one element of an honest pseudo-gradient of the current version can be."""
         return delta_bound(self.config, st["max_abs_decay"], st["max_abs"])
 
-    def accept(self, token: str, version: int, body_path: Path, now: float) -> dict:
+    def accept(self, token: str, version: int, body_path: Path, now: float,
+               steps: int | None = None) -> dict:
         """Worker's pseudo-gradient for `version` (the file `body_path`, moved into the round
-        when taken). Returns {"version", "due": the round may close now, "refused": None or
-        why it was not taken (a good one may still be sent)}; RoomError 409 for a stale
-        version or a second one."""
+        when taken) after `steps` inner steps (None: the round's inner_steps; fewer only once
+        the round is cut, see cut_now). Returns {"version", "due": the round may close now,
+        "refused": None or why it was not taken (a good one may still be sent), "cut": this
+        one cut the round}; RoomError 409 for a stale version or a second one."""
         st = self.load()
         wid = self.worker_of(st, token)
         worker, open_ = st["workers"][wid], st["open"]
         if st["finished"]:
             raise RoomError(409, "this room run is finished: its last version is the model")
+        H = self.room["inner_steps"]
+        steps = H if steps is None else steps
+        if not 1 <= steps <= H:
+            raise RoomError(422, f"a round has {H} inner steps: a pseudo-gradient of {steps} "
+                                 "is not one")
         worker["sent_at"] = now
         if version != st["version"]:
             worker["stale"] += 1
@@ -282,6 +289,10 @@ class Room:
         if wid in open_["received"]:
             raise RoomError(409, f"worker {wid} already sent its pseudo-gradient for version "
                                  f"{version}")
+        if steps < H and open_.get("cut_at") is None:
+            raise RoomError(409, f"version {version}'s round is not cut: a pseudo-gradient of "
+                                 f"{steps} of its {H} inner steps is sent only once the room "
+                                 "says so (wait_for_slowest off, half its workers done)")
         try:
             norm, top = self._measure(body_path)
             bound = self.bound(st)
@@ -300,12 +311,28 @@ class Room:
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(body_path, folder / f"{wid}.bin")
         fsync_dir(folder)
-        open_["received"][wid] = {"bytes": nbytes, "norm": norm, "at": now}
+        open_["received"][wid] = {"bytes": nbytes, "norm": norm, "at": now, "steps": steps}
         if open_["first_at"] is None:
             open_["first_at"] = now
+        cut = open_.get("cut_at") is None and self.cut_now(st)
+        if cut:
+            open_["cut_at"] = now
         worker.update(bytes=worker["bytes"] + nbytes, deltas=worker["deltas"] + 1, missed=0)
         self._save(st)      # what was taken is committed first: a close redone has it
-        return {"version": version, "due": self.due(st, now), "refused": None}
+        return {"version": version, "due": self.due(st, now), "refused": None, "cut": cut}
+
+    def cut_now(self, st: dict) -> bool:
+        """A round that does not wait for the slowest (wait_for_slowest off) is cut once half
+        its active workers (rounded up) have sent a whole round: the others then send what
+        they have trained (the room's page and GET room say so: open.cut), and the close
+        weights each pseudo-gradient by its steps. Half, not all but one: with two slow
+        laptops of four neither waits for the other; with equal ones the last are cut a step
+        or two short at most."""
+        if self.room.get("wait_for_slowest", True):
+            return False
+        H = self.room["inner_steps"]
+        whole = sum(1 for r in st["open"]["received"].values() if r.get("steps", H) >= H)
+        return whole >= -(-len(_active(st)) // 2)
 
     def _measure(self, path: Path) -> tuple[float, float]:
         """(L2 norm in float64, largest |value|) of a body on disk, padding excluded, a chunk
@@ -397,9 +424,11 @@ class Room:
         v, open_ = st["version"], st["open"]
         ids = sorted(open_["received"], key=int)
         norms = [open_["received"][w]["norm"] for w in ids]
+        H = self.room["inner_steps"]
+        steps = [open_["received"][w].get("steps", H) for w in ids]
         got = close_round(self.ckpts, self.run_id, v, self.numel, self.room["codec"],
                           [self.dir / "deltas" / str(v) / f"{w}.bin" for w in ids], norms,
-                          st["norm_history"], self.room, self.mask, self.decay)
+                          st["norm_history"], self.room, self.mask, self.decay, steps)
         line = {"round": v, "version": v + 1, "closed_at": now,
                 "opened_at": open_["opened_at"], "median_norm": float(np.median(norms)),
                 "clip_limit": got["limit"], "reference_norm": got["reference_norm"],
@@ -409,7 +438,8 @@ class Room:
                 "workers": {w: {**open_["received"][w], "clip_scale": got["scales"][i],
                                 "cosine": got["cosines"][i], "averaged": i in got["kept"]}
                             for i, w in enumerate(ids)},
-                "refused": open_["refused"], "stale": open_["stale"]}
+                "refused": open_["refused"], "stale": open_["stale"],
+                "cut_at": open_.get("cut_at")}
         for wid, worker in _active(st).items():      # who sent nothing this round
             if wid not in open_["received"] and wid not in open_["refused"]:
                 worker["missed"] += 1
@@ -577,7 +607,7 @@ def _sent_since_join(w: dict) -> bool:
 
 def _open_round(now: float | None = None) -> dict:
     return {"opened_at": now, "first_at": None, "received": {}, "refused": {}, "stale": 0,
-            "waiting": None, "retry_at": None, "waits": 0}
+            "waiting": None, "retry_at": None, "waits": 0, "cut_at": None}
 
 
 def _active(st: dict) -> dict:

@@ -12,7 +12,8 @@ version, send their pseudo-gradients, and take the next version.
   GET    /api/runs/{id}/room/weights/{v}         global version v's weights, f32 [total_numel]
                                                  (version 0: the server's seeded init)
   POST   /api/runs/{id}/room/deltas/{v}          the worker's pseudo-gradient for version v
-                                                 (global - its weights, in the room's codec)
+                                                 (global - its weights, in the room's codec;
+                                                 ?steps=k: of k inner steps, in a cut round)
   POST   /api/runs/{id}/room/reports/{v}         its inner losses of that round, the eval
                                                  loss of version v's weights, and its timings
                                                  (ms waiting for v, downloading, evaluating,
@@ -125,6 +126,8 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
                  "waiting_for": sorted(int(w) for w, info in st["workers"].items()
                                        if info["left"] is None and w not in answered),
                  "quorum_met": len(open_["received"]) >= cfg["quorum"],
+                 # cut (wait_for_slowest off): the workers still training send what they have
+                 "cut": open_.get("cut_at") is not None,
                  "first_at": open_["first_at"], "opened_at": open_["opened_at"],
                  "deadline_at": open_["first_at"] and open_["first_at"] + cfg["round_deadline_s"],
                  "stale": open_["stale"], "waiting": open_.get("waiting"),
@@ -194,7 +197,11 @@ async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep)
 
 @router.post("/deltas/{version}")
 async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts: CheckpointsDep,
-                     fanout: FanoutDep, storage: StorageDep, store: StoreDep) -> dict:
+                          fanout: FanoutDep, storage: StorageDep, store: StoreDep,
+                          steps: Annotated[int | None, Query(ge=1, le=100_000, description=(
+                              "the inner steps it was trained over (default: the round's "
+                              "inner_steps; fewer only once the round is cut)"))] = None
+                          ) -> dict:
     room = room_of(run, ckpts)
     await _a_worker(room, request)
     path = await _receive(request, room, room.expected_bytes(),
@@ -203,12 +210,14 @@ async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts
         async with fanout.run_lock(run["id"]):
             await gone_meanwhile(store, ckpts.data_dir, run["id"], "pseudo-gradient")
             now = time.time()
-            got = await _call(room.accept, bearer(request), version, path, now)
+            got = await _call(room.accept, bearer(request), version, path, now, steps)
             # (a refused one may be the last answer the round waited for: it closes all the
             # same)
             closed = got["due"] and await close_when_due(store, fanout, storage, room, now)
     finally:
         path.unlink(missing_ok=True)      # (gone once taken into the round)
+    if got.get("cut") and not closed:     # the workers still training send what they have
+        fanout.publish(run["id"], {"type": "room", "event": "cut", "version": version})
     if got["refused"] is not None:
         raise HTTPException(422, f"pseudo-gradient refused: {got['refused']}; the round goes "
                                  f"on without it{' (and it closed)' if closed else ''}; a good "

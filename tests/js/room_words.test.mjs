@@ -21,6 +21,13 @@ test('a round that waits says for how many of its workers, and when it closes', 
   assert.equal(roundText(r, 1121), 'Round 3 of 6: waiting for 1 of 4 workers, closing now (past its deadline).');
 });
 
+test('a cut round says the others send what they have trained', () => {
+  const r = room({ received: [0, 1], waiting_for: [2, 3], quorum_met: true, first_at: 1000,
+    deadline_at: 1120, cut: true });
+  assert.equal(roundText(r, 1018), 'Round 3 of 6: cut (half the workers are done): waiting for ' +
+    '2 of 4 workers to send what they have trained, closes in 1:42.');
+});
+
 test('a round short of its quorum closes only when they send; one with none sent yet says how it closes', () => {
   const short = room({ received: [0], waiting_for: [1, 2, 3], quorum_met: false, deadline_at: 1120 },
     { config: { round_deadline_s: 120, quorum: 2, inner_steps: 50 } });

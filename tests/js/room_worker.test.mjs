@@ -34,7 +34,7 @@ test('a version no longer kept is replaced by the newest, and the round goes on 
   assert.equal(w.version, 6);
   w.version = 3;                       // this worker trained version 3; the room is at 6 now
   w.global = new Float32Array([3]);
-  const next = await w.endRound(3);
+  const next = await w.endRound(4 * 4);   // version 3's round, its 4 steps done
   assert.deepEqual(asked.slice(1), [4, 6]);   // 4 (the next after 3) is gone: the newest
   assert.equal(w.version, 6);
   assert.deepEqual(loaded, [6, 6]);
@@ -66,7 +66,7 @@ test('leaving while the round waits for the others ends the wait at once', async
   let stopped = null;
   w.trainer.stop = (reason) => { stopped = reason; };
   await w.take(3);
-  const ended = w.endRound(3);
+  const ended = w.endRound(4 * 4);
   await new Promise((r) => setTimeout(r, 30));
   assert.ok(asks > 0);                // it was waiting
   w.stop('left the room');
@@ -89,7 +89,7 @@ test('each report says how the worker spent its version, the wait for a slow rou
   await w.take(3);
   await sleep(30);                     // its inner steps
   w.losses = [2.0, 1.9, 1.8, 1.7];
-  assert.equal(await w.endRound(3), 4 * 4);   // the Trainer's end
+  assert.equal(await w.endRound(4 * 4), 4 * 4);   // the Trainer's end
   assert.deepEqual(reports.map((r) => [r.v, r.losses.length]), [[3, 4], [4, 0]]);
   const phases = ['wait_ms', 'download_ms', 'eval_ms', 'train_ms', 'send_ms'];
   for (const { timings } of reports) {
@@ -104,4 +104,18 @@ test('each report says how the worker spent its version, the wait for a slow rou
   assert.ok(last.eval_ms >= 6, `eval ${last.eval_ms}`);
   assert.equal(last.train_ms, 0);      // nobody trains the last version
   assert.equal(last.send_ms, 0);
+});
+
+test('a round the room cut sends the steps it took, and the next starts at the next version', async () => {
+  // wait_for_slowest off: half the room sent a whole round, so this slow worker, 2 of its 4
+  // steps into version 3, ends its round there (the Trainer asks early() after each step).
+  const { w } = worker([3, 4], [4]);
+  const sent = [];
+  w.room.send = async (v, body, steps) => { sent.push({ v, steps }); };
+  w.room.cut = (v) => v === 3;
+  await w.take(3);
+  assert.equal(await w.endRound(3 * 4 + 2), 4 * 4);   // version 4's first inner step
+  assert.deepEqual(sent, [{ v: 3, steps: 2 }]);
+  assert.equal(w.version, 4);
+  assert.equal(w.room.cut(w.version), false);   // version 4's round is whole again
 });

@@ -47,7 +47,8 @@ function config() {
   for (const el of form.elements) {
     if (!el.name || (el.type === 'radio' && !el.checked)) continue;
     if (el.name.startsWith('room.')) {   // a room run's field (templates/index.html)
-      if (el.value !== '') room[el.name.slice(5)] = el.type === 'number' ? Number(el.value) : el.value;
+      if (el.type === 'checkbox') room[el.name.slice(5)] = el.checked;
+      else if (el.value !== '') room[el.name.slice(5)] = el.type === 'number' ? Number(el.value) : el.value;
       continue;
     }
     if (el.type === 'checkbox') out[el.name] = el.checked;

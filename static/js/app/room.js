@@ -38,8 +38,10 @@ const PROGRESS_MS = 1000;        // a worker tells its inner step at most this o
 // server's. joined: this tab's worker id while it trains here.
 // loneInfo: GET .../room/lone's answer; lone: the lone tab followed ({id, run, records: step ->
 // record, stop}), or null.
+// cut: the versions whose round the room cut (wait_for_slowest off: half the workers sent a whole
+// round), from its websocket's events and GET room: this tab's worker sends what it has.
 const state = { run: null, room: null, reports: [], worker: null, workerStatus: null, charts: null,
-  skew: 0, joined: null, loneInfo: null, lone: null, helped: null };
+  skew: 0, joined: null, loneInfo: null, lone: null, helped: null, cut: new Set() };
 
 function joinLink(token) {
   return `${location.origin}${routePath('run_page', { run_id: runId })}#join=${encodeURIComponent(token)}`;
@@ -64,6 +66,7 @@ async function refresh(reports = true) {
     fetchJson(routePath('get_room', { run_id: runId })), reports ? fetchReports() : null,
   ]);
   state.room = room;
+  if (room.open.cut) state.cut.add(room.version);
   state.skew = room.now - Date.now() / 1000;
   if (got) state.reports = got;
   show();
@@ -117,7 +120,7 @@ function show() {
   const joined = `${room.workers.length} joined`;
   stat('version', `${room.version} of ${room.rounds}`, 'global version');
   stat('workers', room.finished ? `none training: finished (${joined})` : `${active} training (${joined})`, 'workers');
-  stat('round', `${cfg.inner_steps} inner steps`, 'round');
+  stat('round', `${cfg.inner_steps} inner steps${cfg.wait_for_slowest === false ? ' (cut once half are done)' : ''}`, 'round');
   stat('outer', cfg.outer_momentum === 0 && cfg.outer_lr === 1 ? "the workers' mean weights"
     : `Nesterov lr ${cfg.outer_lr}, momentum ${cfg.outer_momentum}`, 'outer step');
   stat('codec', `${cfg.codec}: ${fmtBytes(room.delta_bytes)} per pseudo-gradient`, 'sent as');
@@ -389,8 +392,10 @@ function roomNetwork(me) {
     },
     // 409: the round closed without this one (stale), or a retry of one that arrived: either
     // way training goes on. 422 (refused: not finite) is thrown.
-    send: (v, buf) => send(routePath('post_room_delta', { run_id: runId, version: v }),
+    send: (v, buf, steps) => send(
+      `${routePath('post_room_delta', { run_id: runId, version: v })}?steps=${steps}`,
       { method: 'POST', body: buf }, [409]),
+    cut: (v) => state.cut.has(v),
     // 409: this version's report is in already (a retry whose answer was lost, or a tab that
     // reloaded); 507: the run's storage budget holds no more reports. Training goes on.
     // timings: how this worker spent version v (room_worker.js's header), kept with the report.
@@ -505,6 +510,7 @@ async function join(token) {
         { run_id: runId, version: v, slot: me.slot, step })).then((r) => r.arrayBuffer()),
       loadValBatch: (i) => fetchRetrying(routePath('run_val_batch', { run_id: runId, index: i }))
         .then((r) => r.arrayBuffer()),
+      stepDelayMs: window.andreaStepDelayMs ?? 0,   // bench/room.py's slow tab; else 0
       on: {
         record: (rec) => teller.record(rec),
         status: (status, message) => {
@@ -607,6 +613,7 @@ async function main() {
   // most once a second however many workers tell theirs.
   const steps = new Throttle(PROGRESS_MS, () => refreshSoon(false).catch(() => {}));
   watch(runId, (msg) => {
+    if (msg.type === 'room' && msg.event === 'cut') state.cut.add(msg.version);
     if (msg.type === 'room' && msg.event === 'progress') steps.request();
     else if (msg.type === 'room' || msg.type === 'run') refreshSoon(true).catch(() => {});
   });

@@ -35,6 +35,7 @@ export function roundText(room, now) {
     const left = o.deadline_at - now;
     closes = left > 0 ? `closes in ${clock(left)}` : 'closing now (past its deadline)';
   }
+  if (o.cut) return `${head}: cut (half the workers are done): waiting for ${wait} of ${workers} to send what they have trained, ${closes}.`;
   return `${head}: waiting for ${wait} of ${workers}, ${closes}.`;
 }
 

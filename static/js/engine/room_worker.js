@@ -7,9 +7,15 @@
 // the run's schedule over its steps. Every version is the server's (version 0 made from the
 // run's seed with the room): a worker only downloads global weights, never publishes them.
 //
+// A round that does not wait for the slowest (the room's wait_for_slowest off) may be cut: once
+// half the workers have sent a whole round, the room says so (room.cut(v)) and a worker still
+// training ends its round after the step in flight, sending the pseudo-gradient of the k steps
+// it took (the close weights it by k). Its next round starts at the next version's first step.
+//
 // DOM-free: the app hands in the room's network as functions (room.js):
 //   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
-//           on past it), send(v, ArrayBuffer) -> any, report(v, losses, evalLoss, timings),
+//           on past it), send(v, ArrayBuffer, steps) -> any, report(v, losses, evalLoss,
+//           timings), cut(v) -> bool (the room cut version v's round; optional),
 //           nextVersion(after, signal) -> the newest version > after, or null once `signal`
 //           (an AbortSignal: the worker left while it waited) is aborted}
 //   loadBatch(version, step), loadValBatch(index) -> ArrayBuffer
@@ -45,7 +51,7 @@ function rounded(t) {
 export class RoomWorker {
   /** config: the run's (with config.room); version: the one to train first (the join's). */
   static async create({ ctx, layout, config, maps = null, version, room, loadBatch,
-    loadValBatch, on = {} }) {
+    loadValBatch, on = {}, stepDelayMs = 0 }) {
     const w = new RoomWorker({ config, room, on });
     const H = config.room.inner_steps;
     w.rounds = Math.ceil(config.steps / H);
@@ -56,7 +62,9 @@ export class RoomWorker {
       config: { ...config, steps: w.rounds * H, eval_every: 0, sample_every: 0 },
       loadBatch: (step) => loadBatch(Math.floor(step / H), step % H),
       start: version * H,
-      sync: { every: H, at: (done) => w.endRound(done / H - 1) },
+      stepDelayMs,
+      sync: { every: H, at: (done) => w.endRound(done),
+        early: () => w.room.cut?.(w.version) ?? false },
       on: { record: (rec) => w.record(rec), status: (...a) => w.on.status(...a) },
     });
     await w.take(version);
@@ -124,15 +132,19 @@ export class RoomWorker {
     this.trainFrom = now;
   }
 
-  /** After round `round`'s H steps (their records read back): send the pseudo-gradient, report,
-   *  take the next version. -> the next step to train (the Trainer's sync). */
-  async endRound(round) {
+  /** After `done` of the Trainer's steps (their records read back), the round's H or fewer
+   *  where the room cut it: send the pseudo-gradient, report, take the next version. -> the
+   *  next step to train (the Trainer's sync). */
+  async endRound(done) {
+    const H = this.config.room.inner_steps;
+    const round = Math.ceil(done / H) - 1;
+    const steps = done - round * H;     // this round's inner steps: H unless it was cut
     const t = this.timings;
     const at = performance.now();
     t.train_ms = at - (this.trainFrom ?? at);
     const mine = await this.trainer.model.getParams();
     const body = encodeDelta(pseudoGradient(this.global, mine), this.config.room.codec);
-    await this.room.send(this.version, body);   // stale (the round closed without it): dropped
+    await this.room.send(this.version, body, steps);   // stale (closed without it): dropped
     const sent = performance.now();
     t.send_ms = sent - at;
     this.timings = noTimings();         // the next version's: its wait starts now

@@ -39,9 +39,12 @@ export class Trainer {
    * concatenated)}. A resume whose data or sections do not fit this engine is refused (throws)
    * before anything is written.
    * start: the first step without a resume (a room worker that joins at round r starts at r H);
-   * sync: null | {every, at(stepsDone) -> Promise<next step | undefined>}: every `every` steps,
-   * once their records are read back, training waits for `at`, which may replace the weights
-   * (setWeights) and say which step comes next (a room worker: room_worker.js).
+   * sync: null | {every, at(stepsDone) -> Promise<next step | undefined>, early(stepsDone) ->
+   * bool (optional)}: every `every` steps, and after any step `early` says true for, once their
+   * records are read back, training waits for `at`, which may replace the weights (setWeights)
+   * and say which step comes next (a room worker: room_worker.js; early: its round was cut).
+   * stepDelayMs: each step waits this long before it is queued: a slow machine played by a
+   * fast one (bench/room.py's slow tab); 0 for every real run.
    */
   static async create(opts) {
     const t = new Trainer(opts);
@@ -55,8 +58,9 @@ export class Trainer {
   }
 
   constructor({ ctx, layout, config, maps = null, loadBatch, loadValBatch = null, decode = null,
-    on = {}, checkpoint = null, resume = null, start = 0, sync = null }) {
-    Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode, sync });
+    on = {}, checkpoint = null, resume = null, start = 0, sync = null, stepDelayMs = 0 }) {
+    Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode, sync,
+      stepDelayMs });
     this.on = { record: () => {}, sample: () => {}, status: () => {}, checkpoint: () => {}, ...on };
     this.device = ctx.device;
     this.state = 'created';
@@ -211,6 +215,7 @@ export class Trainer {
           lastDone = performance.now();
         }
         if (this.state === 'stopping') break;
+        if (this.stepDelayMs > 0) await new Promise((r) => setTimeout(r, this.stepDelayMs));
         const step = this.step;
         const prof = this.stats.loop;
         let t = performance.now();
@@ -277,7 +282,8 @@ export class Trainer {
           await this.sample(step + 1, batch);
           t = lap(prof, 'sampleMs', t);
         }
-        if (this.sync && (step + 1) % this.sync.every === 0 && this.state !== 'stopping') {
+        if (this.sync && ((step + 1) % this.sync.every === 0 || this.sync.early?.(step + 1))
+            && this.state !== 'stopping') {
           await Promise.all(this.ring.map((s) => s.pending));
           const next = await this.sync.at(step + 1);
           if (next !== undefined) {
