@@ -31,6 +31,8 @@ def test_a_slow_page_sends_what_it_trained_when_the_room_cuts_its_round(browser,
     page = browser.new_context().new_page()
     errors, held = [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    frames = []                                     # what the page's websocket hears
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
     # The page's worker trains version 0's first step, then waits for its second batch.
     page.context.route("**/room/batches/0/*/1", lambda route: held.append(route))
     page.goto(f"{live_server}/runs/{run['id']}#join={run['room']['join_token']}")
@@ -46,7 +48,9 @@ def test_a_slow_page_sends_what_it_trained_when_the_room_cuts_its_round(browser,
                    headers=bearer(fast["token"]))
     assert r.json() == {"closed": False, "version": 0}       # 1 of 2 whole: the round is cut
     assert httpx.get(room_url).json()["open"]["cut"]
-    page.wait_for_timeout(500)      # (the cut's websocket event reaches the page meanwhile)
+    while not any('"cut"' in f for f in frames):            # the page hears of the cut
+        assert time.monotonic() < hung, frames[-5:]
+        page.wait_for_timeout(100)
     for route in held:
         route.continue_()
     while (room := httpx.get(room_url).json())["version"] == 0:
@@ -60,8 +64,10 @@ def test_a_slow_page_sends_what_it_trained_when_the_room_cuts_its_round(browser,
     assert steps[other] == 2, steps                          # the step held, then the cut
     assert line["cut_at"] is not None
     # Version 1: the page trains a whole round (nobody cut it); the API worker sends after it.
-    while not any(w["worker"] == int(other) and w["state"] == "waiting"
-                  for w in (room := httpx.get(room_url).json())["workers"]):
+    def page_sent(room: dict) -> bool:
+        return any(w["worker"] == int(other) and w["state"] == "waiting"
+                   for w in room["workers"])
+    while not page_sent(room := httpx.get(room_url).json()):
         assert time.monotonic() < hung, room
         page.wait_for_timeout(200)
     r = httpx.post(f"{room_url}/deltas/1", content=delta.tobytes(),

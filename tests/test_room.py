@@ -691,7 +691,7 @@ def test_the_runs_list_shows_a_room_in_rounds_with_its_global_eval_loss(app_clie
     assert listed()[plain["id"]]["room"] is None
     assert listed()[run["id"]]["room"] == {
         "version": 0, "rounds": 2, "finished": False, "training": 0, "joined": 0,
-        "eval_loss": None, "eval_version": None, "best_eval_loss": None}
+        "eval_loss": None, "eval_version": None, "best_eval_loss": None, "elapsed_s": None}
     a, b = join(c, run), join(c, run)
     for w, loss in ((a, 5.0), (b, 5.2)):
         assert c.post(f"/api/runs/{run['id']}/room/reports/0", json={"losses": [],
@@ -708,6 +708,9 @@ def test_the_runs_list_shows_a_room_in_rounds_with_its_global_eval_loss(app_clie
     line = listed()[run["id"]]["room"]
     assert line["finished"] and (line["version"], line["training"], line["joined"]) == (2, 0, 2)
     assert (line["eval_loss"], line["eval_version"], line["best_eval_loss"]) == (4.25, 1, 4.25)
+    room = c.get(f"/api/runs/{run['id']}/room").json()     # its time: first join to last close
+    first = min(w["joined"] for w in room["workers"])
+    assert line["elapsed_s"] == pytest.approx(room["closed"][-1]["closed_at"] - first)
     assert listed()[run["id"]]["status"] == "finished"
 
 

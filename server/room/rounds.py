@@ -584,7 +584,8 @@ def worker_state(st: dict, wid: str, progress: dict, inner_steps: int) -> dict:
 def summary(data_dir: Path, run_id: str, config: dict) -> dict | None:
     """A room run in a line of the runs list: its rounds closed of all, whether it finished,
     its workers now (training: active while it runs; 0 once it finished) and all that joined,
-    and its last global eval loss (the median of the newest version measured) and its best.
+    and its last global eval loss (the median of the newest version measured) and its best;
+    elapsed_s: from its first worker's join to its last round's close (None before one).
     Read without the lock (the state as committed); None where it has no room (yet)."""
     try:
         st = json.loads((room_dir(data_dir, run_id) / "state.json").read_text(encoding="utf-8"))
@@ -595,9 +596,16 @@ def summary(data_dir: Path, run_id: str, config: dict) -> dict | None:
                 "training": 0 if st["finished"] else len(_active(st)),
                 "joined": len(st["workers"]),
                 "eval_loss": last and last["median"], "eval_version": last and last["version"],
-                "best_eval_loss": min((e["median"] for e in measured), default=None)}
+                "best_eval_loss": min((e["median"] for e in measured), default=None),
+                "elapsed_s": _elapsed(st)}
     except (OSError, ValueError, KeyError, TypeError):    # (a damaged room: the list goes on)
         return None
+
+
+def _elapsed(st: dict) -> float | None:
+    closed = (st.get("last_round") or {}).get("closed_at")
+    first = min((w["joined"] for w in st["workers"].values()), default=None)
+    return None if closed is None or first is None else max(0.0, closed - first)
 
 
 def _sent_since_join(w: dict) -> bool:

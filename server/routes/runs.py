@@ -279,6 +279,7 @@ class RoomLine(BaseModel):
     eval_loss: float | None         # the last global eval loss (median of its workers')
     eval_version: int | None        # of this version
     best_eval_loss: float | None    # the lowest of the versions' global eval losses
+    elapsed_s: float | None         # from its first join to its last round's close
 
 
 class ListedRun(Run):

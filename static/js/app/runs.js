@@ -40,7 +40,9 @@ function link(href, text) {
 }
 
 const fmtLoss = (v) => (v === null || v === undefined ? '–' : v.toFixed(4));
-const elapsedOf = (r) => (r.first_time && r.last_time ? r.last_time - r.first_time : null);
+// (a room's: from its first join to its last round's close)
+const elapsedOf = (r) => (r.room ? r.room.elapsed_s ?? null
+  : r.first_time && r.last_time ? r.last_time - r.first_time : null);
 // A room run (r.room: the server's line of it) counts rounds closed, and its losses are the
 // global eval losses of its versions (no one tab's training loss is the run's).
 const progressOf = (r) => (r.room ? r.room.version / r.room.rounds : (r.last_step ?? 0) / r.config.steps);
