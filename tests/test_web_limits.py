@@ -294,3 +294,27 @@ def test_a_download_the_client_stops_reading_is_cut(served):
     while n_fds(proc.pid) > fds and time.monotonic() < deadline:
         time.sleep(0.1)
     assert n_fds(proc.pid) <= fds       # the server holds nothing for it
+
+
+def test_a_body_that_comes_after_its_answer_is_not_taken_for_a_next_head(served):
+    """A client whose request was answered before its body was sent (a refusal that reads no
+    body: here the cross-site 403) sends the body after it, as httpx does (head and body are
+    two writes), then keeps the connection for its next request. Those late body bytes are the
+    answered request's, not a next head: the header timeout must not run on them (it answered
+    408 to the next request on that connection once it sat idle past the timeout: a soak's
+    well-behaved client saw it)."""
+    _, url, _ = served
+    run = new_run(url)
+    s = connect(url)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(head("POST", f"/api/runs/{run['id']}/resume", content_length=2,
+                   origin="http://evil.example"))
+    s.settimeout(10)
+    first = s.recv(1 << 16)
+    assert first.startswith(b"HTTP/1.1 403"), first[:200]
+    s.sendall(b"{}")                                 # the body, after its answer
+    time.sleep(2.5)                                  # idle: past the 1 s header timeout
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    got = s.recv(1 << 16)
+    s.close()
+    assert got.startswith(b"HTTP/1.1 200"), got[:300]

@@ -67,6 +67,7 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._awaiting_head, self._head_bytes, self._seen_cycle = True, 0, None
         self._head_tail = b""       # the head's last 3 bytes so far: its blank line may be split
+        self._body_pending = False  # an answered request's body is still arriving
         cap = cls.settings.max_connections_per_client
         if cls.open_per_client.get(self._peer, 0) >= cap:
             transport.write(_answer(
@@ -122,6 +123,21 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):
         super().on_response_complete()
         if not self.transport.is_closing() and (self.cycle is None
                                                 or self.cycle.response_complete):
+            if self.cycle is not None and self.cycle.more_body:
+                # Answered before its body came (a refusal that reads none): the bytes still
+                # to come are that body, not a next head; the head is timed from its end
+                # (on_message_complete), so a late body never reads as a trickled head (408
+                # to the client's next request on this connection).
+                self._body_pending = True
+                return
+            self._awaiting_head, self._head_bytes, self._head_tail = True, 0, b""
+
+    def on_message_complete(self) -> None:
+        """httptools: the request's last body byte parsed (after its answer, where that came
+        first). h11 has no such hook: there the next request's head goes untimed instead."""
+        super().on_message_complete()
+        if getattr(self, "_body_pending", False) and not self.transport.is_closing():
+            self._body_pending = False
             self._awaiting_head, self._head_bytes, self._head_tail = True, 0, b""
 
     # ---- the header timer and the per-client count ----
