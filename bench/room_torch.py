@@ -221,8 +221,9 @@ def main() -> None:
     ap.add_argument("--slow", type=float, nargs="*", default=[],
                     help="also a room row per factor: worker 0 that many times slower, in a "
                     "room that does not wait for it (its steps modelled, not timed)")
-    ap.add_argument("--rows", nargs="+", default=["one", "wide", "tokens", "room"],
-                    choices=["one", "wide", "tokens", "room"])
+    ap.add_argument("--rows", nargs="+", default=["one", "wide", "tokens", "room", "slow"],
+                    choices=["one", "wide", "tokens", "room", "slow"],
+                    help="slow: only the --slow rows of the rooms")
     ap.add_argument("--out", help="also append the table to this file")
     ap.add_argument("--data-dir", type=Path, help="the server's data dir (default: a temporary "
                     "one); one kept between calls keeps its tokenized corpus")
@@ -260,11 +261,12 @@ def main() -> None:
                     single(c, args.preset, W * B, S))
             if "tokens" in args.rows:
                 row(f"one tab, {W}x the steps (same tokens)", single(c, args.preset, B, W * S))
-            for H in args.inner if "room" in args.rows else ():
+            for H in args.inner if {"room", "slow"} & set(args.rows) else ():
                 for pair in args.outer:
                     lr, mu = (float(x) for x in pair.split(","))
-                    row(f"room of {W}, H {H}, outer lr {lr:g} momentum {mu:g}",
-                        room(c, args.preset, B, S, W, H, lr, mu, args.codec))
+                    if "room" in args.rows:
+                        row(f"room of {W}, H {H}, outer lr {lr:g} momentum {mu:g}",
+                            room(c, args.preset, B, S, W, H, lr, mu, args.codec))
                     for f in args.slow:
                         row(f"  the same, one {f:g}x slower, rounds cut",
                             room(c, args.preset, B, S, W, H, lr, mu, args.codec, f))
