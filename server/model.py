@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from andrea.data.tasks import VOCAB as TASK_VOCAB
+
 # minStorageBufferOffsetAlignment is 256 bytes on every adapter we target. Tensors start on
 # 512-byte (128-element) boundaries so that the f16 mirror (2 bytes per element, same element
 # offsets) is 256-byte aligned too, and every tensor has its own sub-range binding in both.
@@ -85,6 +87,8 @@ def run_model(config: dict) -> ModelConfig:
     positions, so only the declared maximum changes)."""
     base = PRESETS[config["preset"]]
     shape = {k: config.get(k) or getattr(base, k) for k in SHAPE_FIELDS}
+    if config.get("task"):           # a toy task's tokens are its alphabet's (data/tasks.py)
+        shape["vocab_size"] = TASK_VOCAB
     T = max(base.seq_len, config.get("seq_len") or 0)
     return ModelConfig(**shape, seq_len=T)
 

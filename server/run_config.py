@@ -8,6 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from andrea.data.tasks import MAX_DIGITS as MAX_TASK_DIGITS
+from andrea.data.tasks import TASKS, task_digits
+from andrea.data.tasks import VOCAB as TASK_VOCAB
 from andrea.metrics import MAX_BATCH, MAX_LAYERS
 from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
 
@@ -150,6 +153,14 @@ class RunConfig(BaseModel):
     sources: list[str] | None = Field(
         None, min_length=1, max_length=255,
         description="the corpus sources to train on (names from GET /api/corpus); default: all")
+    # A toy task instead of the corpus (server/data/tasks.py): problems made from the run's
+    # seed in a character alphabet (the model's vocabulary is its 16 tokens), with an exact-match
+    # accuracy on held-out problems at each eval.
+    task: Literal[TASKS] | None = Field(None, description=(  # type: ignore[valid-type]
+        "train on a toy task instead of the corpus: copy, reverse or sort digits, add numbers, "
+        "or add modulo 97 (grokking); its accuracy on held-out problems is charted"))
+    task_digits: int | None = Field(None, ge=1, le=MAX_TASK_DIGITS, description=(
+        "the task's digits: default 10 (copy, reverse, sort) or 3 (add); mod has 2"))
     eval_every: int = Field(50, ge=0, description="also at the last step; 0: no eval")
     sample_every: int = Field(100, ge=0, description=(
         "also one early (a quarter into a short run) and at the last step; 0: no samples"))
@@ -201,6 +212,27 @@ class RunConfig(BaseModel):
             if self.data_mode != "uniform":
                 raise ValueError("a room run draws its batches uniformly (data_mode 'uniform'): "
                                  "the source bandit follows one trainer's losses")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_vocab(cls, data):
+        if isinstance(data, dict) and data.get("task") and data.get("vocab_size") not in (
+                None, TASK_VOCAB):
+            raise ValueError(f"a task run's vocabulary is its alphabet's {TASK_VOCAB} tokens: "
+                             "give no vocab_size")
+        return data
+
+    @model_validator(mode="after")
+    def _task_fits(self):
+        if self.task is None:
+            if self.task_digits is not None:
+                raise ValueError("task_digits is a task's: give a task too")
+            return self
+        self.task_digits = task_digits(self.task, self.task_digits)
+        if self.sources is not None or self.data_mode != "uniform":
+            raise ValueError("a task run's batches are its problems: give no sources and "
+                             "data_mode 'uniform'")
         return self
 
     @model_validator(mode="after")

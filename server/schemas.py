@@ -88,6 +88,8 @@ class BatchSpecInfo(BaseModel):
     weights: list[float]
     corpus_hash: str
     sources: list[str] = []         # the sources rows come from; [] = every one
+    task: str = ""                  # a toy task's problems instead (data/tasks.py)
+    task_digits: int = 0
 
 
 class RunDataLinks(BaseModel):
@@ -225,6 +227,18 @@ class TokenizerInfo(BaseModel):
     eot_id: int
     token_bytes_b64: list[str]
     tokenizer_json: str
+
+
+class TaskInfo(BaseModel):
+    """A toy task's facts (server/data/tasks.py TaskFacts): what a page needs to read its
+    batches and measure its exact-match accuracy."""
+    task: str
+    digits: int
+    alphabet: str                   # token id -> character
+    problem_len: int                # problems start at multiples of it in every row
+    answer_start: int               # the answer's offset in a problem
+    answer_len: int
+    example: str                    # one problem, as a row holds it
 
 
 class PhaseInfo(BaseModel):

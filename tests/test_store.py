@@ -672,7 +672,8 @@ CREATE TABLE IF NOT EXISTS revoked_tokens (   -- a resume revokes the token it r
 ) WITHOUT ROWID;
 """
 # Older databases lacked these metrics columns (added when the new store opens them).
-LATER = ("time", "opt_ms", "grad_nonfinite", "logit_max", "softmax_denom_min", "loss_scale")
+LATER = ("time", "opt_ms", "grad_nonfinite", "logit_max", "softmax_denom_min", "loss_scale",
+         "eval_acc")
 OLD_COLUMNS = {n: t for n, t in COLUMNS.items() if n not in LATER}
 
 

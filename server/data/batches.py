@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from andrea.data import tasks
 from andrea.data.bandit import SourceBandit
 from andrea.data.hub import PreparedCorpus
 from andrea.data.spec import BatchSpec
@@ -26,15 +29,22 @@ def corpus_mismatch(run_corpus: str, server_corpus: str) -> str | None:
     return None
 
 
-def make_batch(corpus: PreparedCorpus, spec: BatchSpec, step: int, split: Split = "train",
-               bandit: SourceBandit | None = None) -> Batch:
+def make_batch(corpus: PreparedCorpus | None, spec: BatchSpec, step: int,
+               split: Split = "train", bandit: SourceBandit | None = None) -> Batch:
+    """The batch of `step` (a training step, or a validation batch's index): from the corpus,
+    or a task's problems (corpus None)."""
+    if spec.task:
+        if split == "train" and step >= spec.total_steps:
+            raise StepOutOfRange(_past_end(step, spec))
+        tokens = tasks.rows(spec.task, spec.task_digits, spec.seed, step, split,
+                            spec.batch_size, spec.seq_len)
+        return Batch(step, split, 1, None, np.zeros(spec.batch_size, np.uint8), tokens)
     if why := corpus_mismatch(spec.corpus_hash, corpus.corpus_hash):
         raise CorpusMismatch(why)
     spec.check_sources(len(corpus.files))
     spec.source_mask(corpus.source_names)      # a picked source this corpus lacks: ValueError
     if split == "train" and step >= spec.total_steps:
-        raise StepOutOfRange(f"step {step} is beyond the run's end: it has {spec.total_steps} "
-                             f"steps (0 to {spec.total_steps - 1})")
+        raise StepOutOfRange(_past_end(step, spec))
     weights, phase = None, None
     if split == "train" and spec.mode == "bandit":
         if bandit is None:
@@ -43,3 +53,8 @@ def make_batch(corpus: PreparedCorpus, spec: BatchSpec, step: int, split: Split 
         weights, phase = p.weights, p.index
     tokens, sources = sample_batch(corpus.files, spec, step, split, weights)
     return Batch(step, split, len(corpus.files), phase, sources, tokens)
+
+
+def _past_end(step: int, spec: BatchSpec) -> str:
+    return (f"step {step} is beyond the run's end: it has {spec.total_steps} steps (0 to "
+            f"{spec.total_steps - 1})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal, Sequence, get_args
 
+from andrea.data.tasks import task_digits
 from andrea.model import run_model
 from andrea.room.shards import batch_steps
 
@@ -29,6 +30,8 @@ class BatchSpec:
     weights: tuple[float, ...] = () # "fixed" only: one weight >= 0 per source, corpus order
     corpus_hash: str = ""           # the run's corpus; "" = whatever the server has
     sources: tuple[str, ...] = ()   # the sources rows come from, by name; () = every one
+    task: str = ""                  # a toy task's problems instead of the corpus (data/tasks.py)
+    task_digits: int = 0            # its digits (0 with no task)
 
     def __post_init__(self):
         if not 0 <= self.seed < 2**63:
@@ -50,6 +53,12 @@ class BatchSpec:
                 raise ValueError("weights must be finite, non-negative and not all zero")
         elif self.weights:
             raise ValueError(f"weights are only used with mode 'fixed', not {self.mode!r}")
+        if self.task:
+            task_digits(self.task, self.task_digits)      # ValueError: no such task or digits
+            if self.mode != "uniform" or self.sources:
+                raise ValueError("a task's batches are its problems: no sources or data mode")
+        elif self.task_digits:
+            raise ValueError("task_digits is a task's")
         if len(set(self.sources)) != len(self.sources):
             raise ValueError(f"sources must be distinct, got {list(self.sources)}")
 
@@ -80,4 +89,7 @@ class BatchSpec:
                    total_steps=batch_steps(config) if config.get("room") else config["steps"],
                    mode=config["data_mode"],
                    corpus_hash=config["corpus_hash"],
-                   sources=tuple(config.get("sources") or ()))
+                   sources=tuple(config.get("sources") or ()),
+                   task=config.get("task") or "",
+                   task_digits=config.get("task") and task_digits(config["task"],
+                                                                   config.get("task_digits")) or 0)

@@ -21,15 +21,17 @@ ad hoc bandit run is at most AD_HOC_BANDIT_STEPS long (its phases are decided fr
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Annotated, Literal
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from andrea.data import tasks, wire
 from andrea.data import tokenizer as tk
-from andrea.data import wire
 from andrea.data.bandit import NotReady, SourceBandit
 from andrea.data.batches import CorpusMismatch, make_batch
 from andrea.data.hub import DataHub, PreparedCorpus
@@ -39,7 +41,7 @@ from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.model import PRESETS, VOCAB_SIZES
 from andrea.room.shards import batch_step, rounds_total
 from andrea.run_config import RunConfig
-from andrea.schemas import CorpusInfo, LossesTaken, RunData, TokenizerInfo
+from andrea.schemas import CorpusInfo, LossesTaken, RunData, TaskInfo, TokenizerInfo
 from andrea.web.deps import DataDep, RunDep, RunsDep, StoreDep, bearer, check_write_token
 
 router = APIRouter(prefix="/api", tags=["data"])
@@ -91,7 +93,14 @@ def corpus(hub: DataDep, preset: Annotated[str | None, Query()] = "tiny",
 
 @router.get("/tokenizer/{key}")
 def tokenizer(hub: DataDep, key: str) -> TokenizerInfo:
-    """What the browser needs to decode samples: the bytes of every token id, base64."""
+    """What the browser needs to decode samples: the bytes of every token id, base64. `task`:
+    the toy tasks' alphabet (data/tasks.py)."""
+    if key == tasks.TOKENIZER_KEY:
+        return TokenizerInfo(vocab_size=tasks.VOCAB, n_tokens=len(tasks.ALPHABET),
+                             corpus_hash="", eot=tasks.END, eot_id=0,
+                             token_bytes_b64=[base64.b64encode(c.encode()).decode("ascii")
+                                              for c in tasks.ALPHABET],
+                             tokenizer_json=f"/api/tokenizer/{key}/tokenizer.json")
     c = _prepare(hub, _vocab_of(key))
     return TokenizerInfo(vocab_size=c.vocab_size, n_tokens=c.tokenizer.get_vocab_size(),
                          corpus_hash=c.corpus_hash, eot=tk.EOT,
@@ -101,9 +110,24 @@ def tokenizer(hub: DataDep, key: str) -> TokenizerInfo:
 
 
 @router.get("/tokenizer/{key}/tokenizer.json")
-def tokenizer_json(hub: DataDep, key: str) -> FileResponse:
+def tokenizer_json(hub: DataDep, key: str) -> Response:
     """The standard Hugging Face tokenizer.json (for PyTorch/transformers after export)."""
+    if key == tasks.TOKENIZER_KEY:
+        return Response(tasks.tokenizer().to_str(), media_type="application/json")
     return FileResponse(_prepare(hub, _vocab_of(key)).tokenizer_path, media_type="application/json")
+
+
+@router.get("/tasks/{task}")
+def task_info(task: str, digits: Annotated[int | None, Query(ge=1, le=tasks.MAX_DIGITS)] = None
+              ) -> TaskInfo:
+    """A toy task's facts for `digits` (default: the task's): its alphabet, its problems'
+    length and where their answers lie, and an example problem."""
+    try:
+        f = tasks.facts(task, digits)
+    except ValueError as e:
+        raise HTTPException(404 if task not in tasks.TASKS else 400, str(e)) from e
+    prompt, answer = tasks.problem(task, f.digits, 0, np.random.default_rng(0), "train")
+    return TaskInfo(**f.to_dict(), example=prompt + answer + tasks.END)
 
 
 REPORTS_POLL_S = 0.02       # how often a waiting batch request looks at the reports arrived
@@ -148,6 +172,13 @@ async def _batch_response(hub: DataHub, runs: RunRegistry, run_id: str, step: in
     spec = await run_in_threadpool(runs.get, run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
+    if spec.task:       # a toy task's problems: no corpus, no bandit
+        try:
+            batch = await run_in_threadpool(make_batch, None, spec, step, split)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from e
+        return Response(await run_in_threadpool(wire.encode, batch), media_type=wire.MEDIA_TYPE,
+                        headers={"X-Andrea-Run": run_id, "X-Andrea-Sources": spec.task})
     corpus = await run_in_threadpool(_prepare, hub, spec.vocab_size)
     try:
         bandit = await run_in_threadpool(runs.bandit, run_id, corpus.source_names)
@@ -206,6 +237,9 @@ def run_data(hub: DataDep, runs: RunsDep, run_id: str) -> RunData:
     spec = runs.get(run_id)
     if spec is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
+    if spec.task:
+        return RunData(run_id=run_id, spec=spec.to_dict(), sources=[spec.task], corpus_hash="",
+                       phases=[])
     corpus = _prepare(hub, spec.vocab_size)
     bandit = runs.bandit(run_id, corpus.source_names)
     return RunData(run_id=run_id, spec=spec.to_dict(), sources=corpus.source_names,

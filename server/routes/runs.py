@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from andrea.data.spec import BatchSpec
+from andrea.data.tasks import tokenizer_key
 from andrea.data.windows import rows_problem
 from andrea.durable import fsync_dir
 from andrea.model import model_name, run_layout, run_model
@@ -105,7 +106,8 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
     # The run is tied to this server's corpus: a restart on other text answers 409, not
     # silently different batches; export finds the run's tokenizer by it.
     # (Read from disk the first time: off the event loop.)
-    cfg = {**config.model_dump(), "corpus_hash": await asyncio.to_thread(data.corpus_hash)}
+    cfg = {**config.model_dump(), "corpus_hash": "" if config.task else
+           await asyncio.to_thread(data.corpus_hash)}
     if config.sources is not None:      # the picked sources: this corpus's, in its order
         cfg["sources"] = _picked_sources(config.sources, [s.name for s in data.sources()])
     spec = BatchSpec.of_run(cfg)
@@ -143,8 +145,7 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
         data={"batches": request.app.url_path_for("run_batch", run_id=run_id, step="{step}"),
               "val_batches": request.app.url_path_for("run_val_batch", run_id=run_id,
                                                       index="{index}"),
-              "tokenizer": request.app.url_path_for(
-                  "tokenizer", key=str(layout["config"]["vocab_size"])),
+              "tokenizer": request.app.url_path_for("tokenizer", key=tokenizer_key(cfg)),
               "spec": spec.to_dict()},
         checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]),
         room=join_token and {
@@ -210,7 +211,7 @@ async def _corpus_serves(spec: BatchSpec, data) -> None:
     warm-up makes the presets'); a vocab size nobody asked for yet is not built here (that
     took tens of seconds on a loaded machine, past clients' timeouts): its first batch says
     the same."""
-    corpus = data.ready(spec.vocab_size)
+    corpus = None if spec.task else data.ready(spec.vocab_size)
     if corpus is None:
         return
     if why := rows_problem(corpus.files, spec):

@@ -60,6 +60,14 @@ function config() {
   // default, all of them), else the checked ones' names.
   const boxes = sourceBoxes();
   if (boxes.some((b) => !b.checked)) out.sources = boxes.filter((b) => b.checked).map((b) => b.value);
+  // A toy task's batches are its problems: the corpus's fields are not its (and digits are
+  // only a task's).
+  if (out.task) {
+    delete out.sources;
+    delete out.data_mode;
+  } else {
+    delete out.task_digits;
+  }
   if ($('room-run').checked) out.room = room;
   return out;
 }
@@ -116,7 +124,8 @@ const SHAPE = form.dataset.shapeFields.split(' ');   // as the page is rendered 
 /** The parameter table of the model the form describes, computed by the server (the one place
  *  it is computed); a shape it refuses rejects with the reason. */
 async function layoutOf(c) {
-  const shape = Object.fromEntries(SHAPE.filter((k) => k in c).map((k) => [k, c[k]]));
+  // (A toy task decides the vocabulary: its alphabet's.)
+  const shape = Object.fromEntries([...SHAPE, 'task'].filter((k) => k in c).map((k) => [k, c[k]]));
   const key = JSON.stringify(shape);
   if (!state.layouts.has(key)) {
     state.layouts.set(key, json(routePath('run_config_layout'), jsonBody('POST', shape)));
@@ -159,6 +168,9 @@ const turns = { data: 0, memory: 0 };
 async function updateData() {
   const turn = ++turns.data;
   const c = config();
+  for (const el of form.querySelectorAll('.corpus-field')) el.hidden = Boolean(c.task);
+  $('task-fields').hidden = !c.task;
+  if (c.task) return showTask(c, turn);
   const layout = await layoutOf(c);
   const corpus = await corpusOf(layout.config.vocab_size);
   if (turn !== turns.data) return;
@@ -191,6 +203,22 @@ async function updateData() {
       'Fewer steps, a smaller batch, or more text (andrea serve --corpus) avoid it.';
     box.append(p);
   }
+}
+
+/** A toy task's problems: an example, how many a row holds, and what the accuracy counts. */
+async function showTask(c, turn) {
+  const digits = c.task_digits ? `?digits=${c.task_digits}` : '';
+  const [task, layout] = await Promise.all([
+    json(`${routePath('task_info', { task: c.task })}${digits}`), layoutOf(c)]);
+  if (turn !== turns.data) return;
+  const T = c.seq_len ?? layout.config.seq_len;
+  $('task-example').textContent = `a problem: ${task.example.trim()}`;
+  const box = $('data-budget');
+  box.textContent = `Each row holds ${Math.floor((T + 1) / task.problem_len)} whole problems of ` +
+    `${task.problem_len} characters (context ${T}), made from the run's seed; each eval counts ` +
+    'the held-out problems whose whole answer the model predicts (exact match). Problems ' +
+    'held out are never trained on.';
+  box.dataset.passes = '[]';
 }
 
 /** Memory the choice needs, and whether this adapter can hold it. */

@@ -23,7 +23,7 @@ const $ = (id) => document.getElementById(id);
 const LIVE_REDRAW_MS = 100;
 
 /** The record fields the run page keeps as columns (its RunSeries). */
-export const RUN_COLUMNS = ['loss', 'eval_loss', 'grad_norm', 'clip_scale', 'lr', 'tokens_per_s',
+export const RUN_COLUMNS = ['loss', 'eval_loss', 'eval_acc', 'grad_norm', 'clip_scale', 'lr', 'tokens_per_s',
   'step_ms', 'opt_ms'];
 
 export class RunCharts {
@@ -87,6 +87,15 @@ export class RunCharts {
 
   setConfig(config) {
     this.config = config;
+    // A toy task run: its exact-match accuracy on held-out problems, right after the loss.
+    if (config.task && !this.charts.accuracy) {
+      const acc = new Chart($('charts'), 'accuracy', [{ label: 'exact match', color: '#0a7d38',
+        points: true }], { marks: () => this.marks(), placeholder: 'Waiting for the first eval…',
+        y: `held-out ${config.task} problems answered exactly`, x: $('xaxis').value });
+      this.charts.loss.box.after(acc.box);
+      this.charts.accuracy = acc;
+      this.redraw();
+    }
   }
 
   /** What every chart says while it has no data. */
@@ -149,6 +158,7 @@ export class RunCharts {
     const xs = $('xaxis').value === 'time' ? t : series.steps;
     this.phases.update(series, from);
     charts.loss.setData([xs, c.loss, this.smoothed.loss.update(series, from).out, c.eval_loss]);
+    charts.accuracy?.setData([xs, c.eval_acc]);
     this.spikeCol.length = Math.min(this.spikeCol.length, from);
     for (let i = this.spikeCol.length; i < series.length; i++) {
       this.spikeCol.push(this.spikeSteps.has(series.steps[i]) ? c.grad_norm[i] : null);

@@ -95,6 +95,8 @@ export function showLast(state) {
   stat('loss', last.loss === null ? 'not finite' : fmtValue(last.loss), 'training loss');
   const ev = state.evals.update(series, series.changedFrom);
   if (ev.last !== null) stat('eval loss', `${fmtValue(ev.last)} (best ${fmtValue(ev.best)})`);
+  const pct = (x) => `${(100 * x).toFixed(1)}%`;
+  if (ev.acc !== null) stat('accuracy', `${pct(ev.acc)} (best ${pct(ev.bestAcc)})`, 'exact match on held-out problems');
   if (config) stat('tokens seen', fmtCount(last.step * config.batch_size * config.seq_len));
   if (last.tokens_per_s) stat('tokens/s', fmtTokensPerS(last.tokens_per_s), 'speed');
   stat('step time', last.step_ms ? `${last.step_ms.toFixed(1)} ms` : '-');

@@ -129,9 +129,15 @@ export function rowOf(series, step) {
   return series.steps[i] === step ? i : -1;
 }
 
-/** The last eval loss and the best so far ({last, best}, null before the first eval). */
+/** The last eval loss and the best so far ({last, best}, null before the first eval), and a
+ *  task run's last and best exact-match accuracy ({acc, bestAcc}). */
 export function evalLosses() {
-  return new Derived(() => ({ best: null, last: null }), (s, series, i) => {
+  return new Derived(() => ({ best: null, last: null, acc: null, bestAcc: null }), (s, series, i) => {
+    const a = series.cols.eval_acc?.[i];
+    if (a !== null && a !== undefined && Number.isFinite(a)) {
+      s.acc = a;
+      if (s.bestAcc === null || a > s.bestAcc) s.bestAcc = a;
+    }
     const v = series.cols.eval_loss[i];
     if (v === null || !Number.isFinite(v)) return;
     s.last = v;

@@ -10,6 +10,7 @@ import { SHADER_BASE } from './assets.js';
 import { mixedMissing } from './mixed_note.js';
 import { $, addRecords, addSample, setStatus, showError, showModelLink, stat } from './run_view.js';
 import { SocketRefused, TrainerSocket } from './telemetry.js';
+import { taskFacts, tokenizerKey } from './task_facts.js';
 import { utf8Decoder } from './text.js';
 import { routePath } from './facts.js';
 
@@ -64,10 +65,11 @@ export async function train(state, run, token) {
   const adapter = { vendor: info.vendor, architecture: info.architecture,
     description: info.description, software };
   stat('adapter', `${info.vendor} ${info.architecture}${software ? ' (software)' : ''}`, 'adapter', 'setup');
-  const [layout, maps, tok] = await Promise.all([
+  const [layout, maps, tok, task] = await Promise.all([
     fetchJson(routePath('get_run_layout', { run_id: runId })),
     fetchJson(routePath('optimizer_maps')),
-    fetchJson(routePath('tokenizer', { key: config.vocab_size })),
+    fetchJson(routePath('tokenizer', { key: tokenizerKey(config) })),
+    taskFacts(config),
   ]);
   // Retried until the server answers: an outage makes training wait for its batch, not fail.
   const fetchBody = (url) => fetchRetrying(url, {}, { onRetry: (why) => reach.set(url, why) })
@@ -87,7 +89,7 @@ export async function train(state, run, token) {
   state.charts.setPlaceholder('Compiling kernels: the first step appears here soon…');
   const uploader = new CheckpointUploader(runId, token, socket);
   trainer = await Trainer.create({
-    ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume,
+    ctx, layout, config, maps, decode: utf8Decoder(tok), checkpoint: run.checkpoint, resume, task,
     loadBatch: (step) => fetchBody(routePath('run_batch', { run_id: runId, step })),
     loadValBatch: (i) => fetchBody(routePath('run_val_batch', { run_id: runId, index: i })),
     on: {

@@ -24,8 +24,11 @@ import { addGpuTimes, lap, newLoopProfile } from './loop_profile.js';
 import { generate } from './sampler.js';
 import { evalAt, lrAt, sampleAt } from './schedule.js';
 import { RING, STAMPS, slotLayout, stepRecord } from './step_record.js';
+import { argmaxRows, exactMatch } from './task_eval.js';
 
 const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
+const SAMPLE_JOIN = '⟨…⟩';  // between a sample's prompt and what the model wrote (app/text.js)
+const EVAL_LOGITS = 16;     // the eval readback: its mean loss, then (a task run) its logits
 
 export class Trainer {
   /**
@@ -45,6 +48,9 @@ export class Trainer {
    * and say which step comes next (a room worker: room_worker.js; early: its round was cut).
    * stepDelayMs: each step waits this long before it is queued: a slow machine played by a
    * fast one (bench/room.py's slow tab); 0 for every real run.
+   * task: null | a toy task's facts (GET /api/tasks/{task}: problem_len, answer_start,
+   * answer_len, alphabet): each eval also measures the exact-match accuracy of the held-out
+   * batch's problems (task_eval.js) into the record's eval_acc, and samples answer a problem.
    */
   static async create(opts) {
     const t = new Trainer(opts);
@@ -58,9 +64,10 @@ export class Trainer {
   }
 
   constructor({ ctx, layout, config, maps = null, loadBatch, loadValBatch = null, decode = null,
-    on = {}, checkpoint = null, resume = null, start = 0, sync = null, stepDelayMs = 0 }) {
+    on = {}, checkpoint = null, resume = null, start = 0, sync = null, stepDelayMs = 0,
+    task = null }) {
     Object.assign(this, { ctx, layout, config, maps, loadBatch, loadValBatch, decode, sync,
-      stepDelayMs });
+      stepDelayMs, task });
     this.on = { record: () => {}, sample: () => {}, status: () => {}, checkpoint: () => {}, ...on };
     this.device = ctx.device;
     this.state = 'created';
@@ -166,7 +173,12 @@ export class Trainer {
       this.queryBuf = this.device.createBuffer({ label: 'optimizer timestamps',
         size: QUERY_STRIDE * RING, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
     }
-    this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: 4,
+    // The eval's mean loss; a task run's also its logits [N, V] (from EVAL_LOGITS), whose
+    // argmax is the accuracy's. Where the loss runs in chunks the logits are never whole at
+    // once: no accuracy there (a task's vocabulary of 16 is always one chunk).
+    this.evalLogits = Boolean(this.task) && this.plan.heads.length === 1;
+    const logitBytes = this.evalLogits ? this.B * this.T * this.layout.config.vocab_size * 4 : 0;
+    this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: EVAL_LOGITS + logitBytes,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
   }
@@ -252,14 +264,14 @@ export class Trainer {
         t = lap(prof, 'submitMs', t);
         this.stats.submitted++;
         this.done = step + 1;
-        const evalLoss = this.wantEval(step) ? (await this.encodeEval(step)).loss : null;
+        const evalLoss = this.wantEval(step) ? (await this.encodeEval(step)).result : null;
         t = lap(prof, 'evalMs', t);
         slot.done = false;
         slot.mappedAt = performance.now();
         slot.pending = Promise.all([slot.buf.mapAsync(GPUMapMode.READ), evalLoss]).then(([, ev]) => {
           const now = performance.now();
           prof.mapMs += now - slot.mappedAt;
-          const rec = this.readSlot(slot, step, lr, batch, now - lastDone, ev);
+          const rec = this.readSlot(slot, step, lr, batch, now - lastDone, ev?.loss, ev?.acc);
           lastDone = now;
           slot.done = true;
           slot.pending = null;
@@ -327,13 +339,13 @@ export class Trainer {
     return this.state;
   }
 
-  readSlot(slot, step, lr, batch, ms, evalLoss) {
+  readSlot(slot, step, lr, batch, ms, evalLoss, evalAcc) {
     const range = slot.buf.getMappedRange();
     // The last step's end stays out of stats (a BigInt would not serialize to JSON).
     const optMs = this.queries ? addGpuTimes(this.stats.loop, this.lastGpu,
       new BigUint64Array(range, this.slot.stamps, STAMPS)) : null;
     const rec = stepRecord(range, { opt: this.opt, B: this.B, T: this.T, step, lr, batch, ms,
-      optMs, evalLoss });
+      optMs, evalLoss, evalAcc });
     slot.buf.unmap();
     return rec;
   }
@@ -345,11 +357,12 @@ export class Trainer {
   /** Eval loss of the weights now on held-out batch `index` (a room worker's measure of a
    *  global version). */
   async evalLoss(index) {
-    return (await this.encodeEvalBatch(index)).loss;
+    return (await (await this.encodeEvalBatch(index)).result).loss;
   }
 
-  /** Eval loss on a held-out batch, submitted right after the step (forward + loss only, G
-   *  untouched). Resolves once submitted, to {loss: Promise<number>}. */
+  /** Eval on a held-out batch, submitted right after the step (forward + loss only, G
+   *  untouched). Resolves once submitted, to {result: Promise<{loss, acc}>}: acc a task run's
+   *  exact-match accuracy (right / problems), else null. */
   encodeEval(step) {
     return this.encodeEvalBatch(Math.floor((step + 1) / this.config.eval_every) % 4);
   }
@@ -359,26 +372,51 @@ export class Trainer {
     if (this.evalPending) await this.evalPending;
     // From here to submit nothing awaits, so no other step's batch can slip in between.
     this.model.writeBatch(this.plan, val.inputs, val.targets);
+    const N = this.B * this.T;
+    const V = this.layout.config.vocab_size;
     const enc = this.device.createCommandEncoder();
-    encodeOps(enc, [...this.plan.forward, ...this.plan.loss]);
-    enc.copyBufferToBuffer(this.plan.acts.losses, this.B * this.T * 4, this.evalBuf, 0, 4);
+    encodeOps(enc, this.plan.forward);
+    // The loss overwrites the logits with their gradient: copied before it.
+    if (this.evalLogits) enc.copyBufferToBuffer(this.plan.acts.logits, 0, this.evalBuf, EVAL_LOGITS, N * V * 4);
+    encodeOps(enc, this.plan.loss);
+    enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, this.evalBuf, 0, 4);
     this.device.queue.submit([enc.finish()]);
     this.evalPending = this.evalBuf.mapAsync(GPUMapMode.READ).then(() => {
-      const loss = new Float32Array(this.evalBuf.getMappedRange())[0];
+      const range = this.evalBuf.getMappedRange();
+      const loss = new Float32Array(range, 0, 1)[0];
+      let acc = null;
+      if (this.evalLogits) {
+        const predicted = argmaxRows(new Float32Array(range, EVAL_LOGITS, N * V), V);
+        const { right, total } = exactMatch(predicted, val.targets, this.B, this.T, this.task);
+        acc = total ? right / total : null;
+      }
       this.evalBuf.unmap();
       this.evalPending = null;
-      return loss;
+      return { loss, acc };
     });
-    return { loss: this.evalPending };
+    return { result: this.evalPending };
   }
 
   /** A short continuation of the batch's first row, decoded (pauses training briefly). */
   async sample(step, batch, n = 48) {
     await Promise.all(this.ring.map((s) => s.pending));
+    if (this.task) return this.on.sample(step, await this.answerSample(step, batch));
     const prompt = Array.from(batch.inputs.subarray(0, 8));
     const ids = await generate(this.model, prompt, n, { seed: this.config.seed * 1000003 + step });
-    const text = this.decode ? this.decode(prompt) + '⟨…⟩' + this.decode(ids) : ids.join(' ');
+    const text = this.decode ? this.decode(prompt) + SAMPLE_JOIN + this.decode(ids) : ids.join(' ');
     this.on.sample(step, text);
+  }
+
+  /** A task run's sample: the batch's first problem, the model's greedy answer, and whether
+   *  it is the right one (the prompt and the answer joined as a corpus sample's are). */
+  async answerSample(step, batch) {
+    const { answer_start: a, answer_len: n } = this.task;
+    const prompt = Array.from(batch.inputs.subarray(0, a));
+    const truth = Array.from(batch.inputs.subarray(a, a + n));
+    const ids = await generate(this.model, prompt, n, { temperature: 0 });
+    const said = (x) => (this.decode ? this.decode(x) : x.join(' '));
+    const right = ids.every((id, i) => id === truth[i]);
+    return `${said(prompt)}${SAMPLE_JOIN}${said(ids)}${right ? '  (right)' : `  (wrong: ${said(truth)})`}`;
   }
 
   /** Replaces the weights (a room's global version; f32 [total_numel]) between steps; the
