@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from andrea.data.tasks import MAX_DIGITS as MAX_TASK_DIGITS
 from andrea.data.tasks import TASKS, task_digits
 from andrea.data.tasks import VOCAB as TASK_VOCAB
+from andrea.data.tasks import facts as task_facts
 from andrea.metrics import MAX_BATCH, MAX_LAYERS
 from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
 
@@ -190,6 +191,12 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _fit_preset(self):
         base = PRESETS[self.preset]
+        if self.seq_len is None and self.task is not None:
+            # One problem a row: its first token at position 0. Packed problems (a longer
+            # seq_len) are learned far slower: with RoPE a problem's place in the row is only
+            # known from where the row starts (bench/tasks_torch.py: reverse 10 at 99% after 500
+            # steps, and 0% after 800 packed three a row).
+            self.seq_len = task_facts(self.task, self.task_digits).problem_len - 1
         if self.seq_len is None:
             self.seq_len = base.seq_len
         try:     # the shape's own rules (heads divide the width, head dim even and <= 128)

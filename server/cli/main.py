@@ -3,6 +3,8 @@
   andrea serve              serve the app (http://127.0.0.1:8000 by default)
   andrea train              train a run in headless Chromium, from the command line
   andrea export RUN_ID      write a run's model as a Hugging Face checkpoint (in ./RUN_ID)
+  andrea generate RUN_ID PROMPT
+                            continue a prompt with a run's model (PyTorch, transformers)
 
 Settings come from ANDREA_HOST, ANDREA_PORT and ANDREA_DATA_DIR (and, past one process,
 ANDREA_DATABASE_URL and ANDREA_BROKER_URL); flags override them.
@@ -252,7 +254,55 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--server", metavar="URL",
                        help="download the checkpoint from a running `andrea serve` instead")
     ex.set_defaults(func=_export)
+
+    gen = sub.add_parser("generate", help="continue a prompt with a run's model (PyTorch)",
+                         description="Streams a run's continuation of PROMPT, as the run page's "
+                                     "prompt box does: the run's newest weights (final, or its "
+                                     "newest checkpoint's) from a running server, run on this "
+                                     "machine with PyTorch and transformers (pip install torch "
+                                     "transformers).")
+    gen.add_argument("run_id")
+    gen.add_argument("prompt")
+    gen.add_argument("--server", metavar="URL", default=None,
+                     help="the server holding the run (default: ANDREA_HOST and ANDREA_PORT's, "
+                          "http://127.0.0.1:8000)")
+    gen.add_argument("--step", type=int, metavar="K",
+                     help="the weights of its checkpoint after step K instead of its newest")
+    gen.add_argument("--tokens", type=typed(int, {"type": "integer", "minimum": 1,
+                                                  "maximum": 4096}), default=48)
+    gen.add_argument("--temperature", type=typed(float, {"type": "number", "minimum": 0,
+                                                         "maximum": 10}), default=0.8,
+                     help="0: the most likely token every time")
+    gen.add_argument("--top-k", type=typed(int, {"type": "integer", "minimum": 0}), default=40,
+                     help="sample among the k most likely tokens only; 0: all")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_generate)
     return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """Exit 2 for what is not there (the run, its weights, the libraries), 1 for a server out
+    of reach."""
+    from andrea.cli import generate_command
+    from andrea.cli.http_client import ServerError, Unreachable
+
+    try:
+        server = args.server
+        if server is None:
+            settings = load_settings()
+            server = open_url(settings.host, settings.port)
+        generate_command.generate(server, args.run_id, args.prompt, args.tokens,
+                                  args.temperature, args.top_k, args.seed, args.step)
+    except (generate_command.NeedsTorch, ValueError, BadSetting) as e:
+        print(f"andrea generate: {e}", file=sys.stderr)
+        return 2
+    except ServerError as e:
+        print(f"andrea generate: {e}", file=sys.stderr)
+        return 2 if e.status in (404, 409, 422) else 1
+    except Unreachable as e:
+        print(f"andrea generate: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -130,6 +130,32 @@ def task_info(task: str, digits: Annotated[int | None, Query(ge=1, le=tasks.MAX_
     return TaskInfo(**f.to_dict(), example=prompt + answer + tasks.END)
 
 
+MAX_PROMPT_CHARS = 8192
+
+
+class TextToEncode(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class EncodedText(BaseModel):
+    ids: list[int]
+
+
+@router.post("/tokenizer/{key}/encode")
+def encode_text(hub: DataDep, key: str, body: TextToEncode) -> EncodedText:
+    """A prompt's token ids under the tokenizer a run trained with (the page's prompt box:
+    the browser has the decode table only). A toy task's alphabet refuses other characters."""
+    if key == tasks.TOKENIZER_KEY:
+        bad = sorted(set(body.text) - set(tasks.ALPHABET))
+        if bad:
+            raise HTTPException(422, f"a toy task's text is made of {tasks.ALPHABET.strip()!r} and "
+                                     f"newlines; {''.join(bad)[:20]!r} are not in it")
+        return EncodedText(ids=tasks.encode(body.text))
+    c = _prepare(hub, _vocab_of(key))
+    return EncodedText(ids=c.tokenizer.encode(body.text).ids)
+
+
 REPORTS_POLL_S = 0.02       # how often a waiting batch request looks at the reports arrived
 
 

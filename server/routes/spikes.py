@@ -36,6 +36,7 @@ import json
 import sys
 import time
 from collections import OrderedDict
+from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -44,6 +45,7 @@ from starlette.concurrency import run_in_threadpool
 from andrea import spike_anatomy as anatomy
 from andrea import spikes as rule
 from andrea.config import Settings
+from andrea.data import tasks
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
 from andrea.model import run_layout
@@ -326,8 +328,13 @@ def _describe_rows(hub, runs, run_id: str, found: list[dict]
     spec = runs.get(run_id)
     if spec is None:
         return {}
-    corpus = hub.prepared(spec.vocab_size)
-    bandit = runs.bandit(run_id, corpus.source_names)
+    if spec.task:       # a toy task's rows: its problems, in its alphabet
+        corpus, bandit, names = None, None, [spec.task]
+        decode = tasks.decode
+    else:
+        corpus = hub.prepared(spec.vocab_size)
+        bandit, names = runs.bandit(run_id, corpus.source_names), corpus.source_names
+        decode = partial(tk.decode, corpus.tokenizer)
     out = {}
     for s in found:
         try:
@@ -338,8 +345,7 @@ def _describe_rows(hub, runs, run_id: str, found: list[dict]
         for row in s["rows"]:
             b = row["row"]
             rows[b] = None if b >= len(batch.sources) else (
-                corpus.source_names[int(batch.sources[b])],
-                tk.decode(corpus.tokenizer, batch.tokens[b][:-1])[:TEXT_CHARS])
+                names[int(batch.sources[b])], decode(batch.tokens[b][:-1])[:TEXT_CHARS])
         out[s["step"]] = rows
     return out
 
@@ -349,7 +355,7 @@ def _describe_boundaries(hub, runs, run_id: str, found: list[dict]) -> dict[int,
     weight changed there: boundary.weights = [{source, before, after}], the largest change
     first (the phases up to the reports: an answer never waits for the bandit)."""
     spec = runs.get(run_id)
-    if spec is None:
+    if spec is None or spec.task:
         return {}
     bandit = runs.bandit(run_id, hub.prepared(spec.vocab_size).source_names)
     if bandit is None:

@@ -237,7 +237,11 @@ test('rowOf finds a step by binary search; evalLosses keeps the last and the bes
   const s = new RunSeries(['eval_loss']);
   [[2, 5], [4, null], [6, 4], [8, 4.5]].forEach(([step, v]) => s.add({ step, eval_loss: v }));
   assert.deepEqual([2, 4, 8, 1, 5, 9].map((step) => rowOf(s, step)), [0, 1, 3, -1, -1, -1]);
-  assert.deepEqual(evalLosses().update(s, 0), { best: 4, last: 4.5 });
+  assert.deepEqual(evalLosses().update(s, 0), { best: 4, last: 4.5, acc: null, bestAcc: null });
+  // A toy task run's exact match: the last and the highest.
+  const t = new RunSeries(['eval_loss', 'eval_acc']);
+  [[2, 5, 0.1], [4, 4, 0.6], [6, 4.5, 0.5]].forEach(([step, v, a]) => t.add({ step, eval_loss: v, eval_acc: a }));
+  assert.deepEqual(evalLosses().update(t, 0), { best: 4, last: 4.5, acc: 0.5, bestAcc: 0.6 });
 });
 
 test('speed reads in tokens per second, rounded before its unit is picked', async () => {

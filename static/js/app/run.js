@@ -6,6 +6,7 @@ import { fetchJson, savedToken, takeLinkToken } from './api.js';
 import { RUN_COLUMNS, RunCharts } from './run_charts.js';
 import { $, addRecords, addSample, bindActions, resumedAt, setStatus, showError, showRun } from './run_view.js';
 import { RunSeries, evalLosses, skippedSteps } from './series.js';
+import { bindPromptBox, promptDefaults } from './prompt_box.js';
 import { followSpikes } from './spikes.js';
 import { watch } from './telemetry.js';
 import { train } from './training.js';
@@ -69,6 +70,8 @@ async function main() {
     mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
   showRun(state, run);
   bindActions(state);
+  bindPromptBox(state);
+  promptDefaults(run.config).catch(() => {});
   followSpikes(runId, () => state.status, (steps) => state.charts.setSpikes(steps),
     (step) => state.charts.focusStep(step));
   if (run.config.data_mode === 'bandit') state.charts.loadSources().catch(() => {});

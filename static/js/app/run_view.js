@@ -164,6 +164,7 @@ export function showRun(state, run) {
   const { runId } = state;
   const config = run.config;
   state.config = config;
+  state.run = run;
   state.charts?.setConfig(config);
   if (run.checkpoint?.last_step) {
     stat('last checkpoint', `step ${run.checkpoint.last_step}`, 'last checkpoint', 'setup');
@@ -209,14 +210,15 @@ export function showRun(state, run) {
   if (run.notes !== undefined && !$('edit-notes').matches(':focus')) $('edit-notes').value = run.notes ?? '';
   if (run.has_weights) showModelLink();
   stat('preset', run.model_name ?? config.preset, 'model', 'setup');
-  if (!state.trainTokens) {
+  if (!state.trainTokens && !config.task) {
     fetchJson(`${routePath('corpus')}?vocab_size=${config.vocab_size}`).then((c) => {
       // Only the run's sources feed it (config.sources; null: every one).
       state.trainTokens = c.sources.filter((s) => !config.sources || config.sources.includes(s.name))
         .map((s) => ({ name: s.name, n: s.train_tokens }));
     }).catch(() => {});
   }
-  stat('sources', config.sources?.join(', ') ?? 'all', 'sources', 'setup');
+  if (config.task) stat('sources', `toy task ${config.task}, ${config.task_digits} digits`, 'data', 'setup');
+  else stat('sources', config.sources?.join(', ') ?? 'all', 'sources', 'setup');
   stat('optimizer', config.optimizer + (config.f16_mirror ? ' + f16 mirror' : ''), 'optimizer', 'setup');
   stat('optimizer state', fmtBytes(run.state_bytes), 'optimizer state', 'setup');
   stat('clipping', clipText(config), 'clipping', 'setup');

@@ -114,6 +114,7 @@ export async function train(state, run, token) {
     throw socket.failed;
   }
   window.andreaTrainer = trainer;   // tests and the headless CLI read trainer.stats
+  state.trainer = trainer;          // the prompt box asks it between steps
   trainer.stats.uploads = uploader.log;
   $('trainer-controls').hidden = false;
   $('pause').onclick = () => { trainer.pause(); $('pause').hidden = true; $('resume').hidden = false; };
@@ -135,6 +136,7 @@ export async function train(state, run, token) {
   if ((final === 'finished' || final === 'stopped') && !socket.failed && !trainer.lost) {
     await saveWeights(runId, trainer, token, reach);
   }
+  state.trainer = null;
   trainer.destroy();   // weights saved (or the run failed): free the GPU memory
   const lastStep = state.series.last?.step ?? 0;
   try {

@@ -21,12 +21,21 @@ const WINDOW_STEP = 64;   // window lengths come in steps of this: few plans, li
  *  the model's T): causal attention makes a position's logits independent of what follows it,
  *  so a short window gives the same ids as the full T at a fraction of the cost (a 56-token
  *  sample of 120m: a [1, 64] forward instead of [1, 1024]). */
-export async function generate(model, prompt, n, { temperature = 0.8, seed = 0, window = null } = {}) {
+export async function generate(model, prompt, n, opts = {}) {
+  return (await generateTokens(model, prompt, n, opts)).map((t) => t.id);
+}
+
+/** generate's tokens one by one: [{id, p}] with p the model's probability of the token (its
+ *  softmax at temperature 1, before top-k), each handed to onToken as it comes (a prompt box
+ *  streams them). topK > 0 samples among the K most likely only; temperature 0 is greedy. */
+export async function generateTokens(model, prompt, n, { temperature = 0.8, topK = 0, seed = 0,
+  window = null, onToken = () => {} } = {}) {
   const { seq_len: T } = model.config;
   const W = window ?? Math.min(T, Math.ceil((prompt.length + n) / WINDOW_STEP) * WINDOW_STEP);
   const plan = await model.plan(1, W);
   const random = rng(seed);
   const ids = [...prompt];
+  const out = [];
   const buf = new Uint32Array(W);
   for (let i = 0; i < n; i++) {
     const ctx = ids.slice(-W);
@@ -37,19 +46,37 @@ export async function generate(model, prompt, n, { temperature = 0.8, seed = 0, 
     // Causal attention: padding after the context cannot change the last real position. Only
     // its row is read (its loss chunk's lm head runs where the plan has several: Model.logitRows).
     const row = await model.logitRows(plan, ctx.length - 1, 1);
-    ids.push(sampleRow(row, temperature, random));
+    const id = sampleRow(row, temperature, topK, random);
+    const t = { id, p: softmaxAt(row, id) };
+    ids.push(id);
+    out.push(t);
+    onToken(t, i);
   }
-  return ids.slice(prompt.length);
+  return out;
 }
 
-function sampleRow(logits, temperature, random) {
+function softmaxAt(logits, id) {
+  let max = -Infinity;
+  for (const x of logits) max = Math.max(max, x);
+  let sum = 0;
+  for (const x of logits) sum += Math.exp(x - max);
+  return Math.exp(logits[id] - max) / sum;
+}
+
+function sampleRow(logits, temperature, topK, random) {
   let max = -Infinity;
   for (const x of logits) max = Math.max(max, x);
   if (!(temperature > 0)) return logits.indexOf(max);
+  // Top-k: the k-th largest logit is the floor (ties at it all stay in).
+  const floor = topK > 0 && topK < logits.length
+    ? Float32Array.from(logits).sort().reverse()[topK - 1] : -Infinity;
   const p = new Float64Array(logits.length);
   let sum = 0;
-  for (let v = 0; v < logits.length; v++) { p[v] = Math.exp((logits[v] - max) / temperature); sum += p[v]; }
+  for (let v = 0; v < logits.length; v++) {
+    p[v] = logits[v] >= floor ? Math.exp((logits[v] - max) / temperature) : 0;
+    sum += p[v];
+  }
   let r = random() * sum;
-  for (let v = 0; v < p.length; v++) { r -= p[v]; if (r <= 0) return v; }
-  return p.length - 1;
+  for (let v = 0; v < p.length; v++) { r -= p[v]; if (p[v] > 0 && r <= 0) return v; }
+  return logits.indexOf(max);
 }

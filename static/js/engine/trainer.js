@@ -77,6 +77,8 @@ export class Trainer {
       loop: newLoopProfile() };
     this.lastGpu = { end: undefined };   // the previous step's GPU end (timestamp ns)
     this.resumeGate = null;
+    this.asks = [];                // ask()'s jobs waiting for the next step boundary
+    this.asking = Promise.resolve();
     this.checkpointConfig = checkpoint;
     this.resumeFrom = resume;
     // When the state is read back and handed to on.checkpoint (checkpoint_cadence.js).
@@ -183,6 +185,29 @@ export class Trainer {
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
   }
 
+  /** Runs fn(model) on the weights as they are between two steps (a prompt box's question to
+   *  the model that trains: generate's forward passes use their own plan, and the weights are
+   *  only read), resolving to what it returns. While the loop runs, at the next step boundary
+   *  once the steps in flight have landed; while paused (nothing in flight), now. */
+  ask(fn) {
+    if (!this.model || ['finished', 'stopped', 'failed'].includes(this.state)) {
+      return Promise.reject(new Error(`the trainer has ${this.state}: its model is gone`));
+    }
+    return new Promise((resolve, reject) => {
+      this.asks.push(() => Promise.resolve().then(() => fn(this.model)).then(resolve, reject));
+      if (this.state === 'paused' || this.state === 'created') this.answerAsks();
+    });
+  }
+
+  /** ask()'s jobs, one after another, once no step is in flight. */
+  answerAsks() {
+    this.asking = this.asking.then(async () => {
+      await Promise.all(this.ring.map((s) => s.pending));
+      while (this.asks.length) await this.asks.shift()();
+    });
+    return this.asking;
+  }
+
   /** Stops submitting; the status turns 'paused' once the steps in flight have landed. */
   pause() {
     if (this.state !== 'running') return;
@@ -214,11 +239,13 @@ export class Trainer {
     let prevSlot = null;
     try {
       for (; this.step < c.steps && this.state !== 'stopping'; this.step++) {
+        if (this.asks.length) await this.answerAsks();
         if (this.state === 'pausing') {
           await Promise.all(this.ring.map((slot) => slot.pending));
           if (this.state === 'pausing') {
             this.state = 'paused';
             this.on.status('paused');
+            if (this.asks.length) this.answerAsks();   // those that came while pausing
             this.ckpt.now();   // not awaited: resume() may come before the upload is done
           }
           await this.resumeGate;
@@ -335,6 +362,7 @@ export class Trainer {
     }
     const failed = this.badStep !== undefined;
     this.state = this.state === 'stopping' ? (failed ? 'failed' : 'stopped') : 'finished';
+    await this.answerAsks();   // the last questions get the final weights
     this.on.status(this.state, this.stopReason ?? null);
     return this.state;
   }

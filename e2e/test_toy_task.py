@@ -1,0 +1,104 @@
+"""A toy task run in real Chromium, start to end: the new-run form's task, its held-out accuracy
+rising and charted, its samples answering problems, and the prompt box answering from the model
+training in the tab, from the run's newest checkpoint in a viewer's tab, and from its final
+weights."""
+
+from __future__ import annotations
+
+import httpx
+
+from andrea.data import tasks
+from tests.browser import PAGE_WAIT_MS
+
+STEPS = 300
+DIGITS = 4
+TIMEOUT = 600_000
+
+
+def ask(page) -> dict:
+    """Generate in the page's prompt box; -> what it says and the tokens it wrote."""
+    page.click("#prompt-go")
+    page.wait_for_function("['done', 'failed'].includes(document.body.dataset.prompt)",
+                           timeout=PAGE_WAIT_MS)
+    return page.evaluate("""() => ({
+        state: document.body.dataset.prompt,
+        source: document.getElementById('prompt-status').textContent,
+        prompt: document.querySelector('#prompt-out .sample-prompt')?.textContent,
+        tokens: [...document.querySelectorAll('#prompt-out .prompt-token')].map(
+            (s) => [s.textContent, Number(s.dataset.p)]),
+    })""")
+
+
+def errors_of(page, errors: list[str]) -> list[str]:
+    """Console errors and uncaught exceptions of a page, into `errors` as they come."""
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    return errors
+
+
+def test_a_reverse_run_learns_and_answers_its_prompts(browser, live_server):
+    trainer = browser.new_context().new_page()
+    errors = errors_of(trainer, [])
+    trainer.goto(live_server + "/")
+    trainer.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
+    trainer.select_option("#task", "reverse")
+    trainer.wait_for_function("!document.getElementById('task-fields').hidden")
+    trainer.fill("input[name=task_digits]", str(DIGITS))
+    for name, value in {"steps": STEPS, "batch_size": 32, "eval_every": 25, "sample_every": 100,
+                        "checkpoint_every": 50, "seed": 1}.items():
+        trainer.fill(f"input[name={name}]", str(value))
+    trainer.wait_for_function("document.getElementById('task-example').textContent.includes('>')")
+    assert trainer.is_hidden("#sources")        # the corpus's fields are not a task's
+    trainer.wait_for_function("!document.getElementById('start').disabled")
+    trainer.click("#start")
+    trainer.wait_for_url("**/runs/*")
+    run_id = trainer.url.rsplit("/", 1)[1]
+    cfg = httpx.get(f"{live_server}/api/runs/{run_id}").json()["config"]
+    facts = tasks.facts("reverse", DIGITS)
+    assert (cfg["task"], cfg["task_digits"], cfg["vocab_size"], cfg["seq_len"]) == (
+        "reverse", DIGITS, tasks.VOCAB, facts.problem_len - 1)
+
+    # Mid-run, paused after a checkpoint: the tab's own model answers, and a viewer's tab
+    # answers from the newest checkpoint, loaded into its own GPU.
+    trainer.wait_for_function("Number(document.getElementById('charts').dataset.steps || 0) >= 110",
+                              timeout=TIMEOUT)
+    trainer.click("#pause")
+    trainer.wait_for_function("document.body.dataset.status === 'paused'", timeout=PAGE_WAIT_MS)
+    prompt = trainer.input_value("#prompt")
+    assert len(prompt) == facts.answer_start and prompt.endswith(">")
+    live = ask(trainer)
+    assert live["state"] == "done" and "training in this tab" in live["source"], live
+    assert live["prompt"] == prompt and len(live["tokens"]) == facts.answer_len
+    assert all(0 < p <= 1 for _, p in live["tokens"])
+    viewer = browser.new_context().new_page()
+    errors_of(viewer, errors)
+    viewer.goto(f"{live_server}/runs/{run_id}")
+    viewer.wait_for_function("!document.getElementById('prompt-card').hidden",
+                             timeout=PAGE_WAIT_MS)
+    viewer.fill("#prompt", prompt)
+    seen = ask(viewer)
+    step = httpx.get(f"{live_server}/api/runs/{run_id}").json()["checkpoint"]["last_step"]
+    assert step >= 100 and f"checkpoint, after step {step}" in seen["source"], seen
+    assert len(seen["tokens"]) == facts.answer_len
+
+    trainer.click("#resume")
+    trainer.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
+    assert trainer.evaluate("document.body.dataset.done") == "finished"
+
+    # The accuracy on held-out problems, every eval: it rises, and the page charts it.
+    metrics = httpx.get(f"{live_server}/api/runs/{run_id}/metrics").json()
+    acc = [(m["step"], m["eval_acc"]) for m in metrics if "eval_acc" in m]
+    assert [s for s, _ in acc] == list(range(25, STEPS + 1, 25)), acc
+    print("\nreverse 4 on SwiftShader, exact match by step:",
+          " ".join(f"{s}:{a:.2f}" for s, a in acc))
+    assert acc[0][1] < 0.2 and max(a for _, a in acc[-3:]) >= acc[0][1] + 0.3, acc
+    assert trainer.get_attribute("[data-chart=accuracy]", "data-points") == str(STEPS)
+    assert "exact match on held-out problems:" in trainer.inner_text("#stats")
+    samples = httpx.get(f"{live_server}/api/runs/{run_id}").json()["samples"]
+    assert samples and all(">" in s["text"] and ("(right)" in s["text"] or "(wrong: " in s["text"])
+                           for s in samples), samples
+
+    # Finished: the viewer's box now loads the final weights.
+    final = ask(viewer)
+    assert "final weights" in final["source"] and len(final["tokens"]) == facts.answer_len
+    assert errors == []
