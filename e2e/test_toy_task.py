@@ -6,6 +6,7 @@ weights."""
 from __future__ import annotations
 
 import httpx
+import numpy as np
 
 from andrea.data import tasks
 from tests.browser import PAGE_WAIT_MS
@@ -29,6 +30,42 @@ def ask(page) -> dict:
     })""")
 
 
+def attention(page, text: str) -> dict:
+    """The page's attention maps of `text` (4 digits reversed); -> what it says, the tokens on
+    its axes, and per layer and head the share of the answer's rows whose largest cell is the
+    prompt digit the next answer token copies: the mean probability there."""
+    if not page.evaluate("document.getElementById('attention-details').open"):
+        page.click("#attention-details summary")
+    page.fill("#attention-text", text)
+    page.click("#attention-go")
+    page.wait_for_function("['done', 'failed'].includes(document.body.dataset.attention)",
+                           timeout=PAGE_WAIT_MS)
+    return page.evaluate("""() => {
+        const maps = [...document.querySelectorAll('#attention-maps figure')];
+        const L = Math.max(...maps.map((f) => Number(f.dataset.layer))) + 1;
+        // Row i (a token of "1234>4321") predicts token i + 1: from '>' (i = 4) on, the digit
+        // it writes is the prompt's at 7 - i (the anti-diagonal of the prompt's columns).
+        const mirror = [...Array(L)].map(() => []);
+        for (const f of maps) {
+          const rows = [...f.querySelectorAll('tbody tr')];
+          let p = 0, n = 0;
+          for (let i = 4; i < 8; i++) {
+            const cells = [...rows[i].querySelectorAll('td')].slice(1, i + 2)
+              .map((c) => Number(c.title.split(': ').pop()));
+            p += cells[7 - i];
+            n++;
+          }
+          mirror[Number(f.dataset.layer)].push(p / n);
+        }
+        return {
+          state: document.body.dataset.attention,
+          source: document.getElementById('attention-status').textContent,
+          tokens: JSON.parse(document.getElementById('attention-maps').dataset.tokens),
+          maps: maps.length, mirror,
+        };
+    }""")
+
+
 def errors_of(page, errors: list[str]) -> list[str]:
     """Console errors and uncaught exceptions of a page, into `errors` as they come."""
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -43,6 +80,8 @@ def test_a_reverse_run_learns_and_answers_its_prompts(browser, live_server):
     trainer.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     trainer.select_option("#task", "reverse")
     trainer.wait_for_function("!document.getElementById('task-fields').hidden")
+    assert trainer.input_value("#preset") == "toy"      # the preset sized for the tasks
+    trainer.select_option("#preset", "tiny")            # (tiny learns reverse 4 fast enough)
     trainer.fill("input[name=task_digits]", str(DIGITS))
     for name, value in {"steps": STEPS, "batch_size": 32, "eval_every": 25, "sample_every": 100,
                         "checkpoint_every": 50, "seed": 1}.items():
@@ -78,8 +117,23 @@ def test_a_reverse_run_learns_and_answers_its_prompts(browser, live_server):
     viewer.fill("#prompt", prompt)
     seen = ask(viewer)
     step = httpx.get(f"{live_server}/api/runs/{run_id}").json()["checkpoint"]["last_step"]
-    assert step >= 100 and f"checkpoint, after step {step}" in seen["source"], seen
+    assert step >= 100 and f"checkpoint after step {step}" in seen["source"], seen
     assert len(seen["tokens"]) == facts.answer_len
+
+    live_maps = attention(trainer, "1234>4321")
+    assert "training in this tab" in live_maps["source"], live_maps
+    cfg_model = httpx.get(f"{live_server}/api/runs/{run_id}/layout").json()["config"]
+    assert live_maps["maps"] == cfg_model["n_layer"] * cfg_model["n_head"]
+    assert live_maps["tokens"] == list("1234>4321")      # the text's tokens label both axes
+    # The viewer scrubs to a checkpoint: the list holds each, newest first.
+    viewer.click("#attention-details summary")
+    viewer.wait_for_function("document.querySelectorAll('#attention-weights option').length > 2",
+                             timeout=PAGE_WAIT_MS)
+    oldest = viewer.evaluate("[...document.querySelectorAll('#attention-weights option')]"
+                             ".pop().value")
+    viewer.select_option("#attention-weights", oldest)
+    old = attention(viewer, "1234>4321")
+    assert f"checkpoint after step {oldest}" in old["source"], old
 
     trainer.click("#resume")
     trainer.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)
@@ -97,6 +151,16 @@ def test_a_reverse_run_learns_and_answers_its_prompts(browser, live_server):
     samples = httpx.get(f"{live_server}/api/runs/{run_id}").json()["samples"]
     assert samples and all(">" in s["text"] and ("(right)" in s["text"] or "(wrong: " in s["text"])
                            for s in samples), samples
+
+    # Trained, a head reads the reversed digit: each answer token's row puts much of its
+    # attention on the prompt digit it copies (the map's anti-diagonal), where a head that
+    # spread it evenly would put a fifth to an eighth.
+    final_maps = attention(trainer, "1234>4321")
+    assert "final weights" in final_maps["source"]
+    mirror = [max(share) for share in final_maps["mirror"]]
+    print("attention on the mirrored digit, per layer and head:", final_maps["mirror"])
+    even = np.mean([1 / (i + 1) for i in range(4, 8)])             # 0.158
+    assert max(mirror) >= 2.5 * even, final_maps["mirror"]          # 0.479 measured
 
     # Finished: the viewer's box now loads the final weights.
     final = ask(viewer)

@@ -229,6 +229,19 @@ class TokenizerInfo(BaseModel):
     tokenizer_json: str
 
 
+MAX_PROMPT_CHARS = 8192        # a prompt box's text (templates/run.html's maxlength)
+
+
+class TextToEncode(BaseModel):
+    """A prompt to encode with a run's tokenizer (POST /api/tokenizer/{key}/encode)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class EncodedText(BaseModel):
+    ids: list[int]
+
+
 class TaskInfo(BaseModel):
     """A toy task's facts (server/data/tasks.py TaskFacts): what a page needs to read its
     batches and measure its exact-match accuracy."""

@@ -75,7 +75,7 @@ def test_head_dim_limit_has_one_source():
 
 def test_layout_api(client):
     r = client.get("/api/presets")
-    assert [x["name"] for x in r.json()] == ["tiny", "12m", "120m"]
+    assert [x["name"] for x in r.json()] == ["tiny", "toy", "12m", "120m"]
     r = client.get("/api/presets/tiny/layout")
     assert r.status_code == 200 and r.json()["config"]["n_embd"] == 64
     assert client.get("/api/presets/nope/layout").status_code == 404

@@ -41,7 +41,15 @@ from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.model import PRESETS, VOCAB_SIZES
 from andrea.room.shards import batch_step, rounds_total
 from andrea.run_config import RunConfig
-from andrea.schemas import CorpusInfo, LossesTaken, RunData, TaskInfo, TokenizerInfo
+from andrea.schemas import (
+    CorpusInfo,
+    EncodedText,
+    LossesTaken,
+    RunData,
+    TaskInfo,
+    TextToEncode,
+    TokenizerInfo,
+)
 from andrea.web.deps import DataDep, RunDep, RunsDep, StoreDep, bearer, check_write_token
 
 router = APIRouter(prefix="/api", tags=["data"])
@@ -128,18 +136,6 @@ def task_info(task: str, digits: Annotated[int | None, Query(ge=1, le=tasks.MAX_
         raise HTTPException(404 if task not in tasks.TASKS else 400, str(e)) from e
     prompt, answer = tasks.problem(task, f.digits, 0, np.random.default_rng(0), "train")
     return TaskInfo(**f.to_dict(), example=prompt + answer + tasks.END)
-
-
-MAX_PROMPT_CHARS = 8192
-
-
-class TextToEncode(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    text: str = Field(max_length=MAX_PROMPT_CHARS)
-
-
-class EncodedText(BaseModel):
-    ids: list[int]
 
 
 @router.post("/tokenizer/{key}/encode")

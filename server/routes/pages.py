@@ -40,7 +40,8 @@ async def run_page(request: Request, templates: TemplatesDep, store: StoreDep, r
         return _render(templates, request, "room.html", title=run["name"], run_id=run_id,
                        run_name=run["name"])
     return _render(templates, request, "run.html", title=run["name"], run_id=run_id,
-                   run_name=run["name"], name_max=schemas.NAME_MAX, notes_max=schemas.NOTES_MAX)
+                   run_name=run["name"], name_max=schemas.NAME_MAX, notes_max=schemas.NOTES_MAX,
+                   prompt_max=schemas.MAX_PROMPT_CHARS)
 
 
 # Pages that need nothing but their template: path -> (template, title).

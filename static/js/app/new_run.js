@@ -342,6 +342,13 @@ async function main() {
   showPresetShape(presets);
   $('preset').addEventListener('change', () => showPresetShape(presets));
   $('room-run').addEventListener('change', () => { $('room-fields').hidden = !$('room-run').checked; });
+  // A toy task picked on tiny: the preset sized for the tasks instead (server/model.py toy).
+  $('task').addEventListener('change', () => {
+    if ($('task').value && $('preset').value === 'tiny' && presets.some((p) => p.name === 'toy')) {
+      $('preset').value = 'toy';
+      showPresetShape(presets);
+    }
+  });
   form.addEventListener('input', () => updateMemory().catch(console.error));
   form.addEventListener('input', () => updateData().catch((e) => {
     $('data-budget').textContent = `Corpus unavailable: ${e.message}`;

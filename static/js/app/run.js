@@ -7,6 +7,8 @@ import { RUN_COLUMNS, RunCharts } from './run_charts.js';
 import { $, addRecords, addSample, bindActions, resumedAt, setStatus, showError, showRun } from './run_view.js';
 import { RunSeries, evalLosses, skippedSteps } from './series.js';
 import { bindPromptBox, promptDefaults } from './prompt_box.js';
+import { bindAttention } from './attention_view.js';
+import { ModelSource } from './model_source.js';
 import { followSpikes } from './spikes.js';
 import { watch } from './telemetry.js';
 import { train } from './training.js';
@@ -70,7 +72,9 @@ async function main() {
     mine ? 'Starting: the first step appears here…' : 'Waiting for the first step…');
   showRun(state, run);
   bindActions(state);
-  bindPromptBox(state);
+  const source = new ModelSource(state);   // the prompt box's and the attention maps' model
+  bindPromptBox(state, source);
+  bindAttention(state, source);
   promptDefaults(run.config).catch(() => {});
   followSpikes(runId, () => state.status, (steps) => state.charts.setSpikes(steps),
     (step) => state.charts.focusStep(step));

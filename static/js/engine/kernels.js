@@ -240,6 +240,14 @@ export class Kernels {
     return [B, T, H, D, H * D, f32bits(1 / Math.sqrt(D))];
   }
 
+  /** probs[B, H, T, T]: a forward's attention probabilities from its qkv and lse (the
+   *  attention maps' view; 05_attention_probs.wgsl). */
+  attentionProbs({ qkv, lse, probs, B, T, H, D }) {
+    return this.op('05_attention_probs.wgsl', 'main', { WG: WG_ELEMENT },
+      this.attentionDims(B, T, H, D), { qkv, lse, probs },
+      grid1d(cdiv(B * H * T * T, WG_ELEMENT)), 'attention_probs');
+  }
+
   /** y[B, T, C] = causal softmax attention of qkv; lse[B, H, T] */
   attention({ qkv, y, lse, B, T, H, D }) {
     const dims = this.attentionDims(B, T, H, D);

@@ -494,6 +494,31 @@ export class Model {
     return out;
   }
 
+  /** Every layer's attention probabilities for the batch whose forward was submitted last on
+   *  `plan`: Float32Array [L, B, H, T, T] (layer l's head h: row i the query, column j the key,
+   *  zero above the diagonal). Reads the forward's own q, k and logsumexp: the softmax it used.
+   *  For short views (a prompt's text); never part of a training step. */
+  async attentionProbs(plan) {
+    const { n_embd: C, n_layer: L, n_head: H } = this.config;
+    const { B, T } = plan;
+    const per = B * H * T * T;
+    const stride = Math.ceil(per / 64) * 64;   // layers' views start 256-byte aligned
+    const probs = storageBuffer(this.device, L * stride * 4, { label: 'attention probs' });
+    try {
+      const ops = await Promise.all([...Array(L)].map((_, l) => this.k.attentionProbs({
+        qkv: plan.acts.qkv[l], lse: plan.acts.lse[l], probs: view(probs, l * stride, per),
+        B, T, H, D: C / H })));
+      this.submit(ops);
+      releaseOps(ops);
+      const all = new Float32Array(await readBuffer(this.device, probs));
+      const out = new Float32Array(L * per);
+      for (let l = 0; l < L; l++) out.set(all.subarray(l * stride, l * stride + per), l * per);
+      return out;
+    } finally {
+      probs.destroy();
+    }
+  }
+
   /** Logits [count, V] of rows [row0, row0 + count) of the batch whose forward was submitted
    *  last; the rows lie in one loss chunk. With one chunk the forward left every row's in
    *  acts.logits; with more, their chunk's lm head runs first. */
