@@ -20,9 +20,6 @@ Anywhere (SwiftShader, CPU timings), a smoke run of the same measurements:
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +30,7 @@ from andrea.cli.browser_flags import webgpu_args
 from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 from andrea.paths import weights_path
+from bench.browser import andrea_train
 
 EVAL_BATCHES = 8
 PHASES = ("train_ms", "send_ms", "wait_ms", "download_ms", "eval_ms")   # a report's timings
@@ -175,16 +173,9 @@ class Evaluator:
 
 
 def single_run(url: str, preset: str, B: int, steps: int, gpu: bool, precision: str) -> dict:
-    t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "andrea", "train", *(["--gpu"] if gpu else []), "--server", url,
-           "--preset", preset, "--batch-size", str(B), "--steps", str(steps), "--seed", "1",
-           "--precision", precision,
-           "--eval-every", "0", "--sample-every", "0", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    result = json.loads(r.stdout)
-    if not result.get("ok"):
-        raise SystemExit(f"{' '.join(cmd)}: {result.get('error')}\n{r.stderr[-2000:]}")
-    return {"id": result["run_id"], "seconds": time.monotonic() - t0}
+    return andrea_train(url, ["--preset", preset, "--batch-size", str(B), "--steps", str(steps),
+                              "--seed", "1", "--precision", precision, "--eval-every", "0",
+                              "--sample-every", "0"], gpu)
 
 
 def main() -> None:

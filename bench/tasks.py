@@ -14,31 +14,22 @@ before step 1 is not training). Each row trains --steps steps.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import time
 
 import httpx
 
 from andrea.cli.launch import served
 from andrea.data import tasks
+from bench.browser import andrea_train
 
 LEVELS = (0.5, 0.9, 0.99)
 
 
 def train(url: str, task: str, args) -> dict:
-    cmd = [sys.executable, "-m", "andrea", "train", *(["--gpu"] if args.gpu else []),
-           "--server", url, "--preset", args.preset, "--task", task,
-           *(["--task-digits", str(args.digits)] if args.digits else []),
-           "--batch-size", str(args.batch), "--steps", str(args.steps), "--seed", "1",
-           "--eval-every", str(args.every), "--sample-every", "0", "--json"]
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    result = json.loads(r.stdout)
-    if not result.get("ok"):
-        raise SystemExit(f"{' '.join(cmd)}: {result.get('error')}\n{r.stderr[-2000:]}")
-    return {"id": result["run_id"], "seconds": time.monotonic() - t0}
+    return andrea_train(url, ["--preset", args.preset, "--task", task,
+                              *(["--task-digits", str(args.digits)] if args.digits else []),
+                              "--batch-size", str(args.batch), "--steps", str(args.steps),
+                              "--seed", "1", "--eval-every", str(args.every),
+                              "--sample-every", "0"], args.gpu)
 
 
 def main() -> None:
@@ -52,8 +43,9 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50, help="eval every this many steps")
     ap.add_argument("--out", help="also append the table to this file")
     args = ap.parse_args()
-    lines = [f"# {args.preset} B {args.batch}, through the app ({'GPU' if args.gpu else 'SwiftShader'}"
-             f"), eval every {args.every} steps",
+    where = "GPU" if args.gpu else "SwiftShader"
+    lines = [f"# {args.preset} B {args.batch}, through the app ({where}), eval every "
+             f"{args.every} steps",
              f"{'task':12s} " + " ".join(f"{f'{lv:.0%} at':>18s}" for lv in LEVELS)
              + f" {'last':>6s} {'steps':>6s} {'s/step':>7s}"]
     print("\n".join(lines), flush=True)

@@ -524,6 +524,37 @@ def test_ctrl_c_exits_130_even_with_the_server_gone(tmp_path, monkeypatch, capsy
     assert (code, result["error"]) == (130, "interrupted"), result
 
 
+def test_a_task_runs_eval_and_exact_match_reach_the_result_and_its_summary(server, monkeypatch,
+                                                                         capsys):
+    """A toy task run: --json's result has the last eval's loss and held-out exact match, and
+    the summary says the match in words."""
+    class TrainsATask(PageThatTrains):
+        page = {"done": "finished"}
+
+        def drive(self, url, run, timeout, tick, join_token=None):
+            from websockets.sync.client import connect
+
+            from andrea.cli.chromium import drive_result
+            from tests.trainer_client import hello, record, send_records, ws_url
+
+            def evaluated(step):     # evals at steps 2 and 3; the last one is the result's
+                return {**record(step), **({"eval_loss": 1.5 - step / 4, "eval_acc": step / 4}
+                                           if step >= 2 else {})}
+            with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
+                assert hello(ws, run["token"])["type"] == "welcome"
+                ws.send(json.dumps({"type": "status", "status": "running", "message": ""}))
+                send_records(ws, 1, 3, 3, evaluated, 0, lambda s: None)
+            return drive_result(**self.page)
+
+    code, result, _ = train_in_process(monkeypatch, capsys, TrainsATask, "--server", server,
+                                       "--steps", "3", "--task", "reverse")
+    assert code == 0, result
+    assert (result["final_eval_loss"], result["final_eval_acc"]) == (0.75, 0.75), result
+    from andrea.cli.train_output import summary
+    line = summary(result)[0]
+    assert "eval loss 0.7500" in line and "75.0% of held-out problems answered exactly" in line
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--branch", "no-such-run", "--preset", "tiny", "--room", '{"inner_steps": 5}'],
      "a room run cannot be a branch"),

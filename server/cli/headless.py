@@ -245,6 +245,7 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         return page_exit(result, page, args.timeout)    # Ctrl-C stays 130 with the server away
     final = next((m for m in reversed(metrics) if m.get("loss") is not None), None)
     step_ms = sorted(m["step_ms"] for m in metrics if m.get("step_ms"))
+    evals = [m for m in metrics if m.get("eval_loss") is not None]
     result.update({
         "status": info["status"], "steps": len(metrics),
         "final_loss": final["loss"] if final else None,
@@ -252,6 +253,10 @@ def _train_in_page(args, browser: Chromium, url: str, run: dict, result: dict,
         "median_step_ms": step_ms[len(step_ms) // 2] if step_ms else None,
         "adapter": info.get("adapter"),
         "readback": page["stats"]})
+    if evals:   # (a room's is its global eval, said already)
+        result.setdefault("final_eval_loss", evals[-1]["eval_loss"])
+        # A toy task run's exact match on held-out problems at its last eval.
+        result.setdefault("final_eval_acc", evals[-1].get("eval_acc"))
     return page_exit(result, page, args.timeout)
 
 

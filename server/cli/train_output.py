@@ -53,6 +53,10 @@ def summary(result: dict) -> list[str]:
         facts.append(f"{result['steps']} steps")
     if result.get("final_loss") is not None:
         facts.append(f"final loss {result['final_loss']:.4f}")
+    if result.get("final_eval_loss") is not None and not room:
+        facts.append(f"eval loss {result['final_eval_loss']:.4f}")
+    if result.get("final_eval_acc") is not None:
+        facts.append(f"{result['final_eval_acc']:.1%} of held-out problems answered exactly")
     if result.get("final_grad_norm") is not None:
         facts.append(f"grad norm {result['final_grad_norm']:.3g}")
     if result.get("median_step_ms") is not None:
