@@ -148,6 +148,23 @@ def test_a_reverse_run_learns_and_answers_its_prompts(browser, live_server):
     assert acc[0][1] < 0.2 and max(a for _, a in acc[-3:]) >= acc[0][1] + 0.3, acc
     assert trainer.get_attribute("[data-chart=accuracy]", "data-points") == str(STEPS)
     assert "exact match on held-out problems:" in trainer.inner_text("#stats")
+    # The model's inside at every eval, charted: a point per eval in each line chart (the
+    # residual RMS, the dead units, the update ratio of each layer's tensors), and each layer's
+    # MLP histogram the shares of the last eval.
+    inside = [m["step"] for m in metrics if "resid_rms" in m and "update_ratio" in m]
+    assert inside == list(range(25, STEPS + 1, 25)), inside
+    trainer.wait_for_function(f"""() => {{ const v = window.andreaInside;
+        return v && v.lines.every((c) => c.box.dataset.points === '{len(inside)}')
+          && v.hists.every((h) => h.box.dataset.step === '{STEPS}'); }}""", timeout=PAGE_WAIT_MS)
+    view = trainer.evaluate("""() => { const v = window.andreaInside; return {
+        lines: v.lines.map((c) => c.title),
+        hists: v.hists.map((h) => h.plot.data[1].reduce((a, b) => a + b, 0)) }; }""")
+    assert view["lines"][:2] == ["residual stream RMS", "dead MLP units"], view
+    assert view["lines"][2:] == [f"update / weight: {g}" for g in
+                                 ["embed", *(f"layer {i}" for i in range(cfg_model["n_layer"])),
+                                  "final norm"]], view
+    assert len(view["hists"]) == cfg_model["n_layer"] and all(
+        abs(t - 1) < 1e-6 for t in view["hists"]), view
     samples = httpx.get(f"{live_server}/api/runs/{run_id}").json()["samples"]
     assert samples and all(">" in s["text"] and ("(right)" in s["text"] or "(wrong: " in s["text"])
                            for s in samples), samples

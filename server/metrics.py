@@ -24,6 +24,19 @@ MAX_LAYERS = 64       # the most layers a model has (RunConfig.n_layer's bound)
 # The most parameter tensors a run has (model.py's table): the embedding, 9 per layer (q, k, v,
 # o, gate, up, down, two norms) and the final norm. tests/test_spikes.py holds it to the table.
 MAX_TENSORS = 1 + 9 * MAX_LAYERS + 1
+# The MLP histogram's |h| bin edges (static/js/engine/inside_stats.js HIST_EDGES; a test holds
+# the two equal) and its bins: [edge k, edge k+1) of |h| per sign, the negative side first.
+MLP_HIST_EDGES = (0.001, 0.01, 0.03, 0.1, 0.3, 1, 3)
+MLP_HIST_BINS = 2 * (len(MLP_HIST_EDGES) + 1)
+
+
+def mlp_hist_labels() -> list[str]:
+    """The MLP histogram's bins in words, in order: "<=-3", "-3..-1", ..., "-0.001..0",
+    "0..0.001", ..., ">=3"."""
+    e = [f"{x:g}" for x in MLP_HIST_EDGES]
+    inner = list(zip(e, e[1:]))
+    neg = [f"<=-{e[-1]}", *(f"-{b}..-{a}" for a, b in reversed(inner)), f"-{e[0]}..0"]
+    return neg + [f"0..{e[0]}", *(f"{a}..{b}" for a, b in inner), f">={e[-1]}"]
 
 
 class Record(BaseModel):
@@ -73,6 +86,23 @@ class Record(BaseModel):
     # torch.amp.GradScaler does).
     loss_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     skipped: bool | None = None
+    # The model's inside, on eval steps (static/js/engine/inside_stats.js, update_probe.js): the
+    # eval's held-out batch through the weights after the step. resid_rms: the RMS of the
+    # residual stream where each RMSNorm reads it, one per norm gain of the parameter table, in
+    # its order (each layer's input_layernorm and post_attention_layernorm, then the final norm).
+    resid_rms: list[NonNegative | None] | None = Field(default=None,
+                                                       max_length=2 * MAX_LAYERS + 1)
+    # Per layer, its MLP's activations h = silu(gate) * up over the batch's first positions:
+    # the share of its units that are dead (largest |h| below 1% of the layer's RMS h), and h
+    # counted in MLP_HIST_BINS bins of |h| per sign (MLP_HIST_EDGES; negative side first).
+    mlp_dead: list[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]] | None = Field(
+        default=None, max_length=MAX_LAYERS)
+    mlp_hist: list[Annotated[list[Count], Field(min_length=MLP_HIST_BINS,
+                                                max_length=MLP_HIST_BINS)]] | None = Field(
+        default=None, max_length=MAX_LAYERS)
+    # The step's update against the weights it changed, per parameter tensor in table order:
+    # ||w_after - w_before|| / ||w_before|| (None: not finite, or a tensor of zeros).
+    update_ratio: list[NonNegative | None] | None = Field(default=None, max_length=MAX_TENSORS)
 
     def row(self) -> dict:
         """What is stored and sent to viewers: the sent fields, plus the required ones."""

@@ -355,6 +355,20 @@ fn adamw_update_f16(@builtin(global_invocation_id) gid: vec3<u32>,
   mirror[i] = pack_mirror(adam4(i));
 }
 
+// ---------------------------------------------------------------- the update probe
+
+// weight_delta (update_probe.js: an inspected step's update, tensor by tensor)
+//   @binding(1) cu : Chunk uniform   @binding(4) w4 : the weights after the step   (read)
+//   @binding(5) g4 : a copy of the weights before it -> w_after - w_before
+//   Dispatch: as unscale_grads. reduce_norm_sq then sums its squares per tensor.
+@compute @workgroup_size(WG)
+fn weight_delta(@builtin(global_invocation_id) gid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat_id(gid, nwg, WG);
+  if (i >= cu.n4) { return; }
+  g4[i] = w4[i] - g4[i];
+}
+
 // ---------------------------------------------------------------- 8-bit AdamW
 
 //#include "lib/adamw_8bit.wgsl"

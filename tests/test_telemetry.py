@@ -3,13 +3,15 @@
 import json
 import math
 import sqlite3
+from csv import DictReader
+from io import StringIO
 
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.metrics import COLUMNS, MAX_TENSORS
+from andrea.metrics import COLUMNS, MAX_TENSORS, MLP_HIST_BINS, mlp_hist_labels
 from andrea.model import run_layout
 from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS, RECORDS_PER_MESSAGE
 from tests.trainer_client import hello, new_run, reconnected, ws_url
@@ -17,6 +19,8 @@ from tests.trainer_client import hello, new_run, reconnected, ws_url
 # The tiny model's parameter tensors (new_run's default): one per-tensor entry each.
 TENSORS = [p["name"] for p in run_layout({"preset": "tiny"})["params"]]
 N = len(TENSORS)
+LAYERS = run_layout({"preset": "tiny"})["config"]["n_layer"]
+NORMS = [p["name"] for p in run_layout({"preset": "tiny"})["params"] if len(p["shape"]) == 1]
 
 
 def record(step, loss=None):
@@ -165,6 +169,18 @@ BAD_ANATOMY = {
     "logit-max-string": (bad_record(logit_max="9"), "logit_max"),
     "denom-negative": (bad_record(softmax_denom_min=-0.5), "softmax_denom_min"),
     "denom-infinite": (bad_record(softmax_denom_min=math.inf), "softmax_denom_min"),
+    # The inside (an eval step's): one RMS per norm gain, one entry per layer, one ratio per
+    # tensor; histograms of MLP_HIST_BINS counts.
+    "resid-short": (bad_record(resid_rms=[1.0] * (2 * LAYERS)), "resid_rms"),
+    "resid-negative": (bad_record(resid_rms=[1.0] * 2 * LAYERS + [-1.0]), "resid_rms"),
+    "dead-long": (bad_record(mlp_dead=[0.0] * (LAYERS + 1)), "mlp_dead"),
+    "dead-past-one": (bad_record(mlp_dead=[0.0] * (LAYERS - 1) + [1.5]), "mlp_dead"),
+    "hist-per-layer": (bad_record(mlp_hist=[[1] * MLP_HIST_BINS] * (LAYERS - 1)), "mlp_hist"),
+    "hist-bins": (bad_record(mlp_hist=[[1] * (MLP_HIST_BINS + 1)] * LAYERS), "mlp_hist"),
+    "hist-negative": (bad_record(mlp_hist=[[1] * (MLP_HIST_BINS - 1) + [-1]] * LAYERS),
+                      "mlp_hist"),
+    "ratio-short": (bad_record(update_ratio=[0.001] * (N - 1)), "update_ratio"),
+    "ratio-nan": (bad_record(update_ratio=[math.nan] * N), "update_ratio"),
 }
 
 
@@ -274,10 +290,49 @@ def test_anatomy_fields_are_stored_served_and_exported(live_server, server_data_
     # CSV: the record's numbers, then each tensor's grad norm by its layout name.
     text = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics?format=csv").text
     header, *rows = [line.split(",") for line in text.splitlines()]
-    assert header == [*COLUMNS, *(f"grad_norm:{name}" for name in TENSORS)]
+    assert header[:len(COLUMNS) + N] == [*COLUMNS, *(f"grad_norm:{name}" for name in TENSORS)]
     for row, want in zip(rows, sent):
         cells = dict(zip(header, row))
         assert cells["grad_nonfinite"] == str(want.get("grad_nonfinite", ""))
         norms = [cells[f"grad_norm:{name}"] for name in TENSORS]
         assert norms == ["" if x is None else repr(x)
                          for x in want.get("tensor_grad_norms", [None] * N)]
+
+
+def inside(k: int) -> dict:
+    """An eval step's inside for the tiny model (server/metrics.py), its numbers made from k."""
+    return {"resid_rms": [round(1 + 0.1 * i + k, 6) for i in range(2 * LAYERS + 1)],
+            "mlp_dead": [round(0.01 * (layer + k), 6) for layer in range(LAYERS)],
+            "mlp_hist": [[layer + k + b for b in range(MLP_HIST_BINS)] for layer in range(LAYERS)],
+            "update_ratio": [None] + [round(1e-3 * (i + k), 9) for i in range(1, N)]}
+
+
+def test_the_inside_is_stored_served_and_exported_a_column_per_entry(live_server):
+    """An eval step's inside round-trips through the store; the CSV has a column per norm, per
+    layer (dead share, each histogram bin) and per tensor (update ratio), empty on the steps
+    without it."""
+    run = new_run(live_server)
+    sent = [{**record(1), **inside(1)}, record(2), {**record(3), **inside(3)}]
+    with connect(ws_url(live_server, f"/ws/runs/{run['id']}")) as ws:
+        hello(ws, run["token"])
+        assert send_metrics(ws, sent) == {"type": "ack", "step": 3}
+    got = metrics(live_server, run["id"])
+    assert [{k: v for k, v in r.items() if k != "time"} for r in got] == sent
+    text = httpx.get(f"{live_server}/api/runs/{run['id']}/metrics?format=csv").text
+    rows = list(DictReader(StringIO(text)))
+    labels = mlp_hist_labels()
+    assert len(labels) == MLP_HIST_BINS and labels[0] == "<=-3" and labels[-1] == ">=3"
+    for row, want in zip(rows, sent):
+        has = "resid_rms" in want
+        w = want if has else inside(0)
+
+        def cells(cols):
+            return [row[c] for c in cols]
+
+        def fmt(xs):
+            return ["" if x is None or not has else repr(x) for x in xs]
+        assert cells(f"resid_rms:{n}" for n in NORMS) == fmt(w["resid_rms"])
+        assert cells(f"mlp_dead:layer {i}" for i in range(LAYERS)) == fmt(w["mlp_dead"])
+        assert cells(f"mlp_hist:layer {i}:{b}" for i in range(LAYERS) for b in labels) == fmt(
+            [c for layer in w["mlp_hist"] for c in layer])
+        assert cells(f"update_ratio:{n}" for n in TENSORS) == fmt(w["update_ratio"])

@@ -24,7 +24,7 @@ from andrea.export import (
     zip_size,
     zip_stream,
 )
-from andrea.metrics import COLUMNS, StoredRecord
+from andrea.metrics import COLUMNS, StoredRecord, mlp_hist_labels
 from andrea.model import run_layout
 from andrea.web.deps import RunDep, SettingsDep, StoreDep, get_existing_run
 from andrea.web.quotas import ClientSlots, app_state
@@ -39,16 +39,18 @@ TENSOR_NORM_COLUMN = "grad_norm:"   # + a tensor's name: the CSV column of its g
 async def get_metrics(run: RunDep, store: StoreDep,
                       format: Annotated[Literal["json", "csv"], Query()] = "json") -> Response:
     """Every committed step record, oldest first: JSON (fields a step did not report are
-    left out) or CSV (one column per numeric field of the record, then `grad_norm:<name>` per
-    parameter tensor of the run's layout, from tensor_grad_norms: empty where a step did not
-    send it). `time` is when the server committed the row (Unix seconds)."""
+    left out) or CSV (one column per numeric field of the record, then the lists, a column per
+    entry: `grad_norm:<tensor>` and `update_ratio:<tensor>` per parameter tensor of the run's
+    layout, `resid_rms:<norm gain>` per RMSNorm, `mlp_dead:layer <i>` and `mlp_hist:layer
+    <i>:<bin>` per layer; empty where a step did not send it: the inside is an eval step's).
+    `time` is when the server committed the row (Unix seconds)."""
     run_id = run["id"]
     if format == "json":
         return StreamingResponse(_json_pages(store, run_id), media_type="application/json",
                                  headers={"content-disposition":
                                           f'inline; filename="andrea-{run_id}.json"'})
-    names = [p["name"] for p in run_layout(run["config"])["params"]]
-    return StreamingResponse(_csv_pages(store, run_id, names), media_type="text/csv", headers={
+    lists = csv_list_columns(run_layout(run["config"]))
+    return StreamingResponse(_csv_pages(store, run_id, lists), media_type="text/csv", headers={
         "content-disposition": f'attachment; filename="andrea-{run_id}.csv"'})
 
 
@@ -69,13 +71,33 @@ async def _json_pages(store, run_id: str):
     yield "[]" if sep == "[" else "]"
 
 
-async def _csv_pages(store, run_id: str, tensor_names: list[str]):
-    tensor_columns = [TENSOR_NORM_COLUMN + name for name in tensor_names]
+def csv_list_columns(layout: dict) -> dict[str, list[str]]:
+    """The CSV's columns for each list field of a record, in entry order (Record says what
+    each list holds one entry for)."""
+    params = layout["params"]
+    layers = [f"layer {i}" for i in range(layout["config"]["n_layer"])]
+    names = [p["name"] for p in params]
+    return {
+        "tensor_grad_norms": [TENSOR_NORM_COLUMN + n for n in names],
+        "update_ratio": [f"update_ratio:{n}" for n in names],
+        "resid_rms": [f"resid_rms:{p['name']}" for p in params if len(p["shape"]) == 1],
+        "mlp_dead": [f"mlp_dead:{layer}" for layer in layers],
+        "mlp_hist": [f"mlp_hist:{layer}:{b}" for layer in layers for b in mlp_hist_labels()],
+    }
+
+
+def _flat(field: str, values: list) -> list:
+    return [x for row in values for x in row] if field == "mlp_hist" else values
+
+
+async def _csv_pages(store, run_id: str, lists: dict[str, list[str]]):
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=[*COLUMNS, *tensor_columns], extrasaction="ignore")
+    fields = [*COLUMNS, *(c for cols in lists.values() for c in cols)]
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     async for page in record_pages(store, run_id):
-        writer.writerows({**r, **dict(zip(tensor_columns, r.get("tensor_grad_norms") or ()))}
+        writer.writerows({**r, **{c: v for field, cols in lists.items()
+                                  for c, v in zip(cols, _flat(field, r.get(field) or ()))}}
                          for r in page)
         yield buf.getvalue()
         buf.seek(0)

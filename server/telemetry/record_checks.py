@@ -18,6 +18,25 @@ def tensor_count(config: dict) -> int:
     return len(run_layout(config)["params"])
 
 
+def layer_count(config: dict) -> int:
+    """The layers of a run's model: what its per-layer lists (mlp_dead, mlp_hist) hold one entry
+    for; resid_rms has one per norm gain, two a layer and the final norm's."""
+    return run_layout(config)["config"]["n_layer"]
+
+
+def check_inside(n_layer: int, records: list[Record]) -> None:
+    """resid_rms has 2 n_layer + 1 numbers, mlp_dead and mlp_hist one entry per layer."""
+    sizes = {"resid_rms": (2 * n_layer + 1, "one per RMSNorm: two a layer and the final norm"),
+             "mlp_dead": (n_layer, "one per layer"), "mlp_hist": (n_layer, "one per layer")}
+    for r in records:
+        for field, (want, words) in sizes.items():
+            values = getattr(r, field)
+            if values is not None and len(values) != want:
+                raise ProtocolError(1003, f"{field} of step {r.step}: {len(values)} entries for a"
+                                          f" model of {n_layer} layers; give {want}, {words}. "
+                                          + NOTHING_STORED)
+
+
 def check_rows(batch_size: int, records: list[Record]) -> None:
     """row_losses, where sent, has one number per row of the run's batch."""
     for r in records:
@@ -43,11 +62,12 @@ def check_precision(precision: str, records: list[Record]) -> None:
 
 
 def check_tensors(n_tensors: int, records: list[Record]) -> None:
-    """tensor_grad_norms and tensor_nonfinite, where sent, have one entry per parameter tensor
+    """tensor_grad_norms, tensor_nonfinite and update_ratio, where sent, have one entry per
+    parameter tensor
     (GET /api/runs/{id}/layout's params, in order); tensor_nonfinite only on a step whose
     grad_nonfinite is above 0, and summing to it."""
     for r in records:
-        for field in ("tensor_grad_norms", "tensor_nonfinite"):
+        for field in ("tensor_grad_norms", "tensor_nonfinite", "update_ratio"):
             values = getattr(r, field)
             if values is not None and len(values) != n_tensors:
                 raise ProtocolError(1003, f"{field} of step {r.step}: {len(values)} entries for"

@@ -45,7 +45,14 @@ from andrea.telemetry.protocol import (
     receive_text,
     refusal,
 )
-from andrea.telemetry.record_checks import check_precision, check_rows, check_tensors, tensor_count
+from andrea.telemetry.record_checks import (
+    check_inside,
+    check_precision,
+    check_rows,
+    check_tensors,
+    layer_count,
+    tensor_count,
+)
 from andrea.telemetry.uvicorn_shim import limit_pings
 from andrea.web.deps import (
     REVOKED,
@@ -214,6 +221,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
         steps = run["config"]["steps"]
         sources = _RunSources(data, run["config"])
         n_tensors = tensor_count(run["config"])     # the per-tensor lists' length
+        n_layer = layer_count(run["config"])        # the per-layer lists'
         # Quotas (quotas.py): the run's samples, counted from the store once, then here; its
         # records' rate, per socket.
         samples = SampleQuota(*await store.run(store.sample_usage, run_id),
@@ -241,6 +249,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 _check_steps(steps, *(r.step for r in msg.records))
                 check_rows(run["config"]["batch_size"], msg.records)
                 check_tensors(n_tensors, msg.records)
+                check_inside(n_layer, msg.records)
                 check_precision(run["config"].get("precision", "fp32"), msg.records)
                 await sources.check(msg.records)    # before anything is committed
                 if wait := max(wait, rate.take(len(msg.records))):

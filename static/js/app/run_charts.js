@@ -4,10 +4,12 @@
 // the wall-clock axis) extend over the new rows only, and every chart redraws once per
 // animation frame, for live records at most every LIVE_REDRAW_MS. Marks: the bandit's phase
 // changes and the steps the run was resumed from.
-// Records with per-tensor gradient norms also get the heatmap (heatmap.js), on the same x.
+// Records with per-tensor gradient norms also get the heatmap (heatmap.js), on the same x, and
+// eval records with the model's inside its small multiples (inside_view.js).
 import { fetchJson } from './api.js';
 import { COLORS, Chart, DASHES, Throttle } from './charts.js';
 import { GradHeatmap } from './heatmap.js';
+import { InsideView } from './inside_view.js';
 import {
   Derived, clipEvents, elapsedColumn, phaseMarks, rowOf, runningSmooth, sourceColumns,
 } from './series.js';
@@ -68,6 +70,7 @@ export class RunCharts {
         { label: 'optimizer (GPU)', color: '#c2185b' }], { ...o, y: 'ms', positive: true }),
     };
     this.heatmap = new GradHeatmap(runId, series);
+    this.inside = new InsideView(runId, series);
     window.andreaCharts = this.charts;   // tests read the plots' tick labels
     $('smoothing').addEventListener('input', () => this.redraw());
     $('logscale').addEventListener('change', () => {
@@ -82,7 +85,7 @@ export class RunCharts {
 
   all() {
     return [...Object.values(this.charts), ...Object.values(this.sourceCharts ?? {}),
-      ...(this.heatmap.chart ? [this.heatmap.chart] : [])];
+      ...(this.heatmap.chart ? [this.heatmap.chart] : []), ...this.inside.charts()];
   }
 
   setConfig(config) {
@@ -171,6 +174,7 @@ export class RunCharts {
     charts.time.setData([xs, c.step_ms, c.opt_ms]);
     if (this.sourceCharts) this.drawSources(xs, from);
     this.heatmap.update(xs, from);
+    this.inside.update(xs, from);
     stat('clipped steps', `${clipped.count} of ${series.length}`);
   }
 

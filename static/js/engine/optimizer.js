@@ -166,11 +166,13 @@ export class Optimizer {
 
     // Norm partials: one per segment (norm_segments.js), summed per tensor in index order.
     const segPlan = normSegments(this.layout, this.partialElems);
+    this.segPlan = segPlan;   // the update probe (update_probe.js) sums over the same segments
     this.segs = this._buffer(segPlan.segs.byteLength, 'segs', segPlan.segs);
     this.tsegs = this._buffer(segPlan.tsegs.byteLength, 'tsegs', segPlan.tsegs);
     this.partials = this._buffer(Math.max(segPlan.count, 1) * 8, 'partials');
 
     const reduceConsts = { WG_R: wgReduce, VPT: VEC4_PER_THREAD };
+    this.reduceConsts = reduceConsts;
     const pipe = async (entry, constants, names = BINDINGS[entry]) =>
       ({ ...await this.lib.pipeline(FILE, entry, constants, names), entry });
     const pipes = {

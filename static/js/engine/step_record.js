@@ -25,9 +25,11 @@ const digits7 = (x) => (Number.isFinite(x) ? Number(x.toPrecision(7)) : null);
  * The record of a step from its mapped slot `range` (ArrayBuffer): opt (the Optimizer: readStats),
  * B, T, batch (.sources per row, .phase), lr, ms (wall time since the previous step's record),
  * optMs (the optimizer pass's GPU ms or null), evalLoss, evalAcc (a task run's exact-match
- * accuracy on the held-out batch, or null).
+ * accuracy on the held-out batch, or null), inside (an eval step's: resid_rms, mlp_dead,
+ * mlp_hist, update_ratio; trainer.js readInside), or null.
  */
-export function stepRecord(range, { opt, B, T, step, lr, batch, ms, optMs, evalLoss, evalAcc }) {
+export function stepRecord(range, { opt, B, T, step, lr, batch, ms, optMs, evalLoss, evalAcc,
+  inside = null }) {
   const N = B * T;
   const at = slotLayout(opt.statsBytes, N);
   const [loss, logitMax, denomMin] = new Float32Array(range, at.loss, 3);
@@ -71,5 +73,6 @@ export function stepRecord(range, { opt, B, T, step, lr, batch, ms, optMs, evalL
   if (batch.phase !== null) rec.phase = batch.phase;
   if (evalLoss !== null && evalLoss !== undefined && Number.isFinite(evalLoss)) rec.eval_loss = evalLoss;
   if (evalAcc !== null && evalAcc !== undefined) rec.eval_acc = evalAcc;
+  if (inside) Object.assign(rec, inside);
   return rec;
 }

@@ -25,6 +25,8 @@ import { generate } from './sampler.js';
 import { evalAt, lrAt, sampleAt } from './schedule.js';
 import { RING, STAMPS, slotLayout, stepRecord } from './step_record.js';
 import { argmaxRows, exactMatch } from './task_eval.js';
+import { mlpRows, mlpStats, residualRms } from './inside_stats.js';
+import { UpdateProbe } from './update_probe.js';
 
 const QUERY_STRIDE = 256;   // resolveQuerySet's destination offsets must be multiples of 256
 const SAMPLE_JOIN = '⟨…⟩';  // between a sample's prompt and what the model wrote (app/text.js)
@@ -180,9 +182,60 @@ export class Trainer {
     // once: no accuracy there (a task's vocabulary of 16 is always one chunk).
     this.evalLogits = Boolean(this.task) && this.plan.heads.length === 1;
     const logitBytes = this.evalLogits ? this.B * this.T * this.layout.config.vocab_size * 4 : 0;
-    this.evalBuf = this.device.createBuffer({ label: 'eval readback', size: EVAL_LOGITS + logitBytes,
+    // Where evals run, each also records the model's inside (inside_stats.js): the update probe's
+    // per-tensor sums, every RMSNorm's 1/rms per position, the MLPs' first activations.
+    this.inside = this.loadValBatch && c.eval_every > 0
+      ? await this.insideReadback(EVAL_LOGITS + logitBytes) : null;
+    this.evalBuf = this.device.createBuffer({ label: 'eval readback',
+      size: this.inside?.end ?? EVAL_LOGITS + logitBytes,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
+  }
+
+  /** The eval readback's inside part from byte `at`: {probe, probeAt, norms: [rstd buffer] in
+   *  the parameter table's norm order (each layer's input_layernorm, post_attention_layernorm,
+   *  then the final norm), normsAt, R (MLP positions read), mlpAt, end}. */
+  async insideReadback(at) {
+    const { n_layer: L, ffn_dim: F } = this.layout.config;
+    const N = this.B * this.T;
+    const a = this.plan.acts;
+    const probe = await UpdateProbe.create(this.ctx, this.opt);
+    const norms = [...Array(L).keys()].flatMap((l) => [a.rstd1[l], a.rstd2[l]]).concat([a.rstdf]);
+    const normsAt = at + probe.bytes;
+    const R = mlpRows(N, F);
+    const mlpAt = normsAt + norms.length * N * 4;
+    return { probe, probeAt: at, norms, normsAt, R, mlpAt, end: mlpAt + L * R * F * 4,
+      snapped: false };
+  }
+
+  /** Copies the eval forward's inside into the eval readback (and, after a step whose weights
+   *  the probe copied, the probe's sums). */
+  encodeInside(enc) {
+    const ins = this.inside;
+    const N = this.B * this.T;
+    ins.norms.forEach((b, i) => enc.copyBufferToBuffer(b, 0, this.evalBuf, ins.normsAt + i * N * 4, N * 4));
+    const F = this.layout.config.ffn_dim;
+    this.plan.acts.h.forEach((b, l) => enc.copyBufferToBuffer(b, 0, this.evalBuf,
+      ins.mlpAt + l * ins.R * F * 4, ins.R * F * 4));
+    if (ins.snapped) {
+      ins.probe.encode(enc);
+      ins.probe.copyTo(enc, this.evalBuf, ins.probeAt);
+    }
+  }
+
+  /** The record's inside fields from the mapped eval readback. */
+  readInside(range, probed) {
+    const ins = this.inside;
+    const { n_layer: L, ffn_dim: F, norm_eps: eps } = this.layout.config;
+    const N = this.B * this.T;
+    const mlp = [...Array(L).keys()].map((l) =>
+      mlpStats(new Float32Array(range, ins.mlpAt + l * ins.R * F * 4, ins.R * F), ins.R, F));
+    return {
+      resid_rms: ins.norms.map((_, i) => residualRms(new Float32Array(range, ins.normsAt + i * N * 4, N), eps)),
+      mlp_dead: mlp.map((m) => Number(m.dead.toPrecision(7))),
+      mlp_hist: mlp.map((m) => m.hist),
+      ...(probed ? { update_ratio: ins.probe.read(range, ins.probeAt) } : {}),
+    };
   }
 
   /** Runs fn(model) on the weights as they are between two steps (a prompt box's question to
@@ -273,6 +326,11 @@ export class Trainer {
         const q0 = STAMPS * slotIndex;
         this.model.encodeStep(enc, this.plan, this.queries ? { timestampWrites: {
           querySet: this.queries, beginningOfPassWriteIndex: q0 } } : null);
+        // An eval step's update is probed: the weights before it, for its eval to compare.
+        if (this.inside && this.wantEval(step)) {
+          this.inside.probe.snapshot(enc);
+          this.inside.snapped = true;
+        }
         this.opt.encode(enc, this.queries ? { timestampWrites: { querySet: this.queries,
           beginningOfPassWriteIndex: q0 + 1, endOfPassWriteIndex: q0 + 2 } } : {});
         const N = this.B * this.T;
@@ -298,7 +356,8 @@ export class Trainer {
         slot.pending = Promise.all([slot.buf.mapAsync(GPUMapMode.READ), evalLoss]).then(([, ev]) => {
           const now = performance.now();
           prof.mapMs += now - slot.mappedAt;
-          const rec = this.readSlot(slot, step, lr, batch, now - lastDone, ev?.loss, ev?.acc);
+          const rec = this.readSlot(slot, step, lr, batch, now - lastDone, ev?.loss, ev?.acc,
+            ev?.inside);
           lastDone = now;
           slot.done = true;
           slot.pending = null;
@@ -367,13 +426,13 @@ export class Trainer {
     return this.state;
   }
 
-  readSlot(slot, step, lr, batch, ms, evalLoss, evalAcc) {
+  readSlot(slot, step, lr, batch, ms, evalLoss, evalAcc, inside = null) {
     const range = slot.buf.getMappedRange();
     // The last step's end stays out of stats (a BigInt would not serialize to JSON).
     const optMs = this.queries ? addGpuTimes(this.stats.loop, this.lastGpu,
       new BigUint64Array(range, this.slot.stamps, STAMPS)) : null;
     const rec = stepRecord(range, { opt: this.opt, B: this.B, T: this.T, step, lr, batch, ms,
-      optMs, evalLoss, evalAcc });
+      optMs, evalLoss, evalAcc, inside });
     slot.buf.unmap();
     return rec;
   }
@@ -406,6 +465,9 @@ export class Trainer {
     encodeOps(enc, this.plan.forward);
     // The loss overwrites the logits with their gradient: copied before it.
     if (this.evalLogits) enc.copyBufferToBuffer(this.plan.acts.logits, 0, this.evalBuf, EVAL_LOGITS, N * V * 4);
+    const probed = Boolean(this.inside?.snapped);
+    if (this.inside) this.encodeInside(enc);
+    if (probed) this.inside.snapped = false;
     encodeOps(enc, this.plan.loss);
     enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, this.evalBuf, 0, 4);
     this.device.queue.submit([enc.finish()]);
@@ -418,9 +480,10 @@ export class Trainer {
         const { right, total } = exactMatch(predicted, val.targets, this.B, this.T, this.task);
         acc = total ? right / total : null;
       }
+      const inside = this.inside ? this.readInside(range, probed) : null;
       this.evalBuf.unmap();
       this.evalPending = null;
-      return { loss, acc };
+      return { loss, acc, inside };
     });
     return { result: this.evalPending };
   }
@@ -469,6 +532,7 @@ export class Trainer {
     for (const s of this.ring ?? []) s.buf.destroy();
     this.ckpt.destroy();   // a checkpoint still being read back
     this.evalBuf?.destroy();
+    this.inside?.probe.destroy();
     this.queryBuf?.destroy();
     this.queries?.destroy();
   }
