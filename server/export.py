@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from andrea.data import tasks
 from andrea.data.tokenizer import EOT, EOT_ID, tokenizer_dir
 from andrea.model import run_layout, run_model
 from andrea.model_card import corpus_meta, model_card, summary
@@ -43,7 +44,16 @@ ZIP_TIME = (1980, 1, 1, 0, 0, 0)   # zip entries carry no clock: the archive is 
 
 
 def tokenizer_path(data_dir: Path, run: dict) -> Path | None:
-    """The tokenizer the run trained with (cached under the run's own corpus hash), if built."""
+    """The tokenizer the run trained with: a corpus run's cached under its corpus hash, if
+    built; a toy task run's alphabet (data/tasks.py), written there the first time."""
+    if run["config"].get("task"):
+        path = tokenizer_dir(data_dir, tasks.TOKENIZER_KEY, tasks.VOCAB) / "tokenizer.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(tasks.tokenizer().to_str(), encoding="utf-8")
+            os.replace(tmp, path)
+        return path
     vocab = run_model(run["config"]).vocab_size
     path = tokenizer_dir(data_dir, run["config"].get("corpus_hash", ""), vocab) / "tokenizer.json"
     return path if path.exists() else None
@@ -76,22 +86,30 @@ def generation_config(seq_len: int) -> dict:
             "max_length": seq_len}
 
 
-def tokenizer_config(seq_len: int) -> dict:
+def end_token(run: dict) -> str:
+    """What ends a run's text, token 0 (generation's eos): <|endoftext|> after each document of
+    a corpus, the newline after each problem of a toy task."""
+    return tasks.END if run["config"].get("task") else EOT
+
+
+def tokenizer_config(seq_len: int, end: str = EOT) -> dict:
     """GPT-2's convention: <|endoftext|> is bos, eos, unk and (here) pad. No BOS is added: the
-    model saw documents each followed by <|endoftext|>, never a BOS before a document."""
+    model saw documents each followed by <|endoftext|>, never a BOS before a document. A task's
+    newline is an ordinary token of its alphabet, its bos, eos and pad."""
+    added = {"added_tokens_decoder": {str(EOT_ID): {
+        "content": EOT, "lstrip": False, "normalized": False, "rstrip": False,
+        "single_word": False, "special": True}}} if end == EOT else {}
     return {
-        "add_bos_token": False, "add_eos_token": False,
-        "added_tokens_decoder": {str(EOT_ID): {
-            "content": EOT, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True}},
+        "add_bos_token": False, "add_eos_token": False, **added,
         "backend": "tokenizers", "clean_up_tokenization_spaces": False,
         "model_max_length": seq_len, "tokenizer_class": "PreTrainedTokenizerFast",
-        **special_tokens_map(),
+        **special_tokens_map(end),
     }
 
 
-def special_tokens_map() -> dict:
-    return {"bos_token": EOT, "eos_token": EOT, "pad_token": EOT, "unk_token": EOT}
+def special_tokens_map(end: str = EOT) -> dict:
+    return {"bos_token": end, "eos_token": end, "pad_token": end,
+            **({"unk_token": end} if end == EOT else {})}
 
 
 def tensors(layout: dict, flat: np.ndarray) -> dict[str, np.ndarray]:
@@ -197,18 +215,14 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def check_eot(tokenizer: Path) -> None:
-    """The ids in the configs are only right if the tokenizer's <|endoftext|> is id 0."""
-    added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens", [])
-    if not any(t["content"] == EOT and t["id"] == EOT_ID for t in added):
-        raise ValueError(f"{tokenizer} does not have {EOT} as token {EOT_ID}")
-
-
-def write_tokenizer(tokenizer: Path, seq_len: int, out: Path) -> None:
-    check_eot(tokenizer)
-    shutil.copyfile(tokenizer, out / "tokenizer.json")
-    _write_json(out / "tokenizer_config.json", tokenizer_config(seq_len))
-    _write_json(out / "special_tokens_map.json", special_tokens_map())
+def check_end(tokenizer: Path, end: str = EOT) -> None:
+    """The ids in the configs are only right if the run's end token is the tokenizer's id 0:
+    <|endoftext|> (an added token of a corpus's BPE), a task's newline (of its alphabet)."""
+    spec = json.loads(tokenizer.read_text(encoding="utf-8"))
+    ids = {**spec["model"].get("vocab", {}),
+           **{t["content"]: t["id"] for t in spec.get("added_tokens", [])}}
+    if ids.get(end) != EOT_ID:
+        raise ValueError(f"{tokenizer} does not have {end!r} as token {EOT_ID}")
 
 
 def clear_tokenizer(out: Path) -> None:
@@ -251,9 +265,10 @@ def export_files(run: dict, data_dir: Path, tokenizer: Path | None,
              "generation_config.json": _json_bytes(generation_config(seq_len))}
     files = []
     if tokenizer is not None:
-        check_eot(tokenizer)
-        small["tokenizer_config.json"] = _json_bytes(tokenizer_config(seq_len))
-        small["special_tokens_map.json"] = _json_bytes(special_tokens_map())
+        end = end_token(run)
+        check_end(tokenizer, end)
+        small["tokenizer_config.json"] = _json_bytes(tokenizer_config(seq_len, end))
+        small["special_tokens_map.json"] = _json_bytes(special_tokens_map(end))
         files.append(ExportFile("tokenizer.json", os.stat(tokenizer).st_size,
                                 _file_pieces(tokenizer)))
     corpus = corpus_meta(corpus_dir or data_dir, run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from andrea.data import tasks
 from andrea.data.tokenizer import EOT, EOT_ID
 from andrea.data.tokens import tokens_dir
 from andrea.model import model_name, run_model
@@ -66,7 +67,26 @@ DATA_MODES = {
 }
 
 
+TASK_WORDS = {
+    "copy": "copy {n} digits", "reverse": "reverse {n} digits", "sort": "sort {n} digits",
+    "add": "add two {n}-digit numbers", "mod": "add two numbers modulo 97",
+}
+
+
+def task_text(cfg: dict) -> str:
+    """A toy task run's data (andrea.data.tasks): its problems, its held-out ones."""
+    prompt, answer = tasks.example(cfg["task"], cfg.get("task_digits"))
+    held = ("half of the 97 x 97 pairs, chosen by the seed" if cfg["task"] == "mod"
+            else "a tenth of the prompts, by hash")
+    return (f"The toy task `{cfg['task']}`: {TASK_WORDS[cfg['task']].format(n=cfg['task_digits'])}"
+            f", problems such as `{prompt}{answer}` each ended by a newline, made from the run's "
+            f"seed, one problem per row. Held out, never trained on: {held}; the eval measures "
+            "the loss and the exact match (every answer token right) on them.")
+
+
 def data_text(cfg: dict, corpus: dict | None) -> str:
+    if cfg.get("task"):
+        return task_text(cfg)
     mode = cfg["data_mode"]
     lines = [f"Corpus `{cfg.get('corpus_hash', '')}`, data mode `{mode}` "
              f"({DATA_MODES.get(mode, mode)}); the last {_val_pct(corpus)} of each source is "
@@ -102,6 +122,25 @@ tags:
 ---
 """
 
+def usage(cfg: dict) -> str:
+    """How to use the folder: a corpus run's continues text, a task run's answers a problem."""
+    if not cfg.get("task"):
+        return USAGE
+    prompt, _ = tasks.example(cfg["task"], cfg.get("task_digits"))
+    return f"""## Use
+
+```python
+from transformers import pipeline
+
+answer = pipeline("text-generation", model="path/to/this/folder")
+print(answer("{prompt}", do_sample=False)[0]["generated_text"])
+```
+
+Generation stops at the newline that ends an answer (token 0); the tokenizer has one token per
+character of the task's alphabet.
+"""
+
+
 USAGE = f"""## Use
 
 ```python
@@ -127,8 +166,10 @@ def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
         ("parameters", f"{layout['n_params']:,}"),
         ("layers, heads, width, FFN",
          f"{m['n_layer']}, {m['n_head']}, {m['n_embd']}, {m['ffn_dim']}"),
-        ("vocabulary", f"{m['vocab_size']:,} byte-level BPE tokens; `{EOT}` (id {EOT_ID}) "
-                       "ends a document"),
+        ("vocabulary", f"{m['vocab_size']} tokens: one per character of "
+                       f"`{tasks.ALPHABET[1:]}` and the newline (id 0) that ends a problem"
+         if cfg.get("task") else f"{m['vocab_size']:,} byte-level BPE tokens; `{EOT}` (id "
+                                 f"{EOT_ID}) ends a document"),
         ("context", f"trained on {cfg['seq_len']:,}-token windows (positions up to "
                     f"{m['seq_len']:,})"),
     ]
@@ -167,6 +208,6 @@ def model_card(run: dict, layout: dict, records: dict, corpus: dict | None,
         "## Training", "", _table(training_rows(run, records, step)), "",
         "Losses are mean token cross-entropy in nats.", "",
         "## Data", "", data_text(cfg, corpus), "",
-        USAGE,
+        usage(cfg),
         "## Made with", "", "```", made_with, "```", "",
     ])

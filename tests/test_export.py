@@ -272,3 +272,37 @@ def test_export_without_out_writes_a_folder_named_after_the_run(run, export_data
     from andrea.cli.export_command import default_out
     assert default_out(run["id"], None) == Path(run["id"])
     assert default_out(run["id"], 7) == Path(f"{run['id']}-step7")
+
+
+def test_a_task_runs_export_has_its_alphabet_and_stops_at_the_newline(export_data, tmp_path):
+    """A toy task run exports with its own tokenizer (one token per character of its alphabet,
+    token 0 the newline that ends each problem: generation's eos), and transformers answers a
+    problem from the folder alone."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from andrea.data import tasks
+
+    with TestClient(create_app(Settings(data_dir=export_data))) as client:
+        run = client.post("/api/runs", json={"preset": "tiny", "task": "reverse",
+                                             "task_digits": 3, "steps": 10}).json()
+        ids = [tasks.ALPHABET.index(c) for c in ">321"] + [0]    # "1 2 3 >" answers "321\n"
+        w = chain_weights(run["layout"], ids)
+        r = client.put(f"/api/runs/{run['id']}/weights", content=w.astype("<f4").tobytes(),
+                       headers={"authorization": f"Bearer {run['token']}"})
+        assert r.status_code == 204, r.text
+    out = tmp_path / "task"
+    assert main(["export", run["id"], "--out", str(out), "--data-dir", str(export_data)]) == 0
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(
+        files(out))
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.eos_token == tok.pad_token == "\n" and tok.eos_token_id == 0
+    assert tok("123>")["input_ids"] == [tasks.ALPHABET.index(c) for c in "123>"]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    prompt = tok("123>", return_tensors="pt")
+    with torch.no_grad():
+        gen = model.generate(**prompt, max_new_tokens=8, do_sample=False)[0].tolist()
+    assert tok.decode(gen[4:]) == "321\n", gen        # the answer, then the newline: it stops
+    card = (out / "README.md").read_text()
+    assert "The toy task `reverse`: reverse 3 digits" in card and "byte-level BPE" not in card
+    assert 'answer("' in card and "<|endoftext|>" not in card

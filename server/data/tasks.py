@@ -145,6 +145,12 @@ def problem(task: str, n: int, seed: int, rng: np.random.Generator, split: str
             return prompt, answer
 
 
+def example(task: str, digits: int | None = None) -> tuple[str, str]:
+    """One problem of the task, the same every time: (prompt, answer)."""
+    f = facts(task, digits)
+    return problem(task, f.digits, 0, np.random.default_rng(0), "train")
+
+
 def rows(task: str, digits: int | None, seed: int, step: int, split: str, B: int, T: int
          ) -> np.ndarray:
     """[B, T + 1] uint32 tokens of a batch: each row problems end to end, cut at T + 1."""

@@ -24,7 +24,6 @@ import asyncio
 import base64
 from typing import Annotated, Literal
 
-import numpy as np
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -134,7 +133,7 @@ def task_info(task: str, digits: Annotated[int | None, Query(ge=1, le=tasks.MAX_
         f = tasks.facts(task, digits)
     except ValueError as e:
         raise HTTPException(404 if task not in tasks.TASKS else 400, str(e)) from e
-    prompt, answer = tasks.problem(task, f.digits, 0, np.random.default_rng(0), "train")
+    prompt, answer = tasks.example(task, f.digits)
     return TaskInfo(**f.to_dict(), example=prompt + answer + tasks.END)
 
 

@@ -246,7 +246,10 @@ async function updateMemory() {
   const mirror = c.f16_mirror ? layout.total_numel * 2 : 0;
   const B = c.batch_size ?? 0;
   const acts = activationBytes(layout.config, B, T, state.limits, c.precision === 'mixed').total;
-  const total = 2 * weights + opt.state_bytes + mirror + acts;
+  // Where evals run, each also measures the model's inside: the update probe keeps a copy of
+  // the weights (engine/update_probe.js).
+  const probe = c.eval_every > 0 ? weights : 0;
+  const total = 2 * weights + opt.state_bytes + mirror + acts + probe;
   const rows = [
     ['parameters', `${(layout.n_params / 1e6).toFixed(2)} M`],
     ['weights + grads (f32)', MiB(2 * weights)],
@@ -255,6 +258,7 @@ async function updateMemory() {
       `${MiB(opt.state_bytes)} (${fmtBytesPerParam(opt.bytes_per_param)})`],
     ...(mirror ? [['f16 weight mirror', MiB(mirror)]] : []),
     [`activations (batch ${B} x ${T})`, MiB(acts)],
+    ...(probe ? [['weights before an eval step (the inside\'s update ratio)', MiB(probe)]] : []),
     ['estimated GPU memory', MiB(total)],
   ];
   const gpuProblems = state.limits ? limitProblems(layout, B, T, state.limits) : [];
