@@ -1,4 +1,4 @@
-"""Toy tasks learned through the app (server/data/tasks.py): how long a run takes to reach
+"""Toy tasks learned through the app (server/tasks.py): how long a run takes to reach
 50%, 90% and 99% exact match on held-out problems, in training seconds and steps.
 
 Each row is `andrea train` (the run page in headless Chromium: SwiftShader here, the GPU with
@@ -17,8 +17,8 @@ import argparse
 
 import httpx
 
+from andrea import tasks
 from andrea.cli.launch import served
-from andrea.data import tasks
 from bench.browser import andrea_train
 
 LEVELS = (0.5, 0.9, 0.99)

@@ -1,4 +1,4 @@
-"""How fast a toy task is learned (server/data/tasks.py), with PyTorch doing what a training tab
+"""How fast a toy task is learned (server/tasks.py), with PyTorch doing what a training tab
 does: to size the toy preset and its defaults before the app's own measurement (bench/tasks.py).
 
 Each row is one run created on the real server (in process): its batches, its held-out
@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea import tasks
 from andrea.app import create_app
 from andrea.config import Settings
-from andrea.data import tasks, wire
+from andrea.data import wire
 from andrea.room.init import seeded_weights
 from bench.room_torch import DEVICE, Worker, create
 from tests.conftest import LocalClient

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
-from andrea.data import tasks
+from andrea import tasks
 from tests.browser import PAGE_WAIT_MS
 
 STEPS = 300

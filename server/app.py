@@ -26,7 +26,7 @@ from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry
 from andrea.fanout import Fanout
 from andrea.page_facts import page_facts
-from andrea.room.lifecycle import recover_rooms
+from andrea.room.lifecycle import close_due_rounds, recover_rooms
 from andrea.routes import (
     checkpoints,
     data,
@@ -101,9 +101,11 @@ async def _lifespan(app: FastAPI):
     # The runs whose tabs should come back: the old process's watchdogs went with it.
     await watch_runs_left(store, app.state.fanout, settings.trainer_grace_s)
     # Runs that never started: those left from before a restart now, then every few seconds.
+    # With them, the room runs' rounds whose deadline passed and their silent workers.
     await sweep.expire_runs(store, app.state.fanout, settings.start_grace_s,
                            settings.data_dir if settings.shares_store else None,
-                           app.state.checkpoints, app.state.storage)
+                           also=lambda: close_due_rounds(store, app.state.fanout,
+                                                         app.state.checkpoints, app.state.storage))
     yield
     await app.state.fanout.shutdown()   # pending "trainer went away" checks
     app.state.store.close()             # pending writes land, then the file is closed

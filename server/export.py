@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from andrea.data import tasks
+from andrea import tasks
 from andrea.data.tokenizer import EOT, EOT_ID, tokenizer_dir
 from andrea.model import run_layout, run_model
 from andrea.model_card import corpus_meta, model_card, summary
@@ -45,7 +45,7 @@ ZIP_TIME = (1980, 1, 1, 0, 0, 0)   # zip entries carry no clock: the archive is 
 
 def tokenizer_path(data_dir: Path, run: dict) -> Path | None:
     """The tokenizer the run trained with: a corpus run's cached under its corpus hash, if
-    built; a toy task run's alphabet (data/tasks.py), written there the first time."""
+    built; a toy task run's alphabet (tasks.py), written there the first time."""
     if run["config"].get("task"):
         path = tokenizer_dir(data_dir, tasks.TOKENIZER_KEY, tasks.VOCAB) / "tokenizer.json"
         if not path.exists():

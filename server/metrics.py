@@ -53,7 +53,7 @@ class Record(BaseModel):
     tokens_per_s: NonNegative | None = None
     step_ms: NonNegative | None = None
     eval_loss: Finite | None = None
-    # A toy task run's exact-match accuracy on the eval's held-out problems (server/data/tasks.py).
+    # A toy task run's exact-match accuracy on the eval's held-out problems (server/tasks.py).
     eval_acc: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     phase: Step | None = None           # the bandit phase of the step's batch (<= its step)
     # GPU time of the optimizer phase (norm, clip, AdamW), where the adapter has timestamp-query.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from andrea.data.tasks import VOCAB as TASK_VOCAB
+from andrea.tasks import VOCAB as TASK_VOCAB
 
 # minStorageBufferOffsetAlignment is 256 bytes on every adapter we target. Tensors start on
 # 512-byte (128-element) boundaries so that the f16 mirror (2 bytes per element, same element
@@ -66,7 +66,7 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # CI and parity: a step stays well under a second on SwiftShader.
     "tiny": ModelConfig(vocab_size=512, n_embd=64, n_layer=2, n_head=4, ffn_dim=192, seq_len=64),
-    # The toy tasks' (data/tasks.py; a task run's vocabulary is its alphabet's 16): in PyTorch
+    # The toy tasks' (tasks.py; a task run's vocabulary is its alphabet's 16): in PyTorch
     # (bench/tasks_torch.py) reverse of 10 digits reached 99% exact match in 500 steps at width
     # 128 and stayed near 0% at tiny's 64; 3-digit addition reached 99% in 1350 steps with 3
     # layers.
@@ -92,7 +92,7 @@ def run_model(config: dict) -> ModelConfig:
     positions, so only the declared maximum changes)."""
     base = PRESETS[config["preset"]]
     shape = {k: config.get(k) or getattr(base, k) for k in SHAPE_FIELDS}
-    if config.get("task"):           # a toy task's tokens are its alphabet's (data/tasks.py)
+    if config.get("task"):           # a toy task's tokens are its alphabet's (tasks.py)
         shape["vocab_size"] = TASK_VOCAB
     T = max(base.seq_len, config.get("seq_len") or 0)
     return ModelConfig(**shape, seq_len=T)

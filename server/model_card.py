@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from andrea.data import tasks
+from andrea import tasks
 from andrea.data.tokenizer import EOT, EOT_ID
 from andrea.data.tokens import tokens_dir
 from andrea.model import model_name, run_model
@@ -74,7 +74,7 @@ TASK_WORDS = {
 
 
 def task_text(cfg: dict) -> str:
-    """A toy task run's data (andrea.data.tasks): its problems, its held-out ones."""
+    """A toy task run's data (andrea.tasks): its problems, its held-out ones."""
     prompt, answer = tasks.example(cfg["task"], cfg.get("task_digits"))
     held = ("half of the 97 x 97 pairs, chosen by the seed" if cfg["task"] == "mod"
             else "a tenth of the prompts, by hash")

@@ -5,7 +5,6 @@ andrea.page_facts` prints them (the Node tests of the page modules read them tha
 
 from __future__ import annotations
 
-import json
 import typing
 
 from andrea.run_config import CLIP_MODES, MIXED_DAWN_TOGGLES, OPTIMIZER_HYPER, RunConfig
@@ -49,7 +48,3 @@ def page_facts(routers=()) -> dict:
         "routes": route_paths(routers),
     }
 
-
-if __name__ == "__main__":
-    from andrea.app import ROUTERS
-    print(json.dumps(page_facts(ROUTERS)))

@@ -8,12 +8,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from andrea.data.tasks import MAX_DIGITS as MAX_TASK_DIGITS
-from andrea.data.tasks import TASKS, task_digits
-from andrea.data.tasks import VOCAB as TASK_VOCAB
-from andrea.data.tasks import facts as task_facts
 from andrea.metrics import MAX_BATCH, MAX_LAYERS
 from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
+from andrea.tasks import MAX_DIGITS as MAX_TASK_DIGITS
+from andrea.tasks import TASKS, task_digits
+from andrea.tasks import VOCAB as TASK_VOCAB
+from andrea.tasks import facts as task_facts
 
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 MAX_WARMUP = 20                     # the default warmup: min(MAX_WARMUP, steps // 10)
@@ -154,7 +154,7 @@ class RunConfig(BaseModel):
     sources: list[str] | None = Field(
         None, min_length=1, max_length=255,
         description="the corpus sources to train on (names from GET /api/corpus); default: all")
-    # A toy task instead of the corpus (server/data/tasks.py): problems made from the run's
+    # A toy task instead of the corpus (server/tasks.py): problems made from the run's
     # seed in a character alphabet (the model's vocabulary is its 16 tokens), with an exact-match
     # accuracy on held-out problems at each eval.
     task: Literal[TASKS] | None = Field(None, description=(  # type: ignore[valid-type]

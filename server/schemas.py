@@ -88,7 +88,7 @@ class BatchSpecInfo(BaseModel):
     weights: list[float]
     corpus_hash: str
     sources: list[str] = []         # the sources rows come from; [] = every one
-    task: str = ""                  # a toy task's problems instead (data/tasks.py)
+    task: str = ""                  # a toy task's problems instead (tasks.py)
     task_digits: int = 0
 
 
@@ -243,7 +243,7 @@ class EncodedText(BaseModel):
 
 
 class TaskInfo(BaseModel):
-    """A toy task's facts (server/data/tasks.py TaskFacts): what a page needs to read its
+    """A toy task's facts (server/tasks.py TaskFacts): what a page needs to read its
     batches and measure its exact-match accuracy."""
     task: str
     digits: int

@@ -10,7 +10,7 @@ import pytest
 
 from andrea.run_config import RunConfig
 from andrea.store import Store
-from andrea.web.auth import token_hash
+from andrea.write_tokens import token_hash
 
 
 @pytest.mark.parametrize("given,mode", [

@@ -281,7 +281,7 @@ def test_a_task_runs_export_has_its_alphabet_and_stops_at_the_newline(export_dat
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from andrea.data import tasks
+    from andrea import tasks
 
     with TestClient(create_app(Settings(data_dir=export_data))) as client:
         run = client.post("/api/runs", json={"preset": "tiny", "task": "reverse",

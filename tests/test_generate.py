@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from andrea import tasks
 from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import main
-from andrea.data import tasks
 from tests.test_export import chain_weights
 
 CHAIN = "1234567"        # the weights' greedy continuation of "1" is "234567", then newlines

@@ -167,7 +167,7 @@ def test_a_deleted_runs_number_is_never_given_again(store_backend):
 
 
 def test_tokens_and_revoked_tokens(store):
-    from andrea.web.auth import token_hash
+    from andrea.write_tokens import token_hash
     store.create_run("a", CFG, token_hash("first"))
     assert store.check_token("a", "first") == "ok"
     assert store.check_token("a", "other") == "wrong"
@@ -736,7 +736,7 @@ def _old_postgres(url: str) -> None:
 
 
 def _hash(token: str) -> str:
-    from andrea.web.auth import token_hash
+    from andrea.write_tokens import token_hash
     return token_hash(token)
 
 

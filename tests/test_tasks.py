@@ -1,4 +1,4 @@
-"""Toy tasks (server/data/tasks.py): problems made deterministically from (seed, step, split),
+"""Toy tasks (server/tasks.py): problems made deterministically from (seed, step, split),
 each answer right, held-out problems never trained on, the accuracy rule, and the run routes
 that serve them instead of the corpus."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from andrea.data import tasks, wire
+from andrea import tasks
+from andrea.data import wire
 from andrea.run_config import RunConfig
 
 TRUE_ANSWER = {

@@ -353,7 +353,7 @@ def test_no_token_starts_with_a_dash(monkeypatch):
     failed so on a rehearsal, one token in 64."""
     import secrets
 
-    from andrea.web import auth
+    from andrea import write_tokens as auth
 
     drawn = iter(["-AbcdEfgh", "--Qq", "AbcdEfgh"])
     monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))

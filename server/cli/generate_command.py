@@ -35,8 +35,8 @@ def generate(server: str, run_id: str, prompt: str, tokens: int, temperature: fl
     """Writes the continuation to `out` as it comes; -> {ids, probs, step (None: the final
     weights)}: each token's probability under the model (its softmax at temperature 1)."""
     torch, load_safetensors, LlamaConfig, LlamaForCausalLM = _libraries()
-    from andrea.data.tasks import tokenizer_key
     from andrea.export import hf_config
+    from andrea.tasks import tokenizer_key
 
     base = server.rstrip("/")
     rid = urllib.parse.quote(run_id, safe="")

@@ -10,4 +10,7 @@
     batches.py    one run's batch: weights + windows + wire record
     wire.py       the binary body (header layout documented there and in README.md)
     run_registry.py  run_id -> BatchSpec (+ bandit), restored from the runs store
+    shards.py     a room worker's batches: (round, slot, inner step) -> the run's batch step
+A toy task's problems are andrea.tasks' (server/tasks.py): the model and the run config read
+its facts too.
 """

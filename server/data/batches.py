@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from andrea.data import tasks
+from andrea import tasks
 from andrea.data.bandit import SourceBandit
 from andrea.data.hub import PreparedCorpus
 from andrea.data.spec import BatchSpec

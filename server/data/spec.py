@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal, Sequence, get_args
 
-from andrea.data.tasks import task_digits
+from andrea.data.shards import batch_steps
 from andrea.model import run_model
-from andrea.room.shards import batch_steps
+from andrea.tasks import task_digits
 
 Mode = Literal["uniform", "fixed", "bandit"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -30,7 +30,7 @@ class BatchSpec:
     weights: tuple[float, ...] = () # "fixed" only: one weight >= 0 per source, corpus order
     corpus_hash: str = ""           # the run's corpus; "" = whatever the server has
     sources: tuple[str, ...] = ()   # the sources rows come from, by name; () = every one
-    task: str = ""                  # a toy task's problems instead of the corpus (data/tasks.py)
+    task: str = ""                  # a toy task's problems instead of the corpus (tasks.py)
     task_digits: int = 0            # its digits (0 with no task)
 
     def __post_init__(self):

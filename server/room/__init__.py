@@ -1,3 +1,3 @@
 """Room runs: a room of browser tabs trains one model by DiLoCo, the server as the outer
 optimizer (run_config.RoomConfig). codec.py: how pseudo-gradients travel; outer.py: the outer
-step; shards.py: each worker's batches; rounds.py: the room's state and rounds on disk."""
+step; rounds.py: the room's state and rounds on disk (each worker's batches: data/shards.py)."""

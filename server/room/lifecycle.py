@@ -1,6 +1,7 @@
 """What a room's rounds do to its run: the room of a stored run, its viewers told when a round
-closes, the run finished after its last one, and the app's sweep that closes rounds at their
-deadline (runs/sweep.py calls close_due_rounds). Nothing here is HTTP's."""
+closes, the run finished after its last one, and the closes of rounds whose deadline passed
+(close_due_rounds: the app's sweep runs it, app.py and runs/sweep.py expire_runs). Nothing here
+is HTTP's."""
 
 from __future__ import annotations
 

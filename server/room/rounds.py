@@ -40,14 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from andrea.checkpoints import CheckpointStore
+from andrea.data.shards import rounds_total
 from andrea.durable import TEMP_SUFFIX, append_line, fsync_dir, read_lines, write_atomic
 from andrea.paths import room_dir
 from andrea.room.aggregate import HISTORY_NORMS
 from andrea.room.bounds import delta_bound
 from andrea.room.close import OPTIMIZER, close_round, commit_arrays, sections
 from andrea.room.codec import DeltaRefused, chunks, payload_bytes
-from andrea.room.shards import rounds_total
-from andrea.web.auth import new_token, token_hash, token_matches
+from andrea.write_tokens import new_token, token_hash, token_matches
 
 __all__ = ["OPTIMIZER", "Room", "RoomError", "param_mask", "sections"]
 REMOVED = "removed by the run's owner"

@@ -37,7 +37,6 @@ from andrea.runs.info import RESUMABLE
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
 from andrea.store import StoreUnavailable
-from andrea.web.auth import new_token, token_hash
 from andrea.web.deps import (
     CheckpointsDep,
     DataDep,
@@ -53,6 +52,7 @@ from andrea.web.deps import (
     bearer,
     check_write_token,
 )
+from andrea.write_tokens import new_token, token_hash
 
 router = APIRouter(prefix="/api", tags=["checkpoints"])
 log = logging.getLogger("andrea.checkpoints")

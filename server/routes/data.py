@@ -29,16 +29,17 @@ from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from andrea.data import tasks, wire
+from andrea import tasks
 from andrea.data import tokenizer as tk
+from andrea.data import wire
 from andrea.data.bandit import NotReady, SourceBandit
 from andrea.data.batches import CorpusMismatch, make_batch
 from andrea.data.hub import DataHub, PreparedCorpus
 from andrea.data.run_registry import MAX_REPORT_LAG, MAX_WAITING, RunRegistry
+from andrea.data.shards import batch_step, rounds_total
 from andrea.data.sources import CorpusError
 from andrea.data.spec import MAX_STEPS, BatchSpec
 from andrea.model import PRESETS, VOCAB_SIZES
-from andrea.room.shards import batch_step, rounds_total
 from andrea.run_config import RunConfig
 from andrea.schemas import (
     CorpusInfo,
@@ -101,7 +102,7 @@ def corpus(hub: DataDep, preset: Annotated[str | None, Query()] = "tiny",
 @router.get("/tokenizer/{key}")
 def tokenizer(hub: DataDep, key: str) -> TokenizerInfo:
     """What the browser needs to decode samples: the bytes of every token id, base64. `task`:
-    the toy tasks' alphabet (data/tasks.py)."""
+    the toy tasks' alphabet (tasks.py)."""
     if key == tasks.TOKENIZER_KEY:
         return TokenizerInfo(vocab_size=tasks.VOCAB, n_tokens=len(tasks.ALPHABET),
                              corpus_hash="", eot=tasks.END, eot_id=0,
@@ -230,7 +231,7 @@ async def run_batch(hub: DataDep, runs: RunsDep, run_id: str, step: Step) -> Res
 async def room_batch(hub: DataDep, runs: RunsDep, run: RunDep, version: Index, slot: Index,
                      step: Step) -> Response:
     """A room worker's batch: the one of its slot's inner step `step` in the round that trains
-    global version `version` (room/shards.py): no two workers of a round share one."""
+    global version `version` (data/shards.py): no two workers of a round share one."""
     cfg = run["config"]
     room = cfg.get("room")
     if not room:

@@ -31,7 +31,6 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from andrea.data.spec import BatchSpec
-from andrea.data.tasks import tokenizer_key
 from andrea.data.windows import rows_problem
 from andrea.durable import fsync_dir
 from andrea.model import model_name, run_layout, run_model
@@ -46,7 +45,7 @@ from andrea.runs.lifecycle import no_trainer, publish_run
 from andrea.runs.sweep import expire_later, mark_unsettled, settled
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
 from andrea.storage import estimated_run_bytes, mib
-from andrea.web.auth import new_token, token_hash
+from andrea.tasks import tokenizer_key
 from andrea.web.deps import (
     CheckpointsDep,
     DataDep,
@@ -63,6 +62,7 @@ from andrea.web.deps import (
     bearer,
     check_write_token,
 )
+from andrea.write_tokens import new_token, token_hash
 
 router = APIRouter(prefix="/api", tags=["runs"])
 log = logging.getLogger("andrea.runs")

@@ -44,8 +44,8 @@ from starlette.concurrency import run_in_threadpool
 
 from andrea import spike_anatomy as anatomy
 from andrea import spikes as rule
+from andrea import tasks
 from andrea.config import Settings
-from andrea.data import tasks
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
 from andrea.model import run_layout

@@ -11,11 +11,11 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from andrea.durable import fsync_dir
 from andrea.paths import run_dir, runs_dir, unsettled_mark
-from andrea.room.lifecycle import close_due_rounds
 from andrea.runs.info import abandoned_message
 from andrea.runs.lifecycle import publish_run
 
@@ -102,19 +102,19 @@ async def drop_unfinished_branches(store, data_dir: Path, before: float | None) 
 
 
 async def expire_runs(store, fanout, grace_s: float, data_dir: Path | None = None,
-                      ckpts=None, storage=None) -> None:
+                      also: Callable[[], Awaitable[object]] | None = None) -> None:
     """The app's sweep, started with its lifespan (app.py): now, for the runs left from before
     a restart, then every EXPIRE_EVERY_S in the background, for what a run's own timer
     (expire_later) missed (the store out of reach then, the process that made it gone). With
     `data_dir` (processes sharing the store), also the branches whose copy stopped moving
-    BRANCH_STALE_S ago (drop_unfinished_branches: their process died). With `ckpts`, also the
-    room runs' rounds whose deadline passed and their silent workers (room/lifecycle.py), with
-    `storage` the budget their closes reserve in."""
+    BRANCH_STALE_S ago (drop_unfinished_branches: their process died). `also`: more of the
+    app's sweep, each time (the app's: the room runs' rounds whose deadline passed, whose
+    package builds on this one's)."""
     async def sweep(failing: bool) -> bool:
         try:
             await expire(store, fanout, grace_s)
-            if ckpts is not None:
-                await close_due_rounds(store, fanout, ckpts, storage)
+            if also is not None:
+                await also()
             if data_dir is not None:
                 await drop_unfinished_branches(store, data_dir, time.time() - BRANCH_STALE_S)
             return False

@@ -16,7 +16,7 @@ from andrea.run_config import legacy_clip
 from andrea.store import summary
 from andrea.store.events import PUT_EVENT
 from andrea.store.summary import OWN, REFRESH_RUN
-from andrea.web.auth import token_hash, token_matches
+from andrea.write_tokens import token_hash, token_matches
 
 # A branch copies its parent's rows up to its step a page at a time, each page its own short
 # write transaction, going on after the last row it copied (the branch's own newest).

@@ -1,30 +1,9 @@
-"""Run write tokens: made at run creation, shown once, stored only as a hash; the training
-tab's websocket and the weights upload present them."""
+"""A run's write token in the browser: where a page keeps it, and the script that puts it there
+for a browser driver (the tokens themselves: write_tokens.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import secrets
-
-
-def new_token() -> str:
-    """192 random bits, URL-safe; never with a leading "-", which `andrea train --token` would
-    read as a flag (a room's join failed so, one token in 64)."""
-    while (token := secrets.token_urlsafe(24)).startswith("-"):
-        pass
-    return token
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def token_matches(token_sha256: str, token: str) -> bool:
-    """Constant-time: the comparison does not leak how much of a guess was right."""
-    return hmac.compare_digest(token_sha256, token_hash(token))
-
 
 # Where a page keeps a run's write token: sessionStorage[TOKEN_STORAGE_PREFIX + run_id] holds
 # {"token": ...} as JSON. Every page gets the prefix from templates/base.html (app.py; read by

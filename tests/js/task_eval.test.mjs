@@ -1,5 +1,5 @@
 // A toy task's exact-match accuracy (engine/task_eval.js) against the server's own
-// (server/data/tasks.py exact_match) on the server's batches, with predictions that are right,
+// (server/tasks.py exact_match) on the server's batches, with predictions that are right,
 // wrong in one answer token, or wrong only outside the answers.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -10,7 +10,7 @@ import { serverJson } from './server.mjs';
 // exact_match gives them.
 const CASES = serverJson(`
 import json, numpy as np
-from andrea.data import tasks
+from andrea import tasks
 out = []
 for task, digits, T in [("reverse", 5, 64), ("add", 3, 40), ("mod", None, 30), ("sort", 7, 15)]:
     f = tasks.facts(task, digits)

@@ -1,5 +1,5 @@
 // A run's words: the tokenizer that decodes its samples and, for a toy task run
-// (server/data/tasks.py), the task's facts (its alphabet, problem length and where the answers
+// (server/tasks.py), the task's facts (its alphabet, problem length and where the answers
 // lie) that the trainer's accuracy and samples read.
 import { fetchJson } from './api.js';
 import { routePath } from './facts.js';

@@ -1,4 +1,4 @@
-// A toy task's exact-match accuracy (server/data/tasks.py): a row of a task batch is problems
+// A toy task's exact-match accuracy (server/tasks.py): a row of a task batch is problems
 // laid end to end from its first token, each `problem_len` tokens with its answer at
 // [answer_start, answer_start + answer_len). Position t's logits predict token t + 1, so a
 // problem is answered exactly when the argmax at each answer token's previous position is that
