@@ -12,17 +12,15 @@ the caller's `tick` polls it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import sys
-import threading
 import urllib.parse
 from typing import Callable
 
 from andrea.cli.browser_flags import SWIFTSHADER, webgpu_args
+from andrea.cli.stop_signals import INTERRUPTED, PageInterrupt
 from andrea.web.auth import token_init_script
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -34,58 +32,6 @@ def chromium_path() -> str:
 
 
 CHROMIUM = chromium_path()   # the tests' browser fixture launches the same one (tests/browser.py)
-# The signals that stop a run as Ctrl-C does: a terminal's Ctrl-C, `kill` / `timeout` / a
-# service manager's stop, and a closed terminal or ssh session.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                     if hasattr(signal, name))
-
-
-class _Interrupt:
-    """Ctrl-C (or SIGTERM, SIGHUP) while the page is driven: the first one is noted (the watch
-    loop then stops the run) instead of raised wherever the main thread happens to be; raised
-    inside Playwright's event loop, a KeyboardInterrupt can leave its connection waiting
-    forever. A second one is raised at once. Outside the main thread, nothing is installed."""
-
-    def __init__(self):
-        self.seen = False
-        self._previous = {}
-
-    def _handler(self, signum, frame):
-        if self.seen:
-            raise KeyboardInterrupt
-        self.seen = True
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        return False
-
-
-@contextlib.contextmanager
-def stop_signals_interrupt():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does: the run is stopped, the
-    server this command started is stopped and the JSON printed. (By default they killed the
-    command on the spot, and its server, in a session of its own, went on holding the data
-    dir.) Only where they are at their default, and in the main thread."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS
-                    if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-INTERRUPTED = "interrupted from the command line"     # a stopped run's message after Ctrl-C
 NO_DOWNLOAD = "Playwright's own browser download is not needed"
 STOP_GRACE_S = 30       # after Ctrl-C: time for the page to stop, upload and commit
 PROBE_TIMEOUT_S = 30    # requestAdapter() that does not settle within this is reported
@@ -304,7 +250,7 @@ class Chromium:
             errors.append(f"browser: {_first_line(e)}")
             return state
         page = None
-        interrupt = _Interrupt()
+        interrupt = PageInterrupt()
         try:
             with interrupt:
                 page = context.new_page()

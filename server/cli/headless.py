@@ -26,14 +26,9 @@ from pathlib import Path
 
 from andrea.checkpoints import newest_usable
 from andrea.cli import http_client
-from andrea.cli.chromium import (
-    INTERRUPTED,
-    BrowserError,
-    Chromium,
-    drive_result,
-    stop_signals_interrupt,
-)
+from andrea.cli.chromium import BrowserError, Chromium, drive_result
 from andrea.cli.room_join import join_room
+from andrea.cli.stop_signals import INTERRUPTED, stop_signals_interrupt
 from andrea.cli.train_args import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
