@@ -15,12 +15,6 @@ from websockets.sync.client import connect
 from tests.test_spikes import run as synthetic_records
 
 
-def new_run(live_server: str, **config) -> dict:
-    made = httpx.post(f"{live_server}/api/runs", json={"preset": "tiny", **config})
-    assert made.status_code == 201, made.text
-    return made.json()
-
-
 def layout_names(live_server: str, run_id: str) -> list[str]:
     layout = httpx.get(f"{live_server}/api/runs/{run_id}/layout").json()
     return [p["name"] for p in layout["params"]]

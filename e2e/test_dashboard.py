@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
 from tests.browser import PAGE_WAIT_MS
+from tests.trainer_client import new_run
 
 STEPS = 40
 SHOTS = Path(os.environ.get("ANDREA_SHOTS", "/tmp/shots"))
@@ -50,9 +51,8 @@ def recorded(live_server: str, optimizer: str = "adamw", lr: float = 3e-4,
 
 def _new_run(live_server: str, optimizer: str = "adamw", lr: float = 3e-4,
              steps: int = STEPS) -> dict:
-    return httpx.post(f"{live_server}/api/runs", json={
-        "preset": "tiny", "optimizer": optimizer, "steps": steps, "lr": lr,
-        "warmup_steps": 5, "eval_every": 10}).json()
+    return new_run(live_server, optimizer=optimizer, steps=steps, lr=lr, warmup_steps=5,
+                   eval_every=10)
 
 
 def _records(upto: int, lr: float = 3e-4, scale: float = 1.0,

@@ -6,8 +6,9 @@ recorded without per-tensor norms have no heatmap and are listed as such on the 
 
 import math
 
-from e2e.tensor_records import layout_names, new_run, send, tensor_records
+from e2e.tensor_records import layout_names, send, tensor_records
 from tests.test_spikes import run as plain_records
+from tests.trainer_client import new_run
 
 SPIKE = {"step": 60, "tensor": "model.layers.1.mlp.down_proj.weight", "norm": 9.0}
 

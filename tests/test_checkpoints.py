@@ -27,6 +27,7 @@ from andrea.model import PRESETS, build_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
 from andrea.run_config import form_fields
 from andrea.web.deps import REVOKED
+from tests import trainer_client
 from tests.conftest import LocalClient
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -57,9 +58,7 @@ def put(client, run: dict, step: int, body: bytes, token: str | None = None, **k
 
 
 def new_run(client, **cfg) -> dict:
-    r = client.post("/api/runs", json={"preset": "tiny", "steps": 50, **cfg})
-    assert r.status_code == 201, r.text
-    return r.json()
+    return trainer_client.new_run(client, **{"steps": 50, **cfg})   # (50: its checkpoint cadence)
 
 
 def steps(client, run: dict) -> list[int]:

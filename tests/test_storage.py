@@ -46,7 +46,7 @@ from andrea.telemetry.protocol import MAX_MESSAGE_BYTES, STORAGE_BUDGET
 from andrea.web.quotas import MessageRates
 from tests import aio
 from tests.fake_disk.sitecustomize import _used as files_bytes
-from tests.trainer_client import hello, record, ws_url
+from tests.trainer_client import hello, new_run, record, ws_url
 
 ADMIN = "storage-test-operator"
 MIB = 1 << 20
@@ -81,12 +81,6 @@ def server(tmp_path):
     yield start
     for p in procs:
         stop_server(p)
-
-
-def new_run(url: str, **cfg) -> dict:
-    r = httpx.post(url + "/api/runs", json={"preset": "tiny", **cfg}, timeout=120)
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
 def big_record(step: int, batch: int) -> dict:

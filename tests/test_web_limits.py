@@ -19,6 +19,7 @@ import pytest
 from andrea.cli.launch import start_server, stop_server
 from andrea.model import run_layout
 from andrea.paths import run_dir
+from tests import trainer_client
 from tests.test_checkpoints import digests, folder, headers, state
 from tests.trainer_client import n_fds, rss_mib
 
@@ -65,9 +66,7 @@ def answer(raw: bytes) -> tuple[int, dict]:
 
 
 def new_run(url: str, **cfg) -> dict:
-    r = httpx.post(url + "/api/runs", json={"preset": "tiny", "steps": 50, **cfg})
-    assert r.status_code == 201, r.text
-    return r.json()
+    return trainer_client.new_run(url, **{"steps": 50, **cfg})
 
 
 def run_ids(url: str) -> set[str]:

@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
-from tests import aio
+from tests import aio, trainer_client
 from tests.trainer_client import hello, record, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -47,9 +47,7 @@ def post_run(url: str, **cfg) -> httpx.Response:
 
 
 def new_run(url: str, **cfg) -> dict:
-    r = post_run(url, **cfg)
-    assert r.status_code == 201, r.text
-    return r.json()
+    return trainer_client.new_run(url, **{"steps": 100, **cfg})     # post_run's
 
 
 def listed(url: str) -> list[str]:

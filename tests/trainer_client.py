@@ -60,8 +60,13 @@ def ws_url(url: str, path: str) -> str:
     return url.replace("http://", "ws://") + path
 
 
-def new_run(url: str, **cfg) -> dict:
-    r = httpx.post(url + "/api/runs", json={"preset": "tiny", **cfg})
+def new_run(server, **cfg) -> dict:
+    """The tests' one run factory: POST /api/runs with `cfg` over the tiny preset, on `server`
+    (a live server's URL, or an app's TestClient), asserting it was made; -> the new run
+    (id, token, config, layout)."""
+    body = {"preset": "tiny", **cfg}
+    r = (httpx.post(server + "/api/runs", json=body, timeout=120) if isinstance(server, str)
+         else server.post("/api/runs", json=body))
     assert r.status_code == 201, r.text
     return r.json()
 
