@@ -1,7 +1,13 @@
 // Typed arrays <-> base64, so tests can move large arrays through page.evaluate quickly.
 const TYPES = { f32: Float32Array, i32: Int32Array, u32: Uint32Array };
 
+// The platform's own codec where it has one (Uint8Array.prototype.toBase64 and
+// Uint8Array.fromBase64: Chrome 140, Firefox 133, Safari 18.2); else through a binary string.
+const NATIVE = typeof Uint8Array.fromBase64 === 'function'
+  && typeof Uint8Array.prototype.toBase64 === 'function';
+
 function bytesToB64(bytes) {
+  if (NATIVE) return bytes.toBase64();
   let s = '';
   for (let i = 0; i < bytes.length; i += 0x8000) {
     s += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
@@ -14,11 +20,16 @@ export function encode(arr) {
   return { __b64__: bytesToB64(new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength)), dtype };
 }
 
-export function decode(obj) {
-  const bin = atob(obj.__b64__);
+function b64ToBytes(text) {
+  if (NATIVE) return Uint8Array.fromBase64(text);
+  const bin = atob(text);
   const bytes = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-  return new TYPES[obj.dtype](bytes.buffer);
+  return bytes;
+}
+
+export function decode(obj) {
+  return new TYPES[obj.dtype](b64ToBytes(obj.__b64__).buffer);
 }
 
 /** Decode every {__b64__} inside plain objects and arrays. */
