@@ -24,17 +24,7 @@ from pathlib import Path
 import httpx
 
 from andrea.cli.launch import start_server, stop_server
-
-
-def rss_mib(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def n_fds(pid: int) -> int:
-    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+from tests.trainer_client import n_fds, rss_mib
 
 
 def healthz_ms(url: str, n: int) -> list[float]:

@@ -8,7 +8,7 @@
    far the weights ended from the honest room's, in honest steps.
 2. Memory. A real `andrea serve`, a room of MODEL (63M parameters), 8 workers that each send
    an int8 pseudo-gradient: the server's RSS when idle with the room made, and its peak while
-   the round closes (sampled from /proc every 10 ms), against the model's f32 size.
+   the round closes (sampled every 10 ms), against the model's f32 size.
 
     .venv/bin/python -m bench.hostile_room [--skip-memory]
 """
@@ -28,9 +28,9 @@ from andrea.app import create_app
 from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from andrea.room import codec
-from bench.hostile_workers import rss_mib
 from tests.conftest import LocalClient
 from tests.test_room_hostile import attack_table
+from tests.trainer_client import rss_mib
 
 MODEL = {"preset": "120m", "n_layer": 6, "steps": 100,
          "room": {"inner_steps": 50, "codec": "int8", "max_workers": 8,

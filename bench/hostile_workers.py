@@ -29,15 +29,9 @@ from websockets.sync.client import connect
 
 from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
+from tests.trainer_client import rss_mib
 
 ENV = {"ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_METRICS_RATE_PER_S": "1000000"}
-
-
-def rss_mib(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def pct(xs: list[float]) -> str:

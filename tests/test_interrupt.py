@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +26,9 @@ CHILD = "ANDREA_TEST_INTERRUPT_CHILD"
 def running(pid: int) -> bool:
     """The process exists and is no zombie (an orphan is reaped by whoever adopted it)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
-    return state not in ("Z", "X")
 
 
 def gone_within(pid: int, seconds: float) -> bool:

@@ -1,7 +1,7 @@
 """A test's own training tab and viewers against a live server: runs made over HTTP, step
 records sent over a trainer socket (websockets' sync client) the way the page does, each batch
 acknowledged before the next, a socket's close read to its code, a websocket that never reads;
-and what the tests measure of the server's process (/proc: memory, CPU time, open files)."""
+and what the tests measure of the server's process (psutil: memory, CPU time, open files)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 
 import httpx
+import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -35,20 +36,19 @@ def send_records(ws, first: int, last: int, per: int, record, pause: float, on_a
         time.sleep(pause)
 
 
+# A server process's footprint, through psutil (the tests' and the benches' one reading of it).
 def rss_mib(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU seconds the process has used."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def n_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    return psutil.Process(pid).num_fds()
 
 
 def record(step: int, loss: float = 5.0) -> dict:
