@@ -44,6 +44,7 @@ from andrea.shown import shown_text
 from andrea.storage import StorageBudget
 from andrea.store import Store, StoreUnavailable
 from andrea.web.auth import TOKEN_STORAGE_PREFIX
+from andrea.web.errors import answer_refusals
 from andrea.web.limits import BodyLimits, ReadBudget
 from andrea.web.origin_check import OriginCheck
 from andrea.web.quotas import MessageRates, RateLimiter
@@ -123,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(BrokerUnavailable, _store_unavailable)
     app.add_exception_handler(RunBusy, _run_busy)
+    answer_refusals(app)    # the domain's refusals (errors.py), each kind its status
     # Text (pages, modules, shaders, JSON) is gzipped; binary bodies are not (NOT_GZIPPED).
     # JSON reads paced per client address (limits.ReadBudget), inside gzip: counted as sent.
     app.add_middleware(ReadBudget, bytes_per_s=settings.read_bytes_per_s)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from andrea.durable import TEMP_SUFFIX, fsync_dir, write_atomic
+from andrea.errors import BROKEN, DISK_FULL, MALFORMED, NOT_FOUND, Refused
 from andrea.paths import checkpoints_dir, room_dir, run_dir, runs_dir
 
 CHUNK_BYTES = 64 << 20       # uploads carry one SHA-256 per chunk of this size (the last shorter)
@@ -36,21 +37,17 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCE
 SHARED_TEMP_IDLE_S = 900     # an upload idle this long on another process is a dead one's
 
 
-class CheckpointError(Exception):
-    """An upload or a read refused, with the HTTP status that says why."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+class CheckpointError(Refused):
+    """An upload or a read refused: its kind (errors.Refusal) and why."""
 
 
 def disk_error(e: OSError) -> CheckpointError | None:
-    """507 with the reason when the disk refused the write; None for other errors."""
+    """DISK_FULL with the reason when the disk refused the write; None for other errors."""
     if e.errno not in DISK_ERRNOS:
         return None
     name = errno.errorcode.get(e.errno, str(e.errno))
-    return CheckpointError(507, f"the server cannot store the checkpoint: "
-                                f"{e.strerror or e} ({name}); the previous checkpoints are kept")
+    return CheckpointError(DISK_FULL, f"the server cannot store the checkpoint: {e.strerror or e}"
+                                      f" ({name}); the previous checkpoints are kept")
 
 
 def newest_usable(metas: list[dict], last_step: int | None) -> int | None:
@@ -72,15 +69,17 @@ def parse_digests(header: str | None, total: int, chunk_bytes: int) -> list[str]
     """The X-Andrea-Chunk-SHA256 header: one lowercase hex SHA-256 per chunk."""
     n = max(1, -(-total // chunk_bytes))
     if not header:
-        raise CheckpointError(400, f"missing X-Andrea-Chunk-SHA256: {n} comma-separated "
-                                   f"SHA-256 digests, one per {chunk_bytes}-byte chunk")
+        raise CheckpointError(MALFORMED, f"missing X-Andrea-Chunk-SHA256: {n} comma-separated "
+                                         f"SHA-256 digests, one per {chunk_bytes}-byte chunk")
     digests = [d.strip() for d in header.split(",")]
     if len(digests) != n:
-        raise CheckpointError(400, f"X-Andrea-Chunk-SHA256 has {len(digests)} digests; a "
-                                   f"{total}-byte checkpoint has {n} chunks of {chunk_bytes} bytes")
+        raise CheckpointError(MALFORMED, f"X-Andrea-Chunk-SHA256 has {len(digests)} digests; a "
+                                         f"{total}-byte checkpoint has {n} chunks of {chunk_bytes}"
+                                         " bytes")
     for i, d in enumerate(digests):
         if len(d) != 64 or d.strip("0123456789abcdef"):
-            raise CheckpointError(400, f"digest {i} is not a lowercase hex SHA-256: {d[:80]!r}")
+            raise CheckpointError(MALFORMED, f"digest {i} is not a lowercase hex SHA-256: "
+                                             f"{d[:80]!r}")
     return digests
 
 
@@ -121,10 +120,11 @@ class Upload:
         index = self._chunks_done
         got = self._chunk.hexdigest()
         if got != self.digests[index]:
-            raise CheckpointError(400, f"chunk {index} (bytes {index * self.chunk_bytes}.."
-                                       f"{index * self.chunk_bytes + self._in_chunk}) has SHA-256 "
-                                       f"{got}, the uploader sent {self.digests[index]}: the "
-                                       "upload was corrupted; nothing was stored")
+            raise CheckpointError(MALFORMED, f"chunk {index} (bytes {index * self.chunk_bytes}.."
+                                             f"{index * self.chunk_bytes + self._in_chunk}) has "
+                                             f"SHA-256 {got}, the uploader sent "
+                                             f"{self.digests[index]}: the upload was corrupted; "
+                                             "nothing was stored")
         self._chunk = hashlib.sha256()
         self._in_chunk = 0
         self._chunks_done += 1
@@ -232,7 +232,7 @@ class CheckpointStore:
         sha256: a damaged file is never served. The open file survives a prune meanwhile."""
         meta = self.get(run_id, step)
         if meta is None:
-            raise CheckpointError(404, f"run {run_id} has no checkpoint at step {step}")
+            raise CheckpointError(NOT_FOUND, f"run {run_id} has no checkpoint at step {step}")
         f = open(self.folder(run_id) / ckpt_name(step), "rb")
         try:
             sha = hashlib.sha256()
@@ -241,9 +241,10 @@ class CheckpointStore:
                 sha.update(block)
                 size += len(block)
             if size != meta["bytes"] or sha.hexdigest() != meta["sha256"]:
-                raise CheckpointError(500, f"the checkpoint of step {step} is damaged on the "
-                                           f"server: {size} bytes with SHA-256 {sha.hexdigest()}, "
-                                           f"recorded {meta['bytes']} bytes with {meta['sha256']}")
+                raise CheckpointError(BROKEN, f"the checkpoint of step {step} is damaged on the "
+                                              f"server: {size} bytes with SHA-256 "
+                                              f"{sha.hexdigest()}, recorded {meta['bytes']} bytes "
+                                              f"with {meta['sha256']}")
             f.seek(0)
             return meta, f
         except BaseException:
@@ -361,7 +362,7 @@ class CheckpointStore:
         file system allows, a copy elsewhere. Sidecar last, as in a commit."""
         meta = self.get(src_run, step)
         if meta is None:
-            raise CheckpointError(404, f"run {src_run} has no checkpoint at step {step}")
+            raise CheckpointError(NOT_FOUND, f"run {src_run} has no checkpoint at step {step}")
         src, dest = self.folder(src_run), self.folder(dest_run)
         dest.mkdir(parents=True, exist_ok=True)
         target = dest / ckpt_name(step)

@@ -133,12 +133,13 @@ def open_weights(run: dict, data_dir: Path, layout: dict, step: int | None = Non
     size = 4 * layout["total_numel"]
     if step is not None:
         from andrea.checkpoints import CheckpointError, CheckpointStore
+        from andrea.errors import NOT_FOUND
 
         store = CheckpointStore(data_dir)    # a reader: it keeps no count, it never commits
         try:
             meta, f = store.open_verified(run["id"], step)
         except CheckpointError as e:
-            raise (NoWeights if e.status == 404 else ValueError)(str(e)) from None
+            raise (NoWeights if e.kind is NOT_FOUND else ValueError)(str(e)) from None
         first = meta["sections"][0]
         if first["name"] != "W" or first["bytes"] != size:
             f.close()

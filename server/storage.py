@@ -35,8 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from fastapi import HTTPException
-
+from andrea.errors import DISK_FULL, Refused
 from andrea.metrics import COLUMNS
 
 log = logging.getLogger("andrea.storage")
@@ -61,6 +60,13 @@ def _existing(path: Path) -> Path:
 # A client that tries again after a full disk's 507 waits this long (Retry-After): a page's
 # weights upload is hundreds of MB each try (the trainer socket waits 30 s too: telemetry.js).
 FULL_RETRY_S = 30
+
+
+class DiskFull(Refused):
+    """An upload or a new run the budget refused (DISK_FULL: 507), and when to try again."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None):
+        super().__init__(DISK_FULL, message, retry_after_s)
 
 
 class StorageFull(Exception):
@@ -175,10 +181,10 @@ class StorageBudget:
         if await self._fits(need, self.records_here):
             return
         records = f" whose records would take about {mib(estimate)} ({how})" if need else ""
-        raise HTTPException(507, f"not enough disk space for a new run{records}: "
-                                 f"{self._state(self.records_here)}: the server's storage "
-                                 "budget; free space or delete runs you no longer need (or ask "
-                                 "for fewer steps), then try again. Nothing was stored")
+        raise DiskFull(f"not enough disk space for a new run{records}: "
+                       f"{self._state(self.records_here)}: the server's storage budget; free "
+                       "space or delete runs you no longer need (or ask for fewer steps), then "
+                       "try again. Nothing was stored")
 
     async def reserve(self, nbytes: int, what: str) -> Reservation:
         """`nbytes` promised to an upload until it releases them (tell it what was written:
@@ -186,11 +192,10 @@ class StorageBudget:
         The check and the promise are one step on the event loop: uploads at once cannot
         both pass."""
         if not await self._fits(nbytes, False):
-            raise HTTPException(507, f"not enough disk space for {what} of {mib(nbytes)}: "
-                                     f"{self._state(False)}: the server's storage budget; free "
-                                     "space or delete runs you no longer need, then try again. "
-                                     "Nothing was stored",
-                                headers={"Retry-After": str(FULL_RETRY_S)})
+            raise DiskFull(f"not enough disk space for {what} of {mib(nbytes)}: "
+                           f"{self._state(False)}: the server's storage budget; free space or "
+                           "delete runs you no longer need, then try again. Nothing was stored",
+                           FULL_RETRY_S)
         self.reserved += nbytes
         return Reservation(self, nbytes)
 

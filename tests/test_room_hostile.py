@@ -14,11 +14,13 @@ import torch
 
 from andrea.app import create_app
 from andrea.data import wire
+from andrea.errors import DISK_FULL
 from andrea.room import close as room_close
 from andrea.room import rounds
 from andrea.room.bounds import delta_bound
 from andrea.room.init import seeded_weights
 from andrea.room.lifecycle import room_of_run
+from andrea.web.errors import http_status
 from tests.conftest import LocalClient
 from tests.reference import hf_model
 from tests.test_room import bearer, create, join, send, torch_outer, weights
@@ -274,7 +276,7 @@ def test_join_and_leave_loops_are_bounded_per_address(app_client):
             room.leave(w["token"], t + i)
             codes.append(201)
         except rounds.RoomError as e:
-            codes.append(e.status)
+            codes.append(http_status(e))
     # workers_per_address a round and one round more: 3 joins, then 409 every time.
     assert codes == [201] * 3 + [409] * 7
     # Another participant still joins: one address cannot use up the room's joins.
@@ -338,7 +340,7 @@ def test_reports_are_one_per_version_paged_and_in_the_runs_budget(app_client):
     w = room.join(run["room"]["join_token"], 1.0, "192.0.2.1")
     with pytest.raises(rounds.RoomError) as e:
         room.report(w["token"], 0, [1.0] * 3, 2.0, 1.0, max_bytes=10)
-    assert e.value.status == 507
+    assert e.value.kind is DISK_FULL
 
 
 def test_a_close_that_cannot_reserve_its_bytes_waits_and_says_so(app_client):

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import HTTPException
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -35,7 +34,9 @@ from andrea.cli.launch import start_server, stop_server
 from andrea.metrics import Record
 from andrea.storage import (
     FLOOR,
+    FULL_RETRY_S,
     RUN_BYTES,
+    DiskFull,
     StorageBudget,
     StorageFull,
     estimated_run_bytes,
@@ -376,10 +377,10 @@ def test_the_budget_reserves_counts_and_reads_the_disk_again():
         budget = StorageBudget(Path("/data"), 50 * MIB, free_pages=free_pages,
                                disk_free=lambda: disk[0], clock=lambda: now[0])
         one = await budget.reserve(30 * MIB, "checkpoint 1")
-        with pytest.raises(HTTPException) as refused:       # 100 - 30 - 30 < 50
+        with pytest.raises(DiskFull) as refused:            # 100 - 30 - 30 < 50
             await budget.reserve(30 * MIB, "checkpoint 2")
-        assert refused.value.status_code == 507
-        assert "30.0 MiB of it promised to uploads in progress" in refused.value.detail
+        assert refused.value.retry_after_s == FULL_RETRY_S       # (507 with Retry-After)
+        assert "30.0 MiB of it promised to uploads in progress" in str(refused.value)
         one.wrote(10 * MIB)              # written: no longer promised, counted as spent
         assert (budget.reserved, budget.spent) == (20 * MIB, 10 * MIB)
         disk[0] = 90 * MIB
@@ -401,11 +402,11 @@ def test_the_budget_reserves_counts_and_reads_the_disk_again():
         pages[0] = 40 * MIB              # a delete left free pages: rows may use them...
         now[0] = 2.0
         await budget.take(21 * MIB, "this message")
-        with pytest.raises(HTTPException):                  # ...files may not
+        with pytest.raises(DiskFull):                       # ...files may not
             await budget.reserve(21 * MIB, "the weights")
-        with pytest.raises(HTTPException) as run:
+        with pytest.raises(DiskFull) as run:
             await budget.check_run(100 * MIB, "10 steps x ~10 MB")
-        assert "whose records would take about 100.0 MiB (10 steps" in run.value.detail
+        assert "whose records would take about 100.0 MiB (10 steps" in str(run.value)
         await budget.check_run(1 * MIB, "1 step")
     aio.run(scenario())
 

@@ -12,12 +12,11 @@ import math
 import time
 from pathlib import Path
 
-from fastapi import HTTPException
-
 from andrea.checkpoints import DISK_ERRNOS, CheckpointError, CheckpointStore
 from andrea.model import run_layout
 from andrea.room.rounds import Room, RoomError
 from andrea.runs.lifecycle import publish_run
+from andrea.storage import DiskFull
 
 log = logging.getLogger("andrea.room")
 
@@ -75,9 +74,7 @@ async def close_when_due(store, fanout, storage, room: Room, now: float) -> bool
         return False
     try:
         held = await storage.reserve(room.close_bytes(), f"round {st['version']}'s close")
-    except HTTPException as e:
-        if e.status_code != 507:
-            raise
+    except DiskFull:
         await _wait_for_disk(fanout, room, room.close_bytes(), now)
         return False
     try:

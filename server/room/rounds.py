@@ -42,6 +42,16 @@ import numpy as np
 from andrea.checkpoints import CheckpointStore
 from andrea.data.shards import rounds_total
 from andrea.durable import TEMP_SUFFIX, append_line, fsync_dir, read_lines, write_atomic
+from andrea.errors import (
+    CONFLICT,
+    DISK_FULL,
+    GONE,
+    INVALID,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    TOO_OFTEN,
+    Refused,
+)
 from andrea.paths import room_dir
 from andrea.room.aggregate import HISTORY_NORMS
 from andrea.room.bounds import delta_bound
@@ -54,12 +64,8 @@ REMOVED = "removed by the run's owner"
 WAIT_BACKOFF_S = (10, 20, 40, 80, 160, 300)    # a close waiting for disk tries again after
 
 
-class RoomError(Exception):
-    """A request the room refuses, with the HTTP status that says why."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+class RoomError(Refused):
+    """A request the room refuses: its kind (errors.Refusal) and why."""
 
 
 def param_mask(layout: dict, decay_only: bool = False) -> np.ndarray:
@@ -112,7 +118,7 @@ class Room:
         try:
             return json.loads(self._path().read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise RoomError(404, f"run {self.run_id} is not a room run") from None
+            raise RoomError(NOT_FOUND, f"run {self.run_id} is not a room run") from None
 
     def load(self) -> dict:
         """The state for a change, under the run's lock: first a close that a crash interrupted
@@ -141,13 +147,13 @@ class Room:
         the room allows more (workers_per_address); new joins are bounded per address."""
         st = self.load()
         if not token_matches(st["join_token_sha256"], join_token):
-            raise RoomError(403, "wrong or missing join token: use the room's join link")
+            raise RoomError(NOT_ALLOWED, "wrong or missing join token: use the room's join link")
         if st["finished"]:
-            raise RoomError(409, "this room run is finished: there is nothing left to train")
+            raise RoomError(CONFLICT, "this room run is finished: there is nothing left to train")
         workers, per = st["workers"], self.room["workers_per_address"]
         if any(w.get("removed") and w.get("address") == address for w in workers.values()):
-            raise RoomError(403, f"a worker of this address was {REMOVED}: it may not join "
-                                 "again")
+            raise RoomError(NOT_ALLOWED, f"a worker of this address was {REMOVED}: it may not join "
+                                         "again")
         again = worker_token and next((wid for wid, w in workers.items()
                                        if token_matches(w["token_sha256"], worker_token)), None)
         if again is not None and workers[again]["left"] is None:
@@ -156,9 +162,10 @@ class Room:
                     "version": st["version"], "rejoined": True}
         mine = [w for w in _active(st).values() if w.get("address") == address]
         if len(mine) >= per:
-            raise RoomError(409, f"this address already trains {len(mine)} worker(s) of this "
-                                 f"room, its most (workers_per_address {per}): one participant "
-                                 "is one worker; the room's creator can allow more")
+            raise RoomError(CONFLICT, f"this address already trains {len(mine)} worker(s) of "
+                                      f"this room, its most (workers_per_address {per}): one "
+                                      "participant is one worker; the room's creator can allow "
+                                      "more")
         slot = self._free_slot(st)
         if again is not None:        # a worker that left comes back: the same id and token
             w = workers[again]
@@ -169,13 +176,13 @@ class Room:
                     "version": st["version"], "rejoined": True}
         joins = [w["joined"] for w in workers.values() if w.get("address") == address]
         if len(joins) >= self.joins_per_address():
-            raise RoomError(409, f"this address has joined this room {len(joins)} times, its "
-                                 "most: rejoin with your worker token")
+            raise RoomError(CONFLICT, f"this address has joined this room {len(joins)} times, its "
+                                      "most: rejoin with your worker token")
         recent = sum(1 for t in joins if now - t < self.room["round_deadline_s"])
         if recent >= per + 2:
-            raise RoomError(429, f"this address joined {recent} times in the last "
-                                 f"{self.room['round_deadline_s']:g} s: wait, or rejoin with "
-                                 "your worker token")
+            raise RoomError(TOO_OFTEN, f"this address joined {recent} times in the last "
+                                       f"{self.room['round_deadline_s']:g} s: wait, or rejoin with "
+                                       "your worker token")
         wid = str(len(workers))
         token = new_token()
         workers[wid] = {"slot": slot, "token_sha256": token_hash(token), "joined": now,
@@ -189,8 +196,8 @@ class Room:
         taken = {w["slot"] for w in _active(st).values()}
         free = [s for s in range(self.room["max_workers"]) if s not in taken]
         if not free:
-            raise RoomError(409, f"the room is full: {self.room['max_workers']} workers train "
-                                 "it now (its max_workers)")
+            raise RoomError(CONFLICT, f"the room is full: {self.room['max_workers']} workers train "
+                                      "it now (its max_workers)")
         return free[0]
 
     def joins_per_address(self) -> int:
@@ -204,9 +211,9 @@ class Room:
             if token and token_matches(w["token_sha256"], token):
                 if w["left"] is not None:
                     again = "" if w.get("removed") else ": join again"
-                    raise RoomError(403, f"worker {wid} left the room ({w['why']}){again}")
+                    raise RoomError(NOT_ALLOWED, f"worker {wid} left the room ({w['why']}){again}")
                 return wid
-        raise RoomError(403, "wrong or missing worker token: join the room first")
+        raise RoomError(NOT_ALLOWED, "wrong or missing worker token: join the room first")
 
     def leave(self, token: str, now: float, why: str = "left") -> dict:
         st = self.load()
@@ -218,7 +225,7 @@ class Room:
         st = self.load()
         wid = str(worker)
         if wid not in st["workers"]:
-            raise RoomError(404, f"the room has no worker {worker}")
+            raise RoomError(NOT_FOUND, f"the room has no worker {worker}")
         st["workers"][wid]["removed"] = True
         if st["workers"][wid]["left"] is not None:
             st["workers"][wid]["why"] = REMOVED
@@ -242,11 +249,11 @@ class Room:
         """(bytes, the verified file open at version `version`'s weights): for streaming."""
         st = self.read()
         if version > st["version"]:
-            raise RoomError(404, f"the room has no version {version} yet "
-                                 f"(newest: {st['version']})")
+            raise RoomError(NOT_FOUND, f"the room has no version {version} yet "
+                                       f"(newest: {st['version']})")
         if self.ckpts.get(self.run_id, version) is None:
-            raise RoomError(410, f"version {version} is no longer kept: download "
-                                 f"{st['version']}")
+            raise RoomError(GONE, f"version {version} is no longer kept: download "
+                                  f"{st['version']}")
         return self.ckpts.open_section(self.run_id, version, 0)
 
     def close_bytes(self) -> int:
@@ -272,27 +279,27 @@ class Room:
         wid = self.worker_of(st, token)
         worker, open_ = st["workers"][wid], st["open"]
         if st["finished"]:
-            raise RoomError(409, "this room run is finished: its last version is the model")
+            raise RoomError(CONFLICT, "this room run is finished: its last version is the model")
         H = self.room["inner_steps"]
         steps = H if steps is None else steps
         if not 1 <= steps <= H:
-            raise RoomError(422, f"a round has {H} inner steps: a pseudo-gradient of {steps} "
-                                 "is not one")
+            raise RoomError(INVALID, f"a round has {H} inner steps: a pseudo-gradient of {steps} "
+                                     "is not one")
         worker["sent_at"] = now
         if version != st["version"]:
             worker["stale"] += 1
             open_["stale"] += 1
             self._save(st)
-            raise RoomError(409, f"version {version} is not the one being trained (now "
-                                 f"{st['version']}): this pseudo-gradient is dropped; download "
-                                 "the current version and go on")
+            raise RoomError(CONFLICT, f"version {version} is not the one being trained (now "
+                                      f"{st['version']}): this pseudo-gradient is dropped; "
+                                      "download the current version and go on")
         if wid in open_["received"]:
-            raise RoomError(409, f"worker {wid} already sent its pseudo-gradient for version "
-                                 f"{version}")
+            raise RoomError(CONFLICT, f"worker {wid} already sent its pseudo-gradient for version "
+                                      f"{version}")
         if steps < H and open_.get("cut_at") is None:
-            raise RoomError(409, f"version {version}'s round is not cut: a pseudo-gradient of "
-                                 f"{steps} of its {H} inner steps is sent only once the room "
-                                 "says so (wait_for_slowest off, half its workers done)")
+            raise RoomError(CONFLICT, f"version {version}'s round is not cut: a pseudo-gradient of "
+                                      f"{steps} of its {H} inner steps is sent only once the room "
+                                      "says so (wait_for_slowest off, half its workers done)")
         try:
             norm, top = self._measure(body_path)
             bound = self.bound(st)
@@ -467,25 +474,25 @@ class Room:
         wid = self.worker_of(st, token)
         worker = st["workers"][wid]
         if not worker["joined_version"] <= version <= st["version"]:
-            raise RoomError(409, f"worker {wid} trained no version {version} here")
+            raise RoomError(CONFLICT, f"worker {wid} trained no version {version} here")
         if len(losses) > self.room["inner_steps"]:
-            raise RoomError(422, f"a round has {self.room['inner_steps']} inner steps, not "
-                                 f"{len(losses)} losses")
+            raise RoomError(INVALID, f"a round has {self.room['inner_steps']} inner steps, not "
+                                     f"{len(losses)} losses")
         if not all(math.isfinite(x) for x in losses) or \
                 (eval_loss is not None and not math.isfinite(eval_loss)):
-            raise RoomError(422, "losses must be finite numbers")
+            raise RoomError(INVALID, "losses must be finite numbers")
         if version in worker.setdefault("reported", []):
-            raise RoomError(409, f"worker {wid} already reported version {version}: one report "
-                                 "a version")
+            raise RoomError(CONFLICT, f"worker {wid} already reported version {version}: one "
+                                      "report a version")
         line = {"worker": int(wid), "version": version, "at": now, "losses": losses,
                 "eval_loss": eval_loss}
         if timings is not None:           # (older reports have none)
             line["timings"] = timings
         size = len(json.dumps(line)) + 1
         if st["report_bytes"] + size > max_bytes:
-            raise RoomError(507, f"this run's storage budget is used up: its reports take "
-                                 f"{st['report_bytes']} of the {max_bytes} bytes a run may "
-                                 "store (ANDREA_MAX_RUN_BYTES); this report was not stored")
+            raise RoomError(DISK_FULL, f"this run's storage budget is used up: its reports take "
+                                       f"{st['report_bytes']} of the {max_bytes} bytes a run may "
+                                       "store (ANDREA_MAX_RUN_BYTES); this report was not stored")
         worker["reported"].append(version)
         st["report_bytes"] += size
         if eval_loss is not None:
@@ -500,11 +507,11 @@ class Room:
         st = self.read()
         wid = self.worker_of(st, token)
         if version != st["version"]:
-            raise RoomError(409, f"version {version} is not the one being trained (now "
-                                 f"{st['version']})")
+            raise RoomError(CONFLICT, f"version {version} is not the one being trained (now "
+                                      f"{st['version']})")
         H = self.room["inner_steps"]
         if not 0 <= step <= H:
-            raise RoomError(422, f"a round has {H} inner steps: step {step} is not one")
+            raise RoomError(INVALID, f"a round has {H} inner steps: step {step} is not one")
         seen = self.read_progress()
         seen[wid] = {"version": version, "step": step, "at": now}
         path = self.dir / "progress.json"

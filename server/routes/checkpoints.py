@@ -32,7 +32,7 @@ from andrea.data.batches import corpus_mismatch
 from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
 from andrea.paths import weights_path
-from andrea.routes.run_files import gone_meanwhile, http_error, receive_exactly, stream_file
+from andrea.routes.run_files import gone_meanwhile, receive_exactly, refusal_of, stream_file
 from andrea.runs.info import RESUMABLE
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
@@ -111,7 +111,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     except BaseException as e:
         held.release()
         if isinstance(e, (CheckpointError, OSError)):
-            raise http_error(e) or e
+            raise refusal_of(e) or e
         raise
     meta = None
     try:
@@ -132,7 +132,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
         raise HTTPException(400, "the client went away during the upload; nothing was stored") \
             from None
     except (CheckpointError, OSError) as e:
-        raise http_error(e) or e
+        raise refusal_of(e) or e
     finally:
         held.release()
         await asyncio.to_thread(ckpts.discard, upload)     # a no-op once committed
@@ -152,10 +152,7 @@ async def list_checkpoints(run: RunDep, ckpts: CheckpointsDep) -> list[Checkpoin
             responses={200: {"content": {"application/octet-stream": {}}}})
 async def get_checkpoint(step: Step, run: TokenRunDep, ckpts: CheckpointsDep):
     """The sections, after checking the whole file against its recorded SHA-256."""
-    try:
-        meta, f = await asyncio.to_thread(ckpts.open_verified, run["id"], step)
-    except CheckpointError as e:
-        raise http_error(e) from None
+    meta, f = await asyncio.to_thread(ckpts.open_verified, run["id"], step)
     return StreamingResponse(stream_file(f), media_type="application/octet-stream", headers={
         "content-length": str(meta["bytes"]), "x-andrea-sha256": meta["sha256"],
         "cache-control": "no-store"})

@@ -50,14 +50,14 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
-from andrea.checkpoints import CheckpointError, CheckpointStore
+from andrea.checkpoints import CheckpointStore
 from andrea.room.lifecycle import close_when_due, room_of_run
 from andrea.room.lone import LONE_SCAN, lone_run
-from andrea.room.rounds import Room, RoomError, evals, worker_state
+from andrea.room.rounds import Room, evals, worker_state
 from andrea.routes.run_files import (
     gone_meanwhile,
-    http_error,
     receive_exactly,
+    refusal_of,
     stream_file,
     temp_file,
 )
@@ -89,13 +89,12 @@ def room_of(run: dict, ckpts: CheckpointStore) -> Room:
 
 
 async def _call(fn, *args):
-    """A Room method in a thread; its refusals as HTTP answers."""
+    """A Room method in a thread; a full disk as the refusal it is (RoomError and
+    CheckpointError are refusals already: the app's handler answers them)."""
     try:
         return await asyncio.to_thread(fn, *args)
-    except RoomError as e:
-        raise HTTPException(e.status, str(e)) from None
-    except (CheckpointError, OSError) as e:
-        raise http_error(e) or e
+    except OSError as e:
+        raise refusal_of(e) or e
 
 
 @router.get("")

@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from andrea.checkpoints import READ_BYTES, CheckpointError, CheckpointStore, disk_error
 from andrea.durable import TEMP_SUFFIX
+from andrea.errors import Refused
 from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.storage import Reservation
@@ -59,12 +60,12 @@ async def stream_file(f, size: int | None = None) -> AsyncIterator[bytes]:
         f.close()
 
 
-def http_error(e: Exception) -> HTTPException | None:
-    """The HTTP answer for a refused checkpoint or a full disk; None: a real server error."""
-    if isinstance(e, CheckpointError):
-        return HTTPException(e.status, str(e))
-    refused = disk_error(e) if isinstance(e, OSError) else None
-    return HTTPException(refused.status, str(refused)) if refused else None
+def refusal_of(e: Exception) -> Refused | None:
+    """The refusal a failed checkpoint write or read is (a full disk's too: the app's one
+    handler answers it, web/errors.py); None: a real server error."""
+    if isinstance(e, Refused):
+        return e
+    return disk_error(e) if isinstance(e, OSError) else None
 
 
 async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
@@ -87,7 +88,7 @@ async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, st
             await asyncio.to_thread(ckpts.link, parent_id, step, run_id)
         except (CheckpointError, OSError) as e:
             await asyncio.to_thread(ckpts.remove_run, run_id)
-            raise http_error(e) or e
+            raise refusal_of(e) or e
 
 
 def temp_file(folder: Path) -> Path:
