@@ -87,6 +87,9 @@ def test_a_reverse_run_learns_and_answers_its_prompts(browser, live_server):
                         "checkpoint_every": 50, "seed": 1}.items():
         trainer.fill(f"input[name={name}]", str(value))
     trainer.wait_for_function("document.getElementById('task-example').textContent.includes('>')")
+    # A CPU adapter (SwiftShader here): the form says which size learns in a minute.
+    trainer.wait_for_function("document.getElementById('data-budget').textContent"
+                              ".includes('trains on the CPU')", timeout=PAGE_WAIT_MS)
     assert trainer.is_hidden("#sources")        # the corpus's fields are not a task's
     trainer.wait_for_function("!document.getElementById('start').disabled")
     trainer.click("#start")

@@ -59,7 +59,8 @@ export class InsideView {
       label, color: COLORS[i % COLORS.length] })), { y: 'share of units (|h| < 1% of RMS)', x, height: 240 });
     this.updates = groups.map((g) => new Chart($('inside-updates'), `update / weight: ${g.layer}`,
       g.labels.map((label, i) => ({ label, color: COLORS[i % COLORS.length] })),
-      { y: '‖Δw‖ / ‖w‖', positive: true, log, x, height: 180 }));
+      // Ratios span decades (a norm gain's and a projection's): on a log scale from the start.
+      { y: '‖Δw‖ / ‖w‖', positive: true, log: true, x, height: 180 }));
     this.lines = [this.resid, this.dead, ...this.updates];
     this.hists = layers.map((label) => histogram($('inside-hists'), label));
     window.andreaInside = this;     // tests read the charts
@@ -103,11 +104,12 @@ function histogram(parent, label) {
   parent.append(box);
   const plot = new uPlot({
     width: 260, height: 150,
-    scales: { x: { time: false, range: [-0.5, 15.5] }, y: { range: [0, 1] } },
+    scales: { x: { time: false, range: [-0.5, 15.5] },
+      y: { range: (u, min, max) => [0, Math.max(0.05, max * 1.1)] } },
     series: [{ label: 'bin' }, { label: 'share', fill: '#2a6df4aa', stroke: '#2a6df4',
       paths: uPlot.paths.bars({ size: [0.9, 40] }), points: { show: false } }],
     axes: [{ splits: () => HIST_TICKS.map(([v]) => v), values: () => HIST_TICKS.map(([, t]) => t),
-      size: 28 }, { size: 40 }],
+      size: 28 }, { size: 48 }],
     legend: { show: false }, cursor: { show: false },
   }, [[], []], box);
   return { box, title, plot };

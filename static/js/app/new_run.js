@@ -19,6 +19,7 @@ const MiB = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(1)} GiB` : `${(b / 2
 const PASSES_WARNING = Number($('data-budget').dataset.passesWarning);
 const state = {
   limits: null,             // this adapter's (acquireDevice); null: no WebGPU here
+  software: false,          // the adapter is a CPU (SwiftShader, llvmpipe): gpu.js isSoftware
   layouts: new Map(),       // shape -> Promise of the server's layout
   corpora: new Map(),       // vocabulary size -> Promise of GET /api/corpus
 };
@@ -218,6 +219,12 @@ async function showTask(c, turn) {
     `${task.problem_len} characters (context ${T}), made from the run's seed; each eval counts ` +
     'the held-out problems whose whole answer the model predicts (exact match). Problems ' +
     'held out are never trained on.';
+  // On a CPU adapter the task's size is the difference between a minute and ten
+  // (bench/results/tasks_swiftshader.txt).
+  if (state.software) {
+    box.textContent += ' This browser trains on the CPU (no GPU adapter): tiny reverses 4 ' +
+      'digits in about a minute; 10 digits on toy take about ten.';
+  }
   box.dataset.passes = '[]';
 }
 
@@ -339,6 +346,7 @@ async function main() {
     ctx = await createContext({ gpu: navigator.gpu, load: fetchLoader(SHADER_BASE), mixed: 'optional' });
     ctx.destroy();
     state.limits = ctx.limits;
+    state.software = ctx.software;
   } catch {
     state.limits = null;
   }

@@ -94,7 +94,7 @@ export class RunCharts {
     if (config.task && !this.charts.accuracy) {
       const acc = new Chart($('charts'), 'accuracy', [{ label: 'exact match', color: '#0a7d38',
         points: true }], { marks: () => this.marks(), placeholder: 'Waiting for the first eval…',
-        y: `held-out ${config.task} problems answered exactly`, x: $('xaxis').value });
+        y: `exact, held-out ${config.task}`, x: $('xaxis').value });
       this.charts.loss.box.after(acc.box);
       this.charts.accuracy = acc;
       this.redraw();
