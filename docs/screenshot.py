@@ -2,6 +2,7 @@
 train` on a throwaway data dir, then its run page at 1280 px in headless Chromium (SwiftShader).
 Usage (from the checkout, in its .venv): python docs/screenshot.py [STEPS]"""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -17,11 +18,14 @@ from andrea.cli.launch import served
 OUT = Path(__file__).with_name("run-page.png")
 
 
-def main(steps: int) -> None:
+@contextlib.contextmanager
+def trained_run_page(steps: int, flags: list[str]):
+    """A `tiny` run of `steps` steps trained by `andrea train` with `flags` on a throwaway data
+    dir, then its run page at 1280 px in headless Chromium, every step charted: the page."""
     with tempfile.TemporaryDirectory() as data, served(Path(data)) as url:
         r = subprocess.run([sys.executable, "-m", "andrea", "train", "--preset", "tiny",
-                            "--steps", str(steps), "--eval-every", "10", "--sample-every", "20",
-                            "--server", url, "--json"], capture_output=True, text=True)
+                            "--steps", str(steps), *flags, "--server", url, "--json"],
+                           capture_output=True, text=True)
         result = json.loads(r.stdout)
         assert result["ok"], result
         with sync_playwright() as p:
@@ -31,9 +35,14 @@ def main(steps: int) -> None:
             page.goto(f"{url}/runs/{result['run_id']}")
             page.wait_for_function("Number(document.getElementById('charts').dataset.steps)"
                                    f" >= {steps}", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(OUT))
+            yield page
             browser.close()
+
+
+def main(steps: int) -> None:
+    with trained_run_page(steps, ["--eval-every", "10", "--sample-every", "20"]) as page:
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(OUT))
     print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
 
 

@@ -4,17 +4,10 @@ its run page at 1280 px in headless Chromium (SwiftShader) with the prompt box's
 attention maps of a problem, and docs/inside.png: the page's "Inside the model" card.
 Usage (from the checkout, in its .venv): python docs/screenshot_task.py [STEPS]"""
 
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from playwright.sync_api import sync_playwright
-
-from andrea.cli.browser_flags import QUIET, SWIFTSHADER
-from andrea.cli.chromium import CHROMIUM
-from andrea.cli.launch import served
+from screenshot import trained_run_page  # (docs/, this script's folder, is on sys.path)
 
 PAGE = Path(__file__).with_name("task-page.png")
 INSIDE = Path(__file__).with_name("inside.png")
@@ -22,39 +15,26 @@ PROBLEM = "1234>4321"
 
 
 def main(steps: int) -> None:
-    with tempfile.TemporaryDirectory() as data, served(Path(data)) as url:
-        r = subprocess.run([sys.executable, "-m", "andrea", "train", "--preset", "tiny",
-                            "--task", "reverse", "--task-digits", "4", "--batch-size", "32",
-                            "--steps", str(steps), "--eval-every", "25", "--sample-every", "100",
-                            "--seed", "1", "--server", url, "--json"],
-                           capture_output=True, text=True)
-        result = json.loads(r.stdout)
-        assert result["ok"], result
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM,
-                                        args=["--headless=new", *QUIET, *SWIFTSHADER])
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.goto(f"{url}/runs/{result['run_id']}")
-            page.wait_for_function("Number(document.getElementById('charts').dataset.steps)"
-                                   f" >= {steps}", timeout=60_000)
-            page.wait_for_function("!document.getElementById('prompt-card').hidden")
-            page.click("#prompt-go")
-            page.wait_for_function("document.body.dataset.prompt === 'done'", timeout=60_000)
-            page.click("#attention-details summary")
-            page.fill("#attention-text", PROBLEM)
-            page.click("#attention-go")
-            page.wait_for_function("document.body.dataset.attention === 'done'", timeout=60_000)
-            page.wait_for_function("window.andreaInside?.hists.every((h) => h.box.dataset.step)")
-            page.wait_for_timeout(1000)
-            page.locator("#inside-card").screenshot(path=str(INSIDE))
-            # The charts (loss and exact match first), then the prompt box and the maps.
-            page.evaluate("""() => { for (const id of ['heatmap-card', 'inside-card',
-                'source-charts', 'spikes-card']) document.getElementById(id).hidden = true; }""")
-            page.screenshot(path=str(PAGE), full_page=True, clip={
-                "x": 0, "y": 0, "width": 1280, "height": page.evaluate(
-                    "document.getElementById('attention-card').getBoundingClientRect().bottom"
-                    " + window.scrollY")})
-            browser.close()
+    with trained_run_page(steps, ["--task", "reverse", "--task-digits", "4", "--batch-size",
+                                  "32", "--eval-every", "25", "--sample-every", "100",
+                                  "--seed", "1"]) as page:
+        page.wait_for_function("!document.getElementById('prompt-card').hidden")
+        page.click("#prompt-go")
+        page.wait_for_function("document.body.dataset.prompt === 'done'", timeout=60_000)
+        page.click("#attention-details summary")
+        page.fill("#attention-text", PROBLEM)
+        page.click("#attention-go")
+        page.wait_for_function("document.body.dataset.attention === 'done'", timeout=60_000)
+        page.wait_for_function("window.andreaInside?.hists.every((h) => h.box.dataset.step)")
+        page.wait_for_timeout(1000)
+        page.locator("#inside-card").screenshot(path=str(INSIDE))
+        # The charts (loss and exact match first), then the prompt box and the maps.
+        page.evaluate("""() => { for (const id of ['heatmap-card', 'inside-card',
+            'source-charts', 'spikes-card']) document.getElementById(id).hidden = true; }""")
+        page.screenshot(path=str(PAGE), full_page=True, clip={
+            "x": 0, "y": 0, "width": 1280, "height": page.evaluate(
+                "document.getElementById('attention-card').getBoundingClientRect().bottom"
+                " + window.scrollY")})
     for out in (PAGE, INSIDE):
         print(f"wrote {out} ({out.stat().st_size:,} bytes)")
 
