@@ -35,6 +35,7 @@ import numpy as np
 
 from andrea import tasks
 from andrea.data.tokenizer import EOT, EOT_ID, tokenizer_dir
+from andrea.durable import write_atomic
 from andrea.model import run_layout, run_model
 from andrea.model_card import corpus_meta, model_card, summary
 from andrea.paths import weights_path
@@ -50,9 +51,7 @@ def tokenizer_path(data_dir: Path, run: dict) -> Path | None:
         path = tokenizer_dir(data_dir, tasks.TOKENIZER_KEY, tasks.VOCAB) / "tokenizer.json"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(tasks.tokenizer().to_str(), encoding="utf-8")
-            os.replace(tmp, path)
+            write_atomic(path, tasks.tokenizer().to_str().encode("utf-8"))
         return path
     vocab = run_model(run["config"]).vocab_size
     path = tokenizer_dir(data_dir, run["config"].get("corpus_hash", ""), vocab) / "tokenizer.json"

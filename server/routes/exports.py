@@ -147,9 +147,10 @@ async def get_export(run_id: str, store: StoreDep, settings: SettingsDep, reques
         run = await get_existing_run(run_id, store)
         # The card's four facts by query, on a reader thread: no run is read whole.
         records = await store.read(store.card_summary, run_id, step)
-        files = await asyncio.to_thread(export_files, run, settings.data_dir,
-                                        tokenizer_path(settings.corpus_dir, run), records,
-                                        step, settings.corpus_dir)
+        # (On the thread too: a task run's tokenizer is written the first time.)
+        files = await asyncio.to_thread(lambda: export_files(
+            run, settings.data_dir, tokenizer_path(settings.corpus_dir, run), records, step,
+            settings.corpus_dir))
     except Exception as e:
         release()
         if isinstance(e, FileNotFoundError):   # no weights uploaded yet, no such checkpoint

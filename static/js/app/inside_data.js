@@ -4,7 +4,7 @@
 // groups, and the columns each chart draws.
 import { Derived } from './series.js';
 
-export const hasInside = (rec) => Array.isArray(rec?.resid_rms);
+const hasInside = (rec) => Array.isArray(rec?.resid_rms);
 
 /** The series rows whose record has the inside (the eval steps), in order. */
 export const insideRows = () => new Derived(() => ({ rows: [] }), (s, series, i) => {

@@ -7,7 +7,7 @@
 import uPlot from 'uplot';   // templates/base.html's import map
 import { fetchJson } from './api.js';
 import { COLORS, Chart, DASHES, Throttle } from './charts.js';
-import { fieldColumns, hasInside, insideLayout, insideRows, shares } from './inside_data.js';
+import { fieldColumns, insideLayout, insideRows, shares } from './inside_data.js';
 import { paletteColor } from './heatmap_data.js';
 import { routePath } from './facts.js';
 
@@ -114,5 +114,3 @@ function histogram(parent, label) {
   }, [[], []], box);
   return { box, title, plot };
 }
-
-export { hasInside };

@@ -166,13 +166,12 @@ export class Optimizer {
 
     // Norm partials: one per segment (norm_segments.js), summed per tensor in index order.
     const segPlan = normSegments(this.layout, this.partialElems);
-    this.segPlan = segPlan;   // the update probe (update_probe.js) sums over the same segments
+    this.segPlan = segPlan;   // (tensorSumOps)
     this.segs = this._buffer(segPlan.segs.byteLength, 'segs', segPlan.segs);
     this.tsegs = this._buffer(segPlan.tsegs.byteLength, 'tsegs', segPlan.tsegs);
     this.partials = this._buffer(Math.max(segPlan.count, 1) * 8, 'partials');
 
     const reduceConsts = { WG_R: wgReduce, VPT: VEC4_PER_THREAD };
-    this.reduceConsts = reduceConsts;
     const pipe = async (entry, constants, names = BINDINGS[entry]) =>
       ({ ...await this.lib.pipeline(FILE, entry, constants, names), entry });
     const pipes = {
@@ -218,31 +217,26 @@ export class Optimizer {
     const p = Object.fromEntries(await Promise.all(Object.entries(pipes)
       .map(async ([k, v]) => [k, await v])));
     this.pUpdate = p.update;
+    this._pipes = p;
 
     // The step's dispatches as op records, each with its uniforms and bind group made once.
     await checked(d, `optimizer ${this.variant} bind groups`, () => {
-      const op = (pipeline, resources, grid, what) => ({
-        ...launch(d, pipeline, resources, grid, `${this.label}.${pipeline.label}`),
-        label: `optimizer ${what}`, file: FILE, entry: pipeline.entry });
-      const ops = { unscale: [], reduce: [], scale: [], update: [], zero: [] };
+      const op = (pipeline, resources, grid, what) => this._op(pipeline, resources, grid, what);
+      const ops = { unscale: [], scale: [], update: [], zero: [] };
       for (const win of this.windows) {
         const [pbase, pend] = windowSegments(segPlan.segs, segPlan.count, win.base, win.len);
         const g4 = this._range(this.G, win.base, win.len, 4);
-        const seg = { cu: this._chunk({ base: win.base, n4: win.len / 4, pbase, nseg: pend - pbase }),
+        const seg = { cu: this.chunk({ base: win.base, n4: win.len / 4, pbase, nseg: pend - pbase }),
           segs: this.segs, g4 };
-        ops.reduce.push(op(p.reduce, { ...seg, partials: this.partials }, grid2d(pend - pbase),
-          'grad norm'));
         ops.scale.push(op(p.scale, { ...seg, stats: this.stats }, grid2d(pend - pbase),
           'per-tensor clip'));
         if (this.lossScale) {
-          const cu = this._chunk({ base: win.base, n4: win.len / 4 });
+          const cu = this.chunk({ base: win.base, n4: win.len / 4 });
           const grid = elementGrid(win.len, wg);
           ops.unscale.push(op(p.unscale, { cu, g4, scaler: this.scaler }, grid, 'loss unscale'));
           ops.zero.push(op(p.zero, { cu, g4, stats: this.stats }, grid, 'skipped step'));
         }
       }
-      ops.tensor = [op(p.tensor, { tsegs: this.tsegs, partials: this.partials, stats: this.stats },
-        [this.tensors, 1], 'tensor norms')];
       ops.final = [op(p.final, { hp: this.uHyper, stats: this.stats, tsegs: this.tsegs }, [1, 1],
         'clip scale')];
       ops.grow = this.lossScale
@@ -254,12 +248,12 @@ export class Optimizer {
           w4: this._range(this.W, u.base, u.len, 4), g4: this._range(this.G, u.base, u.len, 4) };
         if (this.is8) {
           Object.assign(res, {
-            cu: this._chunk({ base: u.base, b0: u.b0, b1: u.b1, qbase: u.qbase,
+            cu: this.chunk({ base: u.base, b0: u.b0, b1: u.b1, qbase: u.qbase,
               m32: this.state8.m32, v32: this.state8.v32 }),
             codes: { buffer: this.codes, offset: u.codesOffset, size: u.codesSize },
             small: this.small, tables: this.tables });
         } else {
-          Object.assign(res, { cu: this._chunk({ base: u.base, n4: u.n4 }),
+          Object.assign(res, { cu: this.chunk({ base: u.base, n4: u.n4 }),
             m4: this._range(this.M, u.base, u.len, 4), v4: this._range(this.V, u.base, u.len, 4) });
         }
         if (this.f16) res.mirror = this._range(this.mirror, u.base, u.len, 2);
@@ -267,7 +261,8 @@ export class Optimizer {
       }
       // A step's lists, made once (encode() allocates nothing): the norm phase with and
       // without per-tensor clipping (setHyper may switch it), the update phase.
-      const norm = [...ops.unscale, ...ops.reduce, ...ops.tensor, ...ops.final];
+      const norm = [...ops.unscale, ...this.tensorSumOps(this.G, this.partials, this.stats),
+        ...ops.final];
       this._ops = { norm, normPerTensor: [...norm, ...ops.scale],
         update: [...ops.bias, ...ops.update, ...ops.zero, ...ops.grow],
         updates: ops.update.length };
@@ -281,7 +276,32 @@ export class Optimizer {
     return b;
   }
 
-  _chunk(fields) {
+  _op(pipeline, resources, grid, what) {
+    return { ...launch(this.device, pipeline, resources, grid, `${this.label}.${pipeline.label}`),
+      label: `optimizer ${what}`, file: FILE, entry: pipeline.entry };
+  }
+
+  /** Op records that sum the squares of `src` (an f32 buffer laid out as W) per tensor into
+   *  `stats` ([4 + 4t]; [5 + 4t]: its non-finite count) through `partials` (8 bytes a norm
+   *  segment): reduce_norm_sq per window, then finalize_tensor_stats. The step's norm runs them
+   *  over G; the update probe (update_probe.js) over W's copy and the update. */
+  tensorSumOps(src, partials, stats, words = ['grad norm', 'tensor norms']) {
+    const { segs, count } = this.segPlan;
+    return [
+      ...this.windows.map((win) => {
+        const [pbase, pend] = windowSegments(segs, count, win.base, win.len);
+        const cu = this.chunk({ base: win.base, n4: win.len / 4, pbase, nseg: pend - pbase });
+        return this._op(this._pipes.reduce, { cu, segs: this.segs, partials,
+          g4: this._range(src, win.base, win.len, 4) }, grid2d(pend - pbase), words[0]);
+      }),
+      this._op(this._pipes.tensor, { tsegs: this.tsegs, partials, stats }, [this.tensors, 1],
+        words[1]),
+    ];
+  }
+
+  /** A Chunk uniform (12_optimizer.wgsl: base, n4, pbase, nseg, ...) made once, freed with the
+   *  optimizer. */
+  chunk(fields) {
     const u = new Uint32Array(12);
     const order = ['base', 'n4', 'pbase', 'nseg', 'b0', 'b1', 'qbase', '', 'm32', 'v32'];
     order.forEach((k, i) => { if (k) u[i] = fields[k] ?? 0; });

@@ -192,32 +192,35 @@ export class Trainer {
     this.prefetch = new Prefetcher(this.loadBatch, { depth: 3, end: c.steps });
   }
 
-  /** The eval readback's inside part from byte `at`: {probe, probeAt, norms: [rstd buffer] in
-   *  the parameter table's norm order (each layer's input_layernorm, post_attention_layernorm,
-   *  then the final norm), normsAt, R (MLP positions read), mlpAt, end}. */
+  /** The eval readback's inside part from byte `at`: {probe, probeAt, norms: each norm gain's
+   *  1/rms buffer, in the parameter table's order (resid_rms's), normsAt, R (MLP positions
+   *  read), mlpAt, end}. */
   async insideReadback(at) {
     const { n_layer: L, ffn_dim: F } = this.layout.config;
     const N = this.B * this.T;
     const a = this.plan.acts;
     const probe = await UpdateProbe.create(this.ctx, this.opt);
-    const norms = [...Array(L).keys()].flatMap((l) => [a.rstd1[l], a.rstd2[l]]).concat([a.rstdf]);
+    const rstdOf = (name) => {
+      const m = /layers\.(\d+)\.(input|post_attention)_layernorm/.exec(name);
+      return m ? (m[2] === 'input' ? a.rstd1 : a.rstd2)[Number(m[1])] : a.rstdf;
+    };
+    const norms = this.layout.params.filter((p) => p.shape.length === 1).map((p) => rstdOf(p.name));
     const normsAt = at + probe.bytes;
     const R = mlpRows(N, F);
     const mlpAt = normsAt + norms.length * N * 4;
-    return { probe, probeAt: at, norms, normsAt, R, mlpAt, end: mlpAt + L * R * F * 4,
-      snapped: false };
+    return { probe, probeAt: at, norms, normsAt, R, mlpAt, end: mlpAt + L * R * F * 4 };
   }
 
-  /** Copies the eval forward's inside into the eval readback (and, after a step whose weights
-   *  the probe copied, the probe's sums). */
-  encodeInside(enc) {
+  /** Copies the eval forward's inside into the eval readback; `probed` (the step before it
+   *  copied its weights: probe.snapshot), the probe's sums too. */
+  encodeInside(enc, probed) {
     const ins = this.inside;
     const N = this.B * this.T;
     ins.norms.forEach((b, i) => enc.copyBufferToBuffer(b, 0, this.evalBuf, ins.normsAt + i * N * 4, N * 4));
     const F = this.layout.config.ffn_dim;
     this.plan.acts.h.forEach((b, l) => enc.copyBufferToBuffer(b, 0, this.evalBuf,
       ins.mlpAt + l * ins.R * F * 4, ins.R * F * 4));
-    if (ins.snapped) {
+    if (probed) {
       ins.probe.encode(enc);
       ins.probe.copyTo(enc, this.evalBuf, ins.probeAt);
     }
@@ -327,10 +330,7 @@ export class Trainer {
         this.model.encodeStep(enc, this.plan, this.queries ? { timestampWrites: {
           querySet: this.queries, beginningOfPassWriteIndex: q0 } } : null);
         // An eval step's update is probed: the weights before it, for its eval to compare.
-        if (this.inside && this.wantEval(step)) {
-          this.inside.probe.snapshot(enc);
-          this.inside.snapped = true;
-        }
+        if (this.inside && this.wantEval(step)) this.inside.probe.snapshot(enc);
         this.opt.encode(enc, this.queries ? { timestampWrites: { querySet: this.queries,
           beginningOfPassWriteIndex: q0 + 1, endOfPassWriteIndex: q0 + 2 } } : {});
         const N = this.B * this.T;
@@ -451,10 +451,13 @@ export class Trainer {
    *  untouched). Resolves once submitted, to {result: Promise<{loss, acc}>}: acc a task run's
    *  exact-match accuracy (right / problems), else null. */
   encodeEval(step) {
-    return this.encodeEvalBatch(Math.floor((step + 1) / this.config.eval_every) % 4);
+    // (Its step copied its weights for the update probe: the loop's snapshot.)
+    return this.encodeEvalBatch(Math.floor((step + 1) / this.config.eval_every) % 4,
+      Boolean(this.inside));
   }
 
-  async encodeEvalBatch(index) {
+  /** probed: the weights before the last submitted step are in the update probe. */
+  async encodeEvalBatch(index, probed = false) {
     const val = parseBatch(await this.loadValBatch(index));
     if (this.evalPending) await this.evalPending;
     // From here to submit nothing awaits, so no other step's batch can slip in between.
@@ -465,9 +468,7 @@ export class Trainer {
     encodeOps(enc, this.plan.forward);
     // The loss overwrites the logits with their gradient: copied before it.
     if (this.evalLogits) enc.copyBufferToBuffer(this.plan.acts.logits, 0, this.evalBuf, EVAL_LOGITS, N * V * 4);
-    const probed = Boolean(this.inside?.snapped);
-    if (this.inside) this.encodeInside(enc);
-    if (probed) this.inside.snapped = false;
+    if (this.inside) this.encodeInside(enc, probed);
     encodeOps(enc, this.plan.loss);
     enc.copyBufferToBuffer(this.plan.acts.losses, N * 4, this.evalBuf, 0, 4);
     this.device.queue.submit([enc.finish()]);

@@ -1,6 +1,6 @@
 // The update probe: each parameter tensor's update-to-weight ratio ||w_after - w_before|| /
-// ||w_before|| for one chosen step, on the GPU, with the optimizer's own per-tensor reduction
-// (12_optimizer.wgsl reduce_norm_sq + finalize_tensor_stats over the same norm segments).
+// ||w_before|| for one chosen step, on the GPU, summed by the optimizer's own per-tensor
+// reduction (Optimizer.tensorSumOps: 12_optimizer.wgsl reduce_norm_sq + finalize_tensor_stats).
 //
 //   const probe = await UpdateProbe.create(ctx, opt);   // one f32 copy of W, made once
 //   the chosen step's encoder:  probe.snapshot(enc)     // before the optimizer's pass
@@ -12,13 +12,11 @@
 // model's inside (trainer.js: every eval step).
 
 import { align } from './gpu.js';
-import { windowSegments } from './norm_segments.js';
-import { elementGrid, grid2d } from './optimizer_plans.js';
-import { encodeDispatch, launch } from './ops.js';
+import { elementGrid } from './optimizer_plans.js';
+import { encodeDispatch, launch, view } from './ops.js';
+import { FILE } from './optimizer.js';
 
-const FILE = '12_optimizer.wgsl';
 const WG = 256;
-const WG_F = 256;
 
 export class UpdateProbe {
   static async create(ctx, opt) {
@@ -37,53 +35,27 @@ export class UpdateProbe {
     this.owned = [];
   }
 
-  buffer(size, label, usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC
-    | GPUBufferUsage.COPY_DST) {
-    const b = this.device.createBuffer({ label: `probe.${label}`, size: align(size, 16), usage });
+  buffer(size, label) {
+    const b = this.device.createBuffer({ label: `probe.${label}`, size: align(size, 16),
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
     this.owned.push(b);
     return b;
   }
 
-  chunk(words) {
-    const u = new Uint32Array(12);
-    u.set(words);
-    const b = this.buffer(48, 'chunk', GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST);
-    this.device.queue.writeBuffer(b, 0, u);
-    return b;
-  }
-
   async build() {
-    const { opt, device: d } = this;
-    const seg = opt.segPlan;
+    const { opt } = this;
     this.before = this.buffer(opt.n * 4, 'before');       // W before the step, then the update
-    this.partials = this.buffer(Math.max(seg.count, 1) * 8, 'partials');
+    const partials = this.buffer(Math.max(opt.segPlan.count, 1) * 8, 'partials');
     this.sums = [this.buffer(this.statsBytes, 'weight sums'), this.buffer(this.statsBytes, 'update sums')];
-    const [reduce, tensor, delta] = await Promise.all([
-      this.lib.pipeline(FILE, 'reduce_norm_sq', opt.reduceConsts, ['cu', 'segs', 'partials', 'g4']),
-      this.lib.pipeline(FILE, 'finalize_tensor_stats', { WG_F }, ['tsegs', 'partials', 'stats']),
-      this.lib.pipeline(FILE, 'weight_delta', { WG }, ['cu', 'w4', 'g4']),
-    ]);
-    const sums = (stats) => [
-      ...opt.windows.map((win) => {
-        const [pbase, pend] = windowSegments(seg.segs, seg.count, win.base, win.len);
-        return launch(d, reduce, { cu: this.chunk([win.base, win.len / 4, pbase, pend - pbase]),
-          segs: opt.segs, partials: this.partials, g4: this.range(this.before, win) },
-        grid2d(pend - pbase), 'probe sums');
-      }),
-      launch(d, tensor, { tsegs: opt.tsegs, partials: this.partials, stats }, [this.T, 1],
-        'probe tensor sums'),
-    ];
+    const delta = await this.lib.pipeline(FILE, 'weight_delta', { WG }, ['cu', 'w4', 'g4']);
+    const words = (what) => [`probe ${what} sums`, `probe ${what} tensor sums`];
     this.ops = [
-      ...sums(this.sums[0]),
-      ...opt.windows.map((win) => launch(d, delta, { cu: this.chunk([win.base, win.len / 4]),
-        w4: this.range(opt.W, win), g4: this.range(this.before, win) },
-      elementGrid(win.len, WG), 'probe delta')),
-      ...sums(this.sums[1]),
+      ...opt.tensorSumOps(this.before, partials, this.sums[0], words('weight')),
+      ...opt.windows.map((win) => launch(this.device, delta, {
+        cu: opt.chunk({ base: win.base, n4: win.len / 4 }), w4: view(opt.W, win.base, win.len),
+        g4: view(this.before, win.base, win.len) }, elementGrid(win.len, WG), 'probe delta')),
+      ...opt.tensorSumOps(this.before, partials, this.sums[1], words('update')),
     ];
-  }
-
-  range(buffer, win) {
-    return { buffer, offset: win.base * 4, size: win.len * 4 };
   }
 
   /** W as it is before the step: encode before the optimizer's pass. */
