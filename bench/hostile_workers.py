@@ -59,7 +59,7 @@ def big_run(data_dir: Path, records: int) -> str:
     store = Store(data_dir / "andrea.sqlite")
     t0 = time.perf_counter()
     for first in range(1, records + 1, 2500):
-        store.add_metrics(run["id"], [record(s) for s in range(first,
+        store.metrics.add(run["id"], [record(s) for s in range(first,
                                                                 min(first + 2500, records + 1))])
     store.close()
     print(f"{records:,} records written in {time.perf_counter() - t0:.1f} s")

@@ -280,7 +280,7 @@ def seed_big_run(data_dir: Path, records: int) -> dict:
               headers={"authorization": f"Bearer {run['token']}"})
     store = Store(data_dir / "andrea.sqlite")
     for first in range(1, records + 1, 2500):
-        store.add_metrics(run["id"], [{**record(s), "grad_norm": 8.0 if s % 500 == 0 else 1.0}
+        store.metrics.add(run["id"], [{**record(s), "grad_norm": 8.0 if s % 500 == 0 else 1.0}
                                       for s in range(first, min(first + 2500, records + 1))])
     store.close()
     return run

@@ -42,12 +42,12 @@ def measure(folder: Path, batch: int, tensors: int, n: int) -> tuple[float, floa
     """(wire bytes, stored bytes) per record of one shape, in a fresh SQLite store."""
     path = folder / f"b{batch}_t{tensors}.sqlite"
     store = Store(path)
-    store.create_run("r", {"preset": "tiny", "optimizer": "adamw"}, "h")
+    store.runs.create("r", {"preset": "tiny", "optimizer": "adamw"}, "h")
     wire = 0
     for first in range(1, n + 1, 500):
         records = [record(s, batch, tensors) for s in range(first, min(first + 500, n + 1))]
         wire += len(json.dumps({"type": "metrics", "records": records}, separators=(",", ":")))
-        store.add_metrics("r", [Record.model_validate(r).row() for r in records])
+        store.metrics.add("r", [Record.model_validate(r).row() for r in records])
     store.close()
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

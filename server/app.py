@@ -166,7 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # file's free pages count as free for rows.
     app.state.storage = StorageBudget(
         settings.data_dir, settings.min_free_bytes,
-        free_pages=lambda: store.run(store.free_page_bytes),
+        free_pages=lambda: store.run(store.db.free_page_bytes),
         records_here=settings.database_url is None)
     # Another site's page may not POST, PUT, PATCH or DELETE here (a text/plain form needs no
     # CORS preflight).
@@ -190,10 +190,10 @@ async def _recover_checkpoints(store: Store, ckpts: CheckpointStore) -> None:
     """A crash mid-upload leaves temp files or a .ckpt without its sidecar: removed; the
     database's newest checkpoint per run is set from what is on disk (the sidecars commit)."""
     on_disk = await asyncio.to_thread(ckpts.recover)
-    recorded = await store.run(store.checkpoint_steps)
+    recorded = await store.run(store.runs.checkpoint_steps)
     for run_id in set(on_disk) | set(recorded):
         if on_disk.get(run_id) != recorded.get(run_id):
-            await store.run(store.set_checkpoint_step, run_id, on_disk.get(run_id))
+            await store.run(store.runs.set_checkpoint_step, run_id, on_disk.get(run_id))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -285,7 +285,7 @@ def export_run(run: dict, data_dir: Path, tokenizer: Path | None, out: Path,
                corpus_dir: Path | None = None) -> Path:
     """The whole checkpoint in `out`; without a tokenizer, the weights, configs and card only.
     `records`: the summary of the run's records up to `step` for the model card
-    (Store.card_summary; model_card.summary of a list is the same). `step`: the weights of
+    (store.Metrics.card_summary; model_card.summary of a list is the same). `step`: the weights of
     that training checkpoint, and the card tells of the steps up to it. `corpus_dir`: where
     the token files are (Settings.corpus_dir; default the data dir). The files are
     export_files' (the server's zip streams the same)."""

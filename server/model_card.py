@@ -176,7 +176,7 @@ def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
 
 
 def training_rows(run: dict, s: dict, step: int | None = None) -> list[tuple[str, str]]:
-    """`s`: summary() of the records up to `step` (Store.card_summary)."""
+    """`s`: summary() of the records up to `step` (store.Metrics.card_summary)."""
     cfg = run["config"]
     tokens = s["steps"] * cfg["batch_size"] * cfg["seq_len"]
     status = run.get("status") or "unknown"
@@ -196,7 +196,7 @@ def training_rows(run: dict, s: dict, step: int | None = None) -> list[tuple[str
 
 def model_card(run: dict, layout: dict, records: dict, corpus: dict | None,
                step: int | None = None) -> str:
-    """`records`: summary() of the run's records up to `step` (Store.card_summary)."""
+    """`records`: summary() of the run's records up to `step` (store.Metrics.card_summary)."""
     cfg = run["config"]
     made_with = f"andrea export {run['id']}" + (f" --step {step}" if step else "") + " --out DIR"
     return "\n".join([

@@ -298,5 +298,5 @@ def message_bytes(records: list, wire: int) -> float:
 
 def stored_run_bytes(rows: int, extra_bytes: float) -> float:
     """A stored run's records, about: `rows` of them with `extra_bytes` of JSON each (the store's
-    record_usage: a sample of its newest)."""
+    Metrics.usage: a sample of its newest)."""
     return rows * row_bytes(ROW_NUMBERS + extra_bytes)

@@ -700,7 +700,7 @@ def test_a_resume_racing_a_delete_is_404(client, data_dir, monkeypatch):
 
     @asynccontextmanager
     async def deleted_first(fanout, run_id, busy):
-        store.delete_run(run_id)            # what a DELETE does under the same lock
+        store.runs.delete(run_id)            # what a DELETE does under the same lock
         async with real(fanout, run_id, busy):
             yield
 
@@ -866,11 +866,11 @@ def test_a_stop_between_a_runs_row_and_its_files_leaves_no_files_behind(tmp_path
             assert put(c, run, 2, state(run)).status_code == 201
         store, ckpts = c.app.state.store, c.app.state.checkpoints
         mark_unsettled(data, deleted["id"])             # a delete, stopped after the row
-        assert store.delete_run(deleted["id"])
+        assert store.runs.delete(deleted["id"])
         mark_unsettled(data, kept["id"])                # ... stopped before the row
         mark_unsettled(data, "branch1")                 # a branch, stopped before its row
         ckpts.link(kept["id"], 2, "branch1")
-        assert store.delete_run(foreign["id"])          # (as if another database's)
+        assert store.runs.delete(foreign["id"])          # (as if another database's)
     with LocalClient(create_app(Settings(data_dir=data))) as c:
         runs = data / "runs"
         assert sorted(p.name for p in runs.iterdir()) == sorted([kept["id"], foreign["id"]])

@@ -45,10 +45,10 @@ def test_a_run_stored_before_clip_mode_reads_back_with_it(client, clip, mode):
     old = {**client.post("/api/runs", json={"preset": "tiny"}).json()["config"], "clip": clip}
     del old["clip_mode"]
     store = client.app.state.store
-    store.create_run("old1", old, token_hash("t"), None)
+    store.runs.create("old1", old, token_hash("t"), None)
     want = {**{k: v for k, v in old.items() if k != "clip"}, "clip_mode": mode}
-    assert store.get_run("old1")["config"] == want
-    for config in (store.get_run("old1")["config"],
+    assert store.runs.get("old1")["config"] == want
+    for config in (store.runs.get("old1")["config"],
                    client.get("/api/runs/old1").json()["config"]):
         assert config["clip_mode"] == mode and "clip" not in config
     listed = next(r for r in client.get("/api/runs").json() if r["id"] == "old1")
@@ -60,12 +60,12 @@ def test_a_run_stored_before_clip_mode_in_a_database_file(tmp_path):
     import sqlite3
 
     store = Store(tmp_path / "andrea.sqlite")
-    store.create_run("r1", {"preset": "tiny", "optimizer": "adamw", "clip": False,
+    store.runs.create("r1", {"preset": "tiny", "optimizer": "adamw", "clip": False,
                             "max_norm": 1.0}, token_hash("t"))
     (raw,) = sqlite3.connect(tmp_path / "andrea.sqlite").execute(
         "SELECT config FROM runs WHERE id = 'r1'").fetchone()
     assert json.loads(raw)["clip"] is False
-    config = store.get_run("r1")["config"]
+    config = store.runs.get("r1")["config"]
     assert config["clip_mode"] == "off" and "clip" not in config
 
 

@@ -72,7 +72,7 @@ def run(export_data, tiny):
         r = client.put(f"/api/runs/{run['id']}/weights", content=w.astype("<f4").tobytes(),
                        headers={"authorization": f"Bearer {run['token']}"})
         assert r.status_code == 204, r.text
-    Store(export_data / "andrea.sqlite").add_metrics(run["id"], STEPS)
+    Store(export_data / "andrea.sqlite").metrics.add(run["id"], STEPS)
     return {**run, "chain": chain}
 
 

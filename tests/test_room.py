@@ -534,7 +534,7 @@ def test_a_leave_that_leaves_every_worker_answered_closes_the_round_at_once(app_
 def rounds_room(client, run: dict) -> rounds.Room:
     from andrea.room.lifecycle import room_of_run
 
-    stored = client.app.state.store.get_run(run["id"])
+    stored = client.app.state.store.runs.get(run["id"])
     return room_of_run(client.app.state.checkpoints, stored)
 
 
@@ -776,7 +776,7 @@ def test_the_room_page_finds_its_lone_tab_by_shape_batch_optimizer_and_lr(settin
         assert lone(c, room)["status"] == "created"
         # The newest that matches wins (steps, seed, warmup and eval cadence are not the shape).
         newer = single(c, steps=40, seed=1, eval_every=10)
-        c.app.state.store.add_metrics(newer["id"], [
+        c.app.state.store.metrics.add(newer["id"], [
             {"step": s, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3}
             for s in (1, 2)])
         got = lone(c, room)

@@ -33,7 +33,7 @@ def app_client(settings):
 
 
 def room_of(client, run: dict) -> rounds.Room:
-    return room_of_run(client.app.state.checkpoints, client.app.state.store.get_run(run["id"]))
+    return room_of_run(client.app.state.checkpoints, client.app.state.store.runs.get(run["id"]))
 
 
 def honest_delta(run: dict, seed: int, scale: float = 1e-3) -> np.ndarray:

@@ -232,7 +232,7 @@ def test_a_stored_unknown_source_is_skipped_by_the_replay_and_the_run_heals(sett
 
     with TestClient(create_app(settings)) as c:
         run = c.post("/api/runs", json={"preset": "tiny", "data_mode": "bandit"}).json()
-        c.app.state.store.add_metrics(run["id"], [
+        c.app.state.store.metrics.add(run["id"], [
             {"step": s, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3,
              "source_losses": {"0": 5.0, "99": 4.0}} for s in range(1, 30)])
     with caplog.at_level(logging.WARNING, logger="andrea.data"), \
@@ -320,7 +320,7 @@ def test_runs_whose_tabs_left_before_a_restart_are_interrupted_after_it(tmp_path
         with trains(c, resumed):
             pass
         assert put(c, resumed, 2, state(resumed)).status_code == 201
-        c.app.state.store.add_metrics(resumed["id"], [
+        c.app.state.store.metrics.add(resumed["id"], [
             {"step": s, "loss": 5.0, "grad_norm": 1.0, "clip_scale": 1.0, "lr": 1e-3}
             for s in (1, 2)])
         assert c.post(f"/api/runs/{resumed['id']}/resume").status_code == 200
@@ -506,9 +506,9 @@ def test_a_store_from_before_a_metric_existed_gains_its_column(tmp_path):
     db.commit()
     db.close()
     store = Store(path)
-    store.add_metrics("r", [{"step": 2, "loss": None, "grad_norm": 1.0, "clip_scale": 1.0,
+    store.metrics.add("r", [{"step": 2, "loss": None, "grad_norm": 1.0, "clip_scale": 1.0,
                              "lr": 0.001, "opt_ms": 0.25}])
-    rows = store.metrics("r")
+    rows = store.metrics.all("r")
     assert [(r["step"], r["loss"], r["opt_ms"]) for r in rows] == [(1, 5.0, 0.5), (2, None, 0.25)]
     assert "eval_loss" not in rows[1]
     columns = {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(metrics)")}

@@ -38,13 +38,13 @@ def test_a_branch_left_half_copied_by_a_killed_server_is_never_shown_and_removed
         store = Store(data / "andrea.sqlite")   # the server's own file, beside it
         try:
             for first in range(1, 30_001, 10_000):
-                store.add_metrics(pid, [rec(s) for s in range(first, first + 10_000)])
+                store.metrics.add(pid, [rec(s) for s in range(first, first + 10_000)])
             # Where POST /api/runs {parent} stands when its server is killed mid-copy: the
             # checkpoint linked, the branch's row made, a first page of records copied.
             branch = "halfbranch01"
-            store.begin_branch(branch, {**config, "parent": {"run": pid, "step": step}}, "h",
-                               pid, step)
-            assert store.copy_branch_page(branch, pid, step) == BRANCH_PAGE
+            store.runs.begin_branch(branch, {**config, "parent": {"run": pid, "step": step}}, "h",
+                                    pid, step)
+            assert store.runs.copy_branch_page(branch, pid, step) == BRANCH_PAGE
         finally:
             store.close()
         ckpts = run_dir(data, branch) / "checkpoints"
@@ -66,9 +66,9 @@ def test_a_branch_left_half_copied_by_a_killed_server_is_never_shown_and_removed
         stop_server(proc)
     store = Store(data / "andrea.sqlite")
     try:
-        assert store.get_run(branch) is None and store.count_runs() == 1
-        assert store.metrics(branch) == [] and store.events(branch) == []
-        assert len(store.metrics(pid)) == 30_000        # the parent untouched
+        assert store.runs.get(branch) is None and store.runs.count() == 1
+        assert store.metrics.all(branch) == [] and store.events.all(branch) == []
+        assert len(store.metrics.all(pid)) == 30_000        # the parent untouched
     finally:
         store.close()
 
@@ -82,21 +82,21 @@ def test_with_a_shared_store_only_branches_whose_copy_stopped_are_taken_for_dead
     store = (Store(tmp_path / "s.sqlite") if backend == "sqlite"
              else Store(url=request.getfixturevalue("pg_url")))
     try:
-        store.create_run("p", CFG, "hp")
-        store.add_metrics("p", [rec(s) for s in range(1, 11)])
-        store.begin_branch("old", CFG, "h1", "p", 5)
-        mark = store.begin_branch("new", CFG, "h2", "p", 5)
-        with store._tx(write=True) as db:      # both began long ago
+        store.runs.create("p", CFG, "hp")
+        store.metrics.add("p", [rec(s) for s in range(1, 11)])
+        store.runs.begin_branch("old", CFG, "h1", "p", 5)
+        mark = store.runs.begin_branch("new", CFG, "h2", "p", 5)
+        with store.db.tx(write=True) as db:      # both began long ago
             db.execute(text("UPDATE runs SET updated_at = updated_at - 1000"))
-        assert store.copy_branch_page("new", "p", 5) == 5       # it moves: touched
-        assert store.copy_branch_page("new", "p", 5) == 0       # (events: none; touched too)
-        assert store.unfinished_branches(time.time() - 300) == ["old"]
-        assert store.unfinished_branches() == ["new", "old"]
-        assert store.count_runs() == 3 and store.count_runs(listed=True) == 1
-        while store.drop_branch_page("new"):    # taken for a dead one by another process
+        assert store.runs.copy_branch_page("new", "p", 5) == 5       # it moves: touched
+        assert store.runs.copy_branch_page("new", "p", 5) == 0       # (events: none; touched too)
+        assert store.runs.unfinished_branches(time.time() - 300) == ["old"]
+        assert store.runs.unfinished_branches() == ["new", "old"]
+        assert store.runs.count() == 3 and store.runs.count(listed=True) == 1
+        while store.runs.drop_branch_page("new"):    # taken for a dead one by another process
             pass
-        why_not = store.end_branch("new", "p", 5, mark)
+        why_not = store.runs.end_branch("new", "p", 5, mark)
         assert why_not and "branch it again" in why_not
-        assert store.get_run("new") is None and store.events("new") == []
+        assert store.runs.get("new") is None and store.events.all("new") == []
     finally:
         store.close()

@@ -417,15 +417,15 @@ def test_the_budget_reserves_counts_and_reads_the_disk_again():
 def _stored_per_record(path: Path, records: list[dict]) -> tuple[float, float]:
     """(the estimate, SQLite's used pages) per record, for these records in a fresh store."""
     store = Store(path)
-    store.create_run("r", {"preset": "tiny", "optimizer": "adamw"}, "h")
+    store.runs.create("r", {"preset": "tiny", "optimizer": "adamw"}, "h")
     estimate = 0.0
     for i in range(0, len(records), 250):
         chunk = records[i:i + 250]
         wire = len(json.dumps({"type": "metrics", "records": chunk}, separators=(",", ":")))
         parsed = [Record.model_validate(r) for r in chunk]
         estimate += message_bytes(parsed, wire)
-        store.add_metrics("r", [r.row() for r in parsed])
-    rows, extra = store.record_usage("r")
+        store.metrics.add("r", [r.row() for r in parsed])
+    rows, extra = store.metrics.usage("r")
     assert rows == len(records)
     store.close()
     with sqlite3.connect(path) as db:
@@ -451,16 +451,16 @@ def test_a_runs_stored_records_are_read_cheaply_from_either_store(request, tmp_p
     store = (Store(tmp_path / "s.sqlite") if db == "sqlite"
              else Store(url=request.getfixturevalue("pg_url")))
     try:
-        store.create_run("u", {"preset": "tiny", "optimizer": "adamw"}, "h")
-        assert store.record_usage("u") == (0, 0.0)
-        store.add_metrics("u", [Record.model_validate(big_record(s, 8)).row()
+        store.runs.create("u", {"preset": "tiny", "optimizer": "adamw"}, "h")
+        assert store.metrics.usage("u") == (0, 0.0)
+        store.metrics.add("u", [Record.model_validate(big_record(s, 8)).row()
                                 for s in range(5, 15)])
-        rows, extra = store.record_usage("u")
+        rows, extra = store.metrics.usage("u")
         assert rows == 10 and 80 < extra < 120       # {"row_losses": [8 numbers]}
-        store.add_metrics("u", [Record.model_validate(big_record(s, 1024)).row()
+        store.metrics.add("u", [Record.model_validate(big_record(s, 1024)).row()
                                 for s in range(100, 150)])     # rows of overflow pages
-        store.delete_run("u")
-        freed = store.free_page_bytes()     # SQLite's free pages; none on PostgreSQL
+        store.runs.delete("u")
+        freed = store.db.free_page_bytes()     # SQLite's free pages; none on PostgreSQL
         assert freed == 0 if db == "postgresql" else freed > 0
     finally:
         store.close()

@@ -60,7 +60,7 @@ def _instructions(store: Store, fn, *args) -> int:
         nonlocal count
         count += 1
         return 0
-    conn = store._conn()        # this thread's connection: the one fn uses here
+    conn = store.db.sqlite_connection()        # this thread's connection: the one fn uses here
     conn.set_progress_handler(tick, 1)
     try:
         fn(*args)
@@ -86,7 +86,7 @@ def stores(tmp_path_factory):
 
 
 def test_the_migration_summarized_every_run(stores):
-    runs = stores[BIG].list_runs(RUNS)
+    runs = stores[BIG].runs.page(RUNS)
     assert len(runs) == RUNS and runs[0]["id"] == f"{RUNS:012x}"        # newest first
     for run in (runs[0], runs[RUNS // 2], runs[-1]):
         n = int(run["id"], 16)
@@ -94,19 +94,19 @@ def test_the_migration_summarized_every_run(stores):
         assert (run["first_time"], run["last_time"]) == (2001.0, 2000.0 + BIG)
         assert run["last_eval_loss"] == pytest.approx(n + 10 / BIG)
         assert run["best_eval_loss"] == pytest.approx(n + 10 / BIG)
-    small = stores[SMALL].get_run(runs[-1]["id"])
+    small = stores[SMALL].runs.get(runs[-1]["id"])
     assert (small["last_step"], small["last_time"], small["best_eval_loss"]) == \
         (SMALL, 2000.0 + SMALL, None)
 
 
 def test_listing_runs_costs_the_same_whatever_records_they_hold(stores):
-    work = {records: _instructions(store, store.list_runs, RUNS)
+    work = {records: _instructions(store, store.runs.page, RUNS)
             for records, store in stores.items()}
     # A thousand times the records, the same work (within a little: the rows' numbers).
     assert work[BIG] <= 1.05 * work[SMALL], work
     # Reading one run too.
     run_id = f"{RUNS // 2:012x}"
-    work = {records: _instructions(store, store.get_run, run_id)
+    work = {records: _instructions(store, store.runs.get, run_id)
             for records, store in stores.items()}
     assert work[BIG] <= 1.05 * work[SMALL], work
 
@@ -117,8 +117,8 @@ def test_committing_records_does_not_read_the_runs_other_records(stores):
     for records, store in stores.items():
         record = {"step": BIG + 1, "loss": 0.5, "grad_norm": 1.0, "clip_scale": 1.0,
                   "lr": 1e-3, "eval_loss": 0.25}
-        work[records] = _instructions(store, store.add_metrics, run_id, [record])
-        run = store.get_run(run_id)
+        work[records] = _instructions(store, store.metrics.add, run_id, [record])
+        run = store.runs.get(run_id)
         assert (run["last_step"], run["last_loss"], run["best_eval_loss"]) == \
             (BIG + 1, 0.5, 0.25)
     assert work[BIG] <= 1.5 * work[SMALL], work

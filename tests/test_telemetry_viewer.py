@@ -210,7 +210,7 @@ def test_a_status_change_while_a_viewer_subscribes_reaches_it(client, monkeypatc
     subscribe = viewer._ViewerSession.start_from
 
     async def changed_first(self, after):      # the change lands in that window, unpublished
-        await self.store.run(self.store.set_status, self.run_id, "running")
+        await self.store.run(self.store.runs.set_status, self.run_id, "running")
         await subscribe(self, after)
 
     monkeypatch.setattr(viewer._ViewerSession, "start_from", changed_first)
@@ -240,9 +240,9 @@ def test_a_resume_while_a_viewer_reads_its_backlog_reaches_it(client, monkeypatc
 
     async def resumed_after_the_first_page(self, n):
         if not resumed:     # another tab resumes from step 2 and trains 3..10 again
-            resumed.append(await self.store.run(store.resume_run, run["id"], 2, "0" * 64,
+            resumed.append(await self.store.run(store.runs.resume, run["id"], 2, "0" * 64,
                                                 RESUMABLE))
-            await self.store.run(store.add_metrics, run["id"],
+            await self.store.run(store.metrics.add, run["id"],
                                  [{**record(s), "loss": 1.0} for s in range(3, 11)])
         await pace(self, n)
 

@@ -244,12 +244,12 @@ def _store_rec(step: int) -> dict:
 def big_store(request, tmp_path):
     store = (Store(tmp_path / "s.sqlite") if request.param == "sqlite"
              else Store(url=request.getfixturevalue("pg_url")))
-    store.create_run("p", CFG, "hp")
-    store.create_run("other", CFG, "ho")
+    store.runs.create("p", CFG, "hp")
+    store.runs.create("other", CFG, "ho")
     for first in range(1, PARENT + 1, 10_000):
-        store.add_metrics("p", [_store_rec(s) for s in range(first, first + 10_000)])
+        store.metrics.add("p", [_store_rec(s) for s in range(first, first + 10_000)])
     for step in (10, K, K + 1):
-        store.add_event("p", step, "sample", {"text": f"at {step}"})
+        store.events.add("p", step, "sample", {"text": f"at {step}"})
     yield store
     store.close()
 
@@ -260,15 +260,15 @@ def test_a_branch_copies_up_to_its_step_in_pages_while_other_commits_go_on(big_s
     store = big_store
 
     async def branch_while_committing() -> tuple[str | None, int, int]:
-        made = asyncio.create_task(store.branch("b", CFG, "hb", "p", K))
+        made = asyncio.create_task(store.runs.branch("b", CFG, "hb", "p", K))
         commits = partway = 0
         def commit_and_look(step: int) -> bool:
             """Another run's commit, then whether the branch had some of its rows and not yet
             its last one: one call on the writer's threads, between the copy's pages (looked
             at from a reader thread, a loaded machine let the copy end before the look)."""
-            store.add_metrics("other", [_store_rec(step)])
-            return (bool(store.metrics_page("b", None, 1))
-                    and not store.metrics_page("b", K - 1, 1))
+            store.metrics.add("other", [_store_rec(step)])
+            return (bool(store.metrics.page("b", None, 1))
+                    and not store.metrics.page("b", K - 1, 1))
 
         while not made.done():
             partway += await store.run(commit_and_look, commits + 1)
@@ -278,38 +278,39 @@ def test_a_branch_copies_up_to_its_step_in_pages_while_other_commits_go_on(big_s
     why_not, commits, partway = aio.run(branch_while_committing())
     assert why_not is None
     assert partway >= 1, "no commit of another run completed while the copy was partway"
-    assert [r["step"] for r in store.metrics("other")] == list(range(1, commits + 1))
-    copied = store.metrics("b")
+    assert [r["step"] for r in store.metrics.all("other")] == list(range(1, commits + 1))
+    copied = store.metrics.all("b")
     assert len(copied) == K and copied[0]["step"] == 1 and copied[-1]["step"] == K
-    assert [(e["step"], e["kind"]) for e in store.events("b")] == [
+    assert [(e["step"], e["kind"]) for e in store.events.all("b")] == [
         (10, "sample"), (K, "resumed"), (K, "sample")]
-    b = store.get_run("b")
+    b = store.runs.get("b")
     assert (b["last_step"], b["checkpoint_step"]) == (K, K)
     # Its summary (built page by page) is that of the parent's records up to K.
-    kept = [r for r in store.metrics("p") if r["step"] <= K]
+    kept = [r for r in store.metrics.all("p") if r["step"] <= K]
     evals = [r["eval_loss"] for r in kept if r.get("eval_loss") is not None]
     assert (evals[-1], min(evals)) == (31.0, 1.0)
     assert (b["last_loss"], b["first_time"], b["last_time"], b["last_eval_loss"],
             b["best_eval_loss"]) == (kept[-1]["loss"], kept[0]["time"], kept[-1]["time"],
                                      31.0, 1.0)
-    assert "b" in [r["id"] for r in store.list_runs()]
+    assert "b" in [r["id"] for r in store.runs.page()]
 
 
 def test_a_branch_whose_parent_is_resumed_meanwhile_is_refused_and_removed(big_store):
     store = big_store
-    mark = store.begin_branch("b", CFG, "hb", "p", K)
-    assert "b" not in [r["id"] for r in store.list_runs()]     # not listed while being made
-    assert store.copy_branch_page("b", "p", K) == 20_000
-    store.set_status("p", "stopped")
-    assert store.resume_run("p", K - 5_000, "hp2", ("stopped",)) is None
-    while store.copy_branch_page("b", "p", K):
+    mark = store.runs.begin_branch("b", CFG, "hb", "p", K)
+    assert "b" not in [r["id"] for r in store.runs.page()]     # not listed while being made
+    assert store.runs.copy_branch_page("b", "p", K) == 20_000
+    store.runs.set_status("p", "stopped")
+    assert store.runs.resume("p", K - 5_000, "hp2", ("stopped",)) is None
+    while store.runs.copy_branch_page("b", "p", K):
         pass
-    why_not = store.end_branch("b", "p", K, mark)
+    why_not = store.runs.end_branch("b", "p", K, mark)
     assert why_not and "was resumed while the branch copied" in why_not
-    while store.drop_branch_page("b"):
+    while store.runs.drop_branch_page("b"):
         pass
-    assert store.get_run("b") is None and store.metrics("b") == [] and store.events("b") == []
-    assert store.count_runs() == 2
+    assert store.runs.get("b") is None
+    assert store.metrics.all("b") == [] and store.events.all("b") == []
+    assert store.runs.count() == 2
 
 
 def test_an_older_database_gains_the_runs_list_index(tmp_path):

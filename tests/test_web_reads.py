@@ -151,7 +151,7 @@ def test_concurrent_spike_requests_share_one_computation_and_later_ones_feed_onl
     made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
                                           "steps": 5000}).json()
     run_id, store = made["id"], client.app.state.store
-    store.add_metrics(run_id, spike_records(1, 3000, {500, 1500, 2500}))
+    store.metrics.add(run_id, spike_records(1, 3000, {500, 1500, 2500}))
     path = f"/api/runs/{run_id}/spikes"
 
     async def at_once(n: int) -> list[httpx.Response]:
@@ -171,7 +171,7 @@ def test_concurrent_spike_requests_share_one_computation_and_later_ones_feed_onl
     assert [s["step"] for s in spikes] == [500, 1500, 2500]
     assert all(s["rows"][0]["row"] == 1 and s["rows"][0]["text"] for s in spikes)
 
-    store.add_metrics(run_id, spike_records(3001, 3400, {3200}))
+    store.metrics.add(run_id, spike_records(3001, 3400, {3200}))
     later = client.get(path)
     assert how(later) == "computed" and fed(later) == {"records": 400, "batches": 1}
     assert [s["step"] for s in later.json()["spikes"]] == [500, 1500, 2500, 3200]
@@ -184,12 +184,12 @@ def test_a_resume_that_cuts_the_records_back_starts_the_detector_over(client):
     made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
                                           "steps": 5000}).json()
     run_id, store = made["id"], client.app.state.store
-    store.add_metrics(run_id, spike_records(1, 2000, {400, 1800}))
+    store.metrics.add(run_id, spike_records(1, 2000, {400, 1800}))
     path = f"/api/runs/{run_id}/spikes"
     assert [s["step"] for s in client.get(path).json()["spikes"]] == [400, 1800]
-    status = store.get_run(run_id)["status"]
-    assert store.resume_run(run_id, 1000, "0" * 64, (status,)) is None    # 1001.. deleted
-    store.add_metrics(run_id, spike_records(1001, 2500, {2200}))          # past the old last
+    status = store.runs.get(run_id)["status"]
+    assert store.runs.resume(run_id, 1000, "0" * 64, (status,)) is None    # 1001.. deleted
+    store.metrics.add(run_id, spike_records(1001, 2500, {2200}))          # past the old last
     again = client.get(path)
     assert how(again) == "computed" and fed(again)["records"] == 2500     # started over
     assert [s["step"] for s in again.json()["spikes"]] == [400, 2200]
@@ -234,7 +234,7 @@ def test_a_trained_runs_spikes_are_at_most_fresh_s_behind_its_records(client):
         assert ws.receive_json() == {"type": "pong"}
         ended = client.get(path)                        # at once: its training ended
         assert how(ended) == "computed" and steps(ended) == [500, 1100, 1250]
-    store.add_metrics(run_id, spike_records(1301, 1400, {1350}))   # (no trainer at it)
+    store.metrics.add(run_id, spike_records(1301, 1400, {1350}))   # (no trainer at it)
     assert steps(client.get(path)) == [500, 1100, 1250, 1350]
     assert client.app.state.spikes.computed == 4
 
@@ -304,9 +304,9 @@ def test_cycling_through_100_runs_computes_each_once_and_keeps_them_within_the_b
     store = client.app.state.store
     ids = [made["id"]] + [f"cycle{i:03d}" for i in range(99)]
     for run_id in ids[1:]:
-        store.create_run(run_id, made["config"], "0" * 64)
+        store.runs.create(run_id, made["config"], "0" * 64)
     for i, run_id in enumerate(ids):
-        store.add_metrics(run_id, quiet(spike_records(1, 60, {20 + i % 30, 55})))
+        store.metrics.add(run_id, quiet(spike_records(1, 60, {20 + i % 30, 55})))
     for round_ in range(2):
         for run_id in ids:
             r = client.get(f"/api/runs/{run_id}/spikes")
@@ -327,9 +327,9 @@ def test_a_small_spike_budget_keeps_the_runs_last_asked_and_never_more_than_it(c
     store = client.app.state.store
     ids = [made["id"]] + [f"small{i:02d}" for i in range(19)]
     for run_id in ids[1:]:
-        store.create_run(run_id, made["config"], "0" * 64)
+        store.runs.create(run_id, made["config"], "0" * 64)
     for run_id in ids:
-        store.add_metrics(run_id, quiet(spike_records(1, 200, {30, 90, 150})))
+        store.metrics.add(run_id, quiet(spike_records(1, 200, {30, 90, 150})))
     client.get(f"/api/runs/{ids[0]}/spikes")
     one = client.app.state.spikes.runs[ids[0]].estimate()
     cache = client.app.state.spikes = Spikes(fresh_s=0, budget_bytes=8 * one + one // 2)
@@ -343,7 +343,7 @@ def test_a_small_spike_budget_keeps_the_runs_last_asked_and_never_more_than_it(c
     assert how(client.get(f"/api/runs/{ids[-1]}/spikes")) == "kept"
     assert how(client.get(f"/api/runs/{ids[-8]}/spikes")) == "kept"
     cache.budget = one // 2                     # a run alone over the budget is not kept
-    store.add_metrics(ids[0], quiet(spike_records(201, 210, set())))
+    store.metrics.add(ids[0], quiet(spike_records(201, 210, set())))
     assert how(client.get(f"/api/runs/{ids[0]}/spikes")) == "computed"
     assert cache.size <= cache.budget and ids[0] not in cache.runs
 
@@ -372,7 +372,7 @@ def test_a_kept_runs_estimate_is_at_least_what_it_holds(client, shape):
                      tensor_nonfinite=[int(spike and i < 2) for i in range(n_tensors)])
         if shape == "phases":
             r["phase"] = r["step"] // 3
-    store.add_metrics(run_id, records)
+    store.metrics.add(run_id, records)
     assert client.get(f"/api/runs/{run_id}/spikes").status_code == 200
     state = client.app.state.spikes.runs[run_id]
     assert len(state.finder.spikes) > 40
@@ -389,8 +389,8 @@ def test_concurrent_requests_for_a_run_being_trained_share_one_computation(clien
     made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
                                           "steps": 5000}).json()
     run_id, store, app = made["id"], client.app.state.store, client.app
-    store.add_metrics(run_id, quiet(spike_records(1, 1100, {500, 1050})))
-    run = store.get_run(run_id)
+    store.metrics.add(run_id, quiet(spike_records(1, 1100, {500, 1050})))
+    run = store.runs.get(run_id)
     assert run["status"] not in ("finished", "stopped", "failed", "interrupted")
     now = [100.0]
     app.state.spikes = Spikes(fresh_s=1.0, clock=lambda: now[0])
@@ -608,11 +608,11 @@ def test_a_run_of_spikes_everywhere_lists_its_newest_and_says_how_many_were_left
     made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
                                           "steps": 100}).json()
     run_id, store = made["id"], client.app.state.store
-    store.add_metrics(run_id, [{**r, "grad_norm": None} for r in spike_records(1, 8, set())])
+    store.metrics.add(run_id, [{**r, "grad_norm": None} for r in spike_records(1, 8, set())])
     path = f"/api/runs/{run_id}/spikes"
     got = client.get(path).json()
     assert [s["step"] for s in got["spikes"]] == [6, 7, 8] and got["omitted"] == 5
-    store.add_metrics(run_id, [{**r, "grad_norm": None} for r in spike_records(9, 10, set())])
+    store.metrics.add(run_id, [{**r, "grad_norm": None} for r in spike_records(9, 10, set())])
     later = client.get(path)
     assert fed(later)["records"] == 2
     assert [s["step"] for s in later.json()["spikes"]] == [8, 9, 10]

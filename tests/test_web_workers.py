@@ -131,7 +131,7 @@ def big_run(data_dir: Path) -> dict:
     store = Store(data_dir / "andrea.sqlite")
     try:
         for first in range(1, RECORDS + 1, 2500):
-            store.add_metrics(run["id"], [{**record(s), "eval_loss": 4.0 + (s % 997) / 1e3}
+            store.metrics.add(run["id"], [{**record(s), "eval_loss": 4.0 + (s % 997) / 1e3}
                                           for s in range(first, first + 2500)])
     finally:
         store.close()

@@ -45,10 +45,10 @@ def export_local(data_dir: Path, run_id: str, out: Path | None, step: int | None
         raise UsageError(f"no database in {data_dir}")
     store = Store.open(database_url, data_dir / "andrea.sqlite")
     try:
-        run = store.get_run(run_id)
+        run = store.runs.get(run_id)
         if run is None:
             raise UsageError(f"unknown run {run_id!r} in {data_dir}")
-        records = store.card_summary(run_id, step)
+        records = store.metrics.card_summary(run_id, step)
     finally:
         store.close()
     out = Path(out) if out is not None else _default_out(run_id, step)

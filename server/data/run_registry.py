@@ -40,13 +40,23 @@ MAX_WAITING = 8
 MAX_REPORT_LAG = 4096
 
 
+class RunRows(Protocol):
+    def get(self, run_id: str) -> dict | None: ...
+
+
+class RunMetrics(Protocol):
+    def page(self, run_id: str, after: int | None, limit: int | None) -> list[dict]: ...
+
+
 class RunStore(Protocol):
-    """What the registry reads from the runs store (store.Store)."""
+    """What the registry reads from the runs store (store.Store): its runs' rows and their
+    records."""
 
-    def get_run(self, run_id: str) -> dict | None: ...
+    @property
+    def runs(self) -> RunRows: ...
 
-    def metrics_page(self, run_id: str, after: int | None, limit: int | None
-                     ) -> list[dict]: ...
+    @property
+    def metrics(self) -> RunMetrics: ...
 
 
 class RunRegistry:
@@ -78,7 +88,7 @@ class RunRegistry:
     def get(self, run_id: str) -> BatchSpec | None:
         spec = self._specs.get(run_id)
         if spec is None and self._store is not None and not run_id.startswith("adhoc-"):
-            run = self._store.get_run(run_id)
+            run = self._store.runs.get(run_id)
             if run is not None:
                 with self._lock:
                     spec = self._specs.setdefault(run_id, BatchSpec.of_run(run["config"]))
@@ -152,7 +162,7 @@ class RunRegistry:
         of the run (committed before the socket checked them) is skipped, and said once per
         replay: the rest of the record still counts, so such a run is never stuck on it."""
         skipped: list[tuple[int, str]] = []
-        while page := self._store.metrics_page(run_id, after, REPLAY_PAGE):
+        while page := self._store.metrics.page(run_id, after, REPLAY_PAGE):
             for rec in page:
                 _report(bandit, rec["step"], rec.get("source_losses") or {}, skipped)
             after = page[-1]["step"]

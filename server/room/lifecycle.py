@@ -35,7 +35,7 @@ async def after_close(store, fanout, room: Room) -> None:
     fanout.publish(room.run_id, {"type": "room", "event": "version", "version": st["version"],
                                  "round": _finite(st.get("last_round"))})
     if st["finished"]:
-        await store.run(store.set_status, room.run_id, "finished")
+        await store.run(store.runs.set_status, room.run_id, "finished")
         await publish_run(store, fanout, room.run_id)
 
 
@@ -123,7 +123,7 @@ async def _each_room(store, fanout, ckpts: CheckpointStore, run_ids: list[str], 
     other room's (logged)."""
     for run_id in run_ids:
         try:
-            run = await store.run(store.get_run, run_id)
+            run = await store.run(store.runs.get, run_id)
             room = run and room_of_run(ckpts, run)
             if room is None:
                 continue

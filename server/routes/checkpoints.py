@@ -125,7 +125,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
             meta = await asyncio.to_thread(ckpts.commit, run_id, upload, cfg["optimizer"],
                                            sections)
             newest = await asyncio.to_thread(ckpts.latest, run_id)
-            await store.run(store.set_checkpoint_step, run_id, newest and newest["step"])
+            await store.run(store.runs.set_checkpoint_step, run_id, newest and newest["step"])
     except ClientDisconnect:
         log.warning("run %s: the upload of checkpoint %d (%d bytes) was aborted by the client "
                     "before its end; nothing was stored", run_id, step, expected)
@@ -170,7 +170,7 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
             "or wait until it is gone")
     gone = f"run {run_id} was deleted"
     async with no_trainer(fanout, run_id, busy):    # no hello, commit or other resume between
-        run = await store.run(store.get_run, run_id)
+        run = await store.run(store.runs.get, run_id)
         if run is None:     # a delete came first (it holds the same lock)
             raise HTTPException(404, gone)
         if run["config"].get("room"):
@@ -184,7 +184,7 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
                                   await asyncio.to_thread(data.corpus_hash)):
             raise HTTPException(409, f"cannot resume here: {why}")
         step = await usable_checkpoint(store, ckpts, run_id)
-        why = await store.run(store.resume_run, run_id, step, token_hash(token), RESUMABLE)
+        why = await store.run(store.runs.resume, run_id, step, token_hash(token), RESUMABLE)
         if why:
             raise HTTPException(404 if why.startswith("unknown run") else 409,
                                 f"cannot resume: {why}")
@@ -205,7 +205,7 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
 
 async def usable_checkpoint(store, ckpts: CheckpointStore, run_id: str) -> int:
     """The newest checkpoint whose steps all have committed records (checkpoints.newest_usable)."""
-    last = await store.run(store.last_step, run_id) or 0
+    last = await store.run(store.metrics.last_step, run_id) or 0
     metas = await asyncio.to_thread(ckpts.list, run_id)
     step = newest_usable(metas, last)
     if step is None:

@@ -57,7 +57,7 @@ async def get_metrics(run: RunDep, store: StoreDep,
 async def record_pages(store, run_id: str):
     """The run's committed records, METRICS_PAGE at a time, oldest first."""
     after = None
-    while page := await store.run(store.metrics_page, run_id, after, METRICS_PAGE):
+    while page := await store.run(store.metrics.page, run_id, after, METRICS_PAGE):
         yield page
         after = page[-1]["step"]
 
@@ -146,7 +146,7 @@ async def get_export(run_id: str, store: StoreDep, settings: SettingsDep, reques
     try:
         run = await get_existing_run(run_id, store)
         # The card's four facts by query, on a reader thread: no run is read whole.
-        records = await store.read(store.card_summary, run_id, step)
+        records = await store.run(store.metrics.card_summary, run_id, step)
         # (On the thread too: a task run's tokenizer is written the first time.)
         files = await asyncio.to_thread(lambda: export_files(
             run, settings.data_dir, tokenizer_path(settings.corpus_dir, run), records, step,

@@ -32,7 +32,7 @@ def index(request: Request, templates: TemplatesDep):
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, templates: TemplatesDep, store: StoreDep, run_id: str):
     # The page loads the run through the API; an unknown run is a 404 page that says so.
-    run = await store.run(store.get_run, run_id)
+    run = await store.run(store.runs.get, run_id)
     if run is None:
         return _render(templates, request, "not_found.html", status_code=404,
                        title="No such run", what=f"There is no run {run_id} on this server.")

@@ -296,7 +296,7 @@ async def get_room_lone(run: RunDep, ckpts: CheckpointsDep, store: StoreDep,
     "config": what POST /api/runs takes to train one (the room's config less its room)}.
     Bounded: the newest LONE_SCAN runs' rows are read, whatever the server holds."""
     room_of(run, ckpts)
-    rows = await store.run(store.list_runs, LONE_SCAN)
+    rows = await store.run(store.runs.page, LONE_SCAN)
     return lone_run(run, rows, time.time() - settings.start_grace_s)
 
 

@@ -72,7 +72,7 @@ async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
     """404, the run's folder removed again (an upload that began after the delete made it
     anew), when the run was deleted while `what` was uploaded. Under the run's lock: a delete
     takes it too, so a run that is there now stays there until the upload is committed."""
-    if await store.run(store.get_run, run_id) is not None:
+    if await store.run(store.runs.get, run_id) is not None:
         return
     await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
     raise HTTPException(404, f"run {run_id} was deleted during the upload of its {what}; "

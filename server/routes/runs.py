@@ -122,15 +122,15 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
         room = Room(ckpts.data_dir, ckpts, run_id, cfg, layout)
         held = await _room_quota(room, settings, storage)
         try:
-            await store.run(store.create_run, run_id, cfg, token_hash(token), None)
+            await store.run(store.runs.create, run_id, cfg, token_hash(token), None)
             # Version 0 is the run's seeded init, made here: no worker uploads it.
             await asyncio.to_thread(lambda: room.create(
                 join_token, seeded_weights(layout, cfg["seed"]), time.time()))
         finally:
             held.release()
-        await store.run(store.set_status, run_id, "running", "a room run: open to its workers")
+        await store.run(store.runs.set_status, run_id, "running", "a room run: open to its workers")
     elif config.parent is None:
-        await store.run(store.create_run, run_id, cfg, token_hash(token), None)
+        await store.run(store.runs.create, run_id, cfg, token_hash(token), None)
         # Its viewers (and the list) read "never started" once the grace period has passed
         # without a trainer; the app's sweep expires it too (after a restart: expire_runs).
         fanout.spawn(expire_later(store, fanout, settings.start_grace_s))
@@ -174,7 +174,7 @@ async def _run_quotas(request: Request, limiter, store, settings) -> None:
     """A new run's quotas: the client's rate (429) and the runs stored in all (507); its
     storage is _storage_quota's."""
     limiter.check(request.client.host if request.client else "", "new runs")
-    count = await store.run(store.count_runs)
+    count = await store.run(store.runs.count)
     if count >= settings.max_runs:
         raise HTTPException(507, f"this server holds {count} runs, its limit (ANDREA_MAX_RUNS):"
                                  " delete runs you no longer need (the runs page, or DELETE "
@@ -233,7 +233,7 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     """The parent's checkpoint K becomes the new run's checkpoint K (hard-linked), its metrics
     and events up to K are copied, and the run starts at step K + 1, as a resume does."""
     parent_id, step = cfg["parent"]["run"], cfg["parent"]["step"]
-    parent = await store.run(store.get_run, parent_id)
+    parent = await store.run(store.runs.get, parent_id)
     if parent is None:
         raise HTTPException(404, f"unknown parent run {parent_id!r}")
     pc = parent["config"]
@@ -248,7 +248,7 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     if step >= cfg["steps"]:
         raise HTTPException(409, f"the branch starts after step {step}: its steps "
                                  f"({cfg['steps']}) must be more than that")
-    committed = await store.run(store.last_step, parent_id) or 0
+    committed = await store.run(store.metrics.last_step, parent_id) or 0
     if step > committed:   # the branch copies the parent's records up to its step
         raise HTTPException(409, f"run {parent_id}'s records are committed up to step "
                                  f"{committed}: branch from a checkpoint at or before it")
@@ -257,7 +257,7 @@ async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpt
     await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
     name = f"{parent['name']} · branch at {step}"[:120]
     try:   # the copy goes in pages: trainers' commits go on between them
-        why_not = await store.branch(run_id, cfg, token_sha256, parent_id, step, name)
+        why_not = await store.runs.branch(run_id, cfg, token_sha256, parent_id, step, name)
         if why_not:
             raise HTTPException(409, f"{why_not}; nothing of the branch was kept")
     except BaseException:
@@ -315,8 +315,8 @@ async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
     X-Total-Count says how many are listed (a branch still being made is neither). Their rows
     alone (reading them costs the same however many records they hold), and a room run's
     room in a line (`room`: rounds, workers now, last global eval loss); nothing is written."""
-    rows = await store.run(store.list_runs, limit, before and _parse_cursor(before))
-    response.headers["X-Total-Count"] = str(await store.run(store.count_runs, True))
+    rows = await store.run(store.runs.page, limit, before and _parse_cursor(before))
+    response.headers["X-Total-Count"] = str(await store.run(store.runs.count, True))
     if len(rows) == limit:
         response.headers["Link"] = (f"</api/runs?limit={limit}&before="
                                     f"{quote(_cursor(rows[-1]), safe='')}>; rel=\"next\"")
@@ -331,7 +331,7 @@ async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
 async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
                   fanout: FanoutDep) -> RunDetail:
     return {**read_run(run, fanout.has_trainer(run["id"]), settings.start_grace_s),
-            "samples": await store.run(store.events, run["id"], "sample", SAMPLES_SHOWN),
+            "samples": await store.run(store.events.all, run["id"], "sample", SAMPLES_SHOWN),
             "has_weights": weights_path(settings.data_dir, run["id"]).exists()}
 
 
@@ -348,7 +348,7 @@ async def update_run(update: RunUpdate, run: OwnedRunDep, store: StoreDep,
         tags = [t.strip() for t in fields["tags"] if t.strip()]
         fields["tags"] = list(dict.fromkeys(tags))        # unique, in order
     run_id = run["id"]
-    if not await store.run(store.update_run, run_id, fields):
+    if not await store.run(store.runs.update, run_id, fields):
         raise HTTPException(404, f"unknown run {run_id!r}")
     return await publish_run(store, fanout, run_id)
 
@@ -363,7 +363,7 @@ async def delete_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep, runs:
     async with no_trainer(fanout, run_id, busy):    # no hello, resume or checkpoint commit
         # Marked first: a stop between the row's delete and the files' leaves them findable.
         await asyncio.to_thread(mark_unsettled, settings.data_dir, run_id)
-        if not await store.run(store.delete_run, run_id):
+        if not await store.run(store.runs.delete, run_id):
             await asyncio.to_thread(settled, settings.data_dir, run_id)
             raise HTTPException(404, f"unknown run {run_id!r}")
         await asyncio.to_thread(shutil.rmtree, run_dir(settings.data_dir, run_id), True)

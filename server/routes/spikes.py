@@ -247,7 +247,7 @@ async def _feed(state: _RunSpikes, store, run_id: str) -> int:
     after = state.fed[0] - 1 if check else None
     fed = 0
     while True:
-        page = await store.run(store.metrics_page, run_id, after, FEED_PAGE)
+        page = await store.run(store.metrics.page, run_id, after, FEED_PAGE)
         full = len(page) == FEED_PAGE
         if check:
             check = False

@@ -68,7 +68,7 @@ def public_run(run: dict, connected: bool) -> dict:
 def read_run(run: dict, connected: bool, grace_s: float) -> dict:
     """The run as GET /api/runs and GET /api/runs/{id} show it (public_run). One that
     sweep.expire is about to make `abandoned` (created more than `grace_s` ago, no step
-    recorded, no checkpoint, no trainer: store.abandon_stale's rule) reads `abandoned` already,
+    recorded, no checkpoint, no trainer: store.runs.abandon_stale's rule) reads `abandoned` already,
     with the message it will be stored with: a read never writes."""
     if (run["status"] == "created" and not connected and run["last_step"] is None
             and run["checkpoint_step"] is None and run["updated_at"] < time.time() - grace_s):

@@ -27,7 +27,7 @@ class RunBusy(Exception):
 async def current_run(store: Store, fanout: Fanout, run_id: str) -> dict | None:
     """The run as the API and its viewers see it now (info.public_run); None once it is
     gone."""
-    run = await store.run(store.get_run, run_id)
+    run = await store.run(store.runs.get, run_id)
     return None if run is None else public_run(run, fanout.has_trainer(run_id))
 
 
@@ -75,7 +75,7 @@ async def watch_runs_left(store: Store, fanout: Fanout, grace_s: float) -> None:
     """At start: the watchdogs of the runs a training tab should be at (running, paused, or
     created from a checkpoint), which a restart took down with the old process. A tab still
     alive reconnects within the grace period; the others' runs become interrupted."""
-    for run_id in await store.run(store.runs_awaiting_trainer):
+    for run_id in await store.run(store.runs.awaiting_trainer):
         watch_resumed(store, fanout, grace_s, run_id)
 
 
@@ -97,7 +97,7 @@ async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_i
             return
     except BrokerUnavailable:
         return      # cannot tell: leave it; the next trainer or watchdog decides
-    run = await store.run(store.get_run, run_id)
+    run = await store.run(store.runs.get, run_id)
     if run is None or run["config"].get("room"):     # a room's workers are no trainer
         return
     status = run["status"]
@@ -108,6 +108,6 @@ async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_i
     else:
         return
     # One transaction reads and sets: a resume between a read and a write would be undone.
-    if await store.run(partial(store.set_status, run_id, "interrupted", message,
+    if await store.run(partial(store.runs.set_status, run_id, "interrupted", message,
                                only=(status,))) == "interrupted":
         await publish_run(store, fanout, run_id)

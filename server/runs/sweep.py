@@ -27,7 +27,7 @@ async def expire(store, fanout, grace_s: float) -> None:
     (shown as "never started"), and their viewers are told. Once the grace period of each new
     run has passed (expire_later), and by the app's sweep (expire_runs). Never on a read:
     reads show such a run as it is about to be stored (info.read_run)."""
-    for run_id in await store.run(store.abandon_stale, time.time() - grace_s,
+    for run_id in await store.run(store.runs.abandon_stale, time.time() - grace_s,
                                   fanout.connected_runs(), abandoned_message(grace_s)):
         await publish_run(store, fanout, run_id)
 
@@ -76,7 +76,7 @@ async def settle_run_folders(store, data_dir: Path, before: float | None) -> lis
                 continue            # maybe another process's, in progress
         except FileNotFoundError:
             continue
-        if await store.run(store.get_run, run_id) is None:
+        if await store.run(store.runs.get, run_id) is None:
             await asyncio.to_thread(shutil.rmtree, mark.parent, True)
             removed.append(run_id)
             log.warning("run %s: files of a run with no row (a delete or a branch cut short by "
@@ -87,13 +87,13 @@ async def settle_run_folders(store, data_dir: Path, before: float | None) -> lis
 
 
 async def drop_unfinished_branches(store, data_dir: Path, before: float | None) -> list[str]:
-    """Branches a process left half-copied when it died (store.unfinished_branches: their copy
+    """Branches a process left half-copied when it died (store.runs.unfinished_branches: their copy
     last moved before `before`; None: all): their rows, records and files removed. At start
     (app.py: all of them when this process is the only one), and by the sweep of processes that
     share their store (expire_runs). Returns their ids."""
-    dropped = await store.run(store.unfinished_branches, before)
+    dropped = await store.run(store.runs.unfinished_branches, before)
     for run_id in dropped:
-        while await store.run(store.drop_branch_page, run_id):
+        while await store.run(store.runs.drop_branch_page, run_id):
             pass
         await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
         log.warning("run %s: a branch left half-copied (its server stopped mid-copy) was "

@@ -1,23 +1,22 @@
-"""Where the store's SQL runs: SQLite (one connection per store thread, WAL) or PostgreSQL (a
-pool), one transaction at a time (Connections._tx), on the store's threads (Connections.run:
-one writer for SQLite, a small pool for PostgreSQL; the methods the Store names READS go to
-their own reader threads and connections, so a long read never queues a trainer's commit),
-never on the event loop; and what a
-database that refuses means (StoreUnavailable: full disk, read-only data dir, a file that
-cannot be opened, a server out of reach)."""
+"""Where the store's SQL runs (Database): SQLite (one connection per store thread, WAL) or
+PostgreSQL (a pool), one transaction at a time (Database.tx), on the store's threads
+(Database.run: one writer for SQLite, a small pool for PostgreSQL; the methods marked @reads go
+to their own reader threads and connections, so a long read never queues a trainer's commit),
+never on the event loop; and what a database that refuses means (StoreUnavailable: full disk,
+read-only data dir, a file that cannot be opened, a server out of reach)."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Connection, create_engine, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.pool import StaticPool
 
@@ -63,8 +62,20 @@ PG_WORKERS = 4
 # reads of whole runs (exports, CSV pages, viewers' backlogs) never wait for the writer, nor it
 # for them.
 READ_WORKERS = 4
-# Rows per INSERT in add_metrics on SQLite: a whole batch (telemetry.MAX_RECORDS) in one.
+# Rows per INSERT in Metrics.add on SQLite: a whole batch (telemetry.MAX_RECORDS) in one.
 _INSERT_PAGE = 2500
+
+
+# The attribute @reads sets on a method that only reads (Database.run).
+READS = "store_reads"
+
+
+def reads(method):
+    """Marks a store method that only reads: Database.run sends it to the reader threads,
+    whoever calls it, so no caller gets it onto the writer. A token check or a run's last step
+    is no such read: it must see the writes queued before it."""
+    setattr(method, READS, True)
+    return method
 
 
 def engine_url(url: str) -> URL:
@@ -77,34 +88,25 @@ def engine_url(url: str) -> URL:
                      f"not {u.render_as_string(hide_password=True)}")
 
 
-class Connections:
-    """The Store's part that opens, hands out and closes its connections. Opening makes the
-    database current (schema.Schema._open)."""
+class Database:
+    """The store's database: its connections (SQLite: one per store thread; PostgreSQL: a
+    pool), one transaction at a time (tx), and the store's threads that run its methods
+    (run). Made current by the schema when it starts (start)."""
 
     def __init__(self, path: Path | None = None, *, url: str | None = None):
-        """The SQLite file at `path`, or (`url`) a PostgreSQL database; Store.open picks from
-        the settings."""
+        """The SQLite file at `path`, or (`url`) a PostgreSQL database; nothing is opened
+        until start()."""
         self.path = path
         self._pool: ThreadPoolExecutor | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
         self._readers: list[tuple] = []     # the reader threads' (sqlite3, SQLAlchemy) pairs
         self._readers_lock = threading.Lock()
-        # The group commit's queue (metrics.Metrics.add_metrics_grouped).
-        self._waiting: list[tuple[str, list[dict], asyncio.Future, int]] = []   # (.., bytes)
-        self._committing = False
         if url is None:
             assert path is not None, "a SQLite path or a PostgreSQL URL"
             self.where: Path | str = path
             self._engine = None
             self._threads, self._row_lock = 1, ""
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._open()
-                self._start_readers()
-            except (sqlite3.Error, OSError, DBAPIError) as e:
-                self._close_conn()
-                raise unavailable(e, path) or e from e
             return
         u = engine_url(url)
         self.where = u.render_as_string(hide_password=True)
@@ -112,23 +114,38 @@ class Connections:
         self._engine = create_engine(
             u, pool_size=PG_WORKERS + READ_WORKERS, max_overflow=PG_WORKERS, pool_pre_ping=True,
             connect_args={"connect_timeout": 10})
+
+    def start(self, prepare: Callable[[], None]) -> None:
+        """Opens the database and runs `prepare` (the schema's migrate: makes it current) on
+        this thread; SQLite: then the reader threads. StoreUnavailable when it cannot be opened,
+        written or reached."""
+        if self._engine is None:
+            assert self.path is not None
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                prepare()
+                self._start_readers()
+            except (sqlite3.Error, OSError, DBAPIError) as e:
+                self._close_conn()
+                raise unavailable(e, self.path) or e from e
+            return
         try:
-            self._open()
+            prepare()
         except DBAPIError as e:
             self._engine.dispose()
             raise unavailable(e, self.where) or e from e
-
-    @classmethod
-    def open(cls, database_url: str | None, sqlite_path: Path):
-        """PostgreSQL at `database_url` (settings.database_url) when set, else the SQLite file
-        at `sqlite_path`."""
-        return cls(url=database_url) if database_url else cls(sqlite_path)
 
     @property
     def postgres(self) -> bool:
         return self._engine is not None
 
-    def _conn(self) -> sqlite3.Connection:
+    @property
+    def dialect(self) -> Dialect:
+        """The PostgreSQL engine's SQL dialect (what metrics' INSERT types its columns in)."""
+        assert self._engine is not None, "PostgreSQL only"
+        return self._engine.dialect
+
+    def sqlite_connection(self) -> sqlite3.Connection:
         """This thread's sqlite3 connection (autocommit: transactions are begun explicitly)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
@@ -146,8 +163,8 @@ class Connections:
 
     def _sqlite(self) -> Connection:
         """This thread's SQLAlchemy connection over its sqlite3 connection (made again when
-        _conn hands out another one)."""
-        raw = self._conn()
+        sqlite_connection hands out another one)."""
+        raw = self.sqlite_connection()
         held = getattr(self._local, "db", None)
         if held is None or held[0] is not raw:
             engine = create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool,
@@ -159,29 +176,31 @@ class Connections:
         return held[1]
 
     @contextmanager
-    def _tx(self, write: bool = False) -> Iterator[Connection]:
+    def tx(self, write: bool = False) -> Iterator[Connection]:
         """One transaction. SQLite: a single statement commits on its own; `write` takes the
         write lock first (BEGIN IMMEDIATE), so writers serialize. PostgreSQL: the pool's
-        connection; a writer that must serialize locks its run's row (self._row_lock)."""
+        connection; a writer that must serialize locks its run's row (lock_run)."""
         if self._engine is None:
-            db = self._sqlite()
-            with db.begin():        # commits (or rolls back) the sqlite3 connection
+            conn = self._sqlite()
+            with conn.begin():      # commits (or rolls back) the sqlite3 connection
                 if write:
-                    db.exec_driver_sql("BEGIN IMMEDIATE")
-                yield db
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                yield conn
         else:
-            with self._engine.begin() as db:
-                yield db
+            with self._engine.begin() as conn:
+                yield conn
 
-    # Names of the methods that only read (the Store sets them): run() sends them to the
-    # reader threads. A token check is no such read: it must see the writes queued before it.
-    READS: frozenset[str] = frozenset()
+    def lock_run(self, conn: Connection, run_id: str, columns: str = "1"):
+        """The run's row (None: unknown), locked FOR UPDATE on PostgreSQL: transactions that
+        change a run serialize on it across processes (SQLite: BEGIN IMMEDIATE already did)."""
+        return conn.execute(text(f"SELECT {columns} FROM runs WHERE id = :id{self._row_lock}"),
+                            {"id": run_id}).mappings().first()
 
     async def run(self, fn, *args):
-        """Run a store method on the store's threads, off the event loop: a method in READS on
+        """Run a store method on the store's threads, off the event loop: one marked @reads on
         the reader threads, any other on the writer's (see read). StoreUnavailable when the
         disk refuses (full, read-only) or the database server is out of reach."""
-        if getattr(fn, "__self__", None) is self and fn.__name__ in self.READS:
+        if getattr(fn, READS, False):
             return await self.read(fn, *args)
         if self._pool is None:      # opened on first use, again after close()
             self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix=(
@@ -231,8 +250,8 @@ class Connections:
             readers.shutdown(wait=True)
         with self._readers_lock:
             held, self._readers = self._readers, []
-        for raw, db in held:        # (their threads are gone: closed from here)
-            db.close()
+        for raw, conn in held:      # (their threads are gone: closed from here)
+            conn.close()
             raw.close()
         if self._engine is not None:
             self._engine.dispose()
@@ -247,18 +266,13 @@ class Connections:
             conn.close()
             self._local.conn = None
 
+    @reads
     def free_page_bytes(self) -> int:
         """The bytes of the SQLite file's free pages (what deleted rows left: reused before
         the file grows, so the storage budget counts them as free for rows); 0 on PostgreSQL."""
         if self.postgres:
             return 0
-        with self._tx() as db:
-            pages = db.execute(text("PRAGMA freelist_count")).scalar()
-            size = db.execute(text("PRAGMA page_size")).scalar()
+        with self.tx() as conn:
+            pages = conn.execute(text("PRAGMA freelist_count")).scalar()
+            size = conn.execute(text("PRAGMA page_size")).scalar()
         return int(pages or 0) * int(size or 0)
-
-    def _lock_run(self, db: Connection, run_id: str, columns: str = "1"):
-        """The run's row (None: unknown), locked FOR UPDATE on PostgreSQL: transactions that
-        change a run serialize on it across processes (SQLite: BEGIN IMMEDIATE already did)."""
-        return db.execute(text(f"SELECT {columns} FROM runs WHERE id = :id{self._row_lock}"),
-                          {"id": run_id}).mappings().first()

@@ -13,9 +13,9 @@ from sqlalchemy import Connection, Text, bindparam, text
 from andrea.metrics import COLUMNS
 from andrea.model import model_name, with_shape
 from andrea.run_config import legacy_clip
-from andrea.store import summary
-from andrea.store.events import PUT_EVENT
-from andrea.store.summary import OWN, REFRESH_RUN
+from andrea.store.engine import Database, reads
+from andrea.store.events import Events
+from andrea.store.summary import OWN, Summaries
 from andrea.write_tokens import token_hash, token_matches
 
 # A branch copies its parent's rows up to its step a page at a time, each page its own short
@@ -26,13 +26,6 @@ _COPY_METRICS = text(
     f"INSERT INTO metrics (run_id, {', '.join(COLUMNS)}, extra)"
     f" SELECT CAST(:run_id AS TEXT), {', '.join(COLUMNS)}, extra FROM metrics"
     " WHERE run_id = :parent AND step > :after AND step <= :step ORDER BY step LIMIT :limit")
-# The rows a page copied (after the branch's step :after), for the branch's summary.
-_PAGE = "FROM metrics WHERE run_id = :run_id AND step > :after"
-_PAGE_FIRST = text(f"SELECT step, time {_PAGE} ORDER BY step LIMIT 1")
-_PAGE_LAST = text(f"SELECT step, loss, time {_PAGE} ORDER BY step DESC LIMIT 1")
-_PAGE_EVAL = text(f"SELECT step, eval_loss {_PAGE} AND eval_loss IS NOT NULL"
-                  " ORDER BY step DESC LIMIT 1")
-_PAGE_BEST = text(f"SELECT MIN(eval_loss) {_PAGE}")
 _LAST_EVENT = text("SELECT step, kind FROM events WHERE run_id = :run_id"
                    " ORDER BY step DESC, kind DESC LIMIT 1")
 _COPY_EVENTS = text(
@@ -58,22 +51,28 @@ _HIDDEN = ("token_sha256", "number", "copying_from", *OWN)
 
 
 class Runs:
-    """The Store's part that keeps the runs table."""
+    """Keeps the runs table (and the revoked tokens); a resume's or a branch's events with
+    `events`, their summaries with `summaries`."""
 
-    def create_run(self, run_id: str, config: dict, token_sha256: str,
-                   name: str | None = None) -> None:
-        with self._tx(write=True) as db:
-            self._insert_run(db, run_id, config, token_sha256, name)
+    def __init__(self, db: Database, summaries: Summaries, events: Events):
+        self.db = db
+        self.summaries = summaries
+        self.events = events
 
-    def _insert_run(self, db: Connection, run_id: str, config: dict, token_sha256: str,
-                    name: str | None, checkpoint_step: int | None = None) -> None:
+    def create(self, run_id: str, config: dict, token_sha256: str,
+               name: str | None = None) -> None:
+        with self.db.tx(write=True) as conn:
+            self._insert(conn, run_id, config, token_sha256, name)
+
+    def _insert(self, conn: Connection, run_id: str, config: dict, token_sha256: str,
+                name: str | None, checkpoint_step: int | None = None) -> None:
         """A new `created` row (inside the caller's transaction), named "tiny adamw #12" by
         default: the preset, the optimizer and the run's number on this server, never one a
         deleted run had."""
-        top = db.execute(text("SELECT COALESCE(MAX(number), 0) FROM runs")).scalar()
-        number = db.execute(_NEXT_NUMBER, {"top": top}).scalar()
+        top = conn.execute(text("SELECT COALESCE(MAX(number), 0) FROM runs")).scalar()
+        number = conn.execute(_NEXT_NUMBER, {"top": top}).scalar()
         now = time.time()
-        db.execute(text(
+        conn.execute(text(
             "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
             " checkpoint_step, name, tags, number) VALUES (:id, :now, :now, :config, :token,"
             " 'created', :checkpoint_step, :name, '[]', :number)"),
@@ -81,61 +80,62 @@ class Runs:
              "checkpoint_step": checkpoint_step, "number": number,
              "name": name or f"{model_name(config)} {config['optimizer']} #{number}"})
 
-    def get_run(self, run_id: str) -> dict | None:
-        with self._tx() as db:
-            row = db.execute(text("SELECT * FROM runs WHERE id = :id"),
-                             {"id": run_id}).mappings().first()
+    @reads
+    def get(self, run_id: str) -> dict | None:
+        with self.db.tx() as conn:
+            row = conn.execute(text("SELECT * FROM runs WHERE id = :id"),
+                               {"id": run_id}).mappings().first()
         return run_dict(row) if row else None
 
-    def list_runs(self, limit: int = 200,
-                  before: tuple[float, str] | None = None) -> list[dict]:
+    @reads
+    def page(self, limit: int = 200, before: tuple[float, str] | None = None) -> list[dict]:
         """The newest `limit` runs, newest first (created_at, then id); `before`: those after
         the (created_at, id) of the last run of the previous page. Their rows alone, read by
         the index on (created_at, id), whatever records they hold. A branch still being made
         is not listed."""
         after = "" if before is None else " AND (created_at, id) < (:created_at, :id)"
-        with self._tx() as db:
-            rows = db.execute(text(
+        with self.db.tx() as conn:
+            rows = conn.execute(text(
                 f"SELECT * FROM runs WHERE copying_from IS NULL{after}"
                 " ORDER BY created_at DESC, id DESC LIMIT :limit"),
                 {"limit": limit, "created_at": before and before[0],
                  "id": before and before[1]}).mappings().all()
         return [run_dict(r) for r in rows]
 
-    def count_runs(self, listed: bool = False) -> int:
+    def count(self, listed: bool = False) -> int:
         """Every stored run (branches being made too): what Settings.max_runs bounds; `listed`:
         those the runs list shows (its X-Total-Count), without the branches being made."""
         where = " WHERE copying_from IS NULL" if listed else ""
-        with self._tx() as db:
-            return db.execute(text(f"SELECT count(*) FROM runs{where}")).scalar()
+        with self.db.tx() as conn:
+            return conn.execute(text(f"SELECT count(*) FROM runs{where}")).scalar()
 
-    def update_run(self, run_id: str, fields: dict) -> bool:
+    def update(self, run_id: str, fields: dict) -> bool:
         """Sets the given name, tags (a list) and notes; False for an unknown run."""
         values = {k: json.dumps(v) if k == "tags" else v for k, v in fields.items()
                   if k in ("name", "tags", "notes")}
-        with self._tx() as db:
+        with self.db.tx() as conn:
             if not values:
-                return db.execute(text("SELECT 1 FROM runs WHERE id = :id"),
-                                  {"id": run_id}).first() is not None
+                return conn.execute(text("SELECT 1 FROM runs WHERE id = :id"),
+                                    {"id": run_id}).first() is not None
             sets = ", ".join(f"{k} = :{k}" for k in values)
-            return db.execute(text(f"UPDATE runs SET {sets}, updated_at = :now WHERE id = :id"),
-                              {**values, "now": time.time(), "id": run_id}).rowcount == 1
+            return conn.execute(text(f"UPDATE runs SET {sets}, updated_at = :now WHERE id = :id"),
+                                {**values, "now": time.time(), "id": run_id}).rowcount == 1
 
-    def delete_run(self, run_id: str) -> bool:
+    def delete(self, run_id: str) -> bool:
         """The run's row, metrics, events and revoked tokens, in one transaction; False for an
         unknown run. (Its files are the caller's: checkpoints and weights.)"""
-        with self._tx(write=True) as db:
-            self._lock_run(db, run_id)
+        with self.db.tx(write=True) as conn:
+            self.db.lock_run(conn, run_id)
             for table in ("metrics", "events", "revoked_tokens"):
-                db.execute(text(f"DELETE FROM {table} WHERE run_id = :id"), {"id": run_id})
-            return db.execute(text("DELETE FROM runs WHERE id = :id"),
-                              {"id": run_id}).rowcount == 1
+                conn.execute(text(f"DELETE FROM {table} WHERE run_id = :id"), {"id": run_id})
+            return conn.execute(text("DELETE FROM runs WHERE id = :id"),
+                                {"id": run_id}).rowcount == 1
 
-    def runs_awaiting_trainer(self) -> list[str]:
+    def awaiting_trainer(self) -> list[str]:
         """Runs a training tab should be at: running, paused, or created from a checkpoint
         (resumed, branched) and not yet started (runs/lifecycle.py watch_runs_left)."""
-        with self._tx() as db:
-            return sorted(db.execute(text(
+        with self.db.tx() as conn:
+            return sorted(conn.execute(text(
                 "SELECT id FROM runs WHERE status IN ('running', 'paused')"
                 " OR (status = 'created' AND checkpoint_step IS NOT NULL)")).scalars())
 
@@ -144,27 +144,28 @@ class Runs:
         """Runs still `created` since before `before` that never recorded a step, have no
         checkpoint and no trainer now become `abandoned` (never started). Returns their ids
         (their viewers are told)."""
-        with self._tx() as db:
-            return sorted(db.execute(_ABANDON, {"message": message, "before": before,
-                                                "connected": list(connected)}).scalars())
+        with self.db.tx() as conn:
+            return sorted(conn.execute(_ABANDON, {"message": message, "before": before,
+                                                  "connected": list(connected)}).scalars())
 
-    def get_run_with_token(self, run_id: str) -> dict | None:
-        with self._tx() as db:
-            row = db.execute(text("SELECT id, token_sha256, status FROM runs WHERE id = :id"),
-                             {"id": run_id}).mappings().first()
+    def get_with_token(self, run_id: str) -> dict | None:
+        with self.db.tx() as conn:
+            row = conn.execute(text("SELECT id, token_sha256, status FROM runs WHERE id = :id"),
+                               {"id": run_id}).mappings().first()
         return dict(row) if row else None
 
+    # (Not @reads: the writer's, so it sees a resume queued before it.)
     def check_token(self, run_id: str, token: str) -> str | None:
         """"ok", "revoked" (a resume replaced it), "wrong", or None for an unknown run."""
-        row = self.get_run_with_token(run_id)
+        row = self.get_with_token(run_id)
         if row is None:
             return None
         if token_matches(row["token_sha256"], token):
             return "ok"
-        with self._tx() as db:
-            revoked = db.execute(text("SELECT 1 FROM revoked_tokens WHERE run_id = :id"
-                                      " AND token_sha256 = :token"),
-                                 {"id": run_id, "token": token_hash(token)}).first()
+        with self.db.tx() as conn:
+            revoked = conn.execute(text("SELECT 1 FROM revoked_tokens WHERE run_id = :id"
+                                        " AND token_sha256 = :token"),
+                                   {"id": run_id, "token": token_hash(token)}).first()
         return "revoked" if revoked else "wrong"
 
     def set_status(self, run_id: str, status: str, message: str | None = None,
@@ -173,14 +174,14 @@ class Runs:
         """Sets the status unless the run's status is in `keep` (and differs), or `only` is
         given and the status is not in it: then nothing changes. Returns the status the run has
         afterwards (None: unknown run)."""
-        with self._tx(write=True) as db:
-            row = self._lock_run(db, run_id, "status")
+        with self.db.tx(write=True) as conn:
+            row = self.db.lock_run(conn, run_id, "status")
             if row is None:
                 return None
             if (row["status"] in keep and row["status"] != status
                     or only and row["status"] not in only):
                 return row["status"]
-            db.execute(text(
+            conn.execute(text(
                 "UPDATE runs SET status = :status, message = COALESCE(:message, message),"
                 " adapter = COALESCE(:adapter, adapter), updated_at = :now WHERE id = :id"),
                 {"status": status, "message": message,
@@ -189,41 +190,42 @@ class Runs:
         return status
 
     def set_checkpoint_step(self, run_id: str, step: int | None) -> None:
-        with self._tx() as db:
-            db.execute(text("UPDATE runs SET checkpoint_step = :step WHERE id = :id"),
-                       {"step": step, "id": run_id})
+        with self.db.tx() as conn:
+            conn.execute(text("UPDATE runs SET checkpoint_step = :step WHERE id = :id"),
+                         {"step": step, "id": run_id})
 
+    @reads
     def checkpoint_steps(self) -> dict[str, int]:
-        with self._tx() as db:
-            rows = db.execute(text("SELECT id, checkpoint_step FROM runs"
-                                   " WHERE checkpoint_step IS NOT NULL")).all()
+        with self.db.tx() as conn:
+            rows = conn.execute(text("SELECT id, checkpoint_step FROM runs"
+                                     " WHERE checkpoint_step IS NOT NULL")).all()
         return {run_id: step for run_id, step in rows}
 
     # ---- resume and branch --------------------------------------------------------------
-    def resume_run(self, run_id: str, step: int, token_sha256: str,
-                   resumable: tuple[str, ...]) -> str | None:
+    def resume(self, run_id: str, step: int, token_sha256: str,
+               resumable: tuple[str, ...]) -> str | None:
         """One transaction: the old token revoked and the new one set, metrics and events after
         `step` deleted (the run's summary with them), a `resumed` event, status `created`.
         Returns why not (a reason) when the run's status is not in `resumable` (then nothing
         changed), else None."""
-        with self._tx(write=True) as db:    # the lock first: two resumes serialize
-            row = self._lock_run(db, run_id, "status, token_sha256")
+        with self.db.tx(write=True) as conn:    # the lock first: two resumes serialize
+            row = self.db.lock_run(conn, run_id, "status, token_sha256")
             if row is None:
                 return f"unknown run {run_id!r}"
             if row["status"] not in resumable:
                 return f"the run is {row['status']}"
             ids = {"run_id": run_id, "step": step}
-            db.execute(text("INSERT INTO revoked_tokens (run_id, token_sha256)"
-                            " VALUES (:run_id, :token) ON CONFLICT DO NOTHING"),
-                       {"run_id": run_id, "token": row["token_sha256"]})
-            db.execute(text("DELETE FROM metrics WHERE run_id = :run_id AND step > :step"), ids)
-            db.execute(text("DELETE FROM events WHERE run_id = :run_id AND step > :step"), ids)
-            db.execute(PUT_EVENT, {**ids, "kind": "resumed", "data": "{}"})
-            db.execute(text(
+            conn.execute(text("INSERT INTO revoked_tokens (run_id, token_sha256)"
+                              " VALUES (:run_id, :token) ON CONFLICT DO NOTHING"),
+                         {"run_id": run_id, "token": row["token_sha256"]})
+            conn.execute(text("DELETE FROM metrics WHERE run_id = :run_id AND step > :step"), ids)
+            conn.execute(text("DELETE FROM events WHERE run_id = :run_id AND step > :step"), ids)
+            self.events.put(conn, run_id, step, "resumed", {})
+            conn.execute(text(
                 "UPDATE runs SET token_sha256 = :token, status = 'created', message = NULL,"
                 " checkpoint_step = :step, updated_at = :now WHERE id = :run_id"),
                 {**ids, "token": token_sha256, "now": time.time()})
-            db.execute(REFRESH_RUN, {"id": run_id})
+            self.summaries.refresh(conn, run_id)
         return None
 
     # A branch: a new run that starts after the parent's step `step`, the parent's metrics and
@@ -257,19 +259,19 @@ class Runs:
                      step: int, name: str | None = None) -> str | None:
         """create_branch from the event loop: each transaction a job of its own on the
         store's threads, other work between them."""
-        mark = await self.run(self.begin_branch, run_id, config, token_sha256, parent_id, step,
-                              name)
+        mark = await self.db.run(self.begin_branch, run_id, config, token_sha256, parent_id,
+                                 step, name)
         if mark is None:
             return f"unknown run {parent_id!r}"
         try:
-            while await self.run(self.copy_branch_page, run_id, parent_id, step):
+            while await self.db.run(self.copy_branch_page, run_id, parent_id, step):
                 pass
-            reason = await self.run(self.end_branch, run_id, parent_id, step, mark)
+            reason = await self.db.run(self.end_branch, run_id, parent_id, step, mark)
         except BaseException:
-            while await self.run(self.drop_branch_page, run_id):
+            while await self.db.run(self.drop_branch_page, run_id):
                 pass
             raise
-        while reason and await self.run(self.drop_branch_page, run_id):
+        while reason and await self.db.run(self.drop_branch_page, run_id):
             pass
         return reason
 
@@ -277,13 +279,13 @@ class Runs:
                      step: int, name: str | None = None) -> str | None:
         """The branch's row, not listed yet (copying_from). Returns the parent's token hash
         now (a resume changes it: end_branch compares), or None for an unknown parent."""
-        with self._tx(write=True) as db:
-            parent = self._lock_run(db, parent_id, "token_sha256")
+        with self.db.tx(write=True) as conn:
+            parent = self.db.lock_run(conn, parent_id, "token_sha256")
             if parent is None:
                 return None
-            self._insert_run(db, run_id, config, token_sha256, name, checkpoint_step=step)
-            db.execute(text("UPDATE runs SET copying_from = :parent WHERE id = :id"),
-                       {"parent": parent_id, "id": run_id})
+            self._insert(conn, run_id, config, token_sha256, name, checkpoint_step=step)
+            conn.execute(text("UPDATE runs SET copying_from = :parent WHERE id = :id"),
+                         {"parent": parent_id, "id": run_id})
         return parent["token_sha256"]
 
     def copy_branch_page(self, run_id: str, parent_id: str, step: int,
@@ -292,46 +294,38 @@ class Runs:
         gains them as a batch's records would: no step reads all of them), or once they are
         all copied, of its events. Returns the rows copied: 0 when the copy is complete."""
         copy = {"run_id": run_id, "parent": parent_id, "step": step, "limit": limit}
-        with self._tx(write=True) as db:
-            after = db.execute(text("SELECT MAX(step) FROM metrics WHERE run_id = :run_id"),
-                               copy).scalar()
+        with self.db.tx(write=True) as conn:
+            after = conn.execute(text("SELECT MAX(step) FROM metrics WHERE run_id = :run_id"),
+                                 copy).scalar()
             copy["after"] = -1 if after is None else after
-            n = db.execute(_COPY_METRICS, copy).rowcount
+            n = conn.execute(_COPY_METRICS, copy).rowcount
             if n:
-                first, last = (db.execute(q, copy).first() for q in (_PAGE_FIRST, _PAGE_LAST))
-                evals = db.execute(_PAGE_EVAL, copy).first()
-                db.execute(summary.ADD, {
-                    "now": time.time(), "run_id": run_id, "first_step": first.step,
-                    "first_time": first.time, "last_step": last.step, "last_loss": last.loss,
-                    "last_time": last.time, "eval_step": evals and evals.step,
-                    "eval_loss": evals and evals.eval_loss,
-                    "best_eval": db.execute(_PAGE_BEST, copy).scalar()})
+                self.summaries.add_copied(conn, run_id, copy["after"])
             else:
-                last = db.execute(_LAST_EVENT, copy).first()
-                n = db.execute(_COPY_EVENTS, {**copy, "after_step": last[0] if last else -1,
-                                              "after_kind": last[1] if last else ""}).rowcount
+                last = conn.execute(_LAST_EVENT, copy).first()
+                n = conn.execute(_COPY_EVENTS, {**copy, "after_step": last[0] if last else -1,
+                                                "after_kind": last[1] if last else ""}).rowcount
                 # (A metrics page sets it with the summary: every page shows the copy is alive.)
-                db.execute(text("UPDATE runs SET updated_at = :now WHERE id = :run_id"),
-                           {"now": time.time(), "run_id": run_id})
+                conn.execute(text("UPDATE runs SET updated_at = :now WHERE id = :run_id"),
+                             {"now": time.time(), "run_id": run_id})
         return n
 
     def end_branch(self, run_id: str, parent_id: str, step: int, mark: str) -> str | None:
         """The branch made whole and listed, if its parent is as it was when the copy began
         (`mark`, begin_branch's answer); else why not (the caller drops the branch)."""
-        with self._tx(write=True) as db:
-            parent = self._lock_run(db, parent_id, "token_sha256")
+        with self.db.tx(write=True) as conn:
+            parent = self.db.lock_run(conn, parent_id, "token_sha256")
             if parent is None:
                 return f"run {parent_id} was deleted while the branch copied its records"
             if parent["token_sha256"] != mark:
                 # A resume deletes the records after its checkpoint, which may be before `step`.
                 return (f"run {parent_id} was resumed while the branch copied its records up to "
                         f"step {step}, which may have changed them: branch it again")
-            if not db.execute(text("UPDATE runs SET copying_from = NULL WHERE id = :id"),
-                              {"id": run_id}).rowcount:
+            if not conn.execute(text("UPDATE runs SET copying_from = NULL WHERE id = :id"),
+                                {"id": run_id}).rowcount:
                 return ("the branch's copy stalled so long that it was taken for one a stopped "
                         "server left, and dropped: branch it again")
-            db.execute(PUT_EVENT, {"run_id": run_id, "step": step, "kind": "resumed",
-                                   "data": json.dumps({"parent": parent_id})})
+            self.events.put(conn, run_id, step, "resumed", {"parent": parent_id})
         return None
 
     def unfinished_branches(self, before: float | None = None) -> list[str]:
@@ -339,8 +333,8 @@ class Runs:
         of them): those a process left when it died mid-copy (kill -9, a crash, a power cut),
         never to be listed. The caller drops them (drop_branch_page) and their files. A live
         copy moves every page (each page sets the branch's updated_at)."""
-        with self._tx() as db:
-            return sorted(db.execute(text(
+        with self.db.tx() as conn:
+            return sorted(conn.execute(text(
                 "SELECT id FROM runs WHERE copying_from IS NOT NULL"
                 + ("" if before is None else " AND updated_at < :before")),
                 {"before": before}).scalars())
@@ -348,22 +342,22 @@ class Runs:
     def drop_branch_page(self, run_id: str, limit: int = BRANCH_PAGE) -> int:
         """Deletes a page of a failed branch's metrics; once none is left, its events and row.
         Returns the rows deleted: 0 when the branch is gone."""
-        with self._tx(write=True) as db:
+        with self.db.tx(write=True) as conn:
             # The page's last step, then a range of the primary key: both walk its index. (A
             # DELETE ... IN (SELECT ... LIMIT) could be planned on PostgreSQL, with the table's
             # statistics not yet updated after its bulk inserts, as a join that rescans the
             # table per row: minutes for 100k rows, in one write transaction.)
-            last = db.execute(text(
+            last = conn.execute(text(
                 "SELECT MAX(step) FROM (SELECT step FROM metrics WHERE run_id = :id"
                 " ORDER BY step LIMIT :limit) AS page"), {"id": run_id, "limit": limit}).scalar()
-            n = 0 if last is None else db.execute(text(
+            n = 0 if last is None else conn.execute(text(
                 "DELETE FROM metrics WHERE run_id = :id AND step <= :last"),
                 {"id": run_id, "last": last}).rowcount
             if n == 0:
                 for table in ("events", "revoked_tokens", "runs"):
                     column = "id" if table == "runs" else "run_id"
-                    n += db.execute(text(f"DELETE FROM {table} WHERE {column} = :id"),
-                                    {"id": run_id}).rowcount
+                    n += conn.execute(text(f"DELETE FROM {table} WHERE {column} = :id"),
+                                      {"id": run_id}).rowcount
         return n
 
 

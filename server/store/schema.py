@@ -22,9 +22,10 @@ from sqlalchemy import (
 )
 
 from andrea.metrics import COLUMNS
-from andrea.store.summary import OWN, REFRESH_ALL, SHOWN
+from andrea.store.engine import Database
+from andrea.store.summary import OWN, SHOWN, Summaries
 
-# A column missing from an older database is added when it opens (Schema._open): each numeric
+# A column missing from an older database is added when it opens (Schema.migrate): each numeric
 # field of metrics.Record has a column of its own (NULL: the field was not sent, or for a
 # required field, not finite); the rest is JSON text.
 _TYPES = {"INTEGER": BigInteger, "REAL": Double}
@@ -56,11 +57,11 @@ RUNS = Table(
     Column("best_eval_loss", Double),
     Column("first_step", BigInteger),       # the summary's own (summary.OWN): never shown
     Column("last_eval_step", BigInteger),
-    # A branch whose parent's records are still being copied (runs.Runs.branch): the parent's
+    # A branch whose parent's records are still being copied (run_rows.Runs.branch): the parent's
     # id; NULL once the run is whole. Such a row is not listed.
     Column("copying_from", Text),
 )
-# The runs list pages newest first by (created_at, id) (runs.Runs.list_runs).
+# The runs list pages newest first by (created_at, id) (run_rows.Runs.page).
 Index("runs_by_created", RUNS.c.created_at, RUNS.c.id)
 METRICS = Table(
     "metrics", META,
@@ -88,7 +89,7 @@ REVOKED = Table(                                        # a resume revokes the t
 )
 
 # Counts that outlive the rows they count. run_number: the highest number a run was given
-# (runs.Runs._insert_run); MAX(runs.number) went back down when the newest run was deleted, and
+# (run_rows.Runs.create); MAX(runs.number) went back down when the newest run was deleted, and
 # the next run took its number (two "#3"s in one comparison). An older database gets the table
 # empty: its first new run counts on from its runs' numbers.
 COUNTERS = Table(
@@ -102,42 +103,46 @@ _SCHEMA_LOCK = 0x616E64726561       # "andrea"
 
 
 class Schema:
-    """The Store's part that makes its database current when it opens (Store.__init__)."""
+    """Makes the store's database current when it opens (Database.start runs migrate)."""
 
-    def _open(self) -> None:
+    def __init__(self, db: Database, summaries: Summaries):
+        self.db = db
+        self.summaries = summaries      # an older database's summaries, computed once
+
+    def migrate(self) -> None:
         """Creates the tables that are missing and adds the columns an older database lacks
         (ALTER TABLE ADD COLUMN, typed for its dialect). Nothing is written when none is."""
-        with self._tx() as db:
-            missing, indexes = _missing(db), _missing_indexes(db)
+        with self.db.tx() as conn:
+            missing, indexes = _missing(conn), _missing_indexes(conn)
         if not missing and not indexes:
             return
-        with self._tx(write=True) as db:
-            if self.postgres:
-                db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
-            missing = _missing(db)      # again, under the lock
-            have_tables = set(inspect(db).get_table_names())
-            META.create_all(db)
+        with self.db.tx(write=True) as conn:
+            if self.db.postgres:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            missing = _missing(conn)    # again, under the lock
+            have_tables = set(inspect(conn).get_table_names())
+            META.create_all(conn)
             for column in missing:
                 if column.table.name in have_tables:
-                    db.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN {column.name}"
-                                    f" {column.type.compile(db.dialect)}"))
-            for index in _missing_indexes(db):  # (a new table has its own: create_all)
-                index.create(db)
+                    conn.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN"
+                                      f" {column.name} {column.type.compile(conn.dialect)}"))
+            for index in _missing_indexes(conn):    # (a new table has its own: create_all)
+                index.create(conn)
             if "runs" not in have_tables:
                 return
             if RUNS.c.number in missing:
-                db.execute(text(
-                    "UPDATE runs SET number = rowid" if not self.postgres else
+                conn.execute(text(
+                    "UPDATE runs SET number = rowid" if not self.db.postgres else
                     "UPDATE runs SET number = s.n FROM (SELECT id, ROW_NUMBER() OVER"
                     " (ORDER BY created_at) AS n FROM runs) s WHERE runs.id = s.id"))
             if any(c.table is RUNS and c.name in SHOWN + OWN for c in missing):
                 # Once, in this transaction: from now on the records' writers keep it.
-                db.execute(REFRESH_ALL)
+                self.summaries.refresh_all(conn)
 
 
-def _missing(db: Connection) -> list[Column]:
+def _missing(conn: Connection) -> list[Column]:
     """The columns of META (all of a missing table's) that the database lacks."""
-    have = inspect(db)
+    have = inspect(conn)
     tables = set(have.get_table_names())
     missing = []
     for table in META.sorted_tables:
@@ -147,9 +152,9 @@ def _missing(db: Connection) -> list[Column]:
     return missing
 
 
-def _missing_indexes(db: Connection) -> list[Index]:
+def _missing_indexes(conn: Connection) -> list[Index]:
     """The indexes of META's tables that the database has the table but not the index of."""
-    have = inspect(db)
+    have = inspect(conn)
     tables = set(have.get_table_names())
     return [index for table in META.sorted_tables if table.name in tables
             for index in table.indexes

@@ -200,14 +200,14 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
         if not isinstance(hello, Hello):
             raise ProtocolError(1008, "the first message must be hello with the run's token")
         async with fanout.run_lock(run_id):   # a resume cannot revoke between check and join
-            verdict = await store.run(store.check_token, run_id, hello.token)
+            verdict = await store.run(store.runs.check_token, run_id, hello.token)
             if verdict is None:
                 raise ProtocolError(1008, f"unknown run {run_id!r}")
             if verdict == "revoked":
                 raise ProtocolError(1008, REVOKED, REVOKED_TOKEN)
             if verdict != "ok":
                 raise ProtocolError(1008, "wrong token for this run")
-            run = await store.run(store.get_run, run_id)
+            run = await store.run(store.runs.get, run_id)
             if run["config"].get("room"):   # refused before it counts as the run's trainer
                 raise ProtocolError(1008, "a room run is trained by the workers who join it "
                                           "(its room: /api/runs/{id}/room), not by one trainer")
@@ -224,13 +224,13 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
         n_layer = layer_count(run["config"])        # the per-layer lists'
         # Quotas (quotas.py): the run's samples, counted from the store once, then here; its
         # records' rate, per socket.
-        samples = SampleQuota(*await store.run(store.sample_usage, run_id),
+        samples = SampleQuota(*await store.run(store.events.sample_usage, run_id),
                               settings.max_samples_per_run, settings.max_sample_bytes_per_run)
         rate = TokenBucket(settings.metrics_rate_per_s * METRICS_BURST_S,
                            settings.metrics_rate_per_s)
         # The bytes its records take in the store (storage.py), about, from a sample of them
         # (cheap for 1M records), then counted per message: against max_run_bytes.
-        run_bytes = RunBytes(stored_run_bytes(*await store.run(store.record_usage, run_id)),
+        run_bytes = RunBytes(stored_run_bytes(*await store.run(store.metrics.usage, run_id)),
                              settings.max_run_bytes)
         _check_steps(steps, hello.last_acked_step)
         committed = run["last_step"]
@@ -260,7 +260,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 what = f"this message of {len(msg.records)} records"
                 run_bytes.check(stores, what)
                 await storage.take(stores, what)
-                inserted, last = await store.add_metrics_grouped(
+                inserted, last = await store.metrics.add_grouped(
                     run_id, [r.row() for r in msg.records])
                 run_bytes.add(stores * len(inserted) / len(msg.records))  # (resent: none)
                 committed = last
@@ -276,14 +276,14 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 if wait:
                     await asyncio.sleep(wait)
                 await storage.take(size, f"this status change to {msg.status}")
-                now = await store.run(store.set_status, run_id, msg.status, msg.message,
+                now = await store.run(store.runs.set_status, run_id, msg.status, msg.message,
                                       msg.adapter, FINAL)
                 if now != msg.status:
                     raise ProtocolError(1008, f"the run is {now}: a trainer cannot make it "
                                               f"{msg.status} again (resume it from a checkpoint"
                                               f" with POST /api/runs/{run_id}/resume, or branch)")
                 fanout.publish(run_id, {"type": "run", "run": public_run(
-                    await store.run(store.get_run, run_id), True)})
+                    await store.run(store.runs.get, run_id), True)})
             elif isinstance(msg, Sample):
                 _check_steps(steps, msg.step)
                 if wait:
@@ -297,7 +297,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                                     samples.size)
                         await ws.send_json({"type": "notice", "message": samples.notice()})
                     continue
-                await store.run(store.add_event, run_id, msg.step, "sample", {"text": msg.text})
+                await store.run(store.events.add, run_id, msg.step, "sample", {"text": msg.text})
                 fanout.publish(run_id, {"type": "sample", "step": msg.step, "text": msg.text})
             elif isinstance(msg, Ping):
                 if wait:

@@ -102,11 +102,11 @@ class _ViewerSession:
         messages are queued (bounded) from the moment the store has been read to the end. A
         resume meanwhile (its live message may have reached no queue of this viewer) is told
         as a live one, and the records after it are read again."""
-        resumes = await self.store.run(self.store.resume_count, self.run_id)
+        resumes = await self.store.run(self.store.events.resume_count, self.run_id)
         subscribed = False
         while True:
             async with self.read_lock:      # one page at a time per address (see __init__)
-                text, last, n = await self.store.run(self.store.records_page_json,
+                text, last, n = await self.store.run(self.store.metrics.page_json,
                                                      self.run_id, self.cursor, BACKLOG_PAGE)
             if n:
                 await self.send(text)
@@ -114,13 +114,13 @@ class _ViewerSession:
                 await self.pace(len(text))
             if n < BACKLOG_PAGE:
                 if subscribed:
-                    now = await self.store.run(self.store.resume_count, self.run_id)
+                    now = await self.store.run(self.store.events.resume_count, self.run_id)
                     if now == resumes:
                         break
                     # Resumed while the pages were read: its live message may have come
                     # before the subscription. The records after its step were replaced.
                     resumes = now
-                    resumed = await self.store.run(self.store.first_resume_after,
+                    resumed = await self.store.run(self.store.events.first_resume_after,
                                                    self.run_id, self.cursor)
                     if resumed is not None:
                         await self.send(json.dumps({"type": "resumed", "step": resumed}))
@@ -133,7 +133,7 @@ class _ViewerSession:
                 subscribed = True
         while True:
             async with self.read_lock:
-                events = await self.store.run(self.store.events_page, self.run_id,
+                events = await self.store.run(self.store.events.page, self.run_id,
                                               self.event_cursor, EVENTS_PAGE)
             for ev in events:
                 text = json.dumps({"type": ev["kind"], **ev})
@@ -151,7 +151,7 @@ class _ViewerSession:
             self.fanout.unsubscribe(self.run_id, self.viewer)
             self.viewer = None
         if after is not None and after >= 0:
-            resumed = await self.store.run(self.store.first_resume_after, self.run_id, after)
+            resumed = await self.store.run(self.store.events.first_resume_after, self.run_id, after)
             if resumed is not None:
                 await self.send(json.dumps({"type": "resumed", "step": resumed}))
                 after = resumed
@@ -222,7 +222,7 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
                               "reload this one", settings.viewer_send_timeout_s)
         return
     try:
-        run = await store.run(store.get_run, run_id)
+        run = await store.run(store.runs.get, run_id)
     except StoreUnavailable as e:
         release()
         await close(ws, 1013, str(e))

@@ -45,7 +45,7 @@ MessageRatesDep = Annotated[MessageRates, _app_state("message_rates")]  # traine
 
 async def get_existing_run(run_id: str, store: StoreDep) -> dict:
     """The stored run of the path's run_id, or 404."""
-    run = await store.run(store.get_run, run_id)
+    run = await store.run(store.runs.get, run_id)
     if run is None:
         raise HTTPException(404, f"unknown run {run_id!r}")
     return run
@@ -67,7 +67,7 @@ def bearer(request: HTTPConnection) -> str:
 async def check_write_token(store: Store, run_id: str, token: str) -> None:
     """403 unless `token` is the run's current write token (saying so when a resume revoked
     it). Checked again under the run lock where a resume could have come in between."""
-    verdict = await store.run(store.check_token, run_id, token) if token else "wrong"
+    verdict = await store.run(store.runs.check_token, run_id, token) if token else "wrong"
     if verdict == "revoked":
         raise HTTPException(403, REVOKED)
     if verdict != "ok":
@@ -147,7 +147,7 @@ async def authorize(conn: HTTPConnection, settings: Settings, store: Store, run_
         raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
     if is_admin(settings, token):
         return
-    verdict = await store.run(store.check_token, run_id, token)
+    verdict = await store.run(store.runs.check_token, run_id, token)
     if verdict == "revoked":
         raise HTTPException(403, REVOKED)
     if verdict != "ok":     # wrong, or no such run: the same answer
