@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from andrea import __version__, telemetry
 from andrea.assets import IMMUTABLE, REVALIDATE, CachedFiles, asset_dir, content_version
-from andrea.broker import BrokerUnavailable, RedisBroker
+from andrea.broker import RedisBroker
 from andrea.checkpoints import CheckpointStore
 from andrea.config import Settings, host_of
 from andrea.data import wire
@@ -39,10 +39,10 @@ from andrea.routes import (
     spikes,
 )
 from andrea.runs import sweep
-from andrea.runs.lifecycle import RunBusy, watch_runs_left
+from andrea.runs.lifecycle import watch_runs_left
 from andrea.shown import shown_text
 from andrea.storage import StorageBudget
-from andrea.store import Store, StoreUnavailable
+from andrea.store import Store
 from andrea.web.auth import TOKEN_STORAGE_PREFIX
 from andrea.web.errors import answer_refusals
 from andrea.web.limits import BodyLimits, ReadBudget
@@ -121,9 +121,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   lifespan=_lifespan)
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StoreUnavailable, _store_unavailable)
-    app.add_exception_handler(BrokerUnavailable, _store_unavailable)
-    app.add_exception_handler(RunBusy, _run_busy)
     answer_refusals(app)    # the domain's refusals (errors.py), each kind its status
     # Text (pages, modules, shaders, JSON) is gzipped; binary bodies are not (NOT_GZIPPED).
     # JSON reads paced per client address (limits.ReadBudget), inside gzip: counted as sent.
@@ -201,18 +198,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
               for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=422)
-
-
-async def _store_unavailable(request: Request,
-                             exc: StoreUnavailable | BrokerUnavailable) -> JSONResponse:
-    """A full disk, a read-only data dir, a database or broker out of reach: 503 with the
-    reason (it names the file or the URL)."""
-    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "10"})
-
-
-async def _run_busy(request: Request, exc: RunBusy) -> JSONResponse:
-    """A delete or resume while a trainer is at the run: 409 with what to do."""
-    return JSONResponse({"detail": str(exc)}, status_code=409)
 
 
 class HostCheck:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
+from andrea.errors import UNAVAILABLE, UNAVAILABLE_RETRY_S, Refused
+
 log = logging.getLogger("andrea.broker")
 
 CHANNEL = "andrea:live"
@@ -42,8 +44,11 @@ LOCK_WAIT_S = 30
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
 
 
-class BrokerUnavailable(RuntimeError):
-    """Redis cannot be reached: the reason, with its URL."""
+class BrokerUnavailable(Refused):
+    """Redis cannot be reached: the reason, with its URL (UNAVAILABLE: API 503, sockets 1013)."""
+
+    def __init__(self, message: str):
+        super().__init__(UNAVAILABLE, message, UNAVAILABLE_RETRY_S)
 
 
 class RedisBroker:

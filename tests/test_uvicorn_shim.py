@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from andrea.config import Settings
-from andrea.telemetry.uvicorn_shim import Refusal, abort, limit_frames, limit_pings, protocol_of
+from andrea.telemetry.uvicorn_shim import CloseFrame, abort, limit_frames, limit_pings, protocol_of
 from andrea.web.uvicorn_limits import bound_to, transport_of
 from tests.aio import run
 
@@ -155,10 +155,10 @@ def test_abort_drops_the_connection_without_a_close(compression):
 def test_limit_pings_asks_before_each_pong_paces_and_refuses(compression):
     """Each ping frame asks the app's hook before its pong (the app never sees ping frames
     otherwise): 0 answers it, seconds answer it and pause the socket's reads (the messages
-    behind it still arrive, later), a Refusal sends its text and closes with its code; the
+    behind it still arrive, later), a CloseFrame sends its text and closes with its code; the
     app hears the close. Pings while the app reads messages too (the websocket layer answers
     them between messages)."""
-    verdicts = [0.0, 0.05, 0.0, Refusal(1008, "too many pings", '{"type": "error"}')]
+    verdicts = [0.0, 0.05, 0.0, CloseFrame(1008, "too many pings", '{"type": "error"}')]
     asked, got, installed = [], [], []
 
     def on_ping():

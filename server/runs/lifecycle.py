@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 from andrea.broker import BrokerUnavailable
+from andrea.errors import CONFLICT, Refused
 from andrea.fanout import Fanout
 from andrea.runs.info import public_run
 from andrea.store import Store
@@ -20,8 +21,11 @@ from andrea.store import Store
 ABANDONED = "the training tab went away before the run ended"
 
 
-class RunBusy(Exception):
-    """A change that needs the run free of trainers, while one is connected (API: 409)."""
+class RunBusy(Refused):
+    """A change that needs the run free of trainers, while one is connected (CONFLICT: 409)."""
+
+    def __init__(self, message: str):
+        super().__init__(CONFLICT, message)
 
 
 async def current_run(store: Store, fanout: Fanout, run_id: str) -> dict | None:

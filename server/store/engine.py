@@ -20,10 +20,15 @@ from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.pool import StaticPool
 
+from andrea.errors import UNAVAILABLE, UNAVAILABLE_RETRY_S, Refused
 
-class StoreUnavailable(RuntimeError):
+
+class StoreUnavailable(Refused):
     """The database cannot be written (full disk, read-only data dir), opened or reached: the
-    reason, with the file's path or the server's URL."""
+    reason, with the file's path or the server's URL (UNAVAILABLE: API 503, trainer 1013)."""
+
+    def __init__(self, message: str):
+        super().__init__(UNAVAILABLE, message, UNAVAILABLE_RETRY_S)
 
 
 # SQLite's primary result codes that mean "the disk or the file system refused", not a bug.

@@ -40,7 +40,8 @@ Settings.viewer_send_timeout_s frees the connection.
 
 One trainer per run: a second hello while one is connected is refused, and so is the token a
 resume revoked (routes/checkpoints.py).
-Close codes (an error message comes first): 1003 bad data, 1008 policy (origin, token, revoked
+Close codes (an error message comes first; each refusal's kind picks its code: web/errors.py
+WS_CLOSE): 1003 bad data, 1008 policy (origin, token, revoked
 token, the run already has a trainer, unknown run, a finished run, too many viewer sockets from
 one address, a flood of ping frames: kind `ping_flood`), 1009 too big, 1013 try again later
 (a viewer too slow to keep up; the server cannot store records: full disk, read-only data
@@ -62,9 +63,11 @@ from fastapi import WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from andrea.config import Settings, page_port
+from andrea.errors import DISK_FULL, MALFORMED, TOO_LARGE, Refusal, Refused
 from andrea.metrics import Record, Step
 from andrea.runs.info import TrainerStatus
-from andrea.telemetry.uvicorn_shim import Refusal, abort, limit_frames
+from andrea.telemetry.uvicorn_shim import CloseFrame, abort, limit_frames
+from andrea.web.errors import WS_CLOSE, close_code
 
 # One metrics batch (UTF-8 bytes; a record: ~200 B + its lists). Parsing a message holds the
 # event loop (pydantic's validation keeps the GIL, so a thread does not help): at 256 KiB one
@@ -75,9 +78,8 @@ MAX_MESSAGE_BYTES = 256 << 10
 # lets us set it (uvicorn_shim.py); between the two, the error message comes first.
 TRAINER_FRAME_BYTES = 2 * MAX_MESSAGE_BYTES
 VIEWER_MESSAGE_BYTES = 4096      # a viewer only ever says "from" or "ping"
-# The trainer's close code when the storage budget refuses its message (storage.StorageFull):
-# 4000-4999 are the application's; 507 as HTTP's Insufficient Storage.
-STORAGE_BUDGET = 4507
+# The trainer's close code when the storage budget refuses its message (storage.StorageFull).
+STORAGE_BUDGET = WS_CLOSE[DISK_FULL]
 # Records per metrics message a trainer sends (told in welcome): ~100 KiB, far below the limit.
 RECORDS_PER_MESSAGE = 500
 MAX_RECORDS = 4 * RECORDS_PER_MESSAGE   # accepted per message
@@ -139,13 +141,14 @@ REVOKED_TOKEN = "revoked"   # the run was resumed elsewhere: this token is void
 PING_FLOOD = "ping_flood"   # websocket ping frames far faster than any client needs
 
 
-class ProtocolError(Exception):
-    """Closes the socket with `code`, after an error message that says why (with its `kind`,
-    where a client acts on it)."""
+class ProtocolError(Refused):
+    """A socket's refusal: its kind (errors.Refusal: the close code is web/errors.py's
+    WS_CLOSE) and the error message that says why, with its `tag` where a client acts on it
+    (BUSY, REVOKED_TOKEN, PING_FLOOD, a storage budget's kind)."""
 
-    def __init__(self, code: int, message: str, kind: str | None = None):
-        super().__init__(message)
-        self.code, self.kind = code, kind
+    def __init__(self, kind: Refusal, message: str, tag: str | None = None):
+        super().__init__(kind, message)
+        self.tag = tag
 
 
 async def accept(ws: WebSocket, settings: Settings, max_bytes: int) -> bool:
@@ -178,12 +181,13 @@ def _text_of(raw: dict, limit: int) -> str:
     if text is None:
         data = raw.get("bytes") or b""
         if len(data) > limit:
-            raise ProtocolError(1009, f"message of {len(data)} bytes is over {limit}")
-        raise ProtocolError(1003, "binary messages are not part of the protocol; send JSON text")
+            raise ProtocolError(TOO_LARGE, f"message of {len(data)} bytes is over {limit}")
+        raise ProtocolError(MALFORMED,
+                            "binary messages are not part of the protocol; send JSON text")
     # Bytes, not characters: a character is up to 4 bytes (counted only when it matters).
     size = len(text) if len(text) * 4 <= limit else len(text.encode("utf-8", "surrogatepass"))
     if size > limit:
-        raise ProtocolError(1009, f"message of {size} bytes is over {limit}")
+        raise ProtocolError(TOO_LARGE, f"message of {size} bytes is over {limit}")
     return text
 
 
@@ -193,7 +197,7 @@ def _parse(adapter: TypeAdapter, text: str):
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) + _step_of(text, first["loc"])
-        raise ProtocolError(1003, f"invalid message at {where or 'top level'}: {first['msg']}")
+        raise ProtocolError(MALFORMED, f"invalid message at {where or 'top level'}: {first['msg']}")
 
 
 def _step_of(text: str, loc: tuple) -> str:
@@ -220,7 +224,7 @@ async def receive_text(ws: WebSocket, limit: int) -> tuple[str, int]:
 
 
 def parse(adapter: TypeAdapter, text: str):
-    """A message's text parsed by `adapter` (ProtocolError 1003 where it is not one)."""
+    """A message's text parsed by `adapter` (ProtocolError MALFORMED where it is not one)."""
     return _parse(adapter, text)
 
 
@@ -234,10 +238,16 @@ def _error(message: str, kind: str | None) -> dict:
     return {"type": "error", "message": message} | ({"kind": kind} if kind else {})
 
 
-def refusal(code: int, message: str, kind: str | None = None) -> Refusal:
-    """What close() sends, for the websocket layer to send itself (uvicorn_shim.limit_pings:
+def close_frame(e: ProtocolError) -> CloseFrame:
+    """What refuse() sends, for the websocket layer to send itself (uvicorn_shim.limit_pings:
     a ping frame refused where the app never sees it)."""
-    return Refusal(code, message[:120], json.dumps(_error(message, kind)))
+    return CloseFrame(close_code(e), str(e)[:120], json.dumps(_error(str(e), e.tag)))
+
+
+async def refuse(ws: WebSocket, e: Refused, timeout: float = 5.0) -> None:
+    """Closes the socket with the refusal's close code (web/errors.py WS_CLOSE), after its error
+    message (with its tag, where it has one)."""
+    await close(ws, close_code(e), str(e), timeout, kind=getattr(e, "tag", None))
 
 
 async def close(ws: WebSocket, code: int, message: str, timeout: float = 5.0,

@@ -6,6 +6,7 @@ step's non-finite total and add up to it. Checked before anything of the message
 
 from __future__ import annotations
 
+from andrea.errors import INVALID
 from andrea.metrics import Record
 from andrea.model import run_layout
 from andrea.telemetry.protocol import ProtocolError
@@ -32,18 +33,18 @@ def check_inside(n_layer: int, records: list[Record]) -> None:
         for field, (want, words) in sizes.items():
             values = getattr(r, field)
             if values is not None and len(values) != want:
-                raise ProtocolError(1003, f"{field} of step {r.step}: {len(values)} entries for a"
-                                          f" model of {n_layer} layers; give {want}, {words}. "
-                                          + NOTHING_STORED)
+                raise ProtocolError(INVALID, f"{field} of step {r.step}: {len(values)} entries for"
+                                             f" a model of {n_layer} layers; give {want}, {words}. "
+                                             + NOTHING_STORED)
 
 
 def check_rows(batch_size: int, records: list[Record]) -> None:
     """row_losses, where sent, has one number per row of the run's batch."""
     for r in records:
         if r.row_losses is not None and len(r.row_losses) != batch_size:
-            raise ProtocolError(1003, f"row_losses of step {r.step}: {len(r.row_losses)} numbers"
-                                      f" for a batch of {batch_size} rows; give one per row. "
-                                      + NOTHING_STORED)
+            raise ProtocolError(INVALID, f"row_losses of step {r.step}: {len(r.row_losses)} numbers"
+                                         f" for a batch of {batch_size} rows; give one per row. "
+                                         + NOTHING_STORED)
 
 
 def check_precision(precision: str, records: list[Record]) -> None:
@@ -53,12 +54,12 @@ def check_precision(precision: str, records: list[Record]) -> None:
         if sent == (False, False):
             continue
         if sent != (True, True):
-            raise ProtocolError(1003, f"loss_scale and skipped of step {r.step}: send both or "
-                                      "neither. " + NOTHING_STORED)
+            raise ProtocolError(INVALID, f"loss_scale and skipped of step {r.step}: send both or "
+                                         "neither. " + NOTHING_STORED)
         if precision != "mixed":
-            raise ProtocolError(1003, f"loss_scale of step {r.step}: the run trains in "
-                                      f"{precision}; only a mixed-precision run has a loss "
-                                      "scale. " + NOTHING_STORED)
+            raise ProtocolError(INVALID, f"loss_scale of step {r.step}: the run trains in "
+                                         f"{precision}; only a mixed-precision run has a loss "
+                                         "scale. " + NOTHING_STORED)
 
 
 def check_tensors(n_tensors: int, records: list[Record]) -> None:
@@ -70,17 +71,17 @@ def check_tensors(n_tensors: int, records: list[Record]) -> None:
         for field in ("tensor_grad_norms", "tensor_nonfinite", "update_ratio"):
             values = getattr(r, field)
             if values is not None and len(values) != n_tensors:
-                raise ProtocolError(1003, f"{field} of step {r.step}: {len(values)} entries for"
-                                          f" a model of {n_tensors} parameter tensors; give one"
-                                          " per tensor of the run's layout, in its order. "
-                                          + NOTHING_STORED)
+                raise ProtocolError(INVALID, f"{field} of step {r.step}: {len(values)} entries for"
+                                             f" a model of {n_tensors} parameter tensors; give one"
+                                             " per tensor of the run's layout, in its order. "
+                                             + NOTHING_STORED)
         if r.tensor_nonfinite is None:
             continue
         if not r.grad_nonfinite:
-            raise ProtocolError(1003, f"tensor_nonfinite of step {r.step}: sent without a "
-                                      "grad_nonfinite above 0; send it only on steps with "
-                                      "non-finite gradient elements. " + NOTHING_STORED)
+            raise ProtocolError(INVALID, f"tensor_nonfinite of step {r.step}: sent without a "
+                                         "grad_nonfinite above 0; send it only on steps with "
+                                         "non-finite gradient elements. " + NOTHING_STORED)
         if sum(r.tensor_nonfinite) != r.grad_nonfinite:
-            raise ProtocolError(1003, f"tensor_nonfinite of step {r.step}: adds up to "
-                                      f"{sum(r.tensor_nonfinite)}, not to its grad_nonfinite "
-                                      f"{r.grad_nonfinite}. " + NOTHING_STORED)
+            raise ProtocolError(INVALID, f"tensor_nonfinite of step {r.step}: adds up to "
+                                         f"{sum(r.tensor_nonfinite)}, not to its grad_nonfinite "
+                                         f"{r.grad_nonfinite}. " + NOTHING_STORED)

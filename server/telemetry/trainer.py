@@ -18,6 +18,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from andrea.broker import BrokerUnavailable
 from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry, source_index, sources_text
+from andrea.errors import CONFLICT, DISK_FULL, INVALID, NOT_ALLOWED, NOT_FOUND, TOO_OFTEN
 from andrea.metrics import Record
 from andrea.runs.info import public_run
 from andrea.runs.lifecycle import publish_run, watch_trainer_gone
@@ -29,7 +30,6 @@ from andrea.telemetry.protocol import (
     PING_FLOOD,
     RECORDS_PER_MESSAGE,
     REVOKED_TOKEN,
-    STORAGE_BUDGET,
     TRAINER_FRAME_BYTES,
     Hello,
     Metrics,
@@ -39,11 +39,11 @@ from andrea.telemetry.protocol import (
     Status,
     TrainerMessage,
     accept,
-    close,
+    close_frame,
     parse,
     receive_sized,
     receive_text,
-    refusal,
+    refuse,
 )
 from andrea.telemetry.record_checks import (
     check_inside,
@@ -120,9 +120,9 @@ class _PingFrames:
             log.warning("run %s: ping frame flood from %s, socket closed", self.run_id,
                         self.client)
             burst, rate = PING_FRAMES
-            return refusal(1008, f"ping flood: more than {burst} websocket pings at once or "
-                                 f"{rate:g} a second; one every few seconds is plenty",
-                           PING_FLOOD)
+            return close_frame(ProtocolError(
+                TOO_OFTEN, f"ping flood: more than {burst} websocket pings at once or {rate:g} "
+                "a second; one every few seconds is plenty", PING_FLOOD))
         if self.run is None:
             return self.rates.client_wait_s(self.client, PING_COST)
         return self.rates.wait_s(self.run, self.client, PING_COST)
@@ -132,7 +132,7 @@ def _check_steps(steps: int, *values: int | None) -> None:
     """Steps of a record, sample or hello are the run's: 0 .. steps."""
     bad = [v for v in values if v is not None and v > steps]
     if bad:
-        raise ProtocolError(1003, f"step {max(bad)} is beyond this run's {steps} steps")
+        raise ProtocolError(INVALID, f"step {max(bad)} is beyond this run's {steps} steps")
 
 
 class _RunSources:
@@ -155,8 +155,8 @@ class _RunSources:
             bad = sorted(k for k in r.source_losses
                          if source_index(k, len(self.names), self.active) is None)
             if bad:
-                raise ProtocolError(1003, f"source_losses of step {r.step}: unknown source"
-                                          f"{'s' * (len(bad) > 1)} {bad}; give the indices "
+                raise ProtocolError(INVALID, f"source_losses of step {r.step}: unknown source"
+                                             f"{'s' * (len(bad) > 1)} {bad}; give the indices "
                                           "of the run's sources: "
                                           f"{sources_text(self.names, self.active)}. "
                                           "Nothing of this message was stored")
@@ -198,21 +198,22 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
     try:
         hello = await _first(ws, rates, client)
         if not isinstance(hello, Hello):
-            raise ProtocolError(1008, "the first message must be hello with the run's token")
+            raise ProtocolError(NOT_ALLOWED, "the first message must be hello with the run's token")
         async with fanout.run_lock(run_id):   # a resume cannot revoke between check and join
             verdict = await store.run(store.runs.check_token, run_id, hello.token)
             if verdict is None:
-                raise ProtocolError(1008, f"unknown run {run_id!r}")
+                raise ProtocolError(NOT_FOUND, f"unknown run {run_id!r}")
             if verdict == "revoked":
-                raise ProtocolError(1008, REVOKED, REVOKED_TOKEN)
+                raise ProtocolError(NOT_ALLOWED, REVOKED, REVOKED_TOKEN)
             if verdict != "ok":
-                raise ProtocolError(1008, "wrong token for this run")
+                raise ProtocolError(NOT_ALLOWED, "wrong token for this run")
             run = await store.run(store.runs.get, run_id)
             if run["config"].get("room"):   # refused before it counts as the run's trainer
-                raise ProtocolError(1008, "a room run is trained by the workers who join it "
-                                          "(its room: /api/runs/{id}/room), not by one trainer")
+                raise ProtocolError(NOT_ALLOWED, "a room run is trained by the workers who join "
+                                                 "it (its room: /api/runs/{id}/room), not by "
+                                                 "one trainer")
             if not await fanout.claim_trainer(run_id):
-                raise ProtocolError(1008, "another trainer holds this run", BUSY)
+                raise ProtocolError(CONFLICT, "another trainer holds this run", BUSY)
             connected = True
         pings.run = run_id
         if run["status"] in ("running", "paused"):
@@ -271,7 +272,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     try:    # off the loop: a bandit being made replays the store under its lock
                         await asyncio.to_thread(_feed_bandit, runs, run_id, msg.records)
                     except ValueError as e:
-                        raise ProtocolError(1003, f"source_losses: {e}") from None
+                        raise ProtocolError(INVALID, f"source_losses: {e}") from None
             elif isinstance(msg, Status):
                 if wait:
                     await asyncio.sleep(wait)
@@ -279,7 +280,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                 now = await store.run(store.runs.set_status, run_id, msg.status, msg.message,
                                       msg.adapter, FINAL)
                 if now != msg.status:
-                    raise ProtocolError(1008, f"the run is {now}: a trainer cannot make it "
+                    raise ProtocolError(CONFLICT, f"the run is {now}: a trainer cannot make it "
                                               f"{msg.status} again (resume it from a checkpoint"
                                               f" with POST /api/runs/{run_id}/resume, or branch)")
                 fanout.publish(run_id, {"type": "run", "run": public_run(
@@ -304,25 +305,26 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     await asyncio.sleep(wait)
                 await ws.send_json({"type": "pong"})
             else:
-                raise ProtocolError(1008, "hello may only be sent once")
+                raise ProtocolError(CONFLICT, "hello may only be sent once")
     except ProtocolError as e:
-        await close(ws, e.code, str(e), kind=e.kind)
+        await refuse(ws, e)
     except StorageFull as e:    # nothing of this message stored; the page keeps its unacked
         log.warning("run %s: %s", run_id, e)
         stored = "No records of the run are stored" if committed is None else \
             f"The run's records up to step {committed} are stored"
-        await close(ws, STORAGE_BUDGET, f"{e}. {stored}; the page keeps the ones not "
-                                        "acknowledged and tries again every 30 s: "
-                                        f"{STORAGE_NEXT[e.kind]}", kind=e.kind)
+        await refuse(ws, ProtocolError(DISK_FULL, f"{e}. {stored}; the page keeps the ones not "
+                                                  "acknowledged and tries again every 30 s: "
+                                                  f"{STORAGE_NEXT[e.kind]}", e.kind))
     except StoreUnavailable as e:   # the page keeps its unacked records and comes back
         log.error("run %s: %s", run_id, e)
-        await close(ws, 1013, f"{e}; the records not acknowledged are kept: free space or "
-                              "fix the data dir, the page reconnects")
+        await refuse(ws, ProtocolError(e.kind, f"{e}; the records not acknowledged are kept: "
+                                               "free space or fix the data dir, the page "
+                                               "reconnects"))
     except BrokerUnavailable as e:  # the other processes cannot be asked: come back later
         log.error("run %s: %s", run_id, e)
-        await close(ws, 1013, str(e))
+        await refuse(ws, e)
     except asyncio.TimeoutError:
-        await close(ws, 1008, f"no hello within {HELLO_TIMEOUT_S} s")
+        await refuse(ws, ProtocolError(NOT_ALLOWED, f"no hello within {HELLO_TIMEOUT_S} s"))
     except WebSocketDisconnect:
         pass
     finally:

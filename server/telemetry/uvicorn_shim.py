@@ -86,7 +86,7 @@ def abort(ws: WebSocket) -> None:
 
 
 @dataclass(frozen=True)
-class Refusal:
+class CloseFrame:
     """limit_pings' answer to a ping that is one too many: `text` (a message, e.g. the
     protocol's error) is sent, then the close frame (code, reason: at most 123 UTF-8 bytes)."""
     code: int
@@ -94,12 +94,12 @@ class Refusal:
     text: str | None = None
 
 
-def limit_pings(ws: WebSocket, on_ping: Callable[[], float | Refusal]) -> bool:
+def limit_pings(ws: WebSocket, on_ping: Callable[[], float | CloseFrame]) -> bool:
     """Each ping frame the peer sends asks on_ping() first, which answers
     - 0: pong as usual;
     - seconds > 0: pong, then nothing more is read from the socket for that long (the peer's
       next frames wait: paced; a message the app has not read yet keeps it paused anyway);
-    - a Refusal: no pong; its text and close frame are sent, the connection is closed as
+    - a CloseFrame: no pong; its text and close frame are sent, the connection is closed as
       after a too-big message (the app's receive hears the close: WebSocketDisconnect).
     False (nothing done) where uvicorn's protocol is not reachable."""
     proto = protocol_of(ws)
@@ -113,7 +113,7 @@ def limit_pings(ws: WebSocket, on_ping: Callable[[], float | Refusal]) -> bool:
             plain(frame)
             return
         verdict = on_ping()
-        if isinstance(verdict, Refusal):
+        if isinstance(verdict, CloseFrame):
             if verdict.text is not None:
                 conn.send_text(verdict.text.encode("utf-8"))
             conn.fail(verdict.code, verdict.reason)     # the close frame; the rest discarded

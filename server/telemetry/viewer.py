@@ -21,6 +21,7 @@ import weakref
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from andrea.config import Settings
+from andrea.errors import MALFORMED, NOT_FOUND, TOO_OFTEN, UNAVAILABLE
 from andrea.fanout import Fanout, Outgoing, Viewer
 from andrea.runs.info import public_run
 from andrea.runs.lifecycle import current_run
@@ -31,8 +32,8 @@ from andrea.telemetry.protocol import (
     ProtocolError,
     ViewerMessage,
     accept,
-    close,
     receive,
+    refuse,
 )
 from andrea.telemetry.uvicorn_shim import abort
 from andrea.web.deps import FanoutDep, SettingsDep, StoreDep
@@ -170,10 +171,10 @@ class _ViewerSession:
                 await self.start_from(step)
                 viewer = self.viewer
             if viewer.dropped:
-                await close(self.ws, 1013, "viewer too slow: more than "
-                            f"{viewer.max_bytes} bytes behind; reconnect with "
-                            f"?after={self.cursor} to resume after step {self.cursor}",
-                            self.timeout)
+                await refuse(self.ws, ProtocolError(
+                    UNAVAILABLE, f"viewer too slow: more than {viewer.max_bytes} bytes behind; "
+                    f"reconnect with ?after={self.cursor} to resume after step {self.cursor}"),
+                    self.timeout)
                 raise _Gone()
             item = viewer.pop(self.cursor)
             if item is None:
@@ -209,27 +210,28 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
     raw_after = ws.query_params.get("after")
     # ASCII digits alone: str.isdigit() also takes "²", which int() refuses.
     if raw_after is not None and not re.fullmatch(r"[0-9]{1,10}", raw_after):
-        await close(ws, 1003, f"after must be a step (a non-negative integer), got "
-                              f"{raw_after[:20]!r}")
+        await refuse(ws, ProtocolError(MALFORMED, "after must be a step (a non-negative "
+                                                  f"integer), got {raw_after[:20]!r}"))
         return
     client = ws.client.host if ws.client else ""
     release = app_state(ws.app, "viewer_slots",
                         lambda: ClientSlots(settings.max_viewers_per_client)).take(client)
     if release is None:
-        await close(ws, 1008, f"too many viewer sockets from {client}: "
-                              f"{settings.max_viewers_per_client} at once "
-                              "(ANDREA_MAX_VIEWERS_PER_CLIENT); close some run pages, then "
-                              "reload this one", settings.viewer_send_timeout_s)
+        await refuse(ws, ProtocolError(TOO_OFTEN, f"too many viewer sockets from {client}: "
+                                                  f"{settings.max_viewers_per_client} at once "
+                                                  "(ANDREA_MAX_VIEWERS_PER_CLIENT); close some "
+                                                  "run pages, then reload this one"),
+                     settings.viewer_send_timeout_s)
         return
     try:
         run = await store.run(store.runs.get, run_id)
     except StoreUnavailable as e:
         release()
-        await close(ws, 1013, str(e))
+        await refuse(ws, e)
         return
     if run is None:
         release()
-        await close(ws, 1008, f"unknown run {run_id!r}")
+        await refuse(ws, ProtocolError(NOT_FOUND, f"unknown run {run_id!r}"))
         return
     reads = app_state(ws.app, "viewer_reads", lambda: RateLimiter(
         settings.viewer_backlog_burst_bytes, settings.viewer_backlog_bytes_per_s))
@@ -262,10 +264,10 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
                 writer.cancel()
                 with contextlib.suppress(BaseException):
                     await writer
-                await close(ws, e.code, str(e), session.timeout, kind=e.kind)
+                await refuse(ws, e, session.timeout)
             elif isinstance(e, StoreUnavailable):
                 writer.cancel()
-                await close(ws, 1013, str(e), session.timeout)
+                await refuse(ws, e, session.timeout)
             elif e is not None and not isinstance(e, (_Gone, WebSocketDisconnect)):
                 raise e
     finally:
