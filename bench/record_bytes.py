@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from andrea.metrics import Record
+from andrea.run_config import RunConfig, StoredRunConfig
 from andrea.storage import payload_of_wire, row_bytes
 from andrea.store import Store
 
@@ -42,7 +43,7 @@ def measure(folder: Path, batch: int, tensors: int, n: int) -> tuple[float, floa
     """(wire bytes, stored bytes) per record of one shape, in a fresh SQLite store."""
     path = folder / f"b{batch}_t{tensors}.sqlite"
     store = Store(path)
-    store.runs.create("r", {"preset": "tiny", "optimizer": "adamw"}, "h")
+    store.runs.create("r", StoredRunConfig.of(RunConfig(preset="tiny"), ""), "h")
     wire = 0
     for first in range(1, n + 1, 500):
         records = [record(s, batch, tensors) for s in range(first, min(first + 500, n + 1))]

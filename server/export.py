@@ -36,9 +36,9 @@ import numpy as np
 from andrea import tasks
 from andrea.data.tokenizer import EOT, EOT_ID, tokenizer_dir
 from andrea.durable import write_atomic
-from andrea.model import run_layout, run_model
 from andrea.model_card import corpus_meta, model_card, summary
 from andrea.paths import weights_path
+from andrea.run_config import run_layout
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)   # zip entries carry no clock: the archive is deterministic
@@ -47,14 +47,14 @@ ZIP_TIME = (1980, 1, 1, 0, 0, 0)   # zip entries carry no clock: the archive is 
 def tokenizer_path(data_dir: Path, run: dict) -> Path | None:
     """The tokenizer the run trained with: a corpus run's cached under its corpus hash, if
     built; a toy task run's alphabet (tasks.py), written there the first time."""
-    if run["config"].get("task"):
+    cfg = run["config"]
+    if cfg.task:
         path = tokenizer_dir(data_dir, tasks.TOKENIZER_KEY, tasks.VOCAB) / "tokenizer.json"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, tasks.tokenizer().to_str().encode("utf-8"))
         return path
-    vocab = run_model(run["config"]).vocab_size
-    path = tokenizer_dir(data_dir, run["config"].get("corpus_hash", ""), vocab) / "tokenizer.json"
+    path = tokenizer_dir(data_dir, cfg.corpus_hash, cfg.vocab_size) / "tokenizer.json"
     return path if path.exists() else None
 
 
@@ -88,7 +88,7 @@ def generation_config(seq_len: int) -> dict:
 def end_token(run: dict) -> str:
     """What ends a run's text, token 0 (generation's eos): <|endoftext|> after each document of
     a corpus, the newline after each problem of a toy task."""
-    return tasks.END if run["config"].get("task") else EOT
+    return tasks.END if run["config"].task else EOT
 
 
 def tokenizer_config(seq_len: int, end: str = EOT) -> dict:
@@ -260,7 +260,7 @@ def export_files(run: dict, data_dir: Path, tokenizer: Path | None,
     configs and card in memory (a few KiB). Errors (no weights, a damaged checkpoint, a foreign
     tokenizer) come here, before any byte is made."""
     layout = run_layout(run["config"])
-    seq_len = run["config"]["seq_len"]
+    seq_len = run["config"].seq_len
     small = {"config.json": _json_bytes({**hf_config(layout["config"]), "andrea_run": run["id"]}),
              "generation_config.json": _json_bytes(generation_config(seq_len))}
     files = []

@@ -11,7 +11,9 @@ Legend: V vocab, C channels, L layers, H heads, D = C / H head dim, F FFN width,
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from andrea.tasks import VOCAB as TASK_VOCAB
 
@@ -86,39 +88,25 @@ VOCAB_SIZES = tuple(sorted({2 ** k for k in range(9, 17)}
                           | {c.vocab_size for c in PRESETS.values()}))
 
 
-def run_model(config: dict) -> ModelConfig:
-    """The model a run config describes: its preset, with the shape fields it gives on top. The
-    context is the preset's, or the run's seq_len where that is longer (RoPE has no learned
-    positions, so only the declared maximum changes)."""
-    base = PRESETS[config["preset"]]
-    shape = {k: config.get(k) or getattr(base, k) for k in SHAPE_FIELDS}
-    if config.get("task"):           # a toy task's tokens are its alphabet's (tasks.py)
-        shape["vocab_size"] = TASK_VOCAB
-    T = max(base.seq_len, config.get("seq_len") or 0)
-    return ModelConfig(**shape, seq_len=T)
+def shaped_model(preset: str, shape: Mapping[str, int | None], task: bool,
+                 seq_len: int | None) -> ModelConfig:
+    """The model of preset `preset` with the SHAPE_FIELDS `shape` gives on top (each absent or
+    None is the preset's); a toy task's vocabulary is its alphabet's (tasks.py). The context is
+    the preset's, or `seq_len` where that is longer (RoPE has no learned positions, so only the
+    declared maximum changes). What run_config.run_model makes of a run config."""
+    base = PRESETS[preset]
+    fields = {k: shape.get(k) or getattr(base, k) for k in SHAPE_FIELDS}
+    if task:
+        fields["vocab_size"] = TASK_VOCAB
+    return ModelConfig(**fields, seq_len=max(base.seq_len, seq_len or 0))
 
 
-def run_layout(config: dict) -> dict:
-    """The parameter table of a run (its preset's, or its own shape's)."""
-    return {"preset": config["preset"], **build_layout(run_model(config))}
-
-
-def with_shape(config: dict) -> dict:
-    """A stored run config with every shape field filled in (runs stored before shapes could be
-    given have only their preset)."""
-    model = run_model(config)
-    return {**{k: getattr(model, k) for k in SHAPE_FIELDS}, **config}
-
-
-def model_name(config: dict) -> str:
-    """How a run's model is named in lists and cards: the preset, or the preset and what differs
-    ("tiny L4 C128")."""
-    base, cfg = PRESETS[config["preset"]], run_model(config)
-    tags = {"n_layer": "L", "n_embd": "C", "n_head": "H", "ffn_dim": "F", "vocab_size": "V",
-            "seq_len": "T"}
-    diff = [f"{tag}{getattr(cfg, k)}" for k, tag in tags.items()
-            if getattr(cfg, k) != getattr(base, k)]
-    return " ".join([config["preset"], *diff])
+@lru_cache(maxsize=128)
+def model_layout(preset: str | None, cfg: ModelConfig) -> dict:
+    """The parameter table of model `cfg` (build_layout) labelled with its preset's name:
+    computed once per model and shared by every caller, who must never change it (copy it to
+    add to it: {**layout, ...})."""
+    return {"preset": preset, **build_layout(cfg)}
 
 
 def _align(n: int) -> int:
@@ -216,6 +204,7 @@ def param_by_name(layout: dict) -> dict[str, dict]:
 
 
 def preset_layout(name: str) -> dict:
+    """A preset's parameter table (model_layout's: shared, never to be changed)."""
     if name not in PRESETS:
         raise KeyError(name)
-    return {"preset": name, **build_layout(PRESETS[name])}
+    return model_layout(name, PRESETS[name])

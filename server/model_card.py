@@ -14,14 +14,13 @@ from pathlib import Path
 from andrea import tasks
 from andrea.data.tokenizer import EOT, EOT_ID
 from andrea.data.tokens import tokens_dir
-from andrea.model import model_name, run_model
-from andrea.run_config import CLIP_MODES
+from andrea.run_config import CLIP_MODES, StoredRunConfig, model_name, run_model
 
 
 def corpus_meta(data_dir: Path, run: dict) -> dict | None:
     """The run's token files' meta.json (source names and sizes): no tokenizing, just a read."""
     cfg = run["config"]
-    path = tokens_dir(data_dir, cfg.get("corpus_hash", ""), run_model(cfg).vocab_size)
+    path = tokens_dir(data_dir, cfg.corpus_hash, run_model(cfg).vocab_size)
     try:
         return json.loads((path / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -42,23 +41,23 @@ def _loss(pair: tuple[int, float] | None) -> str:
     return "not recorded" if pair is None else f"{pair[1]:.4f} (step {pair[0]:,})"
 
 
-def optimizer_text(cfg: dict) -> str:
+def optimizer_text(cfg: StoredRunConfig) -> str:
     state = ("8-bit AdamW (block-wise quantized moments, bitsandbytes-style)"
-             if cfg["optimizer"] == "adamw_8bit" else "AdamW (fp32 moments)")
-    mirror = ", matmuls on an f16 mirror of the f32 weights" if cfg.get("f16_mirror") else ""
-    if cfg.get("precision") == "mixed":
+             if cfg.optimizer == "adamw_8bit" else "AdamW (fp32 moments)")
+    mirror = ", matmuls on an f16 mirror of the f32 weights" if cfg.f16_mirror else ""
+    if cfg.precision == "mixed":
         mirror += (", mixed precision (matmuls with f16 operands and f32 accumulation on the "
                    "GPU's matrix units, dynamic loss scaling)")
-    clip = CLIP_MODES[cfg.get("clip_mode", "global")]["card"].format(norm=cfg["max_norm"])
-    return (f"{state}{mirror}; betas ({cfg['beta1']:g}, {cfg['beta2']:g}), eps {cfg['eps']:g}, "
-            f"weight decay {cfg['weight_decay']:g}{clip}")
+    clip = CLIP_MODES[cfg.clip_mode]["card"].format(norm=cfg.max_norm)
+    return (f"{state}{mirror}; betas ({cfg.beta1:g}, {cfg.beta2:g}), eps {cfg.eps:g}, "
+            f"weight decay {cfg.weight_decay:g}{clip}")
 
 
-def schedule_text(cfg: dict) -> str:
-    w = cfg["warmup_steps"]
+def schedule_text(cfg: StoredRunConfig) -> str:
+    w = cfg.warmup_steps
     warmup = f"linear warmup over {w:,} step{'s' * (w != 1)}, then " if w else ""
-    return (f"peak {cfg['lr']:g}, {warmup}cosine decay to {cfg['lr'] * cfg['min_lr_ratio']:g} "
-            f"at step {cfg['steps']:,}")
+    return (f"peak {cfg.lr:g}, {warmup}cosine decay to {cfg.lr * cfg.min_lr_ratio:g} "
+            f"at step {cfg.steps:,}")
 
 
 DATA_MODES = {
@@ -73,26 +72,26 @@ TASK_WORDS = {
 }
 
 
-def task_text(cfg: dict) -> str:
+def task_text(cfg: StoredRunConfig) -> str:
     """A toy task run's data (andrea.tasks): its problems, its held-out ones."""
-    prompt, answer = tasks.example(cfg["task"], cfg.get("task_digits"))
-    held = ("half of the 97 x 97 pairs, chosen by the seed" if cfg["task"] == "mod"
+    prompt, answer = tasks.example(cfg.task, cfg.task_digits)
+    held = ("half of the 97 x 97 pairs, chosen by the seed" if cfg.task == "mod"
             else "a tenth of the prompts, by hash")
-    return (f"The toy task `{cfg['task']}`: {TASK_WORDS[cfg['task']].format(n=cfg['task_digits'])}"
+    return (f"The toy task `{cfg.task}`: {TASK_WORDS[cfg.task].format(n=cfg.task_digits)}"
             f", problems such as `{prompt}{answer}` each ended by a newline, made from the run's "
             f"seed, one problem per row. Held out, never trained on: {held}; the eval measures "
             "the loss and the exact match (every answer token right) on them.")
 
 
-def data_text(cfg: dict, corpus: dict | None) -> str:
-    if cfg.get("task"):
+def data_text(cfg: StoredRunConfig, corpus: dict | None) -> str:
+    if cfg.task:
         return task_text(cfg)
-    mode = cfg["data_mode"]
-    lines = [f"Corpus `{cfg.get('corpus_hash', '')}`, data mode `{mode}` "
+    mode = cfg.data_mode
+    lines = [f"Corpus `{cfg.corpus_hash}`, data mode `{mode}` "
              f"({DATA_MODES.get(mode, mode)}); the last {_val_pct(corpus)} of each source is "
              f"held out for the eval loss. Each document is followed by `{EOT}` in the token "
              "stream.", ""]
-    picked = cfg.get("sources")          # the run's sources (None: every one of the corpus)
+    picked = cfg.sources          # the run's sources (None: every one of the corpus)
     if picked:
         names = [s["name"] for s in corpus["sources"]] if corpus else picked
         others = [n for n in names if n not in picked]
@@ -122,11 +121,11 @@ tags:
 ---
 """
 
-def usage(cfg: dict) -> str:
+def usage(cfg: StoredRunConfig) -> str:
     """How to use the folder: a corpus run's continues text, a task run's answers a problem."""
-    if not cfg.get("task"):
+    if not cfg.task:
         return USAGE
-    prompt, _ = tasks.example(cfg["task"], cfg.get("task_digits"))
+    prompt, _ = tasks.example(cfg.task, cfg.task_digits)
     return f"""## Use
 
 ```python
@@ -159,7 +158,7 @@ def _table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 
-def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
+def model_rows(layout: dict, cfg: StoredRunConfig) -> list[tuple[str, str]]:
     m = layout["config"]
     return [
         ("architecture", "LlamaForCausalLM: RMSNorm, RoPE, SwiGLU, tied input/output embeddings"),
@@ -168,9 +167,9 @@ def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
          f"{m['n_layer']}, {m['n_head']}, {m['n_embd']}, {m['ffn_dim']}"),
         ("vocabulary", f"{m['vocab_size']} tokens: one per character of "
                        f"`{tasks.ALPHABET[1:]}` and the newline (id 0) that ends a problem"
-         if cfg.get("task") else f"{m['vocab_size']:,} byte-level BPE tokens; `{EOT}` (id "
+         if cfg.task else f"{m['vocab_size']:,} byte-level BPE tokens; `{EOT}` (id "
                                  f"{EOT_ID}) ends a document"),
-        ("context", f"trained on {cfg['seq_len']:,}-token windows (positions up to "
+        ("context", f"trained on {cfg.seq_len:,}-token windows (positions up to "
                     f"{m['seq_len']:,})"),
     ]
 
@@ -178,19 +177,19 @@ def model_rows(layout: dict, cfg: dict) -> list[tuple[str, str]]:
 def training_rows(run: dict, s: dict, step: int | None = None) -> list[tuple[str, str]]:
     """`s`: summary() of the records up to `step` (store.Metrics.card_summary)."""
     cfg = run["config"]
-    tokens = s["steps"] * cfg["batch_size"] * cfg["seq_len"]
+    tokens = s["steps"] * cfg.batch_size * cfg.seq_len
     status = run.get("status") or "unknown"
     return [
         ("status", status if step is None else f"the checkpoint of step {step:,} (run {status})"),
-        ("steps", f"{s['steps']:,} of {cfg['steps']:,}"),
-        ("batch", f"{cfg['batch_size']} x {cfg['seq_len']} tokens"),
+        ("steps", f"{s['steps']:,} of {cfg.steps:,}"),
+        ("batch", f"{cfg.batch_size} x {cfg.seq_len} tokens"),
         ("tokens seen", f"{tokens:,} (steps x batch size x context)"),
         ("final train loss", _loss(s["loss"])),
         ("final eval loss", _loss(s["eval"])),
         ("best eval loss", _loss(s["best_eval"])),
         ("optimizer", optimizer_text(cfg)),
         ("learning rate", schedule_text(cfg)),
-        ("seed", str(cfg["seed"])),
+        ("seed", str(cfg.seed)),
     ]
 
 

@@ -143,8 +143,8 @@ def optimizer_memory(layout: dict, policy: str = DEFAULT_8BIT_POLICY) -> dict:
     return out
 
 
-def checkpoint_sections(layout: dict, optimizer: str, policy: str = DEFAULT_8BIT_POLICY,
-                        precision: str = "fp32") -> list[dict]:
+def checkpoint_sections(layout: dict, optimizer: str, precision: str,
+                        policy: str = DEFAULT_8BIT_POLICY) -> list[dict]:
     """THE list of a checkpoint's sections, in file order: raw little-endian bytes, no header,
     no padding. W, then the optimizer state exactly as the GPU holds it (the f16 mirror is
     recomputed from W, so it is not stored); a mixed-precision run's then ends with the loss
@@ -177,7 +177,8 @@ def _main(argv: list[str]) -> int:
         return 2
     layout = {"preset": argv[0], **build_layout(PRESETS[argv[0]])}
     layout["optimizer_state"] = optimizer_memory(layout, policy)
-    sections = {opt: checkpoint_sections(layout, opt, policy) for opt in ("adamw", "adamw_8bit")}
+    sections = {opt: checkpoint_sections(layout, opt, "fp32", policy)     # an fp32 run's
+                for opt in ("adamw", "adamw_8bit")}
     json.dump({"layout": layout, "maps": quantization_maps(), "checkpoint_sections": sections},
               sys.stdout)
     return 0

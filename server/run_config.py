@@ -4,12 +4,20 @@ JSON schema (form_fields; templates/index.html)."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from andrea.metrics import MAX_BATCH, MAX_LAYERS
-from andrea.model import PRESETS, SHAPE_FIELDS, VOCAB_SIZES, run_model
+from andrea.model import (
+    PRESETS,
+    SHAPE_FIELDS,
+    VOCAB_SIZES,
+    ModelConfig,
+    model_layout,
+    shaped_model,
+)
 from andrea.tasks import MAX_DIGITS as MAX_TASK_DIGITS
 from andrea.tasks import TASKS, task_digits
 from andrea.tasks import VOCAB as TASK_VOCAB
@@ -200,7 +208,7 @@ class RunConfig(BaseModel):
         if self.seq_len is None:
             self.seq_len = base.seq_len
         try:     # the shape's own rules (heads divide the width, head dim even and <= 128)
-            model = run_model(self.__dict__)
+            model = run_model(self)
         except ValueError as e:
             raise ValueError(f"model shape: {e}") from None
         for name in SHAPE_FIELDS:
@@ -251,6 +259,43 @@ class RunConfig(BaseModel):
         return self
 
 
+class StoredRunConfig(RunConfig):
+    """A run's config as stored and served: every default filled in, plus the corpus it was
+    made with (a restart on other text answers 409; export finds the tokenizer by it). What
+    every reader of a stored run has as its run["config"] (store/run_rows.py)."""
+    seq_len: int
+    warmup_steps: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    ffn_dim: int
+    vocab_size: int
+    corpus_hash: str
+
+    @classmethod
+    def of(cls, config: RunConfig, corpus_hash: str, **fields) -> StoredRunConfig:
+        """The stored config of a validated RunConfig: its own fields, `fields` in place of
+        some of them (the run's sources as the server resolved them), and `corpus_hash`."""
+        return cls.model_validate({**config.model_dump(), **fields, "corpus_hash": corpus_hash})
+
+
+def stored_json(config: StoredRunConfig) -> str:
+    """A run config as the runs table stores it: its model_dump as JSON, in field order
+    (what the store wrote as a dict before StoredRunConfig was its type, byte for byte)."""
+    return json.dumps(config.model_dump())
+
+
+def read_stored(text: str) -> StoredRunConfig:
+    """A stored run config (stored_json's) as its model. A row of before clip_mode has its
+    `clip` read as clip_mode (legacy_clip), one of before custom shapes its preset's shape
+    filled in (with_shape); a field added since takes RunConfig's default. Validated, in lax
+    mode: every row was validated when it was stored, by rules no later version narrowed for
+    the fields it could hold then, and FastAPI already validates each run it serves against
+    StoredRunConfig (schemas.Run), so this refuses no row the API served."""
+    return StoredRunConfig.model_validate(with_shape(legacy_clip(json.loads(text))),
+                                          strict=False)
+
+
 def legacy_clip(config: dict) -> dict:
     """A config of before clip_mode: its `clip` switch read as clip_mode global (true) or off
     (false), and dropped. A config without one is returned as it is."""
@@ -260,17 +305,35 @@ def legacy_clip(config: dict) -> dict:
     return {**rest, "clip_mode": rest.get("clip_mode", "global" if config["clip"] else "off")}
 
 
-class StoredRunConfig(RunConfig):
-    """A run's config as stored and served: every default filled in, plus the corpus it was
-    made with (a restart on other text answers 409; export finds the tokenizer by it)."""
-    seq_len: int
-    warmup_steps: int
-    n_layer: int
-    n_embd: int
-    n_head: int
-    ffn_dim: int
-    vocab_size: int
-    corpus_hash: str
+def with_shape(config: dict) -> dict:
+    """A stored run config's JSON object with every shape field filled in (runs stored before
+    shapes could be given have only their preset): read_stored's, before it is validated."""
+    model = shaped_model(config["preset"], config, bool(config.get("task")), config.get("seq_len"))
+    return {**{k: getattr(model, k) for k in SHAPE_FIELDS}, **config}
+
+
+def run_model(config: RunConfig) -> ModelConfig:
+    """The model a run config describes: its preset, with the shape fields it gives on top
+    (model.shaped_model)."""
+    return shaped_model(config.preset, {k: getattr(config, k) for k in SHAPE_FIELDS},
+                        config.task is not None, config.seq_len)
+
+
+def run_layout(config: RunConfig) -> dict:
+    """The parameter table of a run (its preset's, or its own shape's): computed once per
+    model (model.model_layout), shared, never to be changed by a caller."""
+    return model_layout(config.preset, run_model(config))
+
+
+def model_name(config: RunConfig) -> str:
+    """How a run's model is named in lists and cards: the preset, or the preset and what differs
+    ("tiny L4 C128")."""
+    base, cfg = PRESETS[config.preset], run_model(config)
+    tags = {"n_layer": "L", "n_embd": "C", "n_head": "H", "ffn_dim": "F", "vocab_size": "V",
+            "seq_len": "T"}
+    diff = [f"{tag}{getattr(cfg, k)}" for k, tag in tags.items()
+            if getattr(cfg, k) != getattr(base, k)]
+    return " ".join([config.preset, *diff])
 
 
 def form_fields(model: type[BaseModel] = RunConfig) -> dict[str, dict]:

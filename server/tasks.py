@@ -83,9 +83,10 @@ def task_digits(task: str, digits: int | None) -> int:
     return n
 
 
-def tokenizer_key(config: dict) -> str:
-    """The key of a run's tokenizer at GET /api/tokenizer/{key}: `task`, or its vocab size."""
-    return TOKENIZER_KEY if config.get("task") else str(config["vocab_size"])
+def tokenizer_key(task: str | None, vocab_size: int) -> str:
+    """The key of a run's tokenizer at GET /api/tokenizer/{key}: `task` for a run of a toy task
+    (its `task`), or its vocab size."""
+    return TOKENIZER_KEY if task else str(vocab_size)
 
 
 def encode(text: str) -> list[int]:

@@ -105,7 +105,7 @@ def test_sections_are_the_state_the_optimizer_allocates(preset):
     layout = build_layout(PRESETS[preset])
     memory = optimizer_memory(layout)
     for opt, names in (("adamw", ["W", "M", "V"]), ("adamw_8bit", ["W", "codes", "small"])):
-        sections = checkpoint_sections(layout, opt)
+        sections = checkpoint_sections(layout, opt, "fp32")
         assert [s["name"] for s in sections] == names
         assert sections[0]["bytes"] == 4 * layout["total_numel"]
         assert sum(s["bytes"] for s in sections[1:]) == memory[opt]["state_bytes"], opt
@@ -115,7 +115,7 @@ def test_run_json_says_how_to_checkpoint_and_whether_to_resume(client):
     run = new_run(client, optimizer="adamw_8bit", checkpoint_every=25)
     info = client.get(f"/api/runs/{run['id']}").json()
     layout = build_layout(PRESETS["tiny"])
-    want = {"sections": checkpoint_sections(layout, "adamw_8bit"),
+    want = {"sections": checkpoint_sections(layout, "adamw_8bit", "fp32"),
             "chunk_bytes": 64 << 20, "every": 25, "last_step": None}
     assert run["checkpoint"] == info["checkpoint"] == want
     assert info["can_resume"] is False and "checkpoint_step" not in info
@@ -260,7 +260,7 @@ def test_an_oversized_upload_is_refused_before_it_is_read(live):
 def test_a_checkpoint_of_another_layout_or_optimizer_is_refused(client):
     run = new_run(client)                                    # tiny, adamw
     eight_bit = sum(s["bytes"] for s in checkpoint_sections(build_layout(PRESETS["tiny"]),
-                                                            "adamw_8bit"))
+                                                            "adamw_8bit", "fp32"))
     other = b"\0" * eight_bit
     r = client.put(f"/api/runs/{run['id']}/checkpoints/1", content=other,
                    headers=headers(run["token"], other))

@@ -11,6 +11,7 @@ import pytest
 from andrea.run_config import RunConfig
 from andrea.store import Store
 from andrea.write_tokens import token_hash
+from tests.trainer_client import store_old_config
 
 
 @pytest.mark.parametrize("given,mode", [
@@ -45,10 +46,10 @@ def test_a_run_stored_before_clip_mode_reads_back_with_it(client, clip, mode):
     old = {**client.post("/api/runs", json={"preset": "tiny"}).json()["config"], "clip": clip}
     del old["clip_mode"]
     store = client.app.state.store
-    store.runs.create("old1", old, token_hash("t"), None)
+    store_old_config(store, "old1", old, token_hash("t"))
     want = {**{k: v for k, v in old.items() if k != "clip"}, "clip_mode": mode}
-    assert store.runs.get("old1")["config"] == want
-    for config in (store.runs.get("old1")["config"],
+    assert store.runs.get("old1")["config"].model_dump(mode="json") == want
+    for config in (store.runs.get("old1")["config"].model_dump(),
                    client.get("/api/runs/old1").json()["config"]):
         assert config["clip_mode"] == mode and "clip" not in config
     listed = next(r for r in client.get("/api/runs").json() if r["id"] == "old1")
@@ -60,13 +61,14 @@ def test_a_run_stored_before_clip_mode_in_a_database_file(tmp_path):
     import sqlite3
 
     store = Store(tmp_path / "andrea.sqlite")
-    store.runs.create("r1", {"preset": "tiny", "optimizer": "adamw", "clip": False,
-                            "max_norm": 1.0}, token_hash("t"))
+    store_old_config(store, "r1", {"preset": "tiny", "optimizer": "adamw", "clip": False,
+                                   "max_norm": 1.0, "seq_len": 64, "warmup_steps": 20,
+                                   "corpus_hash": ""}, token_hash("t"))
     (raw,) = sqlite3.connect(tmp_path / "andrea.sqlite").execute(
         "SELECT config FROM runs WHERE id = 'r1'").fetchone()
     assert json.loads(raw)["clip"] is False
     config = store.runs.get("r1")["config"]
-    assert config["clip_mode"] == "off" and "clip" not in config
+    assert config.clip_mode == "off" and "clip" not in config.model_dump()
 
 
 def test_the_validated_config_carries_no_clip():

@@ -16,6 +16,7 @@ from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import main
 from andrea.config import Settings
 from andrea.store import Store
+from tests.trainer_client import stored_config
 
 STEPS = [  # what the card reports: steps done, the last loss, the last and the best eval loss
     {"step": 1, "loss": 6.2, "lr": 1e-3},
@@ -169,7 +170,7 @@ def test_model_card(exported, run):
 
 
 CARD_CONFIG = {"optimizer": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
-               "weight_decay": 0.1, "max_norm": 0.5}
+               "weight_decay": 0.1, "max_norm": 0.5}      # (stored_config's fields)
 
 
 @pytest.mark.parametrize("mode,ending", [
@@ -179,7 +180,7 @@ CARD_CONFIG = {"optimizer": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
 def test_model_card_names_the_runs_clipping(mode, ending):
     from andrea.model_card import optimizer_text
 
-    text = optimizer_text({**CARD_CONFIG, "clip_mode": mode})
+    text = optimizer_text(stored_config(**CARD_CONFIG, clip_mode=mode))
     assert text.endswith(ending) and ("clipping" in text) == (mode != "off")
 
 
@@ -191,14 +192,15 @@ def test_model_card_lists_a_runs_picked_sources():
         {"name": n, "n_documents": 10, "n_chars": 1000, "n_tokens": 400}
         for n in ("python-docs", "python-stdlib", "notes")]}
     cfg = {"data_mode": "uniform", "corpus_hash": "0123456789abcdef"}
-    every = data_text(cfg, meta)
+    every = data_text(stored_config(**cfg), meta)
     assert all(f"| {n} |" in every for n in ("python-docs", "python-stdlib", "notes"))
     assert "only" not in every
-    picked = data_text({**cfg, "sources": ["python-docs", "notes"]}, meta)
+    picked = data_text(stored_config(**cfg, sources=["python-docs", "notes"]), meta)
     assert "on 2 of the corpus's sources only: python-docs, notes (not python-stdlib;" in picked
     assert "| python-docs |" in picked and "| notes |" in picked
     assert "| python-stdlib |" not in picked
-    assert "python-docs, notes." in data_text({**cfg, "sources": ["python-docs", "notes"]}, None)
+    assert "python-docs, notes." in data_text(
+        stored_config(**cfg, sources=["python-docs", "notes"]), None)
 
 
 def test_export_is_byte_identical_twice(run, export_data, exported, tmp_path):

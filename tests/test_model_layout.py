@@ -1,3 +1,4 @@
+import copy
 import math
 import re
 from pathlib import Path
@@ -11,7 +12,9 @@ from andrea.model import (
     ModelConfig,
     build_layout,
     param_by_name,
+    preset_layout,
 )
+from andrea.run_config import RunConfig, run_layout
 
 SHADERS = Path(__file__).resolve().parent.parent / "shaders"
 
@@ -83,3 +86,24 @@ def test_layout_api(client):
     assert r.status_code == 200 and r.json()["config"]["vocab_size"] == 515
     assert client.post("/api/layout", json={"n_head": 5}).status_code == 422
     assert client.post("/api/layout", json={"bogus": 1}).status_code == 422
+
+
+def test_a_runs_layout_is_made_once_per_model_and_left_as_made(client):
+    """run_layout is computed once per model (model_layout, cached by its preset and frozen
+    ModelConfig) and shared: a run's layout read by every request (its page, its trainer's
+    checks, its checkpoints) is the same object, and none of them changes it."""
+    cfg = RunConfig(preset="tiny", n_layer=3)
+    layout = run_layout(cfg)
+    assert run_layout(RunConfig(preset="tiny", n_layer=3)) is layout
+    assert run_layout(RunConfig(preset="tiny")) is preset_layout("tiny") is not layout
+    assert run_layout(RunConfig(preset="toy", n_embd=64, n_layer=2, ffn_dim=192)) is not \
+        preset_layout("tiny")                    # the same shape, labelled with its own preset
+    made = copy.deepcopy(layout)
+    run = client.post("/api/runs", json={"preset": "tiny", "n_layer": 3}).json()
+    for path in ("/api/runs/{id}/layout", "/api/runs/{id}", "/api/runs",
+                 "/api/runs/{id}/metrics?format=csv", "/api/runs/{id}/spikes"):
+        assert client.get(path.format(id=run["id"])).status_code == 200, path
+    assert client.post("/api/run_config/layout", json={"preset": "tiny", "n_layer": 3}
+                       ).status_code == 200
+    stored = client.app.state.store.runs.get(run["id"])["config"]
+    assert run_layout(stored) is layout and layout == made

@@ -24,6 +24,7 @@ from websockets.sync.client import connect
 from andrea.cli.launch import free_port, start_server, stop_server
 from andrea.data.bandit import PhaseSchedule
 from andrea.data.spec import BatchSpec
+from andrea.run_config import StoredRunConfig
 from tests.redis_server import INSTALL, redis_binary, redis_server
 from tests.trainer_client import new_run, record, send_records, ws_url
 
@@ -187,7 +188,8 @@ def test_bandit_on_one_process_hears_the_trainer_on_another(tmp_path, store_env)
         run = new_run(url_a, steps=200, data_mode="bandit")
         batch = f"{url_b}/api/runs/{run['id']}/batches"
         assert httpx.get(f"{batch}/1", timeout=120).status_code == 200   # B's bandit exists
-        schedule = PhaseSchedule(BatchSpec.of_run(run["config"]).seed)
+        schedule = PhaseSchedule(BatchSpec.of_run(StoredRunConfig.model_validate(
+            run["config"])).seed)
         later = schedule.phase(3)[0]           # decided from the reports of phases 0 and 1
         with connect(ws_url(url_a, f"/ws/runs/{run['id']}"), open_timeout=5) as ws:
             ws.send(json.dumps({"type": "hello", "token": run["token"]}))

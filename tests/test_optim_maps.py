@@ -69,7 +69,7 @@ def test_state_bytes(preset, policy):
         bnb += 2 * p["numel"] + 8 * blocks if is8 else 8 * p["numel"]
     assert bnb <= q8 <= bnb * 1.01   # ours rounds each tensor's codes up to whole blocks
     assert mem["adamw_8bit"]["f32_tensors"] == f32_tensors(layout, policy)
-    assert [s["bytes"] for s in checkpoint_sections(layout, "adamw_8bit", policy)] == [
+    assert [s["bytes"] for s in checkpoint_sections(layout, "adamw_8bit", "fp32", policy)] == [
         4 * n, 2 * BLOCKSIZE * mem["adamw_8bit"]["q_blocks"],
         q8 - 2 * BLOCKSIZE * mem["adamw_8bit"]["q_blocks"]]
 

@@ -19,6 +19,7 @@ from andrea.page_facts import page_facts
 from andrea.run_config import MIXED_DAWN_TOGGLES, RunConfig
 from andrea.runs.info import ENDED, EXPLAINED, RunStatus
 from andrea.web.auth import TOKEN_STORAGE_PREFIX, token_init_script
+from tests.trainer_client import stored_config
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "static" / "js" / "app"
@@ -46,7 +47,8 @@ def test_the_facts_are_the_servers_own():
     # The model card says a run's clipping from the same table.
     cfg = {**facts["optimizer_defaults"], "optimizer": "adamw", "clip_mode": "per_tensor",
            "max_norm": 0.5}
-    assert model_card.optimizer_text(cfg).endswith(", per-tensor gradient clipping at norm 0.5")
+    assert model_card.optimizer_text(stored_config(**cfg)).endswith(
+        ", per-tensor gradient clipping at norm 0.5")
 
 
 def test_the_pages_make_their_urls_from_the_servers_routes(client):

@@ -16,9 +16,11 @@ from websockets.sync.client import connect
 
 from andrea.cli.train_args import add_train_arguments, run_config
 from andrea.model_card import optimizer_text
+from andrea.run_config import read_stored
 from andrea.spikes import find_spikes
 from tests.test_checkpoints import put, state
 from tests.test_telemetry import hello, metrics, new_run, record, send_metrics, ws_url
+from tests.trainer_client import stored_config
 
 
 def test_precision_defaults_to_fp32_and_takes_mixed(client):
@@ -59,11 +61,11 @@ def test_andrea_train_has_a_precision_flag():
 
 
 def test_the_model_card_says_mixed_precision():
-    cfg = {"optimizer": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
-           "max_norm": 1.0, "clip_mode": "global"}
-    assert "mixed precision" in optimizer_text({**cfg, "precision": "mixed"})
-    assert "mixed" not in optimizer_text({**cfg, "precision": "fp32"})
-    assert "mixed" not in optimizer_text(cfg)     # a run stored before the field
+    assert "mixed precision" in optimizer_text(stored_config(precision="mixed"))
+    assert "mixed" not in optimizer_text(stored_config(precision="fp32"))
+    # a run stored before the field: its row has none, and reads back with RunConfig's default
+    old = {k: v for k, v in stored_config().model_dump().items() if k != "precision"}
+    assert "mixed" not in optimizer_text(read_stored(json.dumps(old)))
 
 
 def mixed_records():

@@ -18,25 +18,27 @@ from andrea.room.bounds import (
     delta_bound,
     step_ratio_bound,
 )
+from andrea.run_config import RunConfig
 
 H, T0 = 25, 200          # inner steps; steps before the measured round
 M, GAIN = 0.1, 1.0       # |w0| of the decayed elements, and of the others (norm gains)
 f32 = np.float32
 
 
-def config(b1=0.9, b2=0.95, lr=3e-3, wd=0.1, eps=1e-8, **kw):
-    return {"lr": lr, "weight_decay": wd, "beta1": b1, "beta2": b2, "eps": eps,
-            "max_norm": 1.0, "clip_mode": "global", "optimizer": "adamw", "steps": T0 + H,
-            "warmup_steps": 20, "min_lr_ratio": 0.1, "room": {"inner_steps": H}, **kw}
+def config(b1=0.9, b2=0.95, lr=3e-3, wd=0.1, eps=1e-8, **kw) -> RunConfig:
+    return RunConfig(**{"preset": "tiny", "lr": lr, "weight_decay": wd, "beta1": b1, "beta2": b2,
+                        "eps": eps, "max_norm": 1.0, "clip_mode": "global", "optimizer": "adamw",
+                        "steps": T0 + H, "warmup_steps": 20, "min_lr_ratio": 0.1,
+                        "room": {"inner_steps": H}, **kw})
 
 
 def lr_at(step, c):
     """static/js/engine/schedule.js lrAt."""
-    if step < c["warmup_steps"]:
-        return c["lr"] * (step + 1) / c["warmup_steps"]
-    t = min(1, (step - c["warmup_steps"]) / max(1, c["steps"] - c["warmup_steps"]))
-    floor = c["min_lr_ratio"]
-    return c["lr"] * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+    if step < c.warmup_steps:
+        return c.lr * (step + 1) / c.warmup_steps
+    t = min(1, (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps))
+    floor = c.min_lr_ratio
+    return c.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def greedy(b1, b2, steps):
@@ -88,9 +90,9 @@ def adamw_round(g, c, lrs, fresh_at=None):
     rounds finely)."""
     n = g.shape[1]
     dec, nod, zero = (torch.nn.Parameter(torch.zeros(n)) for _ in range(3))
-    opt = torch.optim.AdamW([{"params": [dec], "weight_decay": c["weight_decay"]},
+    opt = torch.optim.AdamW([{"params": [dec], "weight_decay": c.weight_decay},
                              {"params": [nod, zero], "weight_decay": 0.0}], lr=0.0,
-                            betas=(c["beta1"], c["beta2"]), eps=c["eps"], foreach=False)
+                            betas=(c.beta1, c.beta2), eps=c.eps, foreach=False)
     grads = torch.from_numpy(g.astype(f32))
     if fresh_at is None:
         for s in range(T0):
@@ -127,7 +129,7 @@ def test_delta_bound_holds_against_torch_adamw(b1, b2, eps):
     bound = delta_bound(c, M, max_abs=GAIN)
     assert math.isfinite(bound)
     g = scenarios(b1, b2)
-    peak = [c["lr"]] * H
+    peak = [c.lr] * H
     sched = [lr_at(T0 + k, c) for k in range(H)]
     first = [lr_at(k, c) for k in range(H)]
     worst = 0.0
@@ -151,7 +153,7 @@ def test_bound_is_nearly_reached_at_the_defaults():
     exact = -math.expm1(H * math.log1p(-3e-4)) * (M + b / 0.1)
     crude = H * 3e-3 * b + 3e-4 * sum(M + t * 3e-3 * b for t in range(H))
     assert exact <= bound <= exact * 1.002 and bound < crude
-    d_dec, d_nod, ratio = adamw_round(scenarios(0.9, 0.95), c, [c["lr"]] * H)
+    d_dec, d_nod, ratio = adamw_round(scenarios(0.9, 0.95), c, [c.lr] * H)
     tight = d_dec.max() / bound
     print(f"defaults: B {b:.6f}, bound {bound:.6g}, worst decayed {d_dec.max():.6g} ({tight:.4f}),"
           f" no decay {d_nod.max():.6g} (H lr B {H * 3e-3 * b:.6g}), step ratio {ratio:.6f}")
@@ -180,7 +182,8 @@ def test_ratio_bound_edges():
                                                 rel=2e-3)
     assert delta_bound(config(b1=0.5, b2=0.0, clip_mode="off"), M) == math.inf
     assert delta_bound(config(optimizer="adamw_8bit", clip_mode="off"), M) == math.inf
-    assert delta_bound({"lr": 1e-3, "room": {"inner_steps": 10}}, M) > 0   # defaults filled
+    # RunConfig's defaults for the rest
+    assert delta_bound(RunConfig(preset="tiny", lr=1e-3, room={"inner_steps": 10}), M) > 0
 
 
 # ---- 8-bit --------------------------------------------------------------------------------
@@ -206,9 +209,9 @@ def _quant(x, code, sign_fix):
 
 def adamw8_round(g, c, history):
     """The 8-bit kernel's arithmetic on blocks g [steps, blocks, 256] (all decayed): `history`
-    steps at lr 0, then w0 = M and the rest at c["lr"]. -> (|delta| [blocks, 256], max per-step
+    steps at lr 0, then w0 = M and the rest at c.lr. -> (|delta| [blocks, 256], max per-step
     |update| / lr)."""
-    b1, b2, eps, lr, wd = c["beta1"], c["beta2"], c["eps"], c["lr"], c["weight_decay"]
+    b1, b2, eps, lr, wd = c.beta1, c.beta2, c.eps, c.lr, c.weight_decay
     cm = np.zeros(g.shape[1:], np.int64)
     cv = np.zeros(g.shape[1:], np.int64)
     am = av = np.zeros(g.shape[1], f32)
@@ -286,7 +289,7 @@ def test_8bit_bound_holds_against_bitsandbytes():
             with torch.no_grad():
                 p.fill_(M)
             for group in opt.param_groups:
-                group["lr"] = c["lr"]
+                group["lr"] = c.lr
         p.grad = grads[s].clone()
         opt.step()
     assert opt.state[p]["state1"].dtype == torch.uint8

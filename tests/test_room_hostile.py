@@ -20,6 +20,7 @@ from andrea.room import rounds
 from andrea.room.bounds import delta_bound
 from andrea.room.init import seeded_weights
 from andrea.room.lifecycle import room_of_run
+from andrea.run_config import StoredRunConfig
 from andrea.web.errors import http_status
 from tests.conftest import LocalClient
 from tests.reference import hf_model
@@ -72,7 +73,7 @@ def test_a_delta_past_adams_bound_is_refused_whatever_the_others_sent(app_client
     w0 = weights(c, run, 0)
     bound = c.get(f"/api/runs/{run['id']}/room").json()["open"]["delta_bound"]
     cfg = run["config"]
-    assert bound == delta_bound(cfg, float(np.abs(
+    assert bound == delta_bound(StoredRunConfig.model_validate(cfg), float(np.abs(
         w0[rounds.param_mask(run["layout"], decay_only=True)]).max()), float(np.abs(w0).max()))
     # The bound is H steps of lr: a few times lr * H, nothing like 3e38.
     steps = cfg["lr"] * cfg["room"]["inner_steps"]

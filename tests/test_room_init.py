@@ -23,8 +23,8 @@ import math
 import numpy as np
 import pytest
 
-from andrea.model import run_layout
 from andrea.room.init import seeded_weights
+from andrea.run_config import RunConfig, run_layout
 from tests.lab import call
 
 # WGSL's accuracy for f32 cos and log, carried through Box-Muller (module docstring).
@@ -35,7 +35,7 @@ SEEDS = (0, 12345, 2**31 - 1)   # RunConfig.seed: 0 <= seed < 2**31
 
 @pytest.fixture(scope="module")
 def layout():
-    return run_layout({"preset": "tiny"})
+    return run_layout(RunConfig(preset="tiny"))
 
 
 def padding(layout) -> np.ndarray:

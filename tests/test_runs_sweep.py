@@ -12,11 +12,13 @@ from sqlalchemy import text
 
 from andrea.cli.launch import start_server, stop_server
 from andrea.paths import run_dir
+from andrea.run_config import StoredRunConfig
 from andrea.store import Store
 from andrea.store.run_rows import BRANCH_PAGE
 from tests.test_web_limits import new_run
+from tests.trainer_client import stored_config
 
-CFG = {"preset": "tiny", "optimizer": "adamw"}
+CFG = stored_config()
 
 
 def rec(step: int) -> dict:
@@ -42,8 +44,8 @@ def test_a_branch_left_half_copied_by_a_killed_server_is_never_shown_and_removed
             # Where POST /api/runs {parent} stands when its server is killed mid-copy: the
             # checkpoint linked, the branch's row made, a first page of records copied.
             branch = "halfbranch01"
-            store.runs.begin_branch(branch, {**config, "parent": {"run": pid, "step": step}}, "h",
-                                    pid, step)
+            store.runs.begin_branch(branch, StoredRunConfig.model_validate(
+                {**config, "parent": {"run": pid, "step": step}}), "h", pid, step)
             assert store.runs.copy_branch_page(branch, pid, step) == BRANCH_PAGE
         finally:
             store.close()

@@ -11,12 +11,11 @@ import random
 import pytest
 
 from andrea.metrics import MAX_LAYERS, MAX_TENSORS
-from andrea.model import run_layout
-from andrea.run_config import RunConfig
+from andrea.run_config import RunConfig, run_layout
 from andrea.spike_anatomy import COLLAPSE_DENOM, LOGIT_FACTOR, TOP_TENSORS
 from andrea.spikes import find_spikes
 
-TENSORS = run_layout({"preset": "tiny"})["params"]      # (name, layer, ...) as the route passes
+TENSORS = run_layout(RunConfig(preset="tiny"))["params"]    # (name, layer, ...) as the route passes
 NAMES = [p["name"] for p in TENSORS]
 HOT = "model.layers.1.mlp.down_proj.weight"
 
@@ -45,12 +44,13 @@ def healthy(n=120, seed=0, planted=None):
 def test_max_tensors_is_the_table_of_the_largest_model():
     assert RunConfig.model_json_schema()["properties"]["n_layer"]["anyOf"][0]["maximum"] == \
         MAX_LAYERS
-    biggest = run_layout({"preset": "tiny", "n_layer": MAX_LAYERS})
+    biggest = run_layout(RunConfig(preset="tiny", n_layer=MAX_LAYERS))
     assert len(biggest["params"]) == MAX_TENSORS
 
 
 def test_the_layout_names_each_tensors_layer():
-    layer = {p["name"]: p["layer"] for p in run_layout({"preset": "tiny", "n_layer": 13})["params"]}
+    layout = run_layout(RunConfig(preset="tiny", n_layer=13))
+    layer = {p["name"]: p["layer"] for p in layout["params"]}
     assert [layer[n] for n in (NAMES[0], HOT, "model.layers.12.input_layernorm.weight",
                                NAMES[-1])] == ["embed", "layer 1", "layer 12", "final norm"]
     # Every tensor of a layer is named for it, and the table meets the layers in their order.

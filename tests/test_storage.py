@@ -47,7 +47,7 @@ from andrea.telemetry.protocol import MAX_MESSAGE_BYTES, STORAGE_BUDGET
 from andrea.web.quotas import MessageRates
 from tests import aio
 from tests.fake_disk.sitecustomize import _used as files_bytes
-from tests.trainer_client import hello, new_run, record, ws_url
+from tests.trainer_client import hello, new_run, record, stored_config, ws_url
 
 ADMIN = "storage-test-operator"
 MIB = 1 << 20
@@ -417,7 +417,7 @@ def test_the_budget_reserves_counts_and_reads_the_disk_again():
 def _stored_per_record(path: Path, records: list[dict]) -> tuple[float, float]:
     """(the estimate, SQLite's used pages) per record, for these records in a fresh store."""
     store = Store(path)
-    store.runs.create("r", {"preset": "tiny", "optimizer": "adamw"}, "h")
+    store.runs.create("r", stored_config(), "h")
     estimate = 0.0
     for i in range(0, len(records), 250):
         chunk = records[i:i + 250]
@@ -451,7 +451,7 @@ def test_a_runs_stored_records_are_read_cheaply_from_either_store(request, tmp_p
     store = (Store(tmp_path / "s.sqlite") if db == "sqlite"
              else Store(url=request.getfixturevalue("pg_url")))
     try:
-        store.runs.create("u", {"preset": "tiny", "optimizer": "adamw"}, "h")
+        store.runs.create("u", stored_config(), "h")
         assert store.metrics.usage("u") == (0, 0.0)
         store.metrics.add("u", [Record.model_validate(big_record(s, 8)).row()
                                 for s in range(5, 15)])

@@ -13,14 +13,16 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
+from sqlalchemy import text
 
 from andrea.cli.launch import start_server
 from andrea.metrics import COLUMNS
+from andrea.run_config import RunConfig, StoredRunConfig
 from andrea.store import Store, StoreUnavailable, engine_url
 from tests import aio
-from tests.trainer_client import record
+from tests.trainer_client import record, store_old_config, stored_config
 
-CFG = {"preset": "tiny", "optimizer": "adamw"}
+CFG = stored_config()
 RESUMABLE = ("running", "stopped", "interrupted", "failed")
 
 
@@ -78,14 +80,17 @@ def steps(records: list[dict]) -> list[int]:
 
 
 def test_runs_are_created_read_listed_and_named(store):
-    store.runs.create("a", CFG, "hash-a")
-    store.runs.create("b", {**CFG, "optimizer": "muon"}, "hash-b", "my run")
+    # "a" as a server stored it before a run could give its own shape: none of its fields.
+    old = {"preset": "tiny", "optimizer": "adamw", "seq_len": 64, "warmup_steps": 20,
+           "corpus_hash": ""}
+    store_old_config(store, "a", old, "hash-a")
+    store.runs.create("b", stored_config(optimizer="adamw_8bit"), "hash-b", "my run")
     store.runs.create("c", CFG, "hash-c")
     a = store.runs.get("a")
     # Read back with every shape field filled in from the preset (runs stored before a run
-    # could give its own shape have none).
-    assert a["config"] == {**CFG, "n_layer": 2, "n_embd": 64, "n_head": 4, "ffn_dim": 192,
-                           "vocab_size": 512}
+    # could give its own shape have none), RunConfig's defaults for the fields it lacks.
+    assert a["config"].model_dump() == {**CFG.model_dump(), **old, "n_layer": 2, "n_embd": 64,
+                                        "n_head": 4, "ffn_dim": 192, "vocab_size": 512}
     assert a["id"] == "a" and a["status"] == "created"
     assert a["name"] == "tiny adamw #1" and store.runs.get("c")["name"] == "tiny adamw #3"
     assert a["tags"] == [] and a["adapter"] is None and a["checkpoint_step"] is None
@@ -310,6 +315,32 @@ def test_two_concurrent_resumes_serialize_one_wins(store_backend):
             s.close()
 
 
+@pytest.mark.parametrize("given,corpus_hash", [
+    ({}, ""),
+    ({"room": {"inner_steps": 5, "codec": "f16", "wait_for_slowest": False}}, "c0ffee"),
+    ({"parent": {"run": "p", "step": 3}, "steps": 300, "optimizer": "adamw_8bit"}, "c0ffee"),
+    ({"task": "reverse", "task_digits": 4, "eval_every": 0}, ""),
+    ({"n_layer": 3, "n_embd": 72, "n_head": 3, "ffn_dim": 136, "seq_len": 80, "lr": 1e-3,
+      "eps": 1e-6, "sources": ["docs", "stdlib"], "precision": "mixed", "f16_mirror": True,
+      "clip_mode": "per_tensor", "checkpoint_every": 7, "data_mode": "bandit"}, "abc")])
+def test_a_run_config_is_stored_as_before_and_reads_back_as_it_was(store, given, corpus_hash):
+    """The row's JSON is what the store wrote when a config was a dict ({**RunConfig's
+    model_dump(), "corpus_hash": ...}), byte for byte; it reads back as the same
+    StoredRunConfig, field for field."""
+    cfg = stored_config(corpus_hash, **given)
+    store.runs.create("a", cfg, "h")
+    with store.db.tx() as conn:
+        raw = conn.execute(text("SELECT config FROM runs WHERE id = 'a'")).scalar()
+    assert raw == json.dumps({**RunConfig(preset="tiny", **given).model_dump(),
+                              "corpus_hash": corpus_hash})
+    back = store.runs.get("a")["config"]
+    assert type(back) is StoredRunConfig and back == cfg
+    assert back.model_dump() == json.loads(raw)
+    assert (back.room is None) == ("room" not in given)       # nested as their models
+    assert back.room is None or back.room.codec == "f16"
+    assert back.parent is None or (back.parent.run, back.parent.step) == ("p", 3)
+
+
 def test_create_branch_copies_metrics_and_events_up_to_its_step(store):
     store.runs.create("p", CFG, "h")
     store.metrics.add("p", [rec(s, 10.0 - s, source_losses={"0": 1.0}) for s in range(1, 8)])
@@ -318,9 +349,9 @@ def test_create_branch_copies_metrics_and_events_up_to_its_step(store):
     store.events.add("p", 6, "sample", {"text": "six"})
     store.runs.set_status("p", "stopped")
     store.runs.resume("p", 7, "h2", RESUMABLE)                   # a `resumed` event at 7
-    store.runs.create_branch("b", {**CFG, "lr": 0.1}, "hb", "p", 4)
+    store.runs.create_branch("b", stored_config(lr=0.1), "hb", "p", 4)
     b = store.runs.get("b")
-    assert (b["name"], b["config"]["lr"], b["checkpoint_step"], b["status"]) == \
+    assert (b["name"], b["config"].lr, b["checkpoint_step"], b["status"]) == \
         ("tiny adamw #2", 0.1, 4, "created")
     assert store.metrics.all("b") == store.metrics.all("p")[:4]
     assert store.events.all("b") == [{"step": 2, "kind": "phase", "phase": 1},
@@ -690,8 +721,8 @@ def _old_sqlite(path) -> None:
     for i, run_id in enumerate(("r1", "r2", "r3")):
         conn.execute("INSERT INTO runs (id, created_at, updated_at, config, token_sha256,"
                      " status, name, tags) VALUES (?, ?, ?, ?, ?, 'stopped', ?, '[\"t\"]')",
-                     (run_id, 1000.0 + i, 1000.0 + i, json.dumps(CFG), "hash-" + run_id,
-                      f"tiny adamw #{i + 1}"))
+                     (run_id, 1000.0 + i, 1000.0 + i, json.dumps(CFG.model_dump()),
+                      "hash-" + run_id, f"tiny adamw #{i + 1}"))
     conn.execute("DELETE FROM runs WHERE id = 'r2'")            # rowids 1 and 3 are left
     cols = ", ".join(OLD_COLUMNS)
     conn.executemany(f"INSERT INTO metrics (run_id, {cols}, extra) VALUES"
@@ -724,8 +755,8 @@ def _old_postgres(url: str) -> None:
         for i, run_id in enumerate(("r1", "r3")):
             conn.execute("INSERT INTO runs VALUES (%s, %s, %s, %s, %s, 'stopped', NULL, NULL,"
                          " NULL, %s, '[\"t\"]')", (run_id, 1000.0 + i, 1000.0 + i,
-                                                   json.dumps(CFG), "hash-" + run_id,
-                                                   f"tiny adamw #{run_id[1]}"))
+                                                   json.dumps(CFG.model_dump()),
+                                                   "hash-" + run_id, f"tiny adamw #{run_id[1]}"))
         names = ", ".join(OLD_COLUMNS)
         for s in (1, 2):
             conn.execute(f"INSERT INTO metrics (run_id, {names}, extra) VALUES ('r3',"

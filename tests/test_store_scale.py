@@ -15,8 +15,9 @@ from sqlalchemy import create_engine
 
 from andrea.store import META, Store
 from andrea.store.summary import OWN, SHOWN
+from tests.trainer_client import stored_config
 
-CFG = {"preset": "tiny", "optimizer": "adamw"}
+CFG = stored_config().model_dump()          # a run's config as its row holds it
 RUNS = 1000
 BIG, SMALL = 10_000, 10
 EVAL_EVERY = 500

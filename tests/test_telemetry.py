@@ -12,15 +12,15 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from andrea.metrics import COLUMNS, MAX_TENSORS, MLP_HIST_BINS, mlp_hist_labels
-from andrea.model import run_layout
+from andrea.run_config import RunConfig, run_layout
 from andrea.telemetry import MAX_MESSAGE_BYTES, MAX_RECORDS, RECORDS_PER_MESSAGE
 from tests.trainer_client import hello, new_run, reconnected, ws_url
 
 # The tiny model's parameter tensors (new_run's default): one per-tensor entry each.
-TENSORS = [p["name"] for p in run_layout({"preset": "tiny"})["params"]]
+TENSORS = [p["name"] for p in run_layout(RunConfig(preset="tiny"))["params"]]
 N = len(TENSORS)
-LAYERS = run_layout({"preset": "tiny"})["config"]["n_layer"]
-NORMS = [p["name"] for p in run_layout({"preset": "tiny"})["params"] if len(p["shape"]) == 1]
+LAYERS = run_layout(RunConfig(preset="tiny"))["config"]["n_layer"]
+NORMS = [p["name"] for p in run_layout(RunConfig(preset="tiny"))["params"] if len(p["shape"]) == 1]
 
 
 def record(step, loss=None):

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from andrea.cli.launch import start_server, stop_server
-from andrea.model import run_layout
 from andrea.paths import run_dir
+from andrea.run_config import StoredRunConfig, run_layout
 from tests import trainer_client
 from tests.test_checkpoints import digests, folder, headers, state
 from tests.trainer_client import n_fds, rss_mib
@@ -250,7 +250,8 @@ def test_a_stalled_checkpoint_upload_is_dropped_and_leaves_nothing(served):
 def test_a_stalled_weights_upload_is_dropped_and_leaves_nothing(served):
     proc, url, data = served
     run = new_run(url)
-    config = httpx.get(f"{url}/api/runs/{run['id']}").json()["config"]
+    config = StoredRunConfig.model_validate(httpx.get(f"{url}/api/runs/{run['id']}").json()[
+        "config"])
     body = b"\0" * (4 * run_layout(config)["total_numel"])
     s = connect(url)
     s.sendall(head("PUT", f"/api/runs/{run['id']}/weights", run["token"],

@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
 from tests import aio, trainer_client
-from tests.trainer_client import hello, record, ws_url
+from tests.trainer_client import hello, record, stored_config, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ def test_the_runs_list_pages_through_every_run_newest_first(server):
 
 # ---- (7) a branch copies in pages, other commits go on ----------------------------------------
 
-CFG = {"preset": "tiny", "optimizer": "adamw"}
+CFG = stored_config()
 PARENT, K = 100_000, 60_000
 
 

@@ -303,8 +303,9 @@ def test_cycling_through_100_runs_computes_each_once_and_keeps_them_within_the_b
                                           "steps": 1000}).json()
     store = client.app.state.store
     ids = [made["id"]] + [f"cycle{i:03d}" for i in range(99)]
+    config = store.runs.get(made["id"])["config"]
     for run_id in ids[1:]:
-        store.runs.create(run_id, made["config"], "0" * 64)
+        store.runs.create(run_id, config, "0" * 64)
     for i, run_id in enumerate(ids):
         store.metrics.add(run_id, quiet(spike_records(1, 60, {20 + i % 30, 55})))
     for round_ in range(2):
@@ -326,8 +327,9 @@ def test_a_small_spike_budget_keeps_the_runs_last_asked_and_never_more_than_it(c
                                           "steps": 1000}).json()
     store = client.app.state.store
     ids = [made["id"]] + [f"small{i:02d}" for i in range(19)]
+    config = store.runs.get(made["id"])["config"]
     for run_id in ids[1:]:
-        store.runs.create(run_id, made["config"], "0" * 64)
+        store.runs.create(run_id, config, "0" * 64)
     for run_id in ids:
         store.metrics.add(run_id, quiet(spike_records(1, 200, {30, 90, 150})))
     client.get(f"/api/runs/{ids[0]}/spikes")

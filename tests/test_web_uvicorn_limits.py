@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from andrea.cli.launch import start_server, stop_server
-from andrea.model import run_layout
 from andrea.paths import run_dir
+from andrea.run_config import StoredRunConfig, run_layout
 from andrea.web.uvicorn_limits import MAX_HEAD_BYTES
 from tests.test_checkpoints import digests, folder, headers, state
 from tests.test_web_limits import answer, connect, head, new_run, read_all
@@ -118,7 +118,8 @@ def test_a_trickled_json_body_gets_408_and_changes_nothing(served):
 def test_a_trickled_weights_upload_gets_408_and_leaves_nothing(served):
     proc, url, data = served
     run = new_run(url)
-    config = httpx.get(f"{url}/api/runs/{run['id']}").json()["config"]
+    config = StoredRunConfig.model_validate(httpx.get(f"{url}/api/runs/{run['id']}").json()[
+        "config"])
     body = b"\0" * (4 * run_layout(config)["total_numel"])      # 560 KB: 2.1 s at RATE
     s = connect(url)
     got = trickle(s, head("PUT", f"/api/runs/{run['id']}/weights", run["token"],

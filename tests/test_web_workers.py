@@ -24,7 +24,7 @@ from andrea.app import create_app
 from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from andrea.data.run_registry import MAX_WAITING
-from andrea.model import run_layout
+from andrea.run_config import StoredRunConfig, run_layout
 from andrea.store import Store
 from tests import aio
 from tests.trainer_client import hello, new_run, record, rss_mib, ws_url
@@ -229,8 +229,8 @@ def test_held_weight_downloads_leave_no_copies_and_match_safetensors(tmp_path, l
             h.__exit__(None, None, None)
     assert files_under(data_dir) == before
     # The same bytes as safetensors' own writer gives for these weights (today's file).
-    save_file(tensors(run_layout(run["config"]), w), str(tmp_path / "ref.safetensors"),
-              metadata={"format": "pt"})
+    layout = run_layout(StoredRunConfig.model_validate(run["config"]))
+    save_file(tensors(layout, w), str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
     ref = (tmp_path / "ref.safetensors").read_bytes()
     assert all(b == ref for b in bodies)
     assert responses[0].headers["content-length"] == str(len(ref))

@@ -15,9 +15,11 @@ from contextlib import contextmanager
 import httpx
 import psutil
 import pytest
+from sqlalchemy import text
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from andrea.run_config import RunConfig, StoredRunConfig
 from andrea.telemetry import MAX_RECORDS
 from andrea.telemetry.protocol import BUSY
 
@@ -69,6 +71,22 @@ def new_run(server, **cfg) -> dict:
          else server.post("/api/runs", json=body))
     assert r.status_code == 201, r.text
     return r.json()
+
+
+def stored_config(corpus_hash: str = "", **cfg) -> StoredRunConfig:
+    """The tests' one stored config made without a server: RunConfig's with `cfg` over the tiny
+    preset, every default filled in, and `corpus_hash` (what a store's run row holds)."""
+    return StoredRunConfig.of(RunConfig(**{"preset": "tiny", **cfg}), corpus_hash)
+
+
+def store_old_config(store, run_id: str, config: dict, token_sha256: str = "h") -> None:
+    """A run whose row holds `config`, a JSON object as an older server stored it (a `clip`
+    switch, no shape fields): made with the store's own create, its config column then
+    rewritten."""
+    store.runs.create(run_id, stored_config(), token_sha256)
+    with store.db.tx(write=True) as conn:
+        conn.execute(text("UPDATE runs SET config = :config WHERE id = :id"),
+                     {"config": json.dumps(config), "id": run_id})
 
 
 def hello(ws, token: str, last=None) -> dict:

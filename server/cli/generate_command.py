@@ -46,7 +46,7 @@ def generate(server: str, run_id: str, prompt: str, tokens: int, temperature: fl
         if not step:
             raise ValueError(f"run {run_id} has no weights yet: no checkpoint and no final "
                              "weights")
-    key = tokenizer_key(run["config"])
+    key = tokenizer_key(run["config"].get("task"), run["config"]["vocab_size"])
     ids = request("POST", f"{base}/api/tokenizer/{key}/encode", {"text": prompt})["ids"]
     if not ids:
         raise ValueError("the prompt is empty")

@@ -6,20 +6,22 @@ the index is the run's batch route's step (data/batches.py draws a batch from se
 
 from __future__ import annotations
 
+from andrea.run_config import RunConfig
 
-def rounds_total(config: dict) -> int:
+
+def rounds_total(config: RunConfig) -> int:
     """Outer rounds of a room run: its steps (each worker's inner steps) in rounds of H."""
-    return -(-config["steps"] // config["room"]["inner_steps"])
+    return -(-config.steps // config.room.inner_steps)
 
 
-def batch_step(config: dict, version: int, slot: int, step: int) -> int:
+def batch_step(config: RunConfig, version: int, slot: int, step: int) -> int:
     """The run's batch index of worker slot `slot`'s inner step `step` in the round that trains
     version `version`: every (round, slot, step) its own batch, the same at every rerun."""
-    room = config["room"]
-    return (version * room["max_workers"] + slot) * room["inner_steps"] + step
+    room = config.room
+    return (version * room.max_workers + slot) * room.inner_steps + step
 
 
-def batch_steps(config: dict) -> int:
+def batch_steps(config: RunConfig) -> int:
     """How many batch indices a room run draws from (the BatchSpec's total_steps)."""
-    room = config["room"]
-    return rounds_total(config) * room["max_workers"] * room["inner_steps"]
+    room = config.room
+    return rounds_total(config) * room.max_workers * room.inner_steps

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal, Sequence, get_args
 
 from andrea.data.shards import batch_steps
-from andrea.model import run_model
+from andrea.run_config import StoredRunConfig
 from andrea.tasks import task_digits
 
 Mode = Literal["uniform", "fixed", "bandit"]
@@ -82,14 +82,11 @@ class BatchSpec:
         return {**asdict(self), "weights": list(self.weights), "sources": list(self.sources)}
 
     @classmethod
-    def of_run(cls, config: dict) -> "BatchSpec":
+    def of_run(cls, config: StoredRunConfig) -> BatchSpec:
         """The data side of a stored run config (RunConfig plus its corpus_hash)."""
-        return cls(seed=config["seed"], batch_size=config["batch_size"],
-                   seq_len=config["seq_len"], vocab_size=run_model(config).vocab_size,
-                   total_steps=batch_steps(config) if config.get("room") else config["steps"],
-                   mode=config["data_mode"],
-                   corpus_hash=config["corpus_hash"],
-                   sources=tuple(config.get("sources") or ()),
-                   task=config.get("task") or "",
-                   task_digits=config.get("task") and task_digits(config["task"],
-                                                                   config.get("task_digits")) or 0)
+        return cls(seed=config.seed, batch_size=config.batch_size, seq_len=config.seq_len,
+                   vocab_size=config.vocab_size,
+                   total_steps=batch_steps(config) if config.room is not None else config.steps,
+                   mode=config.data_mode, corpus_hash=config.corpus_hash,
+                   sources=tuple(config.sources or ()), task=config.task or "",
+                   task_digits=config.task_digits or 0)

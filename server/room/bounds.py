@@ -31,7 +31,7 @@ round's start (|w0| <= M on the decayed elements): w_H - w0 = (P - 1) w0 - sum_k
 (prod_{j>k} d_j) u_k with P = prod d_k, and sum_k lr_k wd prod_{j>k} d_j = 1 - P (it
 telescopes), so
     |w_H - w0| <= (1 - P) (M + R / wd),  reached by w0 = M, u_k = R, constant lr;
-it grows with every lr_k, so lr_k = peak lr (config["lr"]) for all H steps bounds the schedule:
+it grows with every lr_k, so lr_k = peak lr (config.lr) for all H steps bounds the schedule:
 1 - P = 1 - (1 - lr wd)^H. Elements without decay (and wd = 0): H lr R. This is tighter than
 H lr R + lr wd sum_t (M + t lr R) and never above it.
 """
@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from andrea.run_config import RunConfig, legacy_clip
+from andrea.run_config import RunConfig
 
 F32_U = 2.0 ** -24     # f32 unit roundoff (round to nearest)
 F16_U = 2.0 ** -11     # f16 unit roundoff: the f16 codec moves a value by at most this part
@@ -99,35 +99,29 @@ def adam8_ratio_bound(beta1: float, beta2: float, eps: float, max_grad: float) -
     return min(g_eps, max(beta1 * g_eps, 1 / math.sqrt(1 - beta2)))
 
 
-def _get(config: dict, key: str):
-    """A run config's value, or RunConfig's default where an older config lacks it."""
-    return config[key] if key in config else RunConfig.model_fields[key].default
-
-
-def step_ratio_bound(config: dict) -> float:
+def step_ratio_bound(config: RunConfig) -> float:
     """The bound on |update| / lr of one AdamW step under a room run's config: B (capped at
     G / eps under clipping), or for adamw_8bit the larger of that (its f32-state tensors) and
     adam8_ratio_bound. inf where no bound exists."""
-    config = legacy_clip(config)
-    b1, b2, eps = _get(config, "beta1"), _get(config, "beta2"), _get(config, "eps")
-    h = config["room"]["inner_steps"]
-    horizon = -(-_get(config, "steps") // h) * h       # the worker's steps (room_worker.js)
-    clipped = _get(config, "clip_mode") != "off"
-    g_max = _get(config, "max_norm") if clipped else math.inf   # |g_i| <= the clipped norm
+    b1, b2, eps = config.beta1, config.beta2, config.eps
+    h = config.room.inner_steps
+    horizon = -(-config.steps // h) * h       # the worker's steps (room_worker.js)
+    clipped = config.clip_mode != "off"
+    g_max = config.max_norm if clipped else math.inf   # |g_i| <= the clipped norm
     ratio = min(adam_ratio_bound(b1, b2, horizon), g_max / eps)
-    if _get(config, "optimizer") == "adamw_8bit":
+    if config.optimizer == "adamw_8bit":
         ratio = max(ratio, adam8_ratio_bound(b1, b2, eps, g_max))
     return ratio
 
 
-def delta_bound(config: dict, max_abs_decay: float, max_abs: float | None = None) -> float:
-    """Bound on every element of |w0 - w_H| after one round (config["room"]["inner_steps"] = H
-    steps at most config["lr"] each) of a room run, as the server decodes it from any codec.
+def delta_bound(config: RunConfig, max_abs_decay: float, max_abs: float | None = None) -> float:
+    """Bound on every element of |w0 - w_H| after one round (config.room.inner_steps = H
+    steps at most config.lr each) of a room run, as the server decodes it from any codec.
     max_abs_decay: the largest |w0| over the decayed elements of the global weights; max_abs:
     the largest |w0| over all elements (norm gains too), for the f32 rounding of w (default
     max_abs_decay). inf where the config admits no bound (adamw_8bit without clipping)."""
-    h = config["room"]["inner_steps"]
-    lr, wd = float(config["lr"]), float(_get(config, "weight_decay"))
+    h = config.room.inner_steps
+    lr, wd = float(config.lr), float(config.weight_decay)
     ratio = step_ratio_bound(config)
     if math.isinf(ratio):
         return math.inf

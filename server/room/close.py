@@ -19,6 +19,7 @@ from andrea.checkpoints import CheckpointStore
 from andrea.room.aggregate import RobustMean
 from andrea.room.codec import BLOCK, CHUNK, read_range
 from andrea.room.outer import nesterov_step
+from andrea.run_config import RoomConfig
 
 OPTIMIZER = "room_outer"     # the checkpoints' optimizer name: global W and outer momentum
 NORM_SLACK = 1e-3            # f32 rounding of the step against its float64 bound
@@ -57,7 +58,7 @@ def chunk_of(numel: int, n: int) -> int:
 
 def close_round(ckpts: CheckpointStore, run_id: str, version: int, numel: int, codec: str,
                 delta_paths: list[Path], norms: list[float], history: list[float],
-                room: dict, mask: np.ndarray, decay: np.ndarray,
+                room: RoomConfig, mask: np.ndarray, decay: np.ndarray,
                 steps: list[int] | None = None) -> dict:
     """Writes version `version` + 1 from version `version` and the round's deltas (`steps`:
     the inner steps each was trained over, its weight in the mean); returns what
@@ -70,10 +71,10 @@ def close_round(ckpts: CheckpointStore, run_id: str, version: int, numel: int, c
             x = read_range(files[i], codec, numel, start, stop)
             x[~mask[start:stop]] = 0
             return x
-        agg = RobustMean(read, norms, numel, history, room["clip_multiple"],
+        agg = RobustMean(read, norms, numel, history, room.clip_multiple,
                          chunk_of(numel, len(delta_paths)), steps)
         _, src = ckpts.open_verified(run_id, version)
-        lr, mu = room["outer_lr"], room["outer_momentum"]
+        lr, mu = room.outer_lr, room.outer_momentum
         out = {"g2": 0.0, "s2": 0.0, "b2": 0.0, "finite": True, "max_abs": 0.0, "top": 0.0}
 
         def fill(f):

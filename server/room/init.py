@@ -39,7 +39,7 @@ def _normal(key: np.ndarray, start: int, stop: int, std: np.float32) -> np.ndarr
 
 
 def seeded_weights(layout: dict, seed: int) -> np.ndarray:
-    """W as the engine's `model.init(seed)` leaves it for `layout` (andrea.model.run_layout):
+    """W as the engine's `model.init(seed)` leaves it for `layout` (andrea.run_config.run_layout):
     f32 [total_numel], each tensor at its offset, zeros in the alignment padding. `seed` is the
     run config's (trainer.js passes config.seed; the kernel takes it as u32)."""
     out = np.zeros(layout["total_numel"], np.float32)

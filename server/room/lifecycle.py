@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from andrea.checkpoints import DISK_ERRNOS, CheckpointError, CheckpointStore
-from andrea.model import run_layout
 from andrea.room.rounds import Room, RoomError
+from andrea.run_config import run_layout
 from andrea.runs.lifecycle import publish_run
 from andrea.storage import DiskFull
 
@@ -23,7 +23,7 @@ log = logging.getLogger("andrea.room")
 
 def room_of_run(ckpts: CheckpointStore, run: dict) -> Room | None:
     """The room of a stored run; None for a run that is not a room run."""
-    if not run["config"].get("room"):
+    if run["config"].room is None:
         return None
     return Room(ckpts.data_dir, ckpts, run["id"], run["config"], run_layout(run["config"]))
 

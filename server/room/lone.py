@@ -8,8 +8,8 @@ worker's inner steps) and seed (the same version 0) kept. Nothing here is HTTP's
 
 from __future__ import annotations
 
-from andrea.model import SHAPE_FIELDS, with_shape
-from andrea.run_config import RunConfig
+from andrea.model import SHAPE_FIELDS
+from andrea.run_config import RunConfig, StoredRunConfig
 
 # The newest runs looked at, at most: the lookup reads this many rows whatever the server
 # holds (a lone run older than the newest 500 is not found; the page offers to train one).
@@ -19,11 +19,9 @@ LONE_SCAN = 500
 SAME = (*SHAPE_FIELDS, "seq_len", "batch_size", "optimizer", "lr", "corpus_hash")
 
 
-def trains_like(config: dict) -> tuple:
-    """The fields a lone tab shares with a room's worker (the shape filled in for runs stored
-    before shapes could be given)."""
-    cfg = with_shape(config)
-    return tuple(cfg.get(k) for k in SAME)
+def trains_like(config: StoredRunConfig) -> tuple:
+    """The fields a lone tab shares with a room's worker."""
+    return tuple(getattr(config, k) for k in SAME)
 
 
 def is_lone_tab(run: dict, key: tuple, stale_before: float) -> bool:
@@ -32,7 +30,7 @@ def is_lone_tab(run: dict, key: tuple, stale_before: float) -> bool:
     to show; one never started (`abandoned`, or `created` before `stale_before` with no step:
     info.read_run's rule) has nothing to show."""
     cfg = run["config"]
-    if cfg.get("room") or cfg.get("parent"):
+    if cfg.room is not None or cfg.parent is not None:
         return False
     if run.get("last_step") is None and (
             run["status"] == "abandoned"
@@ -45,13 +43,13 @@ def lone_run(room_run: dict, rows: list[dict], stale_before: float) -> dict:
     """The lone tab of `room_run` among `rows` (the newest runs, newest first): {"run": its id
     or None, "name", "status", "why": in words, "config": a single run's config like the room's
     workers' (what POST /api/runs takes to make one)}."""
-    key = trains_like(room_run["config"])
+    cfg = room_run["config"]
+    key = trains_like(cfg)
     found = next((r for r in rows if r["id"] != room_run["id"]
                   and is_lone_tab(r, key, stale_before)), None)
-    cfg = with_shape(room_run["config"])
-    what = (f"{cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, ffn "
-            f"{cfg['ffn_dim']}, vocab {cfg['vocab_size']}, batch {cfg['batch_size']} x "
-            f"{cfg['seq_len']} tokens, {cfg['optimizer']} at lr {cfg['lr']:g}")
+    what = (f"{cfg.n_layer} layers x {cfg.n_embd} wide, {cfg.n_head} heads, ffn "
+            f"{cfg.ffn_dim}, vocab {cfg.vocab_size}, batch {cfg.batch_size} x "
+            f"{cfg.seq_len} tokens, {cfg.optimizer} at lr {cfg.lr:g}")
     why = (f"no single run of the same shape ({what}) among the newest {LONE_SCAN} runs on "
            "this server (one that never started is left out)" if found is None
            else f"the newest single run of the same shape ({what})")
@@ -62,6 +60,5 @@ def lone_run(room_run: dict, rows: list[dict], stale_before: float) -> dict:
 def lone_config(room_run: dict) -> dict:
     """The config POST /api/runs takes for a lone tab of this room run: its own, less its room
     (and what the server adds: corpus_hash), as a single run of the same steps and seed."""
-    cfg = room_run["config"]
-    fields = RunConfig.model_fields
-    return {k: v for k, v in cfg.items() if k in fields and k not in ("room", "parent")}
+    return room_run["config"].model_dump(
+        mode="json", include=set(RunConfig.model_fields) - {"room", "parent"})

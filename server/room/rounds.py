@@ -57,6 +57,7 @@ from andrea.room.aggregate import HISTORY_NORMS
 from andrea.room.bounds import delta_bound
 from andrea.room.close import OPTIMIZER, close_round, commit_arrays, sections
 from andrea.room.codec import DeltaRefused, chunks, payload_bytes
+from andrea.run_config import RunConfig, StoredRunConfig
 from andrea.write_tokens import new_token, token_hash, token_matches
 
 __all__ = ["OPTIMIZER", "Room", "RoomError", "param_mask", "sections"]
@@ -82,10 +83,10 @@ class Room:
     """One room run's state on disk. `config` is the stored run config (with `room`), `layout`
     its parameter table."""
 
-    def __init__(self, data_dir: Path, ckpts: CheckpointStore, run_id: str, config: dict,
-                 layout: dict):
+    def __init__(self, data_dir: Path, ckpts: CheckpointStore, run_id: str,
+                 config: StoredRunConfig, layout: dict):
         self.ckpts, self.run_id, self.config = ckpts, run_id, config
-        self.room = config["room"]
+        self.room = config.room
         self.numel = layout["total_numel"]
         self.layout = layout
         self.dir = room_dir(data_dir, run_id)
@@ -150,7 +151,7 @@ class Room:
             raise RoomError(NOT_ALLOWED, "wrong or missing join token: use the room's join link")
         if st["finished"]:
             raise RoomError(CONFLICT, "this room run is finished: there is nothing left to train")
-        workers, per = st["workers"], self.room["workers_per_address"]
+        workers, per = st["workers"], self.room.workers_per_address
         if any(w.get("removed") and w.get("address") == address for w in workers.values()):
             raise RoomError(NOT_ALLOWED, f"a worker of this address was {REMOVED}: it may not join "
                                          "again")
@@ -178,10 +179,10 @@ class Room:
         if len(joins) >= self.joins_per_address():
             raise RoomError(CONFLICT, f"this address has joined this room {len(joins)} times, its "
                                       "most: rejoin with your worker token")
-        recent = sum(1 for t in joins if now - t < self.room["round_deadline_s"])
+        recent = sum(1 for t in joins if now - t < self.room.round_deadline_s)
         if recent >= per + 2:
             raise RoomError(TOO_OFTEN, f"this address joined {recent} times in the last "
-                                       f"{self.room['round_deadline_s']:g} s: wait, or rejoin with "
+                                       f"{self.room.round_deadline_s:g} s: wait, or rejoin with "
                                        "your worker token")
         wid = str(len(workers))
         token = new_token()
@@ -194,16 +195,16 @@ class Room:
 
     def _free_slot(self, st: dict) -> int:
         taken = {w["slot"] for w in _active(st).values()}
-        free = [s for s in range(self.room["max_workers"]) if s not in taken]
+        free = [s for s in range(self.room.max_workers) if s not in taken]
         if not free:
-            raise RoomError(CONFLICT, f"the room is full: {self.room['max_workers']} workers train "
+            raise RoomError(CONFLICT, f"the room is full: {self.room.max_workers} workers train "
                                       "it now (its max_workers)")
         return free[0]
 
     def joins_per_address(self) -> int:
         """New workers one address may add over the room's life: workers_per_address a round
         and one round more (a tab that comes back rejoins with its worker token instead)."""
-        return self.room["workers_per_address"] * (self.rounds + 1)
+        return self.room.workers_per_address * (self.rounds + 1)
 
     def worker_of(self, st: dict, token: str) -> str:
         """The id of the active worker whose token this is; 403 otherwise."""
@@ -262,7 +263,7 @@ class Room:
 
     # ---- pseudo-gradients ----------------------------------------------------------------
     def expected_bytes(self) -> int:
-        return payload_bytes(self.room["codec"], self.numel)
+        return payload_bytes(self.room.codec, self.numel)
 
     def bound(self, st: dict) -> float:
         """The most one element of an honest pseudo-gradient of the current version can be."""
@@ -280,7 +281,7 @@ class Room:
         worker, open_ = st["workers"][wid], st["open"]
         if st["finished"]:
             raise RoomError(CONFLICT, "this room run is finished: its last version is the model")
-        H = self.room["inner_steps"]
+        H = self.room.inner_steps
         steps = H if steps is None else steps
         if not 1 <= steps <= H:
             raise RoomError(INVALID, f"a round has {H} inner steps: a pseudo-gradient of {steps} "
@@ -305,8 +306,8 @@ class Room:
             bound = self.bound(st)
             if top > bound:
                 raise DeltaRefused(
-                    f"an element moves by {top:.4g}, more than {self.room['inner_steps']} AdamW "
-                    f"steps at lr {self.config['lr']:g} can move one ({bound:.4g})")
+                    f"an element moves by {top:.4g}, more than {self.room.inner_steps} AdamW "
+                    f"steps at lr {self.config.lr:g} can move one ({bound:.4g})")
         except DeltaRefused as e:
             worker["refused"] += 1
             open_["refused"][wid] = str(e)
@@ -335,9 +336,9 @@ class Room:
         weights each pseudo-gradient by its steps. Half, not all but one: with two slow
         laptops of four neither waits for the other; with equal ones the last are cut a step
         or two short at most."""
-        if self.room.get("wait_for_slowest", True):
+        if self.room.wait_for_slowest:
             return False
-        H = self.room["inner_steps"]
+        H = self.room.inner_steps
         whole = sum(1 for r in st["open"]["received"].values() if r.get("steps", H) >= H)
         return whole >= -(-len(_active(st)) // 2)
 
@@ -345,7 +346,7 @@ class Room:
         """(L2 norm in float64, largest |value|) of a body on disk, padding excluded, a chunk
         at a time; DeltaRefused for a wrong size or a value that is not finite."""
         total, top = 0.0, 0.0
-        for start, x in chunks(path, self.room["codec"], self.numel):
+        for start, x in chunks(path, self.room.codec, self.numel):
             x[~self.mask[start:start + x.size]] = 0
             x64 = x.astype(np.float64)
             total += float(np.dot(x64, x64))
@@ -366,8 +367,8 @@ class Room:
         answered = set(open_["received"]) | set(open_["refused"])
         if set(_active(st)) <= answered:
             return True
-        return (got >= self.room["quorum"]
-                and now >= open_["first_at"] + self.room["round_deadline_s"])
+        return (got >= self.room.quorum
+                and now >= open_["first_at"] + self.room.round_deadline_s)
 
     def drop_silent(self, now: float) -> list[str]:
         """The sweep's first call (under the lock): workers that hold a slot for free leave.
@@ -378,7 +379,7 @@ class Room:
         st = self.load()
         if st["finished"]:
             return []
-        open_, deadline = st["open"], self.room["round_deadline_s"]
+        open_, deadline = st["open"], self.room.round_deadline_s
         gone = []
         for wid, w in _active(st).items():
             if wid in open_["received"] or wid in open_["refused"]:
@@ -388,8 +389,8 @@ class Room:
                 w.update(left=now, why=f"sent nothing within {deadline:g} s of joining")
                 gone.append(wid)
             elif open_["first_at"] is not None and \
-                    now >= open_["first_at"] + self.room["missed_rounds"] * deadline:
-                w.update(left=now, why=f"sent nothing for {self.room['missed_rounds']} round "
+                    now >= open_["first_at"] + self.room.missed_rounds * deadline:
+                w.update(left=now, why=f"sent nothing for {self.room.missed_rounds} round "
                                        "deadlines")
                 gone.append(wid)
         if gone:
@@ -431,9 +432,9 @@ class Room:
         v, open_ = st["version"], st["open"]
         ids = sorted(open_["received"], key=int)
         norms = [open_["received"][w]["norm"] for w in ids]
-        H = self.room["inner_steps"]
+        H = self.room.inner_steps
         steps = [open_["received"][w].get("steps", H) for w in ids]
-        got = close_round(self.ckpts, self.run_id, v, self.numel, self.room["codec"],
+        got = close_round(self.ckpts, self.run_id, v, self.numel, self.room.codec,
                           [self.dir / "deltas" / str(v) / f"{w}.bin" for w in ids], norms,
                           st["norm_history"], self.room, self.mask, self.decay, steps)
         line = {"round": v, "version": v + 1, "closed_at": now,
@@ -450,7 +451,7 @@ class Room:
         for wid, worker in _active(st).items():      # who sent nothing this round
             if wid not in open_["received"] and wid not in open_["refused"]:
                 worker["missed"] += 1
-                if worker["missed"] >= self.room["missed_rounds"]:
+                if worker["missed"] >= self.room.missed_rounds:
                     worker.update(left=now, why=f"sent nothing for {worker['missed']} rounds")
         if got["rejected"] is None:
             st["max_abs_decay"], st["max_abs"] = got["max_abs_decay"], got["max_abs"]
@@ -475,8 +476,8 @@ class Room:
         worker = st["workers"][wid]
         if not worker["joined_version"] <= version <= st["version"]:
             raise RoomError(CONFLICT, f"worker {wid} trained no version {version} here")
-        if len(losses) > self.room["inner_steps"]:
-            raise RoomError(INVALID, f"a round has {self.room['inner_steps']} inner steps, not "
+        if len(losses) > self.room.inner_steps:
+            raise RoomError(INVALID, f"a round has {self.room.inner_steps} inner steps, not "
                                      f"{len(losses)} losses")
         if not all(math.isfinite(x) for x in losses) or \
                 (eval_loss is not None and not math.isfinite(eval_loss)):
@@ -509,7 +510,7 @@ class Room:
         if version != st["version"]:
             raise RoomError(CONFLICT, f"version {version} is not the one being trained (now "
                                       f"{st['version']})")
-        H = self.room["inner_steps"]
+        H = self.room.inner_steps
         if not 0 <= step <= H:
             raise RoomError(INVALID, f"a round has {H} inner steps: step {step} is not one")
         seen = self.read_progress()
@@ -588,7 +589,7 @@ def worker_state(st: dict, wid: str, progress: dict, inner_steps: int) -> dict:
     return {"state": "sending" if step >= inner_steps else "training", "step": step}
 
 
-def summary(data_dir: Path, run_id: str, config: dict) -> dict | None:
+def summary(data_dir: Path, run_id: str, config: RunConfig) -> dict | None:
     """A room run in a line of the runs list: its rounds closed of all, whether it finished,
     its workers now (training: active while it runs; 0 once it finished) and all that joined,
     and its last global eval loss (the median of the newest version measured) and its best;

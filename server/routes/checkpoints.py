@@ -29,11 +29,11 @@ from andrea.checkpoints import (
     parse_digests,
 )
 from andrea.data.batches import corpus_mismatch
-from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections
 from andrea.paths import weights_path
 from andrea.routes.run_files import gone_meanwhile, receive_exactly, refusal_of, stream_file
-from andrea.runs.info import RESUMABLE
+from andrea.run_config import StoredRunConfig, model_name, run_layout
+from andrea.runs.info import RESUMABLE, run_message
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
 from andrea.store import StoreUnavailable
@@ -65,12 +65,12 @@ WHY_NOT_RESUMABLE = {
 }
 
 
-def _sections_text(cfg: dict, sections: list[dict]) -> str:
+def _sections_text(cfg: StoredRunConfig, sections: list[dict]) -> str:
     parts = " + ".join(f"{s['name']} {s['bytes']}" for s in sections)
-    return f"{model_name(cfg)} with {cfg['optimizer']}: {parts}"
+    return f"{model_name(cfg)} with {cfg.optimizer}: {parts}"
 
 
-def _check_length(got: int, expected: int, cfg: dict, sections: list[dict],
+def _check_length(got: int, expected: int, cfg: StoredRunConfig, sections: list[dict],
                   more: bool = False) -> None:
     if got == expected:
         return
@@ -90,13 +90,12 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
     stay as they were. Its bytes are reserved in the storage budget (507 past the data dir's
     floor, uploads at once counted together) until it is stored or refused."""
     run_id, cfg = run["id"], run["config"]
-    if cfg.get("room"):
+    if cfg.room is not None:
         raise HTTPException(409, "a room run's checkpoints are its global versions, made by the "
                                  "server at each round's close: nothing is uploaded here")
-    if not 1 <= step <= cfg["steps"]:
-        raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg['steps']}")
-    sections = checkpoint_sections(run_layout(cfg), cfg["optimizer"],
-                                   precision=cfg.get("precision", "fp32"))
+    if not 1 <= step <= cfg.steps:
+        raise HTTPException(409, f"step {step} is outside this run's steps 1..{cfg.steps}")
+    sections = checkpoint_sections(run_layout(cfg), cfg.optimizer, cfg.precision)
     expected = sum(s["bytes"] for s in sections)
     declared = request.headers.get("content-length")
     if declared is not None:        # refused before reading a byte of a wrong-sized body
@@ -122,7 +121,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
             # streamed in.
             await gone_meanwhile(store, ckpts.data_dir, run_id, "checkpoint")
             await check_write_token(store, run_id, bearer(request))
-            meta = await asyncio.to_thread(ckpts.commit, run_id, upload, cfg["optimizer"],
+            meta = await asyncio.to_thread(ckpts.commit, run_id, upload, cfg.optimizer,
                                            sections)
             newest = await asyncio.to_thread(ckpts.latest, run_id)
             await store.run(store.runs.set_checkpoint_step, run_id, newest and newest["step"])
@@ -173,14 +172,14 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
         run = await store.run(store.runs.get, run_id)
         if run is None:     # a delete came first (it holds the same lock)
             raise HTTPException(404, gone)
-        if run["config"].get("room"):
+        if run["config"].room is not None:
             raise HTTPException(409, "a room run is not resumed: its workers join it again "
                                      "and take its newest global version")
         if run["status"] not in RESUMABLE:
             raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
         # Refused before anything changes (its token, its records): on other text its first
         # batch would fail it.
-        if why := corpus_mismatch(run["config"].get("corpus_hash", ""),
+        if why := corpus_mismatch(run["config"].corpus_hash,
                                   await asyncio.to_thread(data.corpus_hash)):
             raise HTTPException(409, f"cannot resume here: {why}")
         step = await usable_checkpoint(store, ckpts, run_id)
@@ -199,7 +198,7 @@ async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
         raise HTTPException(404, gone)
     watch_resumed(store, fanout, settings.trainer_grace_s, run_id)
     fanout.publish(run_id, {"type": "resumed", "step": step})
-    fanout.publish(run_id, {"type": "run", "run": info})
+    fanout.publish(run_id, run_message(info))
     return {"token": token, "step": step, "run": info}
 
 

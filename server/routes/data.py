@@ -233,12 +233,12 @@ async def room_batch(hub: DataDep, runs: RunsDep, run: RunDep, version: Index, s
     """A room worker's batch: the one of its slot's inner step `step` in the round that trains
     global version `version` (data/shards.py): no two workers of a round share one."""
     cfg = run["config"]
-    room = cfg.get("room")
-    if not room:
+    room = cfg.room
+    if room is None:
         raise HTTPException(404, f"run {run['id']} is not a room run")
     for value, bound, what in ((version, rounds_total(cfg), "rounds"),
-                               (slot, room["max_workers"], "worker slots"),
-                               (step, room["inner_steps"], "inner steps per round")):
+                               (slot, room.max_workers, "worker slots"),
+                               (step, room.inner_steps, "inner steps per round")):
         if value >= bound:
             raise HTTPException(400, f"this room has {bound} {what} (from 0); {value} is past "
                                      "them")

@@ -25,7 +25,7 @@ from andrea.export import (
     zip_stream,
 )
 from andrea.metrics import COLUMNS, StoredRecord, mlp_hist_labels
-from andrea.model import run_layout
+from andrea.run_config import run_layout
 from andrea.web.deps import RunDep, SettingsDep, StoreDep, get_existing_run
 from andrea.web.quotas import ClientSlots, app_state
 

@@ -21,8 +21,8 @@ def _render(templates: TemplatesDep, request: Request, template: str,
 @router.get("/")
 def index(request: Request, templates: TemplatesDep):
     # The form's defaults, bounds and required marks are RunConfig's (run_config.py); the
-    # fields that make the model are what model.run_model reads; the bandit's phase lengths and
-    # the data warning's passes are the data modules'.
+    # fields that make the model are what run_config.run_model reads; the bandit's phase
+    # lengths and the data warning's passes are the data modules'.
     return _render(templates, request, "index.html", title="New run", fields=form_fields(),
                    room_fields=form_fields(RoomConfig),
                    shape_fields=("preset", *SHAPE_FIELDS, "seq_len"),
@@ -36,7 +36,7 @@ async def run_page(request: Request, templates: TemplatesDep, store: StoreDep, r
     if run is None:
         return _render(templates, request, "not_found.html", status_code=404,
                        title="No such run", what=f"There is no run {run_id} on this server.")
-    if run["config"].get("room"):      # trained by the tabs that join it: its room's page
+    if run["config"].room is not None:      # trained by the tabs that join it: its room's page
         return _render(templates, request, "room.html", title=run["name"], run_id=run_id,
                        run_name=run["name"])
     return _render(templates, request, "run.html", title=run["name"], run_id=run_id,

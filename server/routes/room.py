@@ -107,7 +107,7 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
     st = await _call(room.read)
     rounds = await _call(room.closed_rounds)
     progress = await _call(room.read_progress)
-    cfg = run["config"]["room"]
+    cfg = run["config"].room
     open_ = st["open"]
     answered = set(open_["received"]) | set(open_["refused"])
     return {
@@ -118,17 +118,17 @@ async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
         # (its whole gradient once a step), beside what it sends per round here
         "allreduce_bytes_per_step": 4 * room.numel,
         "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k not in HIDDEN},
-                     **worker_state(st, w, progress, cfg["inner_steps"])}
+                     **worker_state(st, w, progress, cfg.inner_steps)}
                     for w, info in st["workers"].items()],
         "open": {"received": sorted(map(int, open_["received"])),
                  "refused": {int(k): v for k, v in open_["refused"].items()},
                  "waiting_for": sorted(int(w) for w, info in st["workers"].items()
                                        if info["left"] is None and w not in answered),
-                 "quorum_met": len(open_["received"]) >= cfg["quorum"],
+                 "quorum_met": len(open_["received"]) >= cfg.quorum,
                  # cut (wait_for_slowest off): the workers still training send what they have
                  "cut": open_.get("cut_at") is not None,
                  "first_at": open_["first_at"], "opened_at": open_["opened_at"],
-                 "deadline_at": open_["first_at"] and open_["first_at"] + cfg["round_deadline_s"],
+                 "deadline_at": open_["first_at"] and open_["first_at"] + cfg.round_deadline_s,
                  "stale": open_["stale"], "waiting": open_.get("waiting"),
                  # the most one element of a pseudo-gradient of this version may move
                  "delta_bound": room.bound(st)},
@@ -150,7 +150,7 @@ async def join_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
     async with fanout.run_lock(run["id"]):
         joined = await _call(room.join, bearer(request), time.time(), address, again)
     fanout.publish(run["id"], {"type": "room", "event": "joined", "worker": joined["worker"]})
-    return {**joined, "rounds": room.rounds, "room": run["config"]["room"]}
+    return {**joined, "rounds": room.rounds, "room": run["config"].room}
 
 
 @router.delete("/workers", status_code=204)
@@ -204,7 +204,7 @@ async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts
     room = room_of(run, ckpts)
     await _a_worker(room, request)
     path = await _receive(request, room, room.expected_bytes(),
-                          f"a {room.room['codec']} pseudo-gradient", storage)
+                          f"a {room.room.codec} pseudo-gradient", storage)
     try:
         async with fanout.run_lock(run["id"]):
             await gone_meanwhile(store, ckpts.data_dir, run["id"], "pseudo-gradient")

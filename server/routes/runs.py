@@ -33,13 +33,12 @@ from starlette.requests import ClientDisconnect
 from andrea.data.spec import BatchSpec
 from andrea.data.windows import rows_problem
 from andrea.durable import fsync_dir
-from andrea.model import model_name, run_layout, run_model
 from andrea.optim import optimizer_memory
 from andrea.paths import run_dir, weights_path
 from andrea.room.init import seeded_weights
 from andrea.room.rounds import Room, summary
 from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly, temp_file
-from andrea.run_config import RunConfig
+from andrea.run_config import RunConfig, StoredRunConfig, model_name, run_layout, run_model
 from andrea.runs.info import checkpoint_info, read_run
 from andrea.runs.lifecycle import no_trainer, publish_run
 from andrea.runs.sweep import expire_later, mark_unsettled, settled
@@ -80,7 +79,7 @@ def run_config_schema() -> dict:
 def run_config_layout(config: RunConfig) -> LayoutWithState:
     """The parameter table and optimizer memory of the model a config describes (its preset, or
     its own shape): the new-run form's memory estimate, and the config checked in words."""
-    layout = run_layout(config.model_dump())
+    layout = run_layout(config)
     return LayoutWithState(**layout, optimizer_state=optimizer_memory(layout))
 
 
@@ -106,10 +105,11 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
     # The run is tied to this server's corpus: a restart on other text answers 409, not
     # silently different batches; export finds the run's tokenizer by it.
     # (Read from disk the first time: off the event loop.)
-    cfg = {**config.model_dump(), "corpus_hash": "" if config.task else
-           await asyncio.to_thread(data.corpus_hash)}
-    if config.sources is not None:      # the picked sources: this corpus's, in its order
-        cfg["sources"] = _picked_sources(config.sources, [s.name for s in data.sources()])
+    corpus_hash = "" if config.task else await asyncio.to_thread(data.corpus_hash)
+    sources = config.sources
+    if sources is not None:      # the picked sources: this corpus's, in its order
+        sources = _picked_sources(sources, [s.name for s in data.sources()])
+    cfg = StoredRunConfig.of(config, corpus_hash, sources=sources)
     spec = BatchSpec.of_run(cfg)
     await _corpus_serves(spec, data)
     layout = run_layout(cfg)
@@ -125,7 +125,7 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
             await store.run(store.runs.create, run_id, cfg, token_hash(token), None)
             # Version 0 is the run's seeded init, made here: no worker uploads it.
             await asyncio.to_thread(lambda: room.create(
-                join_token, seeded_weights(layout, cfg["seed"]), time.time()))
+                join_token, seeded_weights(layout, cfg.seed), time.time()))
         finally:
             held.release()
         await store.run(store.runs.set_status, run_id, "running", "a room run: open to its workers")
@@ -145,9 +145,10 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
         data={"batches": request.app.url_path_for("run_batch", run_id=run_id, step="{step}"),
               "val_batches": request.app.url_path_for("run_val_batch", run_id=run_id,
                                                       index="{index}"),
-              "tokenizer": request.app.url_path_for("tokenizer", key=tokenizer_key(cfg)),
+              "tokenizer": request.app.url_path_for(
+                  "tokenizer", key=tokenizer_key(cfg.task, cfg.vocab_size)),
               "spec": spec.to_dict()},
-        checkpoint=checkpoint_info(cfg, cfg["parent"] and cfg["parent"]["step"]),
+        checkpoint=checkpoint_info(cfg, cfg.parent and cfg.parent.step),
         room=join_token and {
             "join_token": join_token,
             "room": request.app.url_path_for("get_room", run_id=run_id),
@@ -165,7 +166,7 @@ async def _room_quota(room: Room, settings, storage):
         raise HTTPException(422, f"a room run of {room.numel:,} parameters is more than this "
                                  f"server holds ({settings.room_max_params:,}, "
                                  "ANDREA_ROOM_MAX_PARAMS): choose a smaller model")
-    most = room.room["max_workers"] * room.expected_bytes() + 3 * room.close_bytes()
+    most = room.room.max_workers * room.expected_bytes() + 3 * room.close_bytes()
     (await storage.reserve(most, "a room run's rounds")).release()
     return await storage.reserve(room.close_bytes(), "a room run's version 0")
 
@@ -181,14 +182,13 @@ async def _run_quotas(request: Request, limiter, store, settings) -> None:
                                  "/api/runs/{id}), then create this one again")
 
 
-async def _storage_quota(cfg: dict, layout: dict, data, settings, storage) -> None:
+async def _storage_quota(cfg: StoredRunConfig, layout: dict, data, settings, storage) -> None:
     """The records a new run's config will store (storage.estimated_run_bytes: its steps, each
     with per-row losses, per-tensor grad norms and source losses): 422 past max_run_bytes (the
     config asks for more than a run may have here: fewer steps or a smaller batch), 507 when
     they do not fit above the data dir's floor (the server's state: free space, try again)."""
-    sources = len(cfg["sources"]) if cfg.get("sources") else len(
-        await asyncio.to_thread(data.sources))
-    steps, batch, tensors = cfg["steps"], cfg["batch_size"], len(layout["params"])
+    sources = len(cfg.sources) if cfg.sources else len(await asyncio.to_thread(data.sources))
+    steps, batch, tensors = cfg.steps, cfg.batch_size, len(layout["params"])
     per_step = estimated_run_bytes(1, batch, tensors, sources)
     estimate = estimated_run_bytes(steps, batch, tensors, sources)
     how = (f"{steps:,} steps x ~{per_step / 1000:,.1f} KB a record: per-row losses of batch "
@@ -229,25 +229,26 @@ def _picked_sources(picked: list[str], names: list[str]) -> list[str]:
     return [n for n in names if n in picked]
 
 
-async def _branch(run_id: str, cfg: dict, token_sha256: str, store, fanout, ckpts) -> None:
+async def _branch(run_id: str, cfg: StoredRunConfig, token_sha256: str, store, fanout,
+                  ckpts) -> None:
     """The parent's checkpoint K becomes the new run's checkpoint K (hard-linked), its metrics
     and events up to K are copied, and the run starts at step K + 1, as a resume does."""
-    parent_id, step = cfg["parent"]["run"], cfg["parent"]["step"]
+    parent_id, step = cfg.parent.run, cfg.parent.step
     parent = await store.run(store.runs.get, parent_id)
     if parent is None:
         raise HTTPException(404, f"unknown parent run {parent_id!r}")
     pc = parent["config"]
-    if pc.get("room"):
+    if pc.room is not None:
         raise HTTPException(409, f"run {parent_id} is a room run: its checkpoints hold the "
                                  "room's global weights, not one trainer's state to go on from")
-    if (run_model(pc), pc["optimizer"]) != (run_model(cfg), cfg["optimizer"]):
+    if (run_model(pc), pc.optimizer) != (run_model(cfg), cfg.optimizer):
         raise HTTPException(409, f"a branch keeps its parent's model and optimizer (the "
                                  f"checkpoint's sections): run {parent_id} is {model_name(pc)} "
-                                 f"with {pc['optimizer']}, this config {model_name(cfg)} with "
-                                 f"{cfg['optimizer']}")
-    if step >= cfg["steps"]:
+                                 f"with {pc.optimizer}, this config {model_name(cfg)} with "
+                                 f"{cfg.optimizer}")
+    if step >= cfg.steps:
         raise HTTPException(409, f"the branch starts after step {step}: its steps "
-                                 f"({cfg['steps']}) must be more than that")
+                                 f"({cfg.steps}) must be more than that")
     committed = await store.run(store.metrics.last_step, parent_id) or 0
     if step > committed:   # the branch copies the parent's records up to its step
         raise HTTPException(409, f"run {parent_id}'s records are committed up to step "
@@ -322,7 +323,7 @@ async def list_runs(response: Response, store: StoreDep, fanout: FanoutDep,
                                     f"{quote(_cursor(rows[-1]), safe='')}>; rel=\"next\"")
     rooms = await asyncio.to_thread(lambda: {
         r["id"]: summary(settings.data_dir, r["id"], r["config"]) for r in rows
-        if r["config"].get("room")})
+        if r["config"].room is not None})
     return [{**read_run(r, fanout.has_trainer(r["id"]), settings.start_grace_s),
              "room": rooms.get(r["id"])} for r in rows]
 

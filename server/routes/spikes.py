@@ -48,7 +48,7 @@ from andrea import tasks
 from andrea.config import Settings
 from andrea.data import tokenizer as tk
 from andrea.data.batches import make_batch
-from andrea.model import run_layout
+from andrea.run_config import run_layout
 from andrea.runs.info import ENDED
 from andrea.web.deps import DataDep, FanoutDep, RunDep, RunsDep, SettingsDep, StoreDep
 from andrea.web.quotas import app_state

@@ -6,8 +6,8 @@ import time
 from typing import Literal
 
 from andrea import checkpoints
-from andrea.model import model_name, run_layout
 from andrea.optim import checkpoint_sections, optimizer_memory
+from andrea.run_config import StoredRunConfig, model_name, run_layout
 
 # What a trainer may report, and what a run can be: made, reported, its trainer gone, or made
 # and never started (`abandoned`, shown as "never started": no trainer came within
@@ -42,20 +42,19 @@ def abandoned_message(grace_s: float) -> str:
 RESUMABLE = ("interrupted", "stopped", "paused", "running", "failed")
 
 
-def checkpoint_info(config: dict, last_step: int | None) -> dict:
+def checkpoint_info(config: StoredRunConfig, last_step: int | None) -> dict:
     """What a trainer needs to write and read the run's checkpoints."""
     layout = run_layout(config)
-    return {"sections": checkpoint_sections(layout, config["optimizer"],
-                                            precision=config.get("precision", "fp32")),
+    return {"sections": checkpoint_sections(layout, config.optimizer, config.precision),
             "chunk_bytes": checkpoints.CHUNK_BYTES,
-            "every": config.get("checkpoint_every"), "last_step": last_step}
+            "every": config.checkpoint_every, "last_step": last_step}
 
 
 def public_run(run: dict, connected: bool) -> dict:
     """`connected`: the run has a trainer socket now (Fanout.has_trainer)."""
     cfg = run["config"]
     layout = run_layout(cfg)
-    memory = optimizer_memory(layout)[cfg["optimizer"]]
+    memory = optimizer_memory(layout)[cfg.optimizer]
     out = {k: v for k, v in run.items() if k != "checkpoint_step"}
     last = run.get("checkpoint_step")
     return {**out, "state_bytes": memory["state_bytes"], "n_params": layout["n_params"],
@@ -63,6 +62,12 @@ def public_run(run: dict, connected: bool) -> dict:
             "checkpoint": checkpoint_info(cfg, last),
             "connected": connected,
             "can_resume": (not connected and run["status"] in RESUMABLE and last is not None)}
+
+
+def run_message(info: dict) -> dict:
+    """The viewers' {"type": "run"} message of a run as public_run shows it: JSON values
+    alone, its config included (the API's responses are pydantic's to serialize)."""
+    return {"type": "run", "run": {**info, "config": info["config"].model_dump(mode="json")}}
 
 
 def read_run(run: dict, connected: bool, grace_s: float) -> dict:

@@ -15,7 +15,7 @@ from functools import partial
 from andrea.broker import BrokerUnavailable
 from andrea.errors import CONFLICT, Refused
 from andrea.fanout import Fanout
-from andrea.runs.info import public_run
+from andrea.runs.info import public_run, run_message
 from andrea.store import Store
 
 ABANDONED = "the training tab went away before the run ended"
@@ -42,7 +42,7 @@ async def publish_run(store: Store, fanout: Fanout, run_id: str, **extra) -> dic
     if info is None:
         return None
     info = {**info, **extra}
-    fanout.publish(run_id, {"type": "run", "run": info})
+    fanout.publish(run_id, run_message(info))
     return info
 
 
@@ -102,7 +102,7 @@ async def _mark_if_abandoned(store: Store, fanout: Fanout, grace_s: float, run_i
     except BrokerUnavailable:
         return      # cannot tell: leave it; the next trainer or watchdog decides
     run = await store.run(store.runs.get, run_id)
-    if run is None or run["config"].get("room"):     # a room's workers are no trainer
+    if run is None or run["config"].room is not None:     # a room's workers are no trainer
         return
     status = run["status"]
     if status in ("running", "paused"):

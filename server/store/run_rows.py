@@ -11,8 +11,7 @@ import time
 from sqlalchemy import Connection, Text, bindparam, text
 
 from andrea.metrics import COLUMNS
-from andrea.model import model_name, with_shape
-from andrea.run_config import legacy_clip
+from andrea.run_config import StoredRunConfig, model_name, read_stored, stored_json
 from andrea.store.engine import Database, reads
 from andrea.store.events import Events
 from andrea.store.summary import OWN, Summaries
@@ -59,13 +58,13 @@ class Runs:
         self.summaries = summaries
         self.events = events
 
-    def create(self, run_id: str, config: dict, token_sha256: str,
+    def create(self, run_id: str, config: StoredRunConfig, token_sha256: str,
                name: str | None = None) -> None:
         with self.db.tx(write=True) as conn:
             self._insert(conn, run_id, config, token_sha256, name)
 
-    def _insert(self, conn: Connection, run_id: str, config: dict, token_sha256: str,
-                name: str | None, checkpoint_step: int | None = None) -> None:
+    def _insert(self, conn: Connection, run_id: str, config: StoredRunConfig,
+                token_sha256: str, name: str | None, checkpoint_step: int | None = None) -> None:
         """A new `created` row (inside the caller's transaction), named "tiny adamw #12" by
         default: the preset, the optimizer and the run's number on this server, never one a
         deleted run had."""
@@ -76,9 +75,9 @@ class Runs:
             "INSERT INTO runs (id, created_at, updated_at, config, token_sha256, status,"
             " checkpoint_step, name, tags, number) VALUES (:id, :now, :now, :config, :token,"
             " 'created', :checkpoint_step, :name, '[]', :number)"),
-            {"id": run_id, "now": now, "config": json.dumps(config), "token": token_sha256,
+            {"id": run_id, "now": now, "config": stored_json(config), "token": token_sha256,
              "checkpoint_step": checkpoint_step, "number": number,
-             "name": name or f"{model_name(config)} {config['optimizer']} #{number}"})
+             "name": name or f"{model_name(config)} {config.optimizer} #{number}"})
 
     @reads
     def get(self, run_id: str) -> dict | None:
@@ -236,8 +235,8 @@ class Runs:
     # `copying_from`, is listed once the last transaction finds the parent unchanged. A process
     # killed mid-copy leaves it marked: never listed (nor in the list's total), dropped by the app
     # (unfinished_branches; runs/sweep.py drop_unfinished_branches).
-    def create_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
-                      step: int, name: str | None = None) -> str | None:
+    def create_branch(self, run_id: str, config: StoredRunConfig, token_sha256: str,
+                      parent_id: str, step: int, name: str | None = None) -> str | None:
         """The branch, made on the calling thread. Returns why not (the parent unknown,
         deleted or resumed meanwhile; nothing of the branch is left), else None."""
         mark = self.begin_branch(run_id, config, token_sha256, parent_id, step, name)
@@ -255,8 +254,8 @@ class Runs:
             pass
         return reason
 
-    async def branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
-                     step: int, name: str | None = None) -> str | None:
+    async def branch(self, run_id: str, config: StoredRunConfig, token_sha256: str,
+                     parent_id: str, step: int, name: str | None = None) -> str | None:
         """create_branch from the event loop: each transaction a job of its own on the
         store's threads, other work between them."""
         mark = await self.db.run(self.begin_branch, run_id, config, token_sha256, parent_id,
@@ -275,8 +274,8 @@ class Runs:
             pass
         return reason
 
-    def begin_branch(self, run_id: str, config: dict, token_sha256: str, parent_id: str,
-                     step: int, name: str | None = None) -> str | None:
+    def begin_branch(self, run_id: str, config: StoredRunConfig, token_sha256: str,
+                     parent_id: str, step: int, name: str | None = None) -> str | None:
         """The branch's row, not listed yet (copying_from). Returns the parent's token hash
         now (a resume changes it: end_branch compares), or None for an unknown parent."""
         with self.db.tx(write=True) as conn:
@@ -362,13 +361,14 @@ class Runs:
 
 
 def run_dict(row) -> dict:
-    """A run's row as the store hands it out: JSON decoded, a default name, nothing hidden."""
+    """A run's row as the store hands it out: JSON decoded (its config a StoredRunConfig), a
+    default name, nothing hidden."""
     d = dict(row)
     for column in _HIDDEN:
         d.pop(column, None)
-    # (A run stored before clip_mode reads back with it: run_config.legacy_clip.)
-    d["config"] = with_shape(legacy_clip(json.loads(d["config"])))
+    # (A run stored before clip_mode or custom shapes reads back with them: read_stored.)
+    d["config"] = read_stored(d["config"])
     d["adapter"] = json.loads(d["adapter"]) if d["adapter"] else None
     d["tags"] = json.loads(d["tags"]) if d.get("tags") else []
-    d["name"] = d.get("name") or f"{model_name(d['config'])} {d['config']['optimizer']}"
+    d["name"] = d.get("name") or f"{model_name(d['config'])} {d['config'].optimizer}"
     return d

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from andrea.errors import INVALID
 from andrea.metrics import Record
-from andrea.model import run_layout
+from andrea.run_config import StoredRunConfig, run_layout
 from andrea.telemetry.protocol import ProtocolError
 
 NOTHING_STORED = "Nothing of this message was stored"
 
 
-def tensor_count(config: dict) -> int:
+def tensor_count(config: StoredRunConfig) -> int:
     """The parameter tensors of a run's model: what its per-tensor lists hold one entry for."""
     return len(run_layout(config)["params"])
 
 
-def layer_count(config: dict) -> int:
+def layer_count(config: StoredRunConfig) -> int:
     """The layers of a run's model: what its per-layer lists (mlp_dead, mlp_hist) hold one entry
     for; resid_rms has one per norm gain, two a layer and the final norm's."""
-    return run_layout(config)["config"]["n_layer"]
+    return config.n_layer
 
 
 def check_inside(n_layer: int, records: list[Record]) -> None:

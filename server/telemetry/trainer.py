@@ -20,7 +20,8 @@ from andrea.data.hub import DataHub
 from andrea.data.run_registry import RunRegistry, source_index, sources_text
 from andrea.errors import CONFLICT, DISK_FULL, INVALID, NOT_ALLOWED, NOT_FOUND, TOO_OFTEN
 from andrea.metrics import Record
-from andrea.runs.info import public_run
+from andrea.run_config import StoredRunConfig
+from andrea.runs.info import public_run, run_message
 from andrea.runs.lifecycle import publish_run, watch_trainer_gone
 from andrea.storage import FLOOR, RUN_BYTES, RunBytes, StorageFull, message_bytes, stored_run_bytes
 from andrea.store import StoreUnavailable
@@ -140,8 +141,8 @@ class _RunSources:
     sources (its `sources`, every corpus source by default). Checked before a record is
     committed, since a bandit replays the committed records (data/run_registry.py)."""
 
-    def __init__(self, data: DataHub, config: dict):
-        self.data, self.picked = data, config.get("sources")
+    def __init__(self, data: DataHub, config: StoredRunConfig):
+        self.data, self.picked = data, config.sources
         self.names: list[str] | None = None      # read on the first record with losses
         self.active: list[bool] = []
 
@@ -208,7 +209,7 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
             if verdict != "ok":
                 raise ProtocolError(NOT_ALLOWED, "wrong token for this run")
             run = await store.run(store.runs.get, run_id)
-            if run["config"].get("room"):   # refused before it counts as the run's trainer
+            if run["config"].room is not None:   # refused before it counts as the run's trainer
                 raise ProtocolError(NOT_ALLOWED, "a room run is trained by the workers who join "
                                                  "it (its room: /api/runs/{id}/room), not by "
                                                  "one trainer")
@@ -218,8 +219,8 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
         pings.run = run_id
         if run["status"] in ("running", "paused"):
             # A tab back after a dropped connection: its viewers said "no training tab".
-            fanout.publish(run_id, {"type": "run", "run": public_run(run, True)})
-        steps = run["config"]["steps"]
+            fanout.publish(run_id, run_message(public_run(run, True)))
+        steps = run["config"].steps
         sources = _RunSources(data, run["config"])
         n_tensors = tensor_count(run["config"])     # the per-tensor lists' length
         n_layer = layer_count(run["config"])        # the per-layer lists'
@@ -248,10 +249,10 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                                                     else MIN_COST))
             if isinstance(msg, Metrics):
                 _check_steps(steps, *(r.step for r in msg.records))
-                check_rows(run["config"]["batch_size"], msg.records)
+                check_rows(run["config"].batch_size, msg.records)
                 check_tensors(n_tensors, msg.records)
                 check_inside(n_layer, msg.records)
-                check_precision(run["config"].get("precision", "fp32"), msg.records)
+                check_precision(run["config"].precision, msg.records)
                 await sources.check(msg.records)    # before anything is committed
                 if wait := max(wait, rate.take(len(msg.records))):
                     await asyncio.sleep(wait)
@@ -283,8 +284,8 @@ async def trainer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fa
                     raise ProtocolError(CONFLICT, f"the run is {now}: a trainer cannot make it "
                                               f"{msg.status} again (resume it from a checkpoint"
                                               f" with POST /api/runs/{run_id}/resume, or branch)")
-                fanout.publish(run_id, {"type": "run", "run": public_run(
-                    await store.run(store.runs.get, run_id), True)})
+                fanout.publish(run_id, run_message(public_run(
+                    await store.run(store.runs.get, run_id), True)))
             elif isinstance(msg, Sample):
                 _check_steps(steps, msg.step)
                 if wait:

@@ -23,7 +23,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from andrea.config import Settings
 from andrea.errors import MALFORMED, NOT_FOUND, TOO_OFTEN, UNAVAILABLE
 from andrea.fanout import Fanout, Outgoing, Viewer
-from andrea.runs.info import public_run
+from andrea.runs.info import public_run, run_message
 from andrea.runs.lifecycle import current_run
 from andrea.store import Store, StoreUnavailable
 from andrea.telemetry.protocol import (
@@ -245,14 +245,14 @@ async def viewer_socket(ws: WebSocket, run_id: str, store: StoreDep, fanout: Fan
 
     async def write():
         shown = public_run(run, fanout.has_trainer(run_id))
-        await session.send(json.dumps({"type": "run", "run": shown}))
+        await session.send(json.dumps(run_message(shown)))
         await session.start_from(session.cursor if raw_after is not None else None)
         # A status change published between that message and the subscription (start_from)
         # reached no queue: the run as it is now, if its status differs. (Only the status: a
         # trainer's hello on a run not yet running changes `connected` and publishes nothing.)
         now = await current_run(store, fanout, run_id)
         if now is not None and now["status"] != shown["status"]:
-            await session.send(json.dumps({"type": "run", "run": now}))
+            await session.send(json.dumps(run_message(now)))
         await session.live()
 
     writer = asyncio.ensure_future(write())

@@ -5,8 +5,8 @@ loss (relative diff <= 1e-5), logits, and every parameter's gradient
 import numpy as np
 import pytest
 
-from andrea.model import PRESETS, ModelConfig, build_layout, run_model
-from andrea.run_config import RunConfig
+from andrea.model import PRESETS, ModelConfig, build_layout
+from andrea.run_config import RunConfig, run_model
 from tests import reference as ref
 from tests.lab import b64, call
 
@@ -17,7 +17,7 @@ CONFIGS = {
     # A run's own shape, through the path a run takes (RunConfig -> run_model): head dim 24,
     # an FFN width and context off every tile size, a vocabulary of its own.
     "run-shape": run_model(RunConfig(preset="tiny", n_layer=3, n_embd=72, n_head=3, ffn_dim=136,
-                                     vocab_size=1024, seq_len=80).model_dump()),
+                                     vocab_size=1024, seq_len=80)),
 }
 
 

@@ -61,7 +61,7 @@ VARIANTS = [("adamw", False), ("adamw_8bit", False), ("adamw", True)]
 
 
 def sections(optimizer: str) -> list[dict]:
-    return checkpoint_sections(build_layout(PRESETS["tiny"]), optimizer)
+    return checkpoint_sections(build_layout(PRESETS["tiny"]), optimizer, "fp32")
 
 
 def bits(a: np.ndarray) -> np.ndarray:

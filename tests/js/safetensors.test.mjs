@@ -13,8 +13,8 @@ test('flatWeights puts every tensor of the served file back at its table offset'
   const { path, raw, layout } = serverJson(`
 import json, tempfile, numpy as np
 from andrea import export
-from andrea.model import run_layout
-layout = run_layout({"preset": "tiny", "task": "add", "n_layer": 1})
+from andrea.run_config import RunConfig, run_layout
+layout = run_layout(RunConfig(preset="tiny", task="add", n_layer=1))
 rng = np.random.default_rng(3)
 flat = np.zeros(layout["total_numel"], np.float32)
 for p in layout["params"]:

@@ -12,7 +12,8 @@ const PYTHON = existsSync(path.join(venv, 'bin', 'python')) ? path.join(venv, 'b
 export const serverJson = (code, ...args) => JSON.parse(
   execFileSync(PYTHON, ['-P', '-c', code, ...args], { encoding: 'utf8' }));
 
-/** The run layout the server makes for `config` (server/model.py run_layout). */
+/** The run layout the server makes for `config`, a RunConfig (server/run_config.py run_layout). */
 export const serverLayout = (config) => serverJson(
-  'import json, sys; from andrea.model import run_layout; '
-  + 'print(json.dumps(run_layout(json.loads(sys.argv[1]))))', JSON.stringify(config));
+  'import json, sys; from andrea.run_config import RunConfig, run_layout; '
+  + 'print(json.dumps(run_layout(RunConfig.model_validate_json(sys.argv[1]))))',
+  JSON.stringify(config));

@@ -154,7 +154,6 @@ function showProgress(state) {
 
 /** The run's clipping in words: config.clip_mode (the server maps an older run's `clip`). */
 export function clipText(config) {
-  if (config.clip_mode === undefined) return '-';
   const words = clipWords(config.clip_mode, 'label');
   return config.clip_mode === 'off' ? words : `${words}, max_norm ${config.max_norm}`;
 }

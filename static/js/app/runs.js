@@ -54,7 +54,7 @@ const labelOf = (r) => (r.room ? (r.room.finished ? 'finished' : 'running') : st
 // The text a run trained on, as its user picked it: its sources' names, or "all" (left out:
 // every source of the server's corpus). The corpus hash tells corpora of the same names apart.
 const sourcesOf = (r) => (r.config.sources?.length ? r.config.sources.join(', ') : 'all');
-const corpusOf = (r) => r.config.corpus_hash ?? '';
+const corpusOf = (r) => r.config.corpus_hash;
 
 /** The sort key of a run (nulls last whichever the direction). */
 function keyOf(r, key) {

@@ -130,8 +130,8 @@ export class Trainer {
         throw new Error(`cannot resume at step ${resume.step}: the run has ${c.steps} steps`);
       }
     }
-    const mixed = (c.precision ?? 'fp32') === 'mixed';
-    this.model = new Model(ctx, layout, { precision: mixed ? 'mixed' : 'fp32' });
+    const mixed = c.precision === 'mixed';
+    this.model = new Model(ctx, layout, { precision: c.precision });
     // A resume overwrites W below; G starts zeroed either way (new buffers are zero in WebGPU).
     if (!resume) await this.model.init(c.seed);
     this.opt = await Optimizer.create(ctx, layout, {
