@@ -50,6 +50,14 @@ def disk_error(e: OSError) -> CheckpointError | None:
                                       f" ({name}); the previous checkpoints are kept")
 
 
+def refusal_of(e: Exception) -> Refused | None:
+    """The refusal a failed checkpoint write or read is (a full disk's too: the app's one
+    handler answers it, web/errors.py); None: a real server error."""
+    if isinstance(e, Refused):
+        return e
+    return disk_error(e) if isinstance(e, OSError) else None
+
+
 def newest_usable(metas: list[dict], last_step: int | None) -> int | None:
     """The newest checkpoint step whose steps all have committed records (up to `last_step`),
     or None: a tab that dies right after uploading checkpoint K may not have sent record K yet,

@@ -27,11 +27,12 @@ from andrea.checkpoints import (
     CheckpointStore,
     newest_usable,
     parse_digests,
+    refusal_of,
 )
 from andrea.data.batches import corpus_mismatch
 from andrea.optim import checkpoint_sections
 from andrea.paths import weights_path
-from andrea.routes.run_files import gone_meanwhile, receive_exactly, refusal_of, stream_file
+from andrea.routes.run_files import gone_meanwhile, receive_exactly, stream_file
 from andrea.run_config import StoredRunConfig, model_name, run_layout
 from andrea.runs.info import RESUMABLE, run_message
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed

@@ -50,17 +50,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
-from andrea.checkpoints import CheckpointStore
+from andrea.checkpoints import CheckpointStore, refusal_of
 from andrea.room.lifecycle import close_when_due, room_of_run
 from andrea.room.lone import LONE_SCAN, lone_run
 from andrea.room.rounds import Room, evals, worker_state
-from andrea.routes.run_files import (
-    gone_meanwhile,
-    receive_exactly,
-    refusal_of,
-    stream_file,
-    temp_file,
-)
+from andrea.routes.run_files import gone_meanwhile, receive_exactly, stream_file, temp_file
 from andrea.web.deps import (
     CheckpointsDep,
     FanoutDep,

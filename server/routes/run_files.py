@@ -1,7 +1,6 @@
-"""What the routes that write a run's files share (checkpoint, weights and room uploads, a
-branch's linked checkpoint): a body streamed to disk at exactly its size, the HTTP answer for a
-refused checkpoint or a full disk, and the run's folder when the run is deleted meanwhile. A
-module of its own, so that no route imports another."""
+"""What the routes that write a run's files share (checkpoint, weights and room uploads): a body
+streamed to disk at exactly its size, a file streamed out, and the run's folder when the run is
+deleted meanwhile. A module of its own, so that no route imports another."""
 
 from __future__ import annotations
 
@@ -15,10 +14,8 @@ from pathlib import Path
 from fastapi import HTTPException
 from starlette.requests import Request
 
-from andrea.checkpoints import READ_BYTES, CheckpointError, CheckpointStore, disk_error
+from andrea.checkpoints import READ_BYTES
 from andrea.durable import TEMP_SUFFIX
-from andrea.errors import Refused
-from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.storage import Reservation
 
@@ -60,14 +57,6 @@ async def stream_file(f, size: int | None = None) -> AsyncIterator[bytes]:
         f.close()
 
 
-def refusal_of(e: Exception) -> Refused | None:
-    """The refusal a failed checkpoint write or read is (a full disk's too: the app's one
-    handler answers it, web/errors.py); None: a real server error."""
-    if isinstance(e, Refused):
-        return e
-    return disk_error(e) if isinstance(e, OSError) else None
-
-
 async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
     """404, the run's folder removed again (an upload that began after the delete made it
     anew), when the run was deleted while `what` was uploaded. Under the run's lock: a delete
@@ -77,18 +66,6 @@ async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
     await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
     raise HTTPException(404, f"run {run_id} was deleted during the upload of its {what}; "
                              "nothing was stored")
-
-
-async def link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, step: int,
-                      run_id: str) -> None:
-    """A branch's files: the parent's checkpoint `step` becomes the new run's (hard links),
-    under the parent's lock so a prune cannot take it meanwhile."""
-    async with fanout.run_lock(parent_id):
-        try:
-            await asyncio.to_thread(ckpts.link, parent_id, step, run_id)
-        except (CheckpointError, OSError) as e:
-            await asyncio.to_thread(ckpts.remove_run, run_id)
-            raise refusal_of(e) or e
 
 
 def temp_file(folder: Path) -> Path:

@@ -19,9 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
-import shutil
-import time
 from typing import Annotated
 from urllib.parse import quote
 
@@ -30,20 +27,16 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from andrea.data.spec import BatchSpec
-from andrea.data.windows import rows_problem
 from andrea.durable import fsync_dir
 from andrea.optim import optimizer_memory
-from andrea.paths import run_dir, weights_path
-from andrea.room.init import seeded_weights
-from andrea.room.rounds import Room, summary
-from andrea.routes.run_files import gone_meanwhile, link_parent, receive_exactly, temp_file
-from andrea.run_config import RunConfig, StoredRunConfig, model_name, run_layout, run_model
+from andrea.paths import weights_path
+from andrea.room.rounds import summary
+from andrea.routes.run_files import gone_meanwhile, receive_exactly, temp_file
+from andrea.run_config import RunConfig, run_layout
 from andrea.runs.info import checkpoint_info, read_run
-from andrea.runs.lifecycle import no_trainer, publish_run
-from andrea.runs.sweep import expire_later, mark_unsettled, settled
+from andrea.runs.lifecycle import publish_run
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
-from andrea.storage import estimated_run_bytes, mib
+from andrea.services import runs as run_service
 from andrea.tasks import tokenizer_key
 from andrea.web.deps import (
     CheckpointsDep,
@@ -61,7 +54,6 @@ from andrea.web.deps import (
     bearer,
     check_write_token,
 )
-from andrea.write_tokens import new_token, token_hash
 
 router = APIRouter(prefix="/api", tags=["runs"])
 log = logging.getLogger("andrea.runs")
@@ -95,50 +87,16 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
                      runs: RunsDep, fanout: FanoutDep, ckpts: CheckpointsDep,
                      settings: SettingsDep, limiter: RunLimiterDep,
                      storage: StorageDep) -> RunCreated:
-    """A new run; with `parent`, a branch that starts after the parent's checkpoint (by the
-    parent's owner: its checkpoint becomes the branch's, readable with the branch's token)."""
+    """A new run (services/runs.py create); with `parent`, a branch that starts after the
+    parent's checkpoint (by the parent's owner: its checkpoint becomes the branch's, readable
+    with the branch's token). A client's new runs are paced (429)."""
     if config.parent is not None:
         await authorize(request, settings, store, config.parent.run)
-    await _run_quotas(request, limiter, store, settings)
-    run_id = secrets.token_hex(6)
-    token = new_token()
-    # The run is tied to this server's corpus: a restart on other text answers 409, not
-    # silently different batches; export finds the run's tokenizer by it.
-    # (Read from disk the first time: off the event loop.)
-    corpus_hash = "" if config.task else await asyncio.to_thread(data.corpus_hash)
-    sources = config.sources
-    if sources is not None:      # the picked sources: this corpus's, in its order
-        sources = _picked_sources(sources, [s.name for s in data.sources()])
-    cfg = StoredRunConfig.of(config, corpus_hash, sources=sources)
-    spec = BatchSpec.of_run(cfg)
-    await _corpus_serves(spec, data)
-    layout = run_layout(cfg)
-    await _storage_quota(cfg, layout, data, settings, storage)
-    join_token = None
-    if config.room is not None:
-        # A room run is open to its workers from now on: `running` until its last round closes
-        # (the sweep never expires it), its join token shown once, as the write token is.
-        join_token = new_token()
-        room = Room(ckpts.data_dir, ckpts, run_id, cfg, layout)
-        held = await _room_quota(room, settings, storage)
-        try:
-            await store.run(store.runs.create, run_id, cfg, token_hash(token), None)
-            # Version 0 is the run's seeded init, made here: no worker uploads it.
-            await asyncio.to_thread(lambda: room.create(
-                join_token, seeded_weights(layout, cfg.seed), time.time()))
-        finally:
-            held.release()
-        await store.run(store.runs.set_status, run_id, "running", "a room run: open to its workers")
-    elif config.parent is None:
-        await store.run(store.runs.create, run_id, cfg, token_hash(token), None)
-        # Its viewers (and the list) read "never started" once the grace period has passed
-        # without a trainer; the app's sweep expires it too (after a restart: expire_runs).
-        fanout.spawn(expire_later(store, fanout, settings.start_grace_s))
-    else:
-        await _branch(run_id, cfg, token_hash(token), store, fanout, ckpts)
-    runs.register(run_id, spec)
+    limiter.check(request.client.host if request.client else "", "new runs")
+    made = await run_service.create(config, store, data, runs, fanout, ckpts, settings, storage)
+    run_id, cfg, layout = made.run_id, made.config, made.layout
     return RunCreated(
-        id=run_id, token=token, config=cfg, layout=layout,
+        id=run_id, token=made.token, config=cfg, layout=layout,
         optimizer_state=optimizer_memory(layout),
         # The run's data routes, made by the app from their names ({step} and {index} left
         # for the trainer to fill).
@@ -147,124 +105,14 @@ async def create_run(config: RunConfig, request: Request, store: StoreDep, data:
                                                       index="{index}"),
               "tokenizer": request.app.url_path_for(
                   "tokenizer", key=tokenizer_key(cfg.task, cfg.vocab_size)),
-              "spec": spec.to_dict()},
+              "spec": made.spec.to_dict()},
         checkpoint=checkpoint_info(cfg, cfg.parent and cfg.parent.step),
-        room=join_token and {
-            "join_token": join_token,
+        room=made.join_token and {
+            "join_token": made.join_token,
             "room": request.app.url_path_for("get_room", run_id=run_id),
             "batches": request.app.url_path_for("room_batch", run_id=run_id,
                                                 version="{version}", slot="{slot}",
                                                 step="{step}")})
-
-
-async def _room_quota(room: Room, settings, storage):
-    """A room this server can hold, or 422 with the number (ANDREA_ROOM_MAX_PARAMS); then its
-    most bytes on disk at once (max_workers pseudo-gradients of a round and three versions:
-    the two kept and a close's new one) must fit the storage budget now (507), and version
-    0's are reserved (the Reservation, to release once written)."""
-    if room.numel > settings.room_max_params:
-        raise HTTPException(422, f"a room run of {room.numel:,} parameters is more than this "
-                                 f"server holds ({settings.room_max_params:,}, "
-                                 "ANDREA_ROOM_MAX_PARAMS): choose a smaller model")
-    most = room.room.max_workers * room.expected_bytes() + 3 * room.close_bytes()
-    (await storage.reserve(most, "a room run's rounds")).release()
-    return await storage.reserve(room.close_bytes(), "a room run's version 0")
-
-
-async def _run_quotas(request: Request, limiter, store, settings) -> None:
-    """A new run's quotas: the client's rate (429) and the runs stored in all (507); its
-    storage is _storage_quota's."""
-    limiter.check(request.client.host if request.client else "", "new runs")
-    count = await store.run(store.runs.count)
-    if count >= settings.max_runs:
-        raise HTTPException(507, f"this server holds {count} runs, its limit (ANDREA_MAX_RUNS):"
-                                 " delete runs you no longer need (the runs page, or DELETE "
-                                 "/api/runs/{id}), then create this one again")
-
-
-async def _storage_quota(cfg: StoredRunConfig, layout: dict, data, settings, storage) -> None:
-    """The records a new run's config will store (storage.estimated_run_bytes: its steps, each
-    with per-row losses, per-tensor grad norms and source losses): 422 past max_run_bytes (the
-    config asks for more than a run may have here: fewer steps or a smaller batch), 507 when
-    they do not fit above the data dir's floor (the server's state: free space, try again)."""
-    sources = len(cfg.sources) if cfg.sources else len(await asyncio.to_thread(data.sources))
-    steps, batch, tensors = cfg.steps, cfg.batch_size, len(layout["params"])
-    per_step = estimated_run_bytes(1, batch, tensors, sources)
-    estimate = estimated_run_bytes(steps, batch, tensors, sources)
-    how = (f"{steps:,} steps x ~{per_step / 1000:,.1f} KB a record: per-row losses of batch "
-           f"{batch}, grad norms of {tensors} tensors")
-    if estimate > settings.max_run_bytes:
-        fits = settings.max_run_bytes // per_step
-        raise HTTPException(422, f"this run's records would take about {mib(estimate)} in the "
-                                 f"store ({how}), more than the {mib(settings.max_run_bytes)} "
-                                 "a run may store on this server (ANDREA_MAX_RUN_BYTES): ask "
-                                 f"for at most {fits:,} steps, or a smaller batch_size. "
-                                 "Nothing was stored")
-    await storage.check_run(estimate, how)
-
-
-async def _corpus_serves(spec: BatchSpec, data) -> None:
-    """422 for a run whose rows this corpus cannot hold (windows.rows_problem: its seq_len + 1
-    tokens in a training part and in a held-out tail, in each picked source when it picks
-    some), with the sizes, before anything is stored: it used to be accepted and fail at
-    batch 0. Read from the token files of the run's vocab size when they are made (the start's
-    warm-up makes the presets'); a vocab size nobody asked for yet is not built here (that
-    took tens of seconds on a loaded machine, past clients' timeouts): its first batch says
-    the same."""
-    corpus = None if spec.task else data.ready(spec.vocab_size)
-    if corpus is None:
-        return
-    if why := rows_problem(corpus.files, spec):
-        raise HTTPException(422, f"the corpus cannot serve this run: {why}. Nothing was stored")
-
-
-def _picked_sources(picked: list[str], names: list[str]) -> list[str]:
-    """A run's `sources`, checked against this server's corpus (422 names each unknown one and
-    lists the known), in corpus order (the batch header's source indices)."""
-    unknown = [s for s in picked if s not in names]
-    if unknown:
-        raise HTTPException(422, f"sources: unknown source{'s' * (len(unknown) > 1)} "
-                                 f"{', '.join(map(repr, unknown))}; this server's sources are "
-                                 f"{', '.join(names)} (GET /api/corpus)")
-    return [n for n in names if n in picked]
-
-
-async def _branch(run_id: str, cfg: StoredRunConfig, token_sha256: str, store, fanout,
-                  ckpts) -> None:
-    """The parent's checkpoint K becomes the new run's checkpoint K (hard-linked), its metrics
-    and events up to K are copied, and the run starts at step K + 1, as a resume does."""
-    parent_id, step = cfg.parent.run, cfg.parent.step
-    parent = await store.run(store.runs.get, parent_id)
-    if parent is None:
-        raise HTTPException(404, f"unknown parent run {parent_id!r}")
-    pc = parent["config"]
-    if pc.room is not None:
-        raise HTTPException(409, f"run {parent_id} is a room run: its checkpoints hold the "
-                                 "room's global weights, not one trainer's state to go on from")
-    if (run_model(pc), pc.optimizer) != (run_model(cfg), cfg.optimizer):
-        raise HTTPException(409, f"a branch keeps its parent's model and optimizer (the "
-                                 f"checkpoint's sections): run {parent_id} is {model_name(pc)} "
-                                 f"with {pc.optimizer}, this config {model_name(cfg)} with "
-                                 f"{cfg.optimizer}")
-    if step >= cfg.steps:
-        raise HTTPException(409, f"the branch starts after step {step}: its steps "
-                                 f"({cfg.steps}) must be more than that")
-    committed = await store.run(store.metrics.last_step, parent_id) or 0
-    if step > committed:   # the branch copies the parent's records up to its step
-        raise HTTPException(409, f"run {parent_id}'s records are committed up to step "
-                                 f"{committed}: branch from a checkpoint at or before it")
-    # The files come before the row: marked, so that a stop in between leaves none behind.
-    await asyncio.to_thread(mark_unsettled, ckpts.data_dir, run_id)
-    await link_parent(ckpts, fanout, parent_id, step, run_id)   # 404 without that checkpoint
-    name = f"{parent['name']} · branch at {step}"[:120]
-    try:   # the copy goes in pages: trainers' commits go on between them
-        why_not = await store.runs.branch(run_id, cfg, token_sha256, parent_id, step, name)
-        if why_not:
-            raise HTTPException(409, f"{why_not}; nothing of the branch was kept")
-    except BaseException:
-        await asyncio.to_thread(ckpts.remove_run, run_id)
-        raise
-    await asyncio.to_thread(settled, ckpts.data_dir, run_id)
 
 
 # GET /api/runs: runs per page by default, and at most.
@@ -340,18 +188,8 @@ async def get_run(run: RunDep, store: StoreDep, settings: SettingsDep,
 async def update_run(update: RunUpdate, run: OwnedRunDep, store: StoreDep,
                      fanout: FanoutDep) -> Run:
     """Rename a run, set its tags or notes (by its owner: see the module's docstring)."""
-    fields = update.model_dump(exclude_unset=True, exclude_none=True)
-    if "name" in fields:
-        fields["name"] = fields["name"].strip()
-        if not fields["name"]:
-            raise HTTPException(422, "a run's name cannot be empty")
-    if "tags" in fields:
-        tags = [t.strip() for t in fields["tags"] if t.strip()]
-        fields["tags"] = list(dict.fromkeys(tags))        # unique, in order
-    run_id = run["id"]
-    if not await store.run(store.runs.update, run_id, fields):
-        raise HTTPException(404, f"unknown run {run_id!r}")
-    return await publish_run(store, fanout, run_id)
+    return await run_service.update(store, fanout, run["id"],
+                                    update.model_dump(exclude_unset=True, exclude_none=True))
 
 
 @router.delete("/runs/{run_id}", status_code=204)
@@ -359,17 +197,7 @@ async def delete_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep, runs:
                      settings: SettingsDep) -> Response:
     """The run, its metrics, events, checkpoints and weights. 409 while a trainer is
     connected (the tab training it would go on writing): stop it there first."""
-    run_id = run["id"]
-    busy = "a tab is training this run: stop it there first, or wait until its trainer is gone"
-    async with no_trainer(fanout, run_id, busy):    # no hello, resume or checkpoint commit
-        # Marked first: a stop between the row's delete and the files' leaves them findable.
-        await asyncio.to_thread(mark_unsettled, settings.data_dir, run_id)
-        if not await store.run(store.runs.delete, run_id):
-            await asyncio.to_thread(settled, settings.data_dir, run_id)
-            raise HTTPException(404, f"unknown run {run_id!r}")
-        await asyncio.to_thread(shutil.rmtree, run_dir(settings.data_dir, run_id), True)
-    runs.forget(run_id)
-    fanout.publish(run_id, {"type": "deleted", "run_id": run_id})
+    await run_service.delete(store, fanout, runs, settings.data_dir, run["id"])
     return Response(status_code=204)
 
 

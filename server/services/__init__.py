@@ -1,0 +1,7 @@
+"""The server's operations as the domain does them, composed from the packages below (the
+store, the runs' files and sweep, the room, the data, the budgets): plain async functions that
+take what they use and raise errors.Refused. The routes parse a request, call one, and shape
+the answer; web/errors.py maps what they refuse.
+
+  runs.py   create (a plain run, a room run, a branch of a checkpoint), update, delete
+"""
