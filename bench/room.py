@@ -31,9 +31,7 @@ from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 from andrea.paths import weights_path
 from bench.browser import andrea_train
-
-EVAL_BATCHES = 8
-PHASES = ("train_ms", "send_ms", "wait_ms", "download_ms", "eval_ms")   # a report's timings
+from bench.room_table import EVAL_BATCHES, outer_step, room_reports, round_phases
 
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
@@ -77,48 +75,6 @@ def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: s
             "allreduce": room["allreduce_bytes_per_step"] * steps * W,
             "weights": f"/api/runs/{run['id']}/room/weights/{room['version']}",
             "reports": room_reports(url, run["id"])}
-
-
-def room_reports(url: str, run_id: str) -> list[dict]:
-    """Every worker's report of the room, page by page."""
-    reports, offset = [], 0
-    while offset is not None:
-        page = httpx.get(f"{url}/api/runs/{run_id}/room/reports",
-                         params={"offset": offset, "limit": 1000}, timeout=60).json()
-        reports += page["reports"]
-        offset = page["next"] if page["reports"] else None
-    return reports
-
-
-def round_phases(reports: list[dict], rounds: int) -> list[str]:
-    """Per worker, then the room's: mean ms per round trained in each phase, the inner steps it
-    took a round (fewer than H where its rounds were cut), and the share of the time not
-    training. A report of version v carries v's wait, download and eval, then its training and
-    sending (room_worker.js); the room's last version (v == rounds) is trained by none, its
-    report only its wait, download and eval: so the sums over a worker's reports are its
-    rounds' time from joining to the end, divided by the rounds it trained."""
-    sums: dict = {}
-    for r in reports:
-        if r.get("timings") is None:
-            continue
-        s = sums.setdefault(r["worker"], dict.fromkeys(PHASES, 0.0) | {"rounds": 0, "steps": 0})
-        for k in PHASES:
-            s[k] += r["timings"][k]
-        s["rounds"] += r["version"] < rounds
-        s["steps"] += len(r["losses"])
-    if not sums:
-        return ["  (no timings reported)"]
-    sums["room"] = {k: sum(s[k] for s in sums.values()) for k in (*PHASES, "rounds", "steps")}
-    lines = [f"  {'ms per round':>14s} " + " ".join(f"{k[:-3]:>9s}" for k in PHASES)
-             + f" {'steps':>6s} {'overhead':>9s}"]
-    for who, s in sums.items():
-        n = max(s["rounds"], 1)
-        total = sum(s[k] for k in PHASES)
-        share = (total - s["train_ms"]) / total if total else 0.0
-        name = who if who == "room" else f"worker {who}"
-        lines.append(f"  {name:>14s} " + " ".join(f"{s[k] / n:9.1f}" for k in PHASES)
-                     + f" {s['steps'] / n:6.1f} {share:9.1%}")
-    return lines
 
 
 def final_weights(data_dir: Path, r: dict) -> str:
@@ -213,14 +169,6 @@ def main() -> None:
     if args.out:
         with open(args.out, "a") as f:
             f.write("\n".join(lines) + "\n")
-
-
-def outer_step(pair: str) -> dict:
-    """'lr,momentum' -> the room's outer settings; '' -> the room's defaults."""
-    if not pair:
-        return {}
-    lr, mu = (float(x) for x in pair.split(","))
-    return {"outer_lr": lr, "outer_momentum": mu}
 
 
 def measure(args, data_dir: Path, say) -> None:
