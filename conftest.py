@@ -1,5 +1,5 @@
-# Fixtures shared across test folders: browser + live server (tests/gpu and e2e/), and the
-# session's data cache (tests/test_data_*.py).
+# Fixtures shared across test folders: browser + live server (tests/unit/gpu and e2e/), and the
+# session's data cache (tests/*/test_data_*.py).
 import os
 import shutil
 import signal

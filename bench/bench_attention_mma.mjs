@@ -1,7 +1,7 @@
 // Attention on the matrix units (static/js/engine/mma_attention.js) against the engine's fp32
 // attention kernels, under Node + Dawn: per shape, the GPU time of the forward and of the
 // backward (delta, dq, dk/dv) side by side in one run. Their results are held against torch by
-// tests/gpu/test_mixed_kernels.py (in the browser on the GPU: bench/gpu/e2e.sh).
+// tests/unit/gpu/test_mixed_kernels.py (in the browser on the GPU: bench/gpu/e2e.sh).
 //
 //   node bench/bench_attention_mma.mjs [--iters 20]
 // Env: DAWN_NODE (Dawn's dawn.node; see gpu/README.md).

@@ -10,7 +10,7 @@ export const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 // process), so the module keeps it.
 const instances = [];
 
-// server/run_config.py MIXED_DAWN_TOGGLES (a bench runs where no server is; tests/test_page_facts.py
+// server/run_config.py MIXED_DAWN_TOGGLES (a bench runs where no server is; tests/api/test_page_facts.py
 // holds the two equal).
 const MIXED_DAWN_TOGGLES = ['allow_unsafe_apis', 'vulkan_enable_f16_on_nvidia'];
 

@@ -1,7 +1,7 @@
 """What hostile room workers can do (issue 50), measured on this machine's CPU:
 
 1. Attacks. Rooms of the tiny preset, two rounds of 4 inner steps, honest workers in PyTorch
-   (tests/test_room_hostile.py's TorchWorker, the engine's AdamW) beside 1 of 2, 1 of 4 and
+   (tests/api/test_room_hostile.py's TorchWorker, the engine's AdamW) beside 1 of 2, 1 of 4 and
    2 of 5 attackers: huge (the honest mean blown up to the AdamW bound), flip (the same,
    sign-flipped), random (noise at the bound), stale (a replay of an old delta). Each row: the
    room's final eval loss beside the honest room's (the same honest workers alone), and how
@@ -28,8 +28,8 @@ from andrea.app import create_app
 from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from andrea.room import codec
+from tests.api.test_room_hostile import attack_table
 from tests.conftest import LocalClient
-from tests.test_room_hostile import attack_table
 from tests.trainer_client import rss_mib
 
 MODEL = {"preset": "120m", "n_layer": 6, "steps": 100,

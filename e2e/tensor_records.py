@@ -12,7 +12,7 @@ import random
 import httpx
 from websockets.sync.client import connect
 
-from tests.test_spikes import run as synthetic_records
+from tests.unit.test_spikes import run as synthetic_records
 
 
 def layout_names(live_server: str, run_id: str) -> list[str]:
@@ -22,9 +22,9 @@ def layout_names(live_server: str, run_id: str) -> list[str]:
 
 def tensor_records(names: list[str], n: int = 80, spike: dict | None = None,
                    seed: int = 0) -> list[dict]:
-    """n records (tests/test_spikes.py's run: grad norm ~1, no clipping) with tensor_grad_norms,
-    grad_nonfinite, logit_max and softmax_denom_min. `spike`: {step, tensor (a name), norm}:
-    that step's grad norm is `norm`, nearly all of it in that tensor."""
+    """n records (tests/unit/test_spikes.py's run: grad norm ~1, no clipping) with
+    tensor_grad_norms, grad_nonfinite, logit_max and softmax_denom_min. `spike`: {step, tensor
+    (a name), norm}: that step's grad norm is `norm`, nearly all of it in that tensor."""
     rnd = random.Random(seed)
     weights = [rnd.uniform(0.5, 1.5) for _ in names]
     unit = math.sqrt(sum(w * w for w in weights))

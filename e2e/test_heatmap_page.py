@@ -7,8 +7,8 @@ recorded without per-tensor norms have no heatmap and are listed as such on the 
 import math
 
 from e2e.tensor_records import layout_names, send, tensor_records
-from tests.test_spikes import run as plain_records
 from tests.trainer_client import new_run
+from tests.unit.test_spikes import run as plain_records
 
 SPIKE = {"step": 60, "tensor": "model.layers.1.mlp.down_proj.weight", "norm": 9.0}
 

@@ -9,7 +9,7 @@ import re
 import httpx
 
 from e2e.tensor_records import send
-from tests.test_spikes import run as synthetic_records
+from tests.unit.test_spikes import run as synthetic_records
 
 # The checkbox and the words after it in its label: their boxes (the words' from a Range over
 # the label's text nodes) and the label's flex direction.

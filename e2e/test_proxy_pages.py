@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from andrea.cli.chromium import CHROMIUM
-from andrea.cli.launch import start_server, stop_server
+from andrea.cli.launch import free_port, start_server, stop_server
+from tests.api.test_web_proxy import start_nginx
 from tests.browser import PAGE_WAIT_MS, browser_args
-from tests.test_web_proxy import free_port, start_nginx
 
 NAME = "workshop.local"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"

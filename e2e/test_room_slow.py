@@ -2,7 +2,7 @@
 worker through the API sends a whole round while the page's worker is one step into it (its
 next batch held, as a slow laptop would be); the room cuts the round, the page hears it over
 its websocket, ends its round after the step in flight and sends the pseudo-gradient of the
-two steps it took, and the close weights each by its steps (the math: tests/test_room.py)."""
+two steps it took, and the close weights each by its steps (the math: tests/api/test_room.py)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import httpx
 from websockets.sync.client import connect
 
 from e2e.tensor_records import layout_names, send, tensor_records
-from tests.test_spikes import run as synthetic_records
 from tests.trainer_client import new_run
+from tests.unit.test_spikes import run as synthetic_records
 
 
 def test_the_spike_list_shows_a_spikes_outlier_row_with_its_source_and_text(page, live_server):

@@ -17,7 +17,7 @@ tensor read from the weights in pieces), so a download needs no copy on disk and
 ever held whole in memory; the server's export.zip is the same files (export_files) zipped as
 they are sent (zip_stream), never written to its disk.
 transformers is not imported here (it is no runtime dependency): the JSON is written as
-transformers 5.24 writes it itself (tests/test_export.py loads the result with it).
+transformers 5.24 writes it itself (tests/api/test_export.py loads the result with it).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ Count = Annotated[int, Field(ge=0, le=2**53 - 1)]
 MAX_BATCH = 1024      # the most rows a batch has (RunConfig.batch_size's bound)
 MAX_LAYERS = 64       # the most layers a model has (RunConfig.n_layer's bound)
 # The most parameter tensors a run has (model.py's table): the embedding, 9 per layer (q, k, v,
-# o, gate, up, down, two norms) and the final norm. tests/test_spikes.py holds it to the table.
+# o, gate, up, down, two norms) and the final norm. tests/unit/test_spike_anatomy.py holds it to
+# the table.
 MAX_TENSORS = 1 + 9 * MAX_LAYERS + 1
 # The MLP histogram's |h| bin edges (static/js/engine/inside_stats.js HIST_EDGES; a test holds
 # the two equal) and its bins: [edge k, edge k+1) of |h| per sign, the negative side first.

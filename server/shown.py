@@ -3,7 +3,7 @@ echoed by the 404 page): Unicode's bidi controls (embeddings, overrides, isolate
 replaced by U+FFFD, visible, so the text can reorder neither itself (U+202E then "gnp.exe"
 reads "exe.png") nor the page around it. The templates' `shown` filter (app.py); the page
 controllers do the same with static/js/app/text.js `shownText` (the same set: tested in
-tests/test_shown.py), and isolate each piece of user text (<bdi>, dir="auto")."""
+tests/api/test_shown.py), and isolate each piece of user text (<bdi>, dir="auto")."""
 
 from __future__ import annotations
 

@@ -234,7 +234,7 @@ class RunBytes:
 # to _MAX_LOCAL bytes in its leaf page; a bigger one keeps _MIN_LOCAL.. of them there and the
 # rest in whole overflow pages: a record just over ~1 KB takes 4.7 KB. So a message's UTF-8
 # length is no upper bound of what it stores (up to 4.4x less); row_bytes follows SQLite's rule
-# (0.90-1.07x of the table above; tests/test_storage.py holds it to the store).
+# (0.90-1.07x of the table above; tests/api/test_storage.py holds it to the store).
 PAGE_BYTES = 4096
 _MAX_LOCAL = (PAGE_BYTES - 12) * 64 // 255 - 23     # 1001
 _MIN_LOCAL = (PAGE_BYTES - 12) * 32 // 255 - 23     # 489

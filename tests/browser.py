@@ -35,7 +35,7 @@ def server_data_dir(tmp_path_factory) -> Path:
 def live_server(server_data_dir) -> str:
     """`andrea serve` in a subprocess on a free loopback port; yields its base URL. One server
     for every test file of an xdist worker, so the per-client burst of new runs (a workshop's
-    bound: tests/test_web_quotas.py holds it) is lifted here: how many runs a worker's files
+    bound: tests/api/test_web_quotas.py holds it) is lifted here: how many runs a worker's files
     create in a row depends on which files it was handed."""
     proc, url = start_server(server_data_dir, env={"ANDREA_RUN_BURST": "100000"})
     try:

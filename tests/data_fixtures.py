@@ -1,4 +1,4 @@
-"""Shared fixtures for the tests/test_data_*.py files (a pytest plugin, see conftest.py).
+"""Shared fixtures for the tests/*/test_data_*.py files (a pytest plugin, see conftest.py).
 
 The tokenizers and token files are the session's cache (ANDREA_CACHE_DIR, conftest.py), the one
 every app, server and `andrea train` of the test run reads: the tiny preset's are built once for

@@ -1,4 +1,4 @@
-"""The test run that tests/test_interrupt.py starts and signals: one test that starts a server,
+"""The test run that tests/api/test_interrupt.py starts and signals: one test that starts a server,
 writes its pid where ANDREA_TEST_INTERRUPT_CHILD says, and serves until it is stopped. Not a
 test_*.py file, so the suite itself never collects it."""
 

@@ -10,7 +10,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -19,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from andrea.cli.launch import free_port
 
 INSTALL = "apt-get install postgresql"
 
@@ -30,12 +31,6 @@ def find_bin(name: str) -> str | None:
     versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
                       key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
     return versions[-1] if versions else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

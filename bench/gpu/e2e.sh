@@ -11,5 +11,5 @@ exec python3 -m pytest -p no:cacheprovider -q \
   "e2e/test_training.py::test_train_from_the_ui" \
   "e2e/test_resume.py::test_resume_in_a_new_browser_is_bit_exact" \
   "e2e/test_export.py::test_trained_run_exports_to_hf_and_matches_the_engine" \
-  e2e/test_device_lost.py tests/gpu/test_mixed_kernels.py tests/gpu/test_mixed_step.py \
-  tests/gpu/test_loss_scale.py "$@"
+  e2e/test_device_lost.py tests/unit/gpu/test_mixed_kernels.py tests/unit/gpu/test_mixed_step.py \
+  tests/unit/gpu/test_loss_scale.py "$@"

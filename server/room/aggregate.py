@@ -15,7 +15,7 @@ never a whole delta (RobustMean takes any read(i, start, stop): arrays as well a
    with each other are fewer than p. Deltas scoring below KEEP x the median score are
    dropped and the rest averaged: with every worker honest nobody is dropped and the round
    takes the plain mean (the averaging a room is for); with a hostile minority dropped,
-   exactly the honest workers' mean. Measured and set aside (tests/test_room_hostile.py
+   exactly the honest workers' mean. Measured and set aside (tests/api/test_room_hostile.py
    plays the same attackers): centred clipping around the median (Karimireddy et al. 2021),
    the coordinate-wise trimmed mean and median, and the cosine with the median. Adam's
    pseudo-gradients are sign-like and, early on, nearly orthogonal to one another (cosine

@@ -19,7 +19,7 @@ B = 1 if b1 = 0, else no bound (inf). Also |m| <= (1-b1^n) G <= (1-b1^t) G for g
 
 8-bit (adam8_ratio_bound). m and v live as codes times a block absmax (server/optim.py). An
 element whose v rounds to the zero code while its m does not then steps by m / eps on a zero
-gradient, far past B (measured: tests/test_room_bounds.py). The codes lie in [-1, 1], so by
+gradient, far past B (measured: tests/unit/test_room_bounds.py). The codes lie in [-1, 1], so by
 induction |m_deq| <= absmax <= (1-b1^(n-1)) G, and v >= (1-b2) g^2. The ratio
 (b1 |m_deq| + (1-b1) |g|) / (1-b1^t) / (sqrt((1-b2)/(1-b2^t)) |g| + eps) is monotone in |g| in
 [0, G]: at g = 0 it is < b1 G / eps, at |g| = G at most 1/sqrt(1-b2). Hence

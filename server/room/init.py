@@ -4,7 +4,7 @@ tensors and scales as a lone run's first step and no worker uploads anything for
 
 Every step is the shader's, in f32 (the PCG hash in wrapping u32), except log and cos: taken in
 float64 and rounded, so correctly rounded on every machine alike. A GPU's own are looser (WGSL
-allows cos 2^-11 absolute): tests/test_room_init.py holds the two together within that.
+allows cos 2^-11 absolute): tests/unit/test_room_init.py holds the two together within that.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ them. At most COMPUTING are made at once; a run's newest MAX_SPIKES are kept and
 run that found more says how many older ones were left out: `omitted`). What is kept of the
 runs (detector, spikes, their JSON, the answer) is bounded by its memory, not by a count of
 runs: each run's is estimated (_RunSpikes.estimate, held to a measure of the real objects by
-tests/test_web_reads.py) and the runs least recently asked go first while the sum is over
+tests/api/test_web_reads.py) and the runs least recently asked go first while the sum is over
 Settings.spikes_cache_bytes. The x-andrea-spikes header says how an answer came:
 `computed; records=N; batches=M` (records fed, batches made for it), `shared` (another
 request's computation) or `kept`. (A trainer that commits a step below one the detector has
@@ -68,7 +68,7 @@ BUDGET = Settings.model_fields["spikes_cache_bytes"].default    # (the app passe
 # its JSON for its objects (besides the JSON itself); per described row, ROW_BYTES besides
 # its strings. Measured (CPython 3.11; records with and without row losses, per-tensor norms,
 # non-finite counts, phases): a spike's objects take up to 2.6 times its JSON plus ~350 B, a
-# run's fixed part ~15 KB; the estimate is 1.1-1.5 times what tests/test_web_reads.py measures.
+# run's fixed part ~15 KB; the estimate is 1.1-1.5 times what tests/api/test_web_reads.py measures.
 RUN_BYTES, TENSOR_BYTES, CHANGE_BYTES = 16 << 10, 320, 160
 SPIKE_BYTES, BYTES_PER_JSON_BYTE, ROW_BYTES = 1024, 3, 192
 RULE = {"window": rule.WINDOW, "factor": rule.FACTOR, "min_history": rule.MIN_HISTORY,

@@ -23,7 +23,7 @@ ENDED = ("finished", "stopped", "failed", "interrupted")
 # The statuses whose `message` says why the run is there; the pages show it.
 EXPLAINED = ("abandoned", "interrupted", "stopped", "failed")
 # static/js/app/run_status.js holds these lists too (RUN_STATUSES, ENDED, EXPLAINED):
-# tests/test_page_facts.py holds them equal.
+# tests/api/test_page_facts.py holds them equal.
 
 
 def abandoned_message(grace_s: float) -> str:

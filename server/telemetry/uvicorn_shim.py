@@ -19,7 +19,7 @@ method of the protocol object, whose `conn` (websockets' ServerProtocol) has
 `max_message_size` and `recv_frame` (each frame parsed, pings answered there) and whose
 `transport` can be paused and aborted. Where that is not so (another server or websockets
 implementation) the functions do nothing: protocol.py still checks every message's size once
-it has arrived, and pings stay the server's own. tests/test_uvicorn_shim.py fails if uvicorn
+it has arrived, and pings stay the server's own. tests/api/test_uvicorn_shim.py fails if uvicorn
 changes what this relies on. Its HTTP counterpart is andrea/uvicorn_limits.py (header timeout,
 per-client cap, cutting a stalled download), pinned by the same tests.
 """

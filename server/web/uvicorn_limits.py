@@ -1,6 +1,6 @@
 """The connection limits uvicorn lacks, as a subclass of the HTTP protocol class that uvicorn's
 `http="auto"` picks (httptools' when it is installed, else h11's); with uvicorn_shim.py the only
-code that reaches into uvicorn's internals (tests/test_uvicorn_shim.py pins what both rely on).
+code that reaches into uvicorn's internals (tests/api/test_uvicorn_shim.py pins what both rely on).
 
 - A header timeout (Settings.header_timeout_s): a connection that has not sent a whole request
   head that long after it opened, or after the first byte of a keep-alive's next request, is

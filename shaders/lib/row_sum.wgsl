@@ -14,7 +14,7 @@ fn row_sum(t: u32, base: u32) -> f32 {
 // row_sum at WG 8 on one thread (a direct entry point's): lane l sums thread l's strided terms
 // c = l, l + 8, ... in the same order, and lanes whose thread had no term in the last round add
 // nothing; then reduce_sum's tree (tree8_sum). The same additions in the same order, each term
-// added in the same expression: the same bits (tests/gpu/test_kernels.py, on SwiftShader and GPUs).
+// added in the same expression: the same bits (tests/unit/gpu/test_kernels.py, on SwiftShader and GPUs).
 fn row_sum8(base: u32) -> f32 {
   var lo = vec4<f32>(0.0);
   var hi = vec4<f32>(0.0);

@@ -1,4 +1,4 @@
-"""A small disk for a real server under test (tests/test_storage.py): put this folder on
+"""A small disk for a real server under test (tests/api/test_storage.py): put this folder on
 the server's PYTHONPATH with FAKE_DISK_DIR (its data dir) and FAKE_DISK_BYTES (the disk's size),
 and shutil.disk_usage of that dir says the disk is that big and holds the data dir's files (their
 sizes, read at each call): its free space moves only with what the server writes and deletes,

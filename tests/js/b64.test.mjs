@@ -1,7 +1,7 @@
 // Typed arrays through base64 (engine/b64.js) against Node's own codec (Buffer): the text is
 // standard base64 of the array's bytes, and decoding gives the same array back. Node has no
 // Uint8Array.fromBase64 yet: this runs the fallback; the pages' (Chromium's native one) runs in
-// every tests/gpu test, whose arrays travel this way.
+// every tests/unit/gpu test, whose arrays travel this way.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { decode, decodeAll, encode, encodeAll } from '../../static/js/engine/b64.js';

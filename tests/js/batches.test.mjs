@@ -1,5 +1,5 @@
 // The batch wire format: batches.js parses the golden body that server/data/wire.py writes
-// (tests/test_data_batches.py checks wire.py still writes exactly these bytes).
+// (tests/api/test_data_batches.py checks wire.py still writes exactly these bytes).
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';

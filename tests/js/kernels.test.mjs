@@ -22,7 +22,7 @@ test('weight-gradient split: rows a multiple of BK 16, splits cover M exactly on
   }
 });
 
-test('weight-gradient split: the shapes tests/gpu/test_kernels.py relies on', () => {
+test('weight-gradient split: the shapes tests/unit/gpu/test_kernels.py relies on', () => {
   // 32 x 32 tiles, three row ranges
   assert.deepEqual(weightGradSplit(1000, 40, 24), { splits: 3, rows: 336, tg: 8, tile: 32 });
   // past BIG_MATMUL (2^26 multiply-adds): 64 x 64 tiles

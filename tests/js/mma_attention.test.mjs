@@ -1,6 +1,6 @@
 // Attention on the matrix units (mma_attention.js, chosen by kernels.js for mixed runs): which
 // shapes it takes, the workgroup memory it needs, and the WGSL it generates. Its results are held
-// against torch on a GPU with f16 subgroup matrices (tests/gpu/test_mixed_kernels.py;
+// against torch on a GPU with f16 subgroup matrices (tests/unit/gpu/test_mixed_kernels.py;
 // bench/bench_attention_mma.mjs); SwiftShader has none.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

@@ -10,7 +10,7 @@
 // (bench/results/tiny_swiftshader.txt).
 //
 // Operation for operation the row kernels' arithmetic (the same fma chains over the head dim's
-// vec4s in the same order, keys in the same order), so the same bits: tests/gpu/test_kernels.py
+// vec4s in the same order, keys in the same order), so the same bits: tests/unit/gpu/test_kernels.py
 // runs both on every row-kernel shape and compares them. Kernels (kernels.js) takes these on a
 // software adapter wherever a GPU takes the row kernels (rowAttention).
 

@@ -8,7 +8,7 @@
 //   writeSections(device, sections, data);   // resume: data = the sections concatenated
 //
 // The pure functions (matchSections, chunkPlan, median, toHex) are unit tested in
-// tests/js/checkpoint.test.mjs; the GPU side in tests/gpu/test_resume.py. When checkpoints are
+// tests/js/checkpoint.test.mjs; the GPU side in tests/unit/gpu/test_resume.py. When checkpoints are
 // taken: checkpoint_cadence.js.
 
 const WRITE_PIECE = 64 * 2 ** 20;   // resume: queue.writeBuffer in pieces of at most this many bytes
