@@ -42,3 +42,5 @@ def test_the_layers_the_issue_named_stay_apart():
     assert "web" not in edges["store"] and "room" not in edges["data"]
     assert not ("room" in edges["runs"] and "runs" in edges["room"])
     assert "routes" not in edges["store"] | edges["room"] | edges["runs"] | edges["data"]
+    # A service is the domain's, whoever calls it: it knows no request, socket or route.
+    assert not {"web", "routes", "telemetry"} & edges["services"]
