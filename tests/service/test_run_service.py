@@ -2,8 +2,6 @@
 and the run's files, and what they refuse, as Refused kinds (each route's status is
 web/errors.py's)."""
 
-import asyncio
-
 import pytest
 
 from andrea.data.run_registry import RunRegistry
@@ -12,6 +10,7 @@ from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.services import runs as run_service
 from andrea.store import Store
+from tests.aio import run
 from tests.trainer_client import stored_config
 
 
@@ -25,14 +24,14 @@ def parts(tmp_path):
 
 def refused(kind, coro) -> Refused:
     with pytest.raises(Refused) as e:
-        asyncio.run(coro)
+        run(coro)
     assert e.value.kind == kind, e.value
     return e.value
 
 
 def test_update_names_and_tags_a_run_and_refuses_an_empty_name_or_an_unknown_run(parts):
     store, fanout, _, _ = parts
-    shown = asyncio.run(run_service.update(store, fanout, "r1", {
+    shown = run(run_service.update(store, fanout, "r1", {
         "name": "  warm-up sweep ", "tags": [" lr ", "lr", "", "8bit"]}))
     assert (shown["name"], shown["tags"]) == ("warm-up sweep", ["lr", "8bit"])
     assert store.runs.get("r1")["name"] == "warm-up sweep"
@@ -57,6 +56,6 @@ def test_delete_takes_the_row_and_the_files_and_refuses_while_a_trainer_is_conne
 
     assert "stop it there first" in str(refused(CONFLICT, with_trainer()))
     assert store.runs.get("r1") is not None and files.exists()
-    asyncio.run(run_service.delete(store, fanout, runs, data_dir, "r1"))
+    run(run_service.delete(store, fanout, runs, data_dir, "r1"))
     assert store.runs.get("r1") is None and not files.exists()
     refused(NOT_FOUND, run_service.delete(store, fanout, runs, data_dir, "r1"))
