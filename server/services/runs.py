@@ -54,11 +54,12 @@ async def create(config: RunConfig, store: Store, data, runs, fanout: Fanout,
     token = new_token()
     # The run is tied to this server's corpus: a restart on other text answers 409, not
     # silently different batches; export finds the run's tokenizer by it.
-    # (Read from disk the first time: off the event loop.)
+    # (The corpus is read from disk the first time: off the event loop.)
     corpus_hash = "" if config.task else await asyncio.to_thread(data.corpus_hash)
     sources = config.sources
     if sources is not None:      # the picked sources: this corpus's, in its order
-        sources = _picked_sources(sources, [s.name for s in data.sources()])
+        corpus = await asyncio.to_thread(data.sources)
+        sources = _picked_sources(sources, [s.name for s in corpus])
     cfg = StoredRunConfig.of(config, corpus_hash, sources=sources)
     spec = BatchSpec.of_run(cfg)
     _corpus_serves(spec, data)
