@@ -321,6 +321,23 @@ async function trainAlone(button) {
   }
 }
 
+// Each worker's Remove button, one element kept across redraws (the rows are rebuilt with every
+// update, up to once a second a worker): a click whose press and release straddle a redraw
+// still lands on it, where a new button each time lost it.
+const removeButtons = new Map();
+
+function removeButton(id) {
+  let remove = removeButtons.get(id);
+  if (!remove) {
+    remove = Object.assign(document.createElement('button'), {
+      className: 'danger remove', textContent: 'Remove',
+      title: 'the run\'s owner only: this worker leaves the room, and its token can never rejoin' });
+    remove.onclick = () => removeWorker(id, remove);
+    removeButtons.set(id, remove);
+  }
+  return remove;
+}
+
 function drawWorkers() {
   const { room } = state;
   const perRound = room.allreduce_bytes_per_step * room.config.inner_steps;
@@ -341,13 +358,7 @@ function drawWorkers() {
     const td = document.createElement('td');
     // As the run page's edit form: whether this tab may act as the run's owner (its token, or
     // the local owner of a loopback server) is the server's to say, and a refusal says why.
-    if (w.left === null && !room.finished) {
-      const remove = Object.assign(document.createElement('button'), {
-        className: 'danger remove', textContent: 'Remove',
-        title: 'the run\'s owner only: this worker leaves the room, and its token can never rejoin' });
-      remove.onclick = () => removeWorker(w.worker, remove);
-      td.append(remove);
-    }
+    if (w.left === null && !room.finished) td.append(removeButton(w.worker));
     tr.append(td);
     return tr;
   });
