@@ -1,7 +1,8 @@
 """A room's durable state and its rounds: who joined, which global version is being trained,
-the pseudo-gradients received for it, and the reports. Blocking file I/O: the routes call it in
-a thread, holding the run's lock (Fanout.run_lock, across processes too), so every change here
-is one writer's. The close's math is aggregate.py's and its streamed file work close.py's.
+the pseudo-gradients received for it, and the reports. Blocking file I/O: services/rooms.py
+calls it in a thread, holding the run's lock (Fanout.run_lock, across processes too), so every
+change here is one writer's. The close's math is aggregate.py's and its streamed file work
+close.py's.
 
   <run_dir>/room/state.json           the room now (atomic rewrite per change: the commit)
   <run_dir>/room/deltas/<v>/<w>.bin   round v's pseudo-gradients as sent, one per worker
@@ -14,8 +15,9 @@ is one writer's. The close's math is aggregate.py's and its streamed file work c
 
 What a room trusts nobody with:
   - version 0 is made here from the run's seed (init.py), never uploaded;
-  - a pseudo-gradient is refused (422) unless every value is finite and within what H AdamW
-    steps at the run's learning rate can move an element (bounds.py), whatever the others sent;
+  - a pseudo-gradient is refused (INVALID) unless every value is finite and within what H
+    AdamW steps at the run's learning rate can move an element (bounds.py), whatever the others
+    sent;
   - one client address is one worker (workers_per_address), joins are bounded per address, a
     worker that sends nothing within a round deadline of joining leaves, and the run's owner
     may remove a worker for good (its token and its address);
@@ -207,7 +209,7 @@ class Room:
         return self.room.workers_per_address * (self.rounds + 1)
 
     def worker_of(self, st: dict, token: str) -> str:
-        """The id of the active worker whose token this is; 403 otherwise."""
+        """The id of the active worker whose token this is; NOT_ALLOWED otherwise."""
         for wid, w in st["workers"].items():
             if token and token_matches(w["token_sha256"], token):
                 if w["left"] is not None:
@@ -275,7 +277,7 @@ class Room:
         when taken) after `steps` inner steps (None: the round's inner_steps; fewer only once
         the round is cut, see cut_now). Returns {"version", "due": the round may close now,
         "refused": None or why it was not taken (a good one may still be sent), "cut": this
-        one cut the round}; RoomError 409 for a stale version or a second one."""
+        one cut the round}; RoomError CONFLICT for a stale version or a second one."""
         st = self.load()
         wid = self.worker_of(st, token)
         worker, open_ = st["workers"][wid], st["open"]

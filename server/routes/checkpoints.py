@@ -32,11 +32,12 @@ from andrea.checkpoints import (
 from andrea.data.batches import corpus_mismatch
 from andrea.optim import checkpoint_sections
 from andrea.paths import weights_path
-from andrea.routes.run_files import gone_meanwhile, receive_exactly, stream_file
+from andrea.routes.run_files import receive_exactly, stream_file
 from andrea.run_config import StoredRunConfig, model_name, run_layout
 from andrea.runs.info import RESUMABLE, run_message
 from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
+from andrea.services.runs import gone_meanwhile
 from andrea.store import StoreUnavailable
 from andrea.web.deps import (
     CheckpointsDep,

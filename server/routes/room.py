@@ -33,16 +33,14 @@ owner), checked before a byte of a body is read. A pseudo-gradient is exactly th
 for the model (413/400 before a byte is stored otherwise), reserved in the storage budget while
 it streams, one per worker and round (409 for a second, a stale one, or one for a finished
 room), and refused (422; a good one may follow) when a value is not finite or past what the
-round's AdamW steps can move an element. Every change happens under the run's lock; a round
-closes when every worker answered, or by the app's sweep at its deadline (room/lifecycle.py),
-its bytes reserved first."""
+round's AdamW steps can move an element. What each does is services/rooms.py's: here the tokens
+are read, the request parsed, a pseudo-gradient's body streamed to a file, and the answer
+shaped."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import pathlib
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
@@ -50,11 +48,9 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
-from andrea.checkpoints import CheckpointStore, refusal_of
-from andrea.room.lifecycle import close_when_due, room_of_run
-from andrea.room.lone import LONE_SCAN, lone_run
-from andrea.room.rounds import Room, evals, worker_state
-from andrea.routes.run_files import gone_meanwhile, receive_exactly, stream_file, temp_file
+from andrea.room.rounds import Room
+from andrea.routes.run_files import receive_exactly, stream_file, temp_file
+from andrea.services import rooms
 from andrea.web.deps import (
     CheckpointsDep,
     FanoutDep,
@@ -67,97 +63,38 @@ from andrea.web.deps import (
 )
 
 router = APIRouter(prefix="/api/runs/{run_id}/room", tags=["room"])
-log = logging.getLogger("andrea.room")
 
 Version = Annotated[int, Path(ge=0, lt=2**31, description="a global version of the room")]
 WorkerId = Annotated[int, Path(ge=0, lt=2**31, description="a worker of the room")]
 REPORTS_PAGE = 500          # reports per page by default, and 2x that at most
-HIDDEN = {"token_sha256", "address", "reported"}   # a worker's fields nobody else reads
-
-
-def room_of(run: dict, ckpts: CheckpointStore) -> Room:
-    room = room_of_run(ckpts, run)
-    if room is None:
-        raise HTTPException(404, f"run {run['id']} is not a room run")
-    return room
-
-
-async def _call(fn, *args):
-    """A Room method in a thread; a full disk as the refusal it is (RoomError and
-    CheckpointError are refusals already: the app's handler answers them)."""
-    try:
-        return await asyncio.to_thread(fn, *args)
-    except OSError as e:
-        raise refusal_of(e) or e
 
 
 @router.get("")
 async def get_room(run: RunDep, ckpts: CheckpointsDep) -> dict:
-    """`now`: the server's clock (a page counts a deadline down by it, not by its own). Each
-    worker's `state` and `step`: what it does now (rounds.worker_state). The open round's
-    `waiting_for`: the active workers it still waits for; it closes when they have answered,
-    or at `deadline_at` once `quorum` pseudo-gradients are in (`quorum_met`)."""
-    room = room_of(run, ckpts)
-    st = await _call(room.read)
-    rounds = await _call(room.closed_rounds)
-    progress = await _call(room.read_progress)
-    cfg = run["config"].room
-    open_ = st["open"]
-    answered = set(open_["received"]) | set(open_["refused"])
-    return {
-        "version": st["version"], "rounds": room.rounds, "finished": st["finished"],
-        "now": time.time(),
-        "config": cfg, "numel": room.numel, "delta_bytes": room.expected_bytes(),
-        # what one worker would send per inner step with per-step fp32 gradient all-reduce
-        # (its whole gradient once a step), beside what it sends per round here
-        "allreduce_bytes_per_step": 4 * room.numel,
-        "workers": [{"worker": int(w), **{k: v for k, v in info.items() if k not in HIDDEN},
-                     **worker_state(st, w, progress, cfg.inner_steps)}
-                    for w, info in st["workers"].items()],
-        "open": {"received": sorted(map(int, open_["received"])),
-                 "refused": {int(k): v for k, v in open_["refused"].items()},
-                 "waiting_for": sorted(int(w) for w, info in st["workers"].items()
-                                       if info["left"] is None and w not in answered),
-                 "quorum_met": len(open_["received"]) >= cfg.quorum,
-                 # cut (wait_for_slowest off): the workers still training send what they have
-                 "cut": open_.get("cut_at") is not None,
-                 "first_at": open_["first_at"], "opened_at": open_["opened_at"],
-                 "deadline_at": open_["first_at"] and open_["first_at"] + cfg.round_deadline_s,
-                 "stale": open_["stale"], "waiting": open_.get("waiting"),
-                 # the most one element of a pseudo-gradient of this version may move
-                 "delta_bound": room.bound(st)},
-        "evals": evals(st),
-        "closed": rounds,
-    }
+    """The room now (services/rooms.py state): version, workers and what each does, the open
+    round and what it waits for, closed rounds, eval medians."""
+    return await rooms.state(rooms.room_of(run, ckpts))
 
 
 @router.post("/workers", status_code=201)
 async def join_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
                     fanout: FanoutDep) -> dict:
-    room = room_of(run, ckpts)
+    room = rooms.room_of(run, ckpts)
     # A tab that was a worker before (reloaded, crashed) sends that worker's token to be it
     # again: X-Andrea-Worker-Token.
     again = request.headers.get("x-andrea-worker-token")
     # One participant is one worker: counted by client address (uvicorn's: a trusted proxy's
     # X-Forwarded-For).
     address = request.client.host if request.client else ""
-    async with fanout.run_lock(run["id"]):
-        joined = await _call(room.join, bearer(request), time.time(), address, again)
-    fanout.publish(run["id"], {"type": "room", "event": "joined", "worker": joined["worker"]})
-    return {**joined, "rounds": room.rounds, "room": run["config"].room}
+    return await rooms.join(room, fanout, bearer(request), address, again)
 
 
 @router.delete("/workers", status_code=204)
 async def leave_room(run: RunDep, request: Request, ckpts: CheckpointsDep,
                      fanout: FanoutDep, storage: StorageDep, store: StoreDep) -> Response:
-    """A worker leaves: out of the open round, which then closes at once where every worker
-    left in it has answered (not at the next sweep: a closed tab holds nobody up)."""
-    room = room_of(run, ckpts)
-    async with fanout.run_lock(run["id"]):
-        now = time.time()
-        await _call(room.leave, bearer(request), now)
-        await close_when_due(store, fanout, storage, room, now)
-    fanout.publish(run["id"], {"type": "room", "event": "left"})
+    """A worker leaves (its worker token): the open round closes at once where every worker
+    left in it has answered."""
+    await rooms.leave(rooms.room_of(run, ckpts), store, fanout, storage, bearer(request))
     return Response(status_code=204)
 
 
@@ -168,12 +105,7 @@ async def remove_room_worker(run: RunDep, worker: WorkerId, request: Request,
     """The run's owner (or the operator) removes a worker: out of the round, and neither its
     token nor its address joins again."""
     await authorize(request, settings, store, run["id"])
-    room = room_of(run, ckpts)
-    async with fanout.run_lock(run["id"]):
-        now = time.time()
-        await _call(room.remove, worker, now)
-        await close_when_due(store, fanout, storage, room, now)
-    fanout.publish(run["id"], {"type": "room", "event": "left", "worker": worker})
+    await rooms.remove(rooms.room_of(run, ckpts), store, fanout, storage, worker)
     return Response(status_code=204)
 
 
@@ -182,8 +114,7 @@ async def remove_room_worker(run: RunDep, worker: WorkerId, request: Request,
 async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep):
     """Streamed from the verified file, as a checkpoint is: N workers that download a version
     at once hold no copy of it each."""
-    room = room_of(run, ckpts)
-    size, f = await _call(room.open_weights, version)
+    size, f = await rooms.weights(rooms.room_of(run, ckpts), version)
     return StreamingResponse(stream_file(f, size), media_type="application/octet-stream",
                              headers={"content-length": str(size), "cache-control": "no-store"})
 
@@ -195,27 +126,12 @@ async def post_room_delta(run: RunDep, version: Version, request: Request, ckpts
                               "the inner steps it was trained over (default: the round's "
                               "inner_steps; fewer only once the round is cut)"))] = None
                           ) -> dict:
-    room = room_of(run, ckpts)
-    await _a_worker(room, request)
+    room = rooms.room_of(run, ckpts)
+    token = bearer(request)
+    await rooms.check_sender(room, token)       # before a byte of the body is read
     path = await _receive(request, room, room.expected_bytes(),
                           f"a {room.room.codec} pseudo-gradient", storage)
-    try:
-        async with fanout.run_lock(run["id"]):
-            await gone_meanwhile(store, ckpts.data_dir, run["id"], "pseudo-gradient")
-            now = time.time()
-            got = await _call(room.accept, bearer(request), version, path, now, steps)
-            # (a refused one may be the last answer the round waited for: it closes all the
-            # same)
-            closed = got["due"] and await close_when_due(store, fanout, storage, room, now)
-    finally:
-        path.unlink(missing_ok=True)      # (gone once taken into the round)
-    if got.get("cut") and not closed:     # the workers still training send what they have
-        fanout.publish(run["id"], {"type": "room", "event": "cut", "version": version})
-    if got["refused"] is not None:
-        raise HTTPException(422, f"pseudo-gradient refused: {got['refused']}; the round goes "
-                                 f"on without it{' (and it closed)' if closed else ''}; a good "
-                                 "one may still be sent")
-    return {"closed": closed, "version": version}
+    return await rooms.accept_delta(room, store, fanout, storage, token, version, path, steps)
 
 
 Ms = Annotated[float, Field(ge=0, le=1e9)]
@@ -244,12 +160,9 @@ class Report(BaseModel):
 async def post_room_report(run: RunDep, version: Version, body: Report, request: Request,
                            ckpts: CheckpointsDep, fanout: FanoutDep,
                            settings: SettingsDep) -> Response:
-    room = room_of(run, ckpts)
-    async with fanout.run_lock(run["id"]):
-        await _call(room.report, bearer(request), version, body.losses, body.eval_loss,
-                    time.time(), settings.max_run_bytes,
-                    None if body.timings is None else body.timings.model_dump())
-    fanout.publish(run["id"], {"type": "room", "event": "report", "version": version})
+    await rooms.report(rooms.room_of(run, ckpts), fanout, bearer(request), version, body.losses,
+                       body.eval_loss, None if body.timings is None else body.timings.model_dump(),
+                       settings.max_run_bytes)
     return Response(status_code=204)
 
 
@@ -263,10 +176,7 @@ async def post_room_progress(run: RunDep, version: Version, body: Progress, requ
                              ckpts: CheckpointsDep, fanout: FanoutDep) -> Response:
     """A worker's inner step now (its worker token): the room's page shows it. Not a report:
     nothing of it is kept once the round moves on."""
-    room = room_of(run, ckpts)
-    async with fanout.run_lock(run["id"]):
-        await _call(room.progress, bearer(request), version, body.step, time.time())
-    fanout.publish(run["id"], {"type": "room", "event": "progress", "version": version})
+    await rooms.progress(rooms.room_of(run, ckpts), fanout, bearer(request), version, body.step)
     return Response(status_code=204)
 
 
@@ -276,9 +186,7 @@ async def get_room_reports(run: RunDep, ckpts: CheckpointsDep,
                            limit: Annotated[int, Query(ge=1, le=2 * REPORTS_PAGE)] = REPORTS_PAGE
                            ) -> dict:
     """The reports offset..offset + limit, oldest first; `next`: the next page's offset."""
-    reports, total = await _call(room_of(run, ckpts).reports, offset, limit)
-    end = offset + len(reports)
-    return {"reports": reports, "total": total, "next": end if end < total else None}
+    return await rooms.reports(rooms.room_of(run, ckpts), offset, limit)
 
 
 @router.get("/lone")
@@ -289,16 +197,7 @@ async def get_room_lone(run: RunDep, ckpts: CheckpointsDep, store: StoreDep,
     in words;
     "config": what POST /api/runs takes to train one (the room's config less its room)}.
     Bounded: the newest LONE_SCAN runs' rows are read, whatever the server holds."""
-    room_of(run, ckpts)
-    rows = await store.run(store.runs.page, LONE_SCAN)
-    return lone_run(run, rows, time.time() - settings.start_grace_s)
-
-
-async def _a_worker(room: Room, request: Request) -> None:
-    """403 before a byte of a body is read or reserved unless the token is an active worker's
-    (looked at again under the run's lock when the body is taken)."""
-    st = await _call(room.read)
-    await _call(room.worker_of, st, bearer(request))
+    return await rooms.lone(run, ckpts, store, settings)
 
 
 async def _receive(request: Request, room: Room, expected: int, what: str,

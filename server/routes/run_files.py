@@ -1,22 +1,19 @@
 """What the routes that write a run's files share (checkpoint, weights and room uploads): a body
-streamed to disk at exactly its size, a file streamed out, and the run's folder when the run is
-deleted meanwhile. A module of its own, so that no route imports another."""
+streamed to disk at exactly its size and a file streamed out (a run deleted meanwhile is
+services/runs.gone_meanwhile's). A module of its own, so that no route imports another."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from fastapi import HTTPException
 from starlette.requests import Request
 
 from andrea.checkpoints import READ_BYTES
 from andrea.durable import TEMP_SUFFIX
-from andrea.paths import run_dir
 from andrea.storage import Reservation
 
 FLUSH_BYTES = 4 << 20      # body bytes gathered before one write in a worker thread
@@ -55,17 +52,6 @@ async def stream_file(f, size: int | None = None) -> AsyncIterator[bytes]:
             yield block
     finally:
         f.close()
-
-
-async def gone_meanwhile(store, data_dir, run_id: str, what: str) -> None:
-    """404, the run's folder removed again (an upload that began after the delete made it
-    anew), when the run was deleted while `what` was uploaded. Under the run's lock: a delete
-    takes it too, so a run that is there now stays there until the upload is committed."""
-    if await store.run(store.runs.get, run_id) is not None:
-        return
-    await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
-    raise HTTPException(404, f"run {run_id} was deleted during the upload of its {what}; "
-                             "nothing was stored")
 
 
 def temp_file(folder: Path) -> Path:

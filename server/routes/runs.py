@@ -31,12 +31,13 @@ from andrea.durable import fsync_dir
 from andrea.optim import optimizer_memory
 from andrea.paths import weights_path
 from andrea.room.rounds import summary
-from andrea.routes.run_files import gone_meanwhile, receive_exactly, temp_file
+from andrea.routes.run_files import receive_exactly, temp_file
 from andrea.run_config import RunConfig, run_layout
 from andrea.runs.info import checkpoint_info, read_run
 from andrea.runs.lifecycle import publish_run
 from andrea.schemas import LayoutWithState, Run, RunCreated, RunDetail, RunUpdate
 from andrea.services import runs as run_service
+from andrea.services.runs import gone_meanwhile
 from andrea.tasks import tokenizer_key
 from andrea.web.deps import (
     CheckpointsDep,

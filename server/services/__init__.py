@@ -4,4 +4,6 @@ take what they use and raise errors.Refused. The routes parse a request, call on
 the answer; web/errors.py maps what they refuse.
 
   runs.py   create (a plain run, a room run, a branch of a checkpoint), update, delete
+  rooms.py  a room run's join, leave, removal, pseudo-gradients, reports, progress and
+            reads
 """

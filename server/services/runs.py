@@ -233,3 +233,14 @@ async def _link_parent(ckpts: CheckpointStore, fanout: Fanout, parent_id: str, s
         except (CheckpointError, OSError) as e:
             await asyncio.to_thread(ckpts.remove_run, run_id)
             raise refusal_of(e) or e
+
+
+async def gone_meanwhile(store: Store, data_dir, run_id: str, what: str) -> None:
+    """NOT_FOUND, the run's folder removed again (an upload that began after the delete made
+    it anew), when the run was deleted while `what` was uploaded. Under the run's lock: a
+    delete takes it too, so a run that is there now stays there until the upload is committed."""
+    if await store.run(store.runs.get, run_id) is not None:
+        return
+    await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
+    raise Refused(NOT_FOUND, f"run {run_id} was deleted during the upload of its {what}; "
+                             "nothing was stored")
