@@ -69,8 +69,10 @@ class RoomConfig(BaseModel):
     of the workers' weights: measured through the app (issue 52's table, bench/room.py), a room
     of 4 from scratch over 32 rounds then reached 3.633 eval loss against data parallelism's
     3.675, while the paper's 0.7 and 0.9 (tuned for hundreds of rounds from a pretrained
-    model) overshot to 4.400, worse than one tab alone (3.827). The run's `steps` are each
-    worker's inner steps in all: steps / inner_steps rounds."""
+    model) overshot to 4.400, worse than one tab alone (3.827). With 8 workers too an outer lr
+    of 1 was the best of 0.7 to 4, and at these defaults (H 50) the room of 8 reached 3.620
+    against 3.857 for 8x the batch (bench/results/room_torch_h100.txt). The run's `steps` are
+    each worker's inner steps in all: steps / inner_steps rounds."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     inner_steps: int = Field(50, ge=1, le=100_000, description=(
         "H: the AdamW steps a worker trains on its own batches from the global weights before "
