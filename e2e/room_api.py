@@ -7,10 +7,7 @@ import httpx
 import numpy as np
 
 from tests.small_model import SMALL
-
-
-def bearer(token: str) -> dict:
-    return {"authorization": f"Bearer {token}"}
+from tests.trainer_client import bearer
 
 
 def a_room(url: str, lr: float | None = None, H: int = 2, rounds: int = 2,

@@ -13,10 +13,10 @@ import time
 import httpx
 import numpy as np
 
-from e2e.room_api import a_room, bearer
+from e2e.room_api import a_room
 from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL
-from tests.trainer_client import hello, record, ws_url
+from tests.trainer_client import bearer, hello, record, ws_url
 
 TIMEOUT = 600_000
 

@@ -11,9 +11,9 @@ import time
 import httpx
 import numpy as np
 
-from e2e.room_api import bearer
 from tests.browser import PAGE_WAIT_MS
 from tests.small_model import SMALL
+from tests.trainer_client import bearer
 
 TIMEOUT = 600_000
 

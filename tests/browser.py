@@ -10,7 +10,7 @@ import pytest
 # The same Chromium and flags as `andrea train` (server/cli/chromium.py, browser_flags.py).
 from andrea.cli.browser_flags import QUIET, webgpu_args
 from andrea.cli.chromium import CHROMIUM
-from andrea.cli.launch import start_server, stop_server
+from tests.servers import serve
 
 QUIET_FLAGS = QUIET
 # ANDREA_GPU_BROWSER=1: on a machine with a real GPU, the flags of `andrea train --gpu`.
@@ -34,14 +34,13 @@ def server_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def live_server(server_data_dir) -> str:
     """`andrea serve` in a subprocess on a free loopback port; yields its base URL. One server
-    for every test file of an xdist worker, so the per-client burst of new runs (a workshop's
-    bound: tests/api/test_web_quotas.py holds it) is lifted here: how many runs a worker's files
-    create in a row depends on which files it was handed."""
-    proc, url = start_server(server_data_dir, env={"ANDREA_RUN_BURST": "100000"})
-    try:
-        yield url
-    finally:
-        stop_server(proc)
+    for every test file of an xdist worker (the browser's, and the API's that only make and
+    read runs of their own: tests/api/test_telemetry*.py, test_generate.py, ...), so the
+    per-client burst of new runs (a workshop's bound: tests/api/test_web_quotas.py holds it) is
+    lifted here: how many runs a worker's files create in a row depends on which files it was
+    handed."""
+    with serve(server_data_dir, run_burst=100_000) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

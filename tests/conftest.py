@@ -4,9 +4,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from andrea.app import create_app
-from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from tests import pg
+from tests.servers import Servers
 
 LOCAL = "http://127.0.0.1"     # TestClient's base_url for a request from this machine's user
 
@@ -46,16 +46,14 @@ def pg_url(pg_cluster) -> str:
 
 
 @pytest.fixture
-def server_with_env(tmp_path, monkeypatch):
-    """A fresh `andrea serve` with its settings from the environment (short deadlines)."""
-    procs = []
-
-    def start(**env):
-        for k, v in env.items():
-            monkeypatch.setenv(f"ANDREA_{k.upper()}", str(v))
-        proc, url = start_server(tmp_path / "data")
-        procs.append(proc)
-        return proc, url
-    yield start
-    for p in procs:
-        stop_server(p)
+def servers(tmp_path):
+    """servers(data_dir=None, **settings) -> Server: a real `andrea serve` of this test's own
+    with these settings (tests/servers.py; by default on a fresh data dir under tmp_path),
+    stopped at the test's end. For a test whose settings, data dir or process (its memory, its
+    CPU time) are its subject; tests that only make and read runs of their own share the
+    session's (tests/browser.py live_server) or their module's."""
+    started = Servers(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()

@@ -62,15 +62,25 @@ def ws_url(url: str, path: str) -> str:
     return url.replace("http://", "ws://") + path
 
 
+def bearer(token: str) -> dict:
+    """The headers of a request that shows `token` (a run's, a room worker's, the operator's)."""
+    return {"authorization": f"Bearer {token}"}
+
+
 def new_run(server, **cfg) -> dict:
     """The tests' one run factory: POST /api/runs with `cfg` over the tiny preset, on `server`
-    (a live server's URL, or an app's TestClient), asserting it was made; -> the new run
-    (id, token, config, layout)."""
+    (a live server's URL, or a client whose base URL is the app's: a TestClient, an
+    httpx.Client), asserting it was made; -> the new run (id, token, config, layout)."""
     body = {"preset": "tiny", **cfg}
     r = (httpx.post(server + "/api/runs", json=body, timeout=120) if isinstance(server, str)
          else server.post("/api/runs", json=body))
     assert r.status_code == 201, r.text
     return r.json()
+
+
+def stored_steps(url: str, run_id: str) -> list[int]:
+    """The steps of the records a live server holds of the run."""
+    return [r["step"] for r in httpx.get(f"{url}/api/runs/{run_id}/metrics", timeout=60).json()]
 
 
 def stored_config(corpus_hash: str = "", **cfg) -> StoredRunConfig:
@@ -91,7 +101,7 @@ def store_old_config(store, run_id: str, config: dict, token_sha256: str = "h") 
 
 def hello(ws, token: str, last=None) -> dict:
     ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": last}))
-    return json.loads(ws.recv(timeout=10))
+    return json.loads(ws.recv(timeout=15))
 
 
 @contextmanager

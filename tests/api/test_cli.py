@@ -15,6 +15,7 @@ import pytest
 
 from andrea import __version__
 from andrea.cli.launch import free_port
+from tests.servers import serve
 
 # How long a command may take before the test calls it hung: a guard, not a measure (a test
 # never passes or fails on speed), so generous enough for a machine running two suites at once.
@@ -115,10 +116,8 @@ def test_train_takes_the_clip_mode_and_refuses_another():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A server of this module's own, so "no run was created" can be checked against it."""
-    from andrea.cli.launch import served
-
-    with served(tmp_path_factory.mktemp("cli-data")) as url:
-        yield url
+    with serve(tmp_path_factory.mktemp("cli-data")) as s:
+        yield s.url
 
 
 def runs_on(url: str) -> list[dict]:
@@ -388,8 +387,9 @@ def test_a_resumed_run_that_never_trained_stays_resumable(server):
     import httpx
 
     from andrea.cli.headless import _settle_untrained
+    from tests.trainer_client import new_run
 
-    run = httpx.post(f"{server}/api/runs", json={"preset": "tiny", "steps": 2}).json()
+    run = new_run(server, steps=2)
     result = {"run_id": run["id"], "server": server}
     _settle_untrained(result, {"token": run["token"]}, "no adapter", resumed=True)
     got = httpx.get(f"{server}/api/runs/{run['id']}").json()
@@ -418,15 +418,10 @@ def test_the_server_andrea_train_starts_is_not_shadowed_by_the_working_directory
     """Before: `cd ~ && andrea train ...` with a checkout cloned into ~/andrea: the server it
     started with `python -m andrea` imported that folder ("cannot import name '__version__'
     from 'andrea' (unknown location)")."""
-    from andrea.cli.launch import start_server, stop_server
-
     (tmp_path / "andrea" / "server").mkdir(parents=True)    # a checkout: no andrea/__init__.py
     monkeypatch.chdir(tmp_path)
-    proc, url = start_server(tmp_path / "data")
-    try:
-        assert httpx.get(url + "/healthz", timeout=30).status_code == 200
-    finally:
-        stop_server(proc)
+    with serve(tmp_path / "data") as s:
+        assert httpx.get(s.url + "/healthz", timeout=30).status_code == 200
 
 
 def test_one_server_per_data_dir_and_andrea_train_uses_the_one_there(tmp_path):
@@ -436,13 +431,11 @@ def test_one_server_per_data_dir_and_andrea_train_uses_the_one_there(tmp_path):
     import argparse
 
     from andrea.cli.headless import _start_server
-    from andrea.cli.launch import free_port, start_server, stop_server
     from andrea.data_dir_lock import holder
 
     data = tmp_path / "data"
     assert holder(data) is None
-    proc, url = start_server(data)
-    try:
+    with serve(data) as (proc, url, _):
         assert holder(data) == {"pid": proc.pid, "url": url + "/"}
         second = subprocess.run(
             [sys.executable, "-P", "-m", "andrea", "serve", "--data-dir", str(data), "--port",
@@ -453,11 +446,9 @@ def test_one_server_per_data_dir_and_andrea_train_uses_the_one_there(tmp_path):
         result = {}
         assert _start_server(argparse.Namespace(data_dir=data), result) is None
         assert result["server"] == url
-    finally:
-        stop_server(proc)
     assert holder(data) is None                 # freed with the process: a restart takes it
-    proc, url = start_server(data)
-    stop_server(proc)
+    with serve(data):
+        pass
 
 
 def test_a_server_bound_to_every_address_says_to_open_a_real_one():
@@ -503,21 +494,16 @@ def test_a_run_past_its_timeout_is_stopped_not_left_running(server, monkeypatch,
 
 
 def test_ctrl_c_exits_130_even_with_the_server_gone(tmp_path, monkeypatch, capsys):
-    from andrea.cli.launch import start_server, stop_server
+    with serve(tmp_path / "d") as server:
 
-    proc, url = start_server(tmp_path / "d")
+        class GoneThenInterrupted(PageThatTrains):
+            def drive(self, url, run, timeout, tick, join_token=None):
+                server.stop()               # the server goes away (a restart) ...
+                from andrea.cli.chromium import drive_result
+                return drive_result(interrupted=True)   # ... and the user presses Ctrl-C
 
-    class GoneThenInterrupted(PageThatTrains):
-        def drive(self, url, run, timeout, tick, join_token=None):
-            stop_server(proc)           # the server goes away (a restart) ...
-            from andrea.cli.chromium import drive_result
-            return drive_result(interrupted=True)   # ... and the user presses Ctrl-C
-
-    try:
         code, result, _ = train_in_process(monkeypatch, capsys, GoneThenInterrupted,
-                                           "--server", url, "--steps", "2")
-    finally:
-        stop_server(proc)
+                                           "--server", server.url, "--steps", "2")
     assert (code, result["error"]) == (130, "interrupted"), result
 
 
@@ -574,11 +560,11 @@ class PageThatTrainsARoom(PageThatCannotTrain):
         import numpy as np
 
         from andrea.cli.chromium import drive_result
+        from tests.trainer_client import bearer
 
         room_url = f"{url}/api/runs/{run['id']}/room"
-        me = httpx.post(f"{room_url}/workers",
-                        headers={"authorization": f"Bearer {join_token}"}).json()
-        auth = {"authorization": f"Bearer {me['token']}"}
+        me = httpx.post(f"{room_url}/workers", headers=bearer(join_token)).json()
+        auth = bearer(me["token"])
         numel = httpx.get(room_url).json()["numel"]
         for v in range(len(self.EVALS)):
             assert tick() is None

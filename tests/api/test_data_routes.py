@@ -10,7 +10,6 @@ import time
 import httpx
 from websockets.sync.client import connect
 
-from andrea.cli.launch import start_server, stop_server
 from tests.trainer_client import (
     cpu_s,
     hello,
@@ -23,7 +22,7 @@ from tests.trainer_client import (
 
 
 def test_source_losses_need_the_runs_token(client):
-    run = client.post("/api/runs", json={"preset": "tiny", "data_mode": "bandit"}).json()
+    run = new_run(client, data_mode="bandit")
     url = f"/api/runs/{run['id']}/source_losses"
     body = {"step": 1, "losses": {"0": 3.0}}
     assert client.post(url, json=body).status_code == 403
@@ -49,11 +48,11 @@ def test_source_losses_need_the_runs_token(client):
     assert r.status_code == 403
 
 
-def test_requests_do_bounded_work(server_with_env):
+def test_requests_do_bounded_work(servers):
     """CPU time of the server for requests that used to cost seconds each: a bandit decided
     up to step 1e6, a tokenizer trained for any vocab size (only the sizes a run may have are
     built), a 64 MiB ad hoc batch."""
-    proc, url = server_with_env()
+    proc, url, _ = servers()
     run = new_run(url, data_mode="bandit")
     token = {"authorization": f"Bearer {run['token']}"}
     httpx.get(url + "/api/corpus", timeout=60)                     # the corpus read once
@@ -83,35 +82,31 @@ def test_an_ad_hoc_bandit_costs_little_at_its_last_step(data_client):
 # ---- bandit batches are the same after a restart -------------------------------------------------
 
 
-def test_bandit_batches_survive_a_server_restart(tmp_path):
+def test_bandit_batches_survive_a_server_restart(servers, tmp_path):
     data = tmp_path / "data"
-    proc, url = start_server(data)
-    try:
-        run = new_run(url, steps=300, batch_size=2, data_mode="bandit")
-        rid, step, before = run["id"], 0, {}
-        with connect(ws_url(url, f"/ws/runs/{rid}")) as ws:
-            hello(ws, run["token"])
-            for phase in range(5):
-                before[step] = httpx.get(f"{url}/api/runs/{rid}/batches/{step}", timeout=60).content
-                info = httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"][-1]
-                end = info["start"] + info["length"]
-                ws.send(json.dumps({"type": "metrics", "records": [
-                    {**record(s + 1), "source_losses": {"0": 6.0 - 0.5 * phase, "1": 6.0}}
-                    for s in range(step, end)]}))
-                assert json.loads(ws.recv(timeout=10))["type"] == "ack"
-                step = end
-        before[step] = httpx.get(f"{url}/api/runs/{rid}/batches/{step}", timeout=60).content
-        phases = httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"]
-    finally:
-        stop_server(proc)
-    proc, url = start_server(data)
-    try:
-        # Its charts' phases before any batch is asked for (a finished run's page), then the
-        # batches asked in another order than before: the same phases, the same bytes.
-        assert httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"] == phases
-        for s in sorted(before, reverse=True):
-            got = httpx.get(f"{url}/api/runs/{rid}/batches/{s}", timeout=60).content
-            assert got == before[s], s
-        assert httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"] == phases
-    finally:
-        stop_server(proc)
+    earlier = servers(data)
+    url = earlier.url
+    run = new_run(url, steps=300, batch_size=2, data_mode="bandit")
+    rid, step, before = run["id"], 0, {}
+    with connect(ws_url(url, f"/ws/runs/{rid}")) as ws:
+        hello(ws, run["token"])
+        for phase in range(5):
+            before[step] = httpx.get(f"{url}/api/runs/{rid}/batches/{step}", timeout=60).content
+            info = httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"][-1]
+            end = info["start"] + info["length"]
+            ws.send(json.dumps({"type": "metrics", "records": [
+                {**record(s + 1), "source_losses": {"0": 6.0 - 0.5 * phase, "1": 6.0}}
+                for s in range(step, end)]}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "ack"
+            step = end
+    before[step] = httpx.get(f"{url}/api/runs/{rid}/batches/{step}", timeout=60).content
+    phases = httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"]
+    earlier.stop()
+    url = servers(data).url
+    # Its charts' phases before any batch is asked for (a finished run's page), then the
+    # batches asked in another order than before: the same phases, the same bytes.
+    assert httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"] == phases
+    for s in sorted(before, reverse=True):
+        got = httpx.get(f"{url}/api/runs/{rid}/batches/{s}", timeout=60).content
+        assert got == before[s], s
+    assert httpx.get(f"{url}/api/runs/{rid}/data", timeout=60).json()["phases"] == phases

@@ -8,41 +8,34 @@ import httpx
 import pytest
 
 from andrea import tasks
-from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import main
 from tests.api.test_export import chain_weights
+from tests.trainer_client import bearer, new_run
 
 CHAIN = "1234567"        # the weights' greedy continuation of "1" is "234567", then newlines
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    proc, url = start_server(tmp_path_factory.mktemp("generate-data"))
-    try:
-        yield url
-    finally:
-        stop_server(proc)
+# The server is the session's (tests/browser.py live_server): each test makes and reads runs of
+# its own, by id.
 
 
 def task_run(url: str, weights: bool) -> dict:
-    run = httpx.post(f"{url}/api/runs", json={"preset": "tiny", "task": "copy", "steps": 5},
-                     timeout=60).json()
+    run = new_run(url, task="copy", steps=5)
     if weights:
         w = chain_weights(run["layout"], tasks.encode(CHAIN) + [0])
         r = httpx.put(f"{url}/api/runs/{run['id']}/weights", content=w.astype("<f4").tobytes(),
-                      headers={"authorization": f"Bearer {run['token']}"}, timeout=60)
+                      headers=bearer(run["token"]), timeout=60)
         assert r.status_code == 204, r.text
     return run
 
 
-def test_generate_continues_a_prompt_with_the_runs_final_weights(server, capsys):
-    run = task_run(server, weights=True)
-    assert main(["generate", run["id"], "1", "--server", server, "--tokens", "8",
+def test_generate_continues_a_prompt_with_the_runs_final_weights(live_server, capsys):
+    run = task_run(live_server, weights=True)
+    assert main(["generate", run["id"], "1", "--server", live_server, "--tokens", "8",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out == "234567\n\n\n"
     # Sampling at a temperature follows the same chain: the chain's logits are 1 apart from the
     # rest at most, so check only that it writes its tokens, every one of the alphabet.
-    assert main(["generate", run["id"], "12", "--server", server, "--tokens", "5",
+    assert main(["generate", run["id"], "12", "--server", live_server, "--tokens", "5",
                  "--temperature", "1", "--top-k", "3", "--seed", "4"]) == 0
     out = capsys.readouterr().out
     assert len(out) >= 5 and set(out) <= set(tasks.ALPHABET)
@@ -63,8 +56,9 @@ def cli(*args: str) -> int:
     (["{run}", "1", "--tokens", "0"], "--tokens"),
     (["{run}", "1", "--step", "3"], "no checkpoint at step 3"),
 ])
-def test_generate_refusals_are_one_line_exit_2(server, capsys, args, why):
-    ids = {"run": task_run(server, weights=True)["id"], "bare": task_run(server, False)["id"]}
-    assert cli("generate", *[a.format(**ids) for a in args], "--server", server) == 2
+def test_generate_refusals_are_one_line_exit_2(live_server, capsys, args, why):
+    ids = {"run": task_run(live_server, weights=True)["id"],
+           "bare": task_run(live_server, False)["id"]}
+    assert cli("generate", *[a.format(**ids) for a in args], "--server", live_server) == 2
     err = capsys.readouterr().err.strip()
     assert why in err and len(err.splitlines()) == 1, err

@@ -20,6 +20,7 @@ from andrea.room.init import seeded_weights
 from andrea.room.outer import nesterov_step
 from andrea.run_config import RoomConfig
 from tests.conftest import LocalClient
+from tests.trainer_client import bearer
 
 
 def room_config(**room) -> dict:
@@ -32,10 +33,6 @@ def create(client, **room) -> dict:
     r = client.post("/api/runs", json=room_config(**room))
     assert r.status_code == 201, r.text
     return r.json()
-
-
-def bearer(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def join(client, run: dict) -> dict:

@@ -30,7 +30,6 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.cli.launch import start_server, stop_server
 from andrea.metrics import Record
 from andrea.storage import (
     FLOOR,
@@ -47,7 +46,8 @@ from andrea.telemetry.protocol import MAX_MESSAGE_BYTES, STORAGE_BUDGET
 from andrea.web.quotas import MessageRates
 from tests import aio
 from tests.fake_disk.sitecustomize import _used as files_bytes
-from tests.trainer_client import hello, new_run, record, stored_config, ws_url
+from tests.servers import Server, serve
+from tests.trainer_client import bearer, hello, new_run, record, stored_config, stored_steps, ws_url
 
 ADMIN = "storage-test-operator"
 MIB = 1 << 20
@@ -62,26 +62,20 @@ FLOOR_BYTES = 64 * MIB
 
 
 @pytest.fixture
-def server(tmp_path):
-    """start(data_dir, above_floor=None, **settings): a real `andrea serve` with ANDREA_<NAME>
-    settings; with `above_floor`, on a small disk: the data dir's files now, its floor
+def server(servers):
+    """start(data_dir, above_floor=None, **settings) -> Server: a server of the test's own
+    (`servers`); given `above_floor`, on a small disk: the data dir's files now, its floor
     (ANDREA_MIN_FREE_BYTES, FLOOR_BYTES) and `above_floor` bytes more."""
-    procs = []
-
-    def start(data_dir: Path, above_floor: int | None = None, **settings):
-        env = {f"ANDREA_{k.upper()}": str(v) for k, v in settings.items()}
-        if above_floor is not None:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            path = os.environ.get("PYTHONPATH")
-            env |= {"ANDREA_MIN_FREE_BYTES": str(FLOOR_BYTES), "FAKE_DISK_DIR": str(data_dir),
-                    "FAKE_DISK_BYTES": str(files_bytes(data_dir) + FLOOR_BYTES + above_floor),
-                    "PYTHONPATH": os.pathsep.join([str(FAKE_DISK), *([path] if path else [])])}
-        proc, url = start_server(data_dir, env=env)
-        procs.append(proc)
-        return proc, url
-    yield start
-    for p in procs:
-        stop_server(p)
+    def start(data_dir: Path, above_floor: int | None = None, **settings) -> Server:
+        if above_floor is None:
+            return servers(data_dir, **settings)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = os.environ.get("PYTHONPATH")
+        return servers(data_dir, min_free_bytes=FLOOR_BYTES, **settings, env={
+            "FAKE_DISK_DIR": str(data_dir),
+            "FAKE_DISK_BYTES": str(files_bytes(data_dir) + FLOOR_BYTES + above_floor),
+            "PYTHONPATH": os.pathsep.join([str(FAKE_DISK), *([path] if path else [])])})
+    return start
 
 
 def big_record(step: int, batch: int) -> dict:
@@ -93,10 +87,6 @@ def metrics(first: int, n: int, batch: int) -> str:
     """A metrics message of n big records, compact as the page sends it (~9.3 KB a record)."""
     return json.dumps({"type": "metrics", "records": [big_record(s, batch) for s in range(
         first, first + n)]}, separators=(",", ":"))
-
-
-def stored_steps(url: str, run_id: str) -> list[int]:
-    return [r["step"] for r in httpx.get(f"{url}/api/runs/{run_id}/metrics", timeout=60).json()]
 
 
 def stream_until_closed(ws, first: int, per: int, batch: int, limit: int) -> tuple[list, object]:
@@ -134,11 +124,11 @@ def test_trainers_are_closed_before_the_floor_and_the_operator_deletes_at_it(ser
     """Before: three runs streaming per-row losses filled a 1.2 GB disk to 0 B; every other
     trainer then got SQLITE_FULL, new runs 507 and the operator's DELETE 503."""
     data = tmp_path / "data"
-    proc, url = server(data)
+    earlier = server(data)
     cfg = {"batch_size": 1024, "steps": 20_000}
-    attacker, victim = new_run(url, **cfg), new_run(url, **cfg)
-    stop_server(proc)
-    _, url = server(data, 24 * MIB, admin_token=ADMIN, **FAST)
+    attacker, victim = new_run(earlier.url, **cfg), new_run(earlier.url, **cfg)
+    earlier.stop()
+    url = server(data, 24 * MIB, admin_token=ADMIN, **FAST).url
 
     with connect(ws_url(url, f"/ws/runs/{victim['id']}"), max_size=None) as vws:
         assert hello(vws, victim["token"])["type"] == "welcome"
@@ -171,7 +161,7 @@ def test_trainers_are_closed_before_the_floor_and_the_operator_deletes_at_it(ser
     # The operator deletes the attacker's run at the floor (its trainer is gone: no 409).
     for _ in range(100):
         gone = httpx.delete(f"{url}/api/runs/{attacker['id']}", timeout=60,
-                            headers={"authorization": f"Bearer {ADMIN}"})
+                            headers=bearer(ADMIN))
         if gone.status_code != 409:
             break
         time.sleep(0.1)
@@ -192,13 +182,13 @@ def test_trainers_are_closed_before_the_floor_and_the_operator_deletes_at_it(ser
 def test_two_checkpoint_uploads_that_together_cross_the_floor_get_201_and_507(server, tmp_path):
     """Before: every concurrent upload passed the floor check at its start."""
     data = tmp_path / "data"
-    proc, url = server(data)
-    run = new_run(url, n_embd=256, n_layer=2, n_head=4, ffn_dim=768, steps=100)
+    earlier = server(data)
+    run = new_run(earlier.url, n_embd=256, n_layer=2, n_head=4, ffn_dim=768, steps=100)
     size = sum(s["bytes"] for s in run["checkpoint"]["sections"])      # ~21 MiB
-    stop_server(proc)
-    _, url = server(data, size * 3 // 2)        # room for one, not two
+    earlier.stop()
+    url = server(data, size * 3 // 2).url        # room for one, not two
     body = bytes(size)
-    auth = {"authorization": f"Bearer {run['token']}",     # (one chunk: under 64 MiB)
+    auth = {**bearer(run["token"]),                        # (one chunk: under 64 MiB)
             "x-andrea-chunk-sha256": hashlib.sha256(body).hexdigest()}
     folder = data / "runs" / run["id"] / "checkpoints"
     release, answers = threading.Event(), {}
@@ -243,7 +233,8 @@ def test_two_checkpoint_uploads_that_together_cross_the_floor_get_201_and_507(se
 def test_a_run_past_max_run_bytes_is_refused_at_creation_and_closed_at_run_time(server,
                                                                                   tmp_path):
     data = tmp_path / "data"
-    proc, url = server(data, **FAST)
+    earlier = server(data, **FAST)
+    url = earlier.url
     r = httpx.post(url + "/api/runs", json={"preset": "tiny", "steps": 1_000_000,
                                             "batch_size": 1024}, timeout=60)
     assert r.status_code == 422, r.text
@@ -258,10 +249,10 @@ def test_a_run_past_max_run_bytes_is_refused_at_creation_and_closed_at_run_time(
         for first in (1, 21, 41):
             ws.send(metrics(first, 20, 1024))
             assert json.loads(ws.recv(timeout=60))["type"] == "ack"
-    stop_server(proc)
+    earlier.stop()
 
     # 60 records (~0.77 MB as stored) are read from the store at connect; 1 MiB is its budget.
-    _, url = server(data, max_run_bytes=MIB, **FAST)
+    url = server(data, max_run_bytes=MIB, **FAST).url
     with connect(ws_url(url, f"/ws/runs/{run['id']}"), max_size=None) as ws:
         assert hello(ws, run["token"], 60)["type"] == "welcome"
         acked, close = stream_until_closed(ws, 61, 10, 1024, limit=20)
@@ -307,8 +298,8 @@ def acks_in_order(sockets: dict[str, tuple]) -> list[str]:
 
 def test_trainer_bytes_per_second_are_bounded_per_run(server, tmp_path):
     """Before: ~1 MiB messages of ~10 KB records passed the records bucket unpaced."""
-    _, url = server(tmp_path / "data", metrics_bytes_per_s=PACED,
-                    client_metrics_bytes_per_s=1 << 30)
+    url = server(tmp_path / "data", metrics_bytes_per_s=PACED,
+                    client_metrics_bytes_per_s=1 << 30).url
     a, b = (new_run(url, batch_size=1024, steps=1000) for _ in range(2))
     with (connect(ws_url(url, f"/ws/runs/{a['id']}"), max_size=None) as wa,
           connect(ws_url(url, f"/ws/runs/{b['id']}"), max_size=None) as wb):
@@ -327,8 +318,8 @@ def test_trainer_bytes_per_second_are_bounded_per_run(server, tmp_path):
 def test_trainer_bytes_per_second_are_bounded_per_client_address(server, tmp_path):
     """All trainer sockets of one address share its bucket: two runs from 127.0.0.1 pay for
     each other, one from 127.0.0.2 does not."""
-    _, url = server(tmp_path / "data", metrics_bytes_per_s=1 << 30,
-                    client_metrics_bytes_per_s=PACED)
+    url = server(tmp_path / "data", metrics_bytes_per_s=1 << 30,
+                    client_metrics_bytes_per_s=PACED).url
     a, b, c = (new_run(url, batch_size=1024, steps=1000) for _ in range(3))
     with (connect(ws_url(url, f"/ws/runs/{a['id']}"), max_size=None) as wa,
           connect(ws_url(url, f"/ws/runs/{b['id']}"), max_size=None) as wb,
@@ -471,13 +462,10 @@ def test_a_runs_stored_records_are_read_cheaply_from_either_store(request, tmp_p
 
 def test_a_full_disk_is_told_to_the_trainer_and_the_api(tmp_path):
     data = tmp_path / "data"
-    proc, url = start_server(data)
-    try:
-        run = new_run(url, steps=100_000)
-    finally:
-        stop_server(proc)
-    proc, url = start_server(data, file_limit=1 << 20)        # no file past 1 MiB: the WAL fills up
-    try:
+    with serve(data) as s:
+        run = new_run(s.url, steps=100_000)
+    with serve(data, file_limit=1 << 20) as s:                # no file past 1 MiB: the WAL fills up
+        url = s.url
         with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
             hello(ws, run["token"])
             with pytest.raises(ConnectionClosed) as e:
@@ -496,5 +484,3 @@ def test_a_full_disk_is_told_to_the_trainer_and_the_api(tmp_path):
             if r.status_code != 201:
                 break
         assert r.status_code == 503 and "andrea.sqlite" in r.json()["detail"], r.text
-    finally:
-        stop_server(proc)

@@ -10,6 +10,7 @@ import json
 import socket
 import struct
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -31,10 +32,10 @@ from tests.trainer_client import (
 # ---- memory per viewer is bounded ----------------------------------------------------------------
 
 
-def test_silent_viewers_hold_bounded_memory_and_are_freed(server_with_env):
+def test_silent_viewers_hold_bounded_memory_and_are_freed(servers):
     """20 viewers that never read, on a 50,000-record run. Before: each loaded the whole backlog
     and kept it while its send was blocked (+707 MiB for 20 on 100k records, never freed)."""
-    proc, url = server_with_env(viewer_send_timeout_s=3, max_viewers_per_client=20)
+    proc, url, _ = servers(viewer_send_timeout_s=3, max_viewers_per_client=20)
     run = new_run(url, steps=50_000)
     fill(url, run, 1, 50_000)
     time.sleep(0.5)
@@ -90,8 +91,8 @@ class FrameReader:
         return b0 & 0x0F, self._take(n)
 
 
-def test_a_slow_viewer_is_dropped_with_1013_and_resumes_after_its_last_step(server_with_env):
-    proc, url = server_with_env(viewer_queue_bytes=65536, viewer_send_timeout_s=30)
+def test_a_slow_viewer_is_dropped_with_1013_and_resumes_after_its_last_step(servers):
+    proc, url, _ = servers(viewer_queue_bytes=65536, viewer_send_timeout_s=30)
     run = new_run(url, steps=60_000)
     sock = raw_ws(url, f"/ws/runs/{run['id']}/watch", rcvbuf=2048)
     reader = FrameReader(sock)
@@ -122,13 +123,20 @@ def test_a_slow_viewer_is_dropped_with_1013_and_resumes_after_its_last_step(serv
     assert rss_mib(proc.pid) < 200
 
 
-def test_viewer_after_and_from_resend_only_later_records(client):
-    run = client.post("/api/runs", json={"preset": "tiny", "steps": 2000}).json()
+@contextmanager
+def trainer_at_1000(client, run: dict):
+    """The run's trainer socket (an app's TestClient) with records 1..1000 acknowledged."""
     with client.websocket_connect(f"/ws/runs/{run['id']}") as t:
         t.send_json({"type": "hello", "token": run["token"]})
         t.receive_json()
         t.send_json({"type": "metrics", "records": [record(s) for s in range(1, 1001)]})
         assert t.receive_json()["step"] == 1000
+        yield t
+
+
+def test_viewer_after_and_from_resend_only_later_records(client):
+    run = new_run(client, steps=2000)
+    with trainer_at_1000(client, run) as t:
         t.send_json({"type": "sample", "step": 500, "text": "mid"})
         t.send_json({"type": "sample", "step": 900, "text": "late"})
         t.send_json({"type": "ping"})
@@ -157,7 +165,7 @@ def test_a_viewer_after_that_is_no_ascii_step_closes_1003(client, after):
     """"²" passes str.isdigit() but not int(); "١" (Arabic-Indic one) is no step either."""
     from starlette.websockets import WebSocketDisconnect
 
-    run = client.post("/api/runs", json={"preset": "tiny"}).json()
+    run = new_run(client)
     with client.websocket_connect(f"/ws/runs/{run['id']}/watch?after={after}") as v:
         error = v.receive_json()
         assert error["type"] == "error" and "after must be a step" in error["message"], error
@@ -206,7 +214,7 @@ def test_a_status_change_while_a_viewer_subscribes_reaches_it(client, monkeypatc
     reached no queue: the viewer is told the run as it is once subscribed."""
     from andrea.telemetry import viewer
 
-    run = client.post("/api/runs", json={"preset": "tiny", "steps": 20}).json()
+    run = new_run(client, steps=20)
     subscribe = viewer._ViewerSession.start_from
 
     async def changed_first(self, after):      # the change lands in that window, unpublished
@@ -226,12 +234,8 @@ def test_a_resume_while_a_viewer_reads_its_backlog_reaches_it(client, monkeypatc
     from andrea.runs.info import RESUMABLE
     from andrea.telemetry import viewer
 
-    run = client.post("/api/runs", json={"preset": "tiny", "steps": 2000}).json()
-    with client.websocket_connect(f"/ws/runs/{run['id']}") as t:
-        t.send_json({"type": "hello", "token": run["token"]})
-        t.receive_json()
-        t.send_json({"type": "metrics", "records": [record(s) for s in range(1, 1001)]})
-        assert t.receive_json()["step"] == 1000
+    run = new_run(client, steps=2000)
+    with trainer_at_1000(client, run) as t:
         t.send_json({"type": "status", "status": "paused"})
         t.send_json({"type": "ping"})
         t.receive_json()

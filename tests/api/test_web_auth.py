@@ -18,12 +18,13 @@ from starlette.requests import Request
 from websockets.sync.client import connect
 
 from andrea.app import create_app
-from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import _with_admin_token
 from andrea.config import Settings
 from andrea.web.deps import NO_TOKEN, REVOKED, WRONG_TOKEN, request_is_local
 from tests.api.test_checkpoints import headers, record, state
 from tests.conftest import LOCAL
+from tests.servers import serve
+from tests.trainer_client import bearer, hello, new_run, ws_url
 
 ADMIN = "operator-secret-token"
 LAN = "workshop.lan"
@@ -34,14 +35,9 @@ def server(tmp_path_factory):
     """(url, data dir, port) of one `andrea serve` for the whole module: a workshop's names,
     and the operator's own requests on this machine trusted (ANDREA_LOCAL_OWNER=1;
     tests/api/test_web_proxy.py has the default, which trusts none)."""
-    data = tmp_path_factory.mktemp("workshop") / "data"
-    proc, url = start_server(data, env={"ANDREA_ALLOWED_HOSTS": LAN,
-                                        "ANDREA_ADMIN_TOKEN": ADMIN,
-                                        "ANDREA_LOCAL_OWNER": "1"})
-    try:
-        yield url, data, int(url.rsplit(":", 1)[1])
-    finally:
-        stop_server(proc)
+    with serve(tmp_path_factory.mktemp("workshop") / "data", allowed_hosts=LAN,
+               admin_token=ADMIN, local_owner=1) as s:
+        yield s.url, s.data, s.port
 
 
 @pytest.fixture
@@ -59,25 +55,12 @@ def local(server):
         yield c
 
 
-def bearer(token: str) -> dict:
-    return {"authorization": f"Bearer {token}"}
-
-
-def ws_url(url: str, run_id: str) -> str:
-    return url.replace("http://", "ws://") + f"/ws/runs/{run_id}"
-
-
-def hello(ws, token: str) -> dict:
-    ws.send(json.dumps({"type": "hello", "token": token, "last_acked_step": None}))
-    return json.loads(ws.recv(timeout=15))
-
-
 @contextmanager
 def training(url: str, local: httpx.Client):
     """A run training: records 1..4 and checkpoint 4 committed, its trainer socket open
     until the block ends."""
-    run = local.post("/api/runs", json={"preset": "tiny", "steps": 50}).json()
-    with connect(ws_url(url, run["id"])) as ws:
+    run = new_run(local, steps=50)
+    with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
         assert hello(ws, run["token"])["type"] == "welcome"
         ws.send(json.dumps({"type": "metrics", "records": [record(s) for s in range(1, 5)]}))
         assert json.loads(ws.recv(timeout=15)) == {"type": "ack", "step": 4}
@@ -108,7 +91,7 @@ def shown(client: httpx.Client, run: dict) -> dict:
 
 def token_still_valid(url: str, run: dict) -> bool:
     """The real tab's token still opens the trainer socket (nothing revoked it)."""
-    with connect(ws_url(url, run["id"])) as ws:
+    with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
         return hello(ws, run["token"])["type"] == "welcome"
 
 
@@ -164,7 +147,7 @@ def test_delete_rename_tags_and_notes_need_the_runs_token(server, lan, local):
 def test_a_branch_needs_the_parents_token(server, lan, local):
     url, data, _ = server
     parent = trained_run(url, local)
-    attacker = local.post("/api/runs", json={"preset": "tiny"}).json()   # their own, free token
+    attacker = new_run(local)   # their own, free token
     ids = {r["id"] for r in local.get("/api/runs").json()}
     dirs = sorted(p.name for p in (data / "runs").iterdir())
     branch = {"preset": "tiny", "steps": 50, "parent": {"run": parent["id"], "step": 4}}
@@ -201,7 +184,7 @@ def test_the_operator_token_works_for_each(server, lan, local):
 
 
 def test_without_a_token_an_unknown_run_answers_as_a_known_one(server, lan, local):
-    run = local.post("/api/runs", json={"preset": "tiny"}).json()
+    run = new_run(local)
     asks = [("POST", "/resume", None), ("DELETE", "", None), ("PATCH", "", {"name": "x"}),
             ("GET", "/checkpoints/4", None)]
     for method, tail, body in asks:
@@ -318,7 +301,7 @@ def test_local_means_this_machines_user_on_a_loopback_server(tmp_path):
     # A server bound beyond loopback: even its own machine's requests show a token.
     with TestClient(create_app(Settings(data_dir=tmp_path, host="0.0.0.0", admin_token=ADMIN)),
                     base_url=LOCAL) as c:
-        run = c.post("/api/runs", json={"preset": "tiny"}).json()
+        run = new_run(c)
         refused(c.delete(f"/api/runs/{run['id']}"), 401, NO_TOKEN)
         assert c.get(f"/api/runs/{run['id']}").status_code == 200
         assert c.delete(f"/api/runs/{run['id']}", headers=bearer(run["token"])).status_code == 204

@@ -4,26 +4,15 @@ plain and 11 s gzipped."""
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from andrea.cli.launch import start_server, stop_server
 from andrea.data import wire
 from tests.api.test_web_limits import new_run
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    data = tmp_path_factory.mktemp("gzip") / "data"
-    proc, url = start_server(data)
-    yield proc, url, data
-    stop_server(proc)
-
 
 # ---- binary bodies are never gzipped -------------------------------------------------------------
 
 
-def test_a_batch_is_never_gzipped_and_a_json_answer_still_is(served):
-    proc, url, _ = served
+def test_a_batch_is_never_gzipped_and_a_json_answer_still_is(live_server):
+    url = live_server                           # the session's: a run of this test's own
     run = new_run(url)
     gzip = {"accept-encoding": "gzip"}
     r = httpx.get(f"{url}/api/runs/{run['id']}/batches/1", headers=gzip, timeout=120)

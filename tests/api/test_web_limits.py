@@ -16,25 +16,23 @@ import time
 import httpx
 import pytest
 
-from andrea.cli.launch import start_server, stop_server
 from andrea.paths import run_dir
 from andrea.run_config import StoredRunConfig, run_layout
 from tests import trainer_client
 from tests.api.test_checkpoints import digests, folder, headers, state
+from tests.servers import serve
 from tests.trainer_client import n_fds, rss_mib
 
 LIMIT = 4096
 PER_CLIENT = 8
-LIMITS = {"ANDREA_MAX_BODY_BYTES": str(LIMIT), "ANDREA_HEADER_TIMEOUT_S": "1",
-          "ANDREA_IDLE_TIMEOUT_S": "1", "ANDREA_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT)}
+LIMITS = {"max_body_bytes": LIMIT, "header_timeout_s": 1, "idle_timeout_s": 1,
+          "max_connections_per_client": PER_CLIENT}
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    data = tmp_path_factory.mktemp("limits") / "data"
-    proc, url = start_server(data, env=LIMITS)
-    yield proc, url, data
-    stop_server(proc)
+    with serve(tmp_path_factory.mktemp("limits") / "data", **LIMITS) as s:
+        yield s
 
 
 def connect(url: str, source: str = "127.0.0.1", rcvbuf: int | None = None) -> socket.socket:

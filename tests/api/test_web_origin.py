@@ -18,9 +18,9 @@ from tests.trainer_client import (
 # ---- Host and Origin -----------------------------------------------------------------------------
 
 
-def test_host_and_origin_are_checked_against_the_allow_list(server_with_env):
-    proc, url = server_with_env(allowed_hosts="andrea.lan")
-    port = int(url.rsplit(":", 1)[1])
+def test_host_and_origin_are_checked_against_the_allow_list(servers):
+    server = servers(allowed_hosts="andrea.lan")
+    url, port = server.url, server.port
     assert httpx.get(url + "/api/runs", headers={"host": f"evil.example:{port}"}).status_code \
         == 400
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"andrea.lan:{port}"):

@@ -18,18 +18,11 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from andrea.cli.launch import free_port, start_server, stop_server
+from andrea.cli.launch import free_port
 from andrea.web.deps import NO_TOKEN
-from tests.api.test_web_auth import (
-    ADMIN,
-    bearer,
-    files,
-    hello,
-    refused,
-    shown,
-    token_still_valid,
-    trained_run,
-)
+from tests.api.test_web_auth import ADMIN, files, refused, shown, token_still_valid, trained_run
+from tests.servers import serve
+from tests.trainer_client import bearer, hello
 
 NAME = "workshop.local"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -111,18 +104,14 @@ def workshop(request, tmp_path_factory):
         pytest.skip("nginx is not installed (bash scripts/test installs Debian's)")
     asked = request.param != "default"
     root = tmp_path_factory.mktemp("proxy")
-    env = {"ANDREA_ALLOWED_HOSTS": NAME, "ANDREA_ADMIN_TOKEN": ADMIN}
-    if asked:
-        env["ANDREA_LOCAL_OWNER"] = "1"
-    proc, url = start_server(root / "data", env=env)
-    port = int(url.rsplit(":", 1)[1])
-    nginx, listen = _nginx(root / "nginx", port)
-    try:
-        yield url, f"http://127.0.0.1:{listen}", root / "data", port, asked
-    finally:
-        nginx.terminate()
-        nginx.wait(10)
-        stop_server(proc)
+    with serve(root / "data", allowed_hosts=NAME, admin_token=ADMIN,
+               **({"local_owner": 1} if asked else {})) as s:
+        nginx, listen = _nginx(root / "nginx", s.port)
+        try:
+            yield s.url, f"http://127.0.0.1:{listen}", s.data, s.port, asked
+        finally:
+            nginx.terminate()
+            nginx.wait(10)
 
 
 def _client(url: str, host: str) -> httpx.Client:

@@ -11,34 +11,16 @@ import asyncio
 import json
 import sqlite3
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from websockets.sync.client import connect
 
-from andrea.cli.launch import start_server, stop_server
 from andrea.store import Store
 from tests import aio, trainer_client
-from tests.trainer_client import hello, record, stored_config, ws_url
+from tests.trainer_client import bearer, hello, record, stored_config, stored_steps, ws_url
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def server(tmp_path):
-    """start(data_dir=None, **settings): a real `andrea serve` with ANDREA_<NAME> settings."""
-    procs = []
-
-    def start(data_dir: Path | None = None, **env):
-        data_dir = data_dir or tmp_path / f"data{len(procs)}"
-        proc, url = start_server(data_dir, env={f"ANDREA_{k.upper()}": str(v)
-                                                for k, v in env.items()})
-        procs.append(proc)
-        return proc, url
-    yield start
-    for p in procs:
-        stop_server(p)
 
 
 def post_run(url: str, **cfg) -> httpx.Response:
@@ -67,16 +49,12 @@ def sample_steps(url: str, run_id: str) -> list[int]:
     return [s["step"] for s in httpx.get(f"{url}/api/runs/{run_id}").json()["samples"]]
 
 
-def stored_steps(url: str, run_id: str) -> list[int]:
-    return [r["step"] for r in httpx.get(f"{url}/api/runs/{run_id}/metrics", timeout=60).json()]
-
-
 # ---- (1) new runs per client: 429 with Retry-After -------------------------------------------
 
 
-def test_new_runs_past_the_burst_get_429_with_retry_after(server):
+def test_new_runs_past_the_burst_get_429_with_retry_after(servers):
     """Before: runs could be created at ~120/s with no cap."""
-    _, url = server(run_burst=3, run_rate_per_s=1)
+    url = servers(run_burst=3, run_rate_per_s=1).url
     made, refused = [], None
     for _ in range(10):     # the burst, then one a second: a refusal comes within a few
         r = post_run(url)
@@ -99,15 +77,15 @@ def test_new_runs_past_the_burst_get_429_with_retry_after(server):
 # ---- (2) runs in all: 507 ---------------------------------------------------------------------
 
 
-def test_runs_past_max_runs_get_507_until_some_are_deleted(server):
-    _, url = server(max_runs=2)
+def test_runs_past_max_runs_get_507_until_some_are_deleted(servers):
+    url = servers(max_runs=2).url
     runs = [new_run(url), new_run(url)]
     r = post_run(url)
     assert r.status_code == 507, r.text
     assert "holds 2 runs" in r.json()["detail"] and "delete runs" in r.json()["detail"]
     assert sorted(listed(url)) == sorted(run["id"] for run in runs)
     gone = httpx.delete(f"{url}/api/runs/{runs[0]['id']}",
-                        headers={"authorization": f"Bearer {runs[0]['token']}"})
+                        headers=bearer(runs[0]["token"]))
     assert gone.status_code == 204, gone.text
     assert post_run(url).status_code == 201
 
@@ -116,13 +94,13 @@ def test_runs_past_max_runs_get_507_until_some_are_deleted(server):
 
 
 def test_below_the_disk_floor_new_runs_and_uploads_get_507_and_nothing_is_written(
-        server, tmp_path):
+        servers, tmp_path):
     data = tmp_path / "floor"
-    proc, url = server(data)
-    run = new_run(url)
-    stop_server(proc)
-    _, url = server(data, min_free_bytes=1 << 60)   # more than any disk has free
-    auth = {"authorization": f"Bearer {run['token']}"}
+    earlier = servers(data)
+    run = new_run(earlier.url)
+    earlier.stop()
+    url = servers(data, min_free_bytes=1 << 60).url   # more than any disk has free
+    auth = bearer(run["token"])
     files_before = sorted(p.relative_to(data) for p in data.rglob("*")
                           if p.name != "server.log" and "andrea.sqlite" not in p.name)
 
@@ -154,9 +132,9 @@ def test_below_the_disk_floor_new_runs_and_uploads_get_507_and_nothing_is_writte
 # ---- (4) samples per run ------------------------------------------------------------------
 
 
-def test_samples_past_the_quota_are_dropped_the_trainer_told_once_training_goes_on(server):
+def test_samples_past_the_quota_are_dropped_the_trainer_told_once_training_goes_on(servers):
     """Before: one socket with its own token stored samples at ~37 MB/s."""
-    _, url = server(max_samples_per_run=3, max_sample_bytes_per_run=1024)
+    url = servers(max_samples_per_run=3, max_sample_bytes_per_run=1024).url
     by_count, by_bytes = new_run(url), new_run(url)
     with connect(ws_url(url, f"/ws/runs/{by_count['id']}")) as ws:
         assert hello(ws, by_count["token"])["type"] == "welcome"
@@ -191,8 +169,8 @@ def test_samples_past_the_quota_are_dropped_the_trainer_told_once_training_goes_
 # ---- (5) the metrics rate: backpressure, nothing lost -----------------------------------------
 
 
-def test_records_far_above_the_metrics_rate_are_all_committed(server):
-    _, url = server(metrics_rate_per_s=500)         # a burst of 1000, then 500/s
+def test_records_far_above_the_metrics_rate_are_all_committed(servers):
+    url = servers(metrics_rate_per_s=500).url         # a burst of 1000, then 500/s
     run = new_run(url, steps=3000)
     with connect(ws_url(url, f"/ws/runs/{run['id']}")) as ws:
         assert hello(ws, run["token"])["type"] == "welcome"
@@ -207,9 +185,9 @@ def test_records_far_above_the_metrics_rate_are_all_committed(server):
 # ---- (6) the runs list in pages ------------------------------------------------------------
 
 
-def test_the_runs_list_pages_through_every_run_newest_first(server):
+def test_the_runs_list_pages_through_every_run_newest_first(servers):
     """Before: the list had no paging (GET /api/runs showed the newest 200)."""
-    _, url = server()
+    url = servers().url
     made = [new_run(url)["id"] for _ in range(7)]
     seen, pages, next_url = [], [], url + "/api/runs?limit=3"
     while next_url:

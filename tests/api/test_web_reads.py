@@ -41,35 +41,27 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from andrea.cli.launch import start_server, stop_server
 from andrea.cli.main import main
 from andrea.routes.spikes import HEADER, Spikes, _RunSpikes, get_spikes
 from andrea.spikes import RunningMedian, SpikeFinder
 from andrea.web.quotas import ClientSlots, RateLimiter
-from tests.trainer_client import expect_close, fill, hello, new_run, record, rss_mib, ws_url
+from tests.servers import serve
+from tests.trainer_client import (
+    bearer,
+    expect_close,
+    fill,
+    hello,
+    new_run,
+    record,
+    rss_mib,
+    ws_url,
+)
 
 # ---- helpers ---------------------------------------------------------------------------------
 
 # Seeding a run fast: no trainer-side pacing (records per second, bytes per second).
 FAST_TRAINERS = {"metrics_rate_per_s": 1e6, "metrics_bytes_per_s": 1e9,
                  "client_metrics_bytes_per_s": 1e9}
-
-
-@pytest.fixture
-def server(tmp_path):
-    """start(data_dir=None, file_limit=None, **settings): a real `andrea serve` with
-    ANDREA_<NAME> settings."""
-    procs = []
-
-    def start(data_dir: Path | None = None, file_limit: int | None = None, **env):
-        data_dir = data_dir or tmp_path / f"data{len(procs)}"
-        proc, url = start_server(data_dir, file_limit=file_limit, env={
-            f"ANDREA_{k.upper()}": str(v) for k, v in env.items()})
-        procs.append(proc)
-        return proc, url
-    yield start
-    for p in procs:
-        stop_server(p)
 
 
 def spike_records(first: int, last: int, spikes: set[int]) -> list[dict]:
@@ -148,8 +140,7 @@ def test_a_clients_byte_budget_goes_into_debt_and_slots_come_back():
 
 def test_concurrent_spike_requests_share_one_computation_and_later_ones_feed_only_new_records(
         client):
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 5000}).json()
+    made = new_run(client, batch_size=4, steps=5000)
     run_id, store = made["id"], client.app.state.store
     store.metrics.add(run_id, spike_records(1, 3000, {500, 1500, 2500}))
     path = f"/api/runs/{run_id}/spikes"
@@ -181,8 +172,7 @@ def test_concurrent_spike_requests_share_one_computation_and_later_ones_feed_onl
 
 
 def test_a_resume_that_cuts_the_records_back_starts_the_detector_over(client):
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 5000}).json()
+    made = new_run(client, batch_size=4, steps=5000)
     run_id, store = made["id"], client.app.state.store
     store.metrics.add(run_id, spike_records(1, 2000, {400, 1800}))
     path = f"/api/runs/{run_id}/spikes"
@@ -201,8 +191,7 @@ def test_a_trained_runs_spikes_are_at_most_fresh_s_behind_its_records(client):
     """While a trainer trains a run, its last step moves every few milliseconds: an answer
     younger than spikes_fresh_s is served for the later steps, so pollers make one a second,
     not one a step; once its training ended, or no trainer is at it, the answer is current."""
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 5000}).json()
+    made = new_run(client, batch_size=4, steps=5000)
     run_id, store = made["id"], client.app.state.store
     now = [100.0]
     client.app.state.spikes = Spikes(fresh_s=1.0, clock=lambda: now[0])
@@ -239,9 +228,10 @@ def test_a_trained_runs_spikes_are_at_most_fresh_s_behind_its_records(client):
     assert client.app.state.spikes.computed == 4
 
 
-def test_spike_pollers_on_a_real_server_compute_once_per_step(server, tmp_path):
+def test_spike_pollers_on_a_real_server_compute_once_per_step(servers, tmp_path):
     data = tmp_path / "spikes"
-    proc, url = server(data, spikes_fresh_s=0, **FAST_TRAINERS)   # each step's answer current
+    earlier = servers(data, spikes_fresh_s=0, **FAST_TRAINERS)   # each step's answer current
+    url = earlier.url
     run = new_run(url, batch_size=4, steps=20_000)
     spikes = set(range(250, 10_001, 500))
     send(url, run, spike_records(1, 10_000, spikes))
@@ -261,8 +251,8 @@ def test_spike_pollers_on_a_real_server_compute_once_per_step(server, tmp_path):
     send(url, run, spike_records(10_001, 11_000, {10_250, 10_750}))
     later = httpx.get(path, timeout=120)
     assert fed(later) == {"records": 1000, "batches": 2}
-    stop_server(proc)
-    _, url = server(data)                                # a fresh process: nothing kept
+    earlier.stop()
+    url = servers(data).url                              # a fresh process: nothing kept
     fresh = httpx.get(f"{url}/api/runs/{run['id']}/spikes", timeout=120)
     assert fed(fresh) == {"records": 11_000, "batches": len(spikes) + 2}
     assert fresh.json() == later.json()
@@ -295,17 +285,23 @@ def quiet(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "row_losses"} for r in records]
 
 
+def runs_of_one_config(client, more: list[str]) -> list[str]:
+    """A run made through the app (tiny, batch 4, 1000 steps) and the runs `more` made in its
+    store with its config: their ids, the app's first."""
+    made = new_run(client, batch_size=4, steps=1000)
+    store = client.app.state.store
+    config = store.runs.get(made["id"])["config"]
+    for run_id in more:
+        store.runs.create(run_id, config, "0" * 64)
+    return [made["id"], *more]
+
+
 def test_cycling_through_100_runs_computes_each_once_and_keeps_them_within_the_budget(client):
     """Before: 64 runs were kept by count, so a client asking 100 runs in turn made every
     answer again (200 computations for two rounds); now the runs kept are bounded by their
     estimated bytes (spikes_cache_bytes), which 100 ordinary runs fit."""
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 1000}).json()
     store = client.app.state.store
-    ids = [made["id"]] + [f"cycle{i:03d}" for i in range(99)]
-    config = store.runs.get(made["id"])["config"]
-    for run_id in ids[1:]:
-        store.runs.create(run_id, config, "0" * 64)
+    ids = runs_of_one_config(client, [f"cycle{i:03d}" for i in range(99)])
     for i, run_id in enumerate(ids):
         store.metrics.add(run_id, quiet(spike_records(1, 60, {20 + i % 30, 55})))
     for round_ in range(2):
@@ -323,13 +319,8 @@ def test_a_small_spike_budget_keeps_the_runs_last_asked_and_never_more_than_it(c
     """A budget of about 8 ordinary runs: cycling through 20 makes each again (the least
     recently asked went first), what is kept is never over the budget, measured, and the
     runs asked last are kept."""
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 1000}).json()
     store = client.app.state.store
-    ids = [made["id"]] + [f"small{i:02d}" for i in range(19)]
-    config = store.runs.get(made["id"])["config"]
-    for run_id in ids[1:]:
-        store.runs.create(run_id, config, "0" * 64)
+    ids = runs_of_one_config(client, [f"small{i:02d}" for i in range(19)])
     for run_id in ids:
         store.metrics.add(run_id, quiet(spike_records(1, 200, {30, 90, 150})))
     client.get(f"/api/runs/{ids[0]}/spikes")
@@ -356,8 +347,7 @@ def test_a_kept_runs_estimate_is_at_least_what_it_holds(client, shape):
     of what is kept, and not far above them, for records of every shape: with per-row
     losses (rows described, their text kept), a NaN every step, per-tensor norms and
     non-finite counts, a bandit's phase changes."""
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 2000}).json()
+    made = new_run(client, batch_size=4, steps=2000)
     run_id, store = made["id"], client.app.state.store
     n_tensors = len(made["layout"]["params"])
     records = spike_records(1, 1200, set(range(100, 1201, 25)))
@@ -388,8 +378,7 @@ def test_concurrent_requests_for_a_run_being_trained_share_one_computation(clien
     another); now a request shares the run's answer being made where that is current for it
     (begun less than spikes_fresh_s ago), and only there: with no trainer at the run, a
     request for a later step than the answer being made begins the next one."""
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 5000}).json()
+    made = new_run(client, batch_size=4, steps=5000)
     run_id, store, app = made["id"], client.app.state.store, client.app
     store.metrics.add(run_id, quiet(spike_records(1, 1100, {500, 1050})))
     run = store.runs.get(run_id)
@@ -429,23 +418,19 @@ def floor_server(tmp_path_factory):
     """A run with 41 MiB of weights, a tokenizer and three records, served by a server whose
     data dir is below its free-space floor and whose process may write no file past 1 MiB."""
     data = tmp_path_factory.mktemp("floor")
-    proc, url = start_server(data)
-    try:
+    with serve(data) as s:
+        url = s.url
         run = new_run(url, **BIG)
         weights = np.random.default_rng(0).standard_normal(run["layout"]["total_numel"],
                                                            dtype=np.float32)
         r = httpx.put(f"{url}/api/runs/{run['id']}/weights", content=weights.tobytes(),
-                      headers={"authorization": f"Bearer {run['token']}"}, timeout=120)
+                      headers=bearer(run["token"]), timeout=120)
         assert r.status_code == 204, r.text
         assert httpx.get(f"{url}/api/runs/{run['id']}/batches/0",
                          timeout=120).status_code == 200       # the tokenizer is built
         fill(url, run, 1, 3)
-    finally:
-        stop_server(proc)
-    proc, url = start_server(data, file_limit=1 << 20, env={
-        "ANDREA_MIN_FREE_BYTES": str(1 << 60), "ANDREA_MAX_EXPORTS_PER_CLIENT": "2"})
-    yield proc, url, data, run
-    stop_server(proc)
+    with serve(data, file_limit=1 << 20, min_free_bytes=1 << 60, max_exports_per_client=2) as s:
+        yield s.proc, s.url, data, run
 
 
 def test_an_export_zip_streams_below_the_disk_floor_and_writes_nothing(floor_server, tmp_path):
@@ -519,10 +504,10 @@ def test_exports_past_the_clients_cap_get_429_and_hold_bounded_memory(floor_serv
 # ---- (3) viewers: sockets per address, backlog bytes per address ------------------------------
 
 
-def test_a_viewer_flood_from_one_address_is_refused_with_1008_past_the_cap(server):
+def test_a_viewer_flood_from_one_address_is_refused_with_1008_past_the_cap(servers):
     """Before: 60 viewers that never read, from one address, each held a socket and its
     buffers (a victim trainer's ack p99 went to 1.8-3.4 s)."""
-    _, url = server(max_viewers_per_client=4)
+    url = servers(max_viewers_per_client=4).url
     run = new_run(url, steps=100)
     fill(url, run, 1, 10)
     with contextlib.ExitStack() as kept:
@@ -551,13 +536,13 @@ def test_a_viewer_flood_from_one_address_is_refused_with_1008_past_the_cap(serve
             time.sleep(0.2)
 
 
-def test_backlog_rereads_past_the_clients_budget_are_paced(server):
+def test_backlog_rereads_past_the_clients_budget_are_paced(servers):
     """Before: 20 viewers re-reading a run from step -1 in a loop took a victim trainer's ack
     p99 to seconds. Here an address's budget is 1 MiB and then 1 KiB/s: the first read of the
     backlog (~0.7 MB) is whole, a re-read gets what is left of the burst and then waits; other
     addresses and the trainer's acks are not held back."""
-    _, url = server(viewer_backlog_burst_bytes=1 << 20, viewer_backlog_bytes_per_s=1024,
-                    **FAST_TRAINERS)
+    url = servers(viewer_backlog_burst_bytes=1 << 20, viewer_backlog_bytes_per_s=1024,
+                    **FAST_TRAINERS).url
     run = new_run(url, steps=10_000)
     fill(url, run, 1, 5000)
     with viewer(url, run["id"], client="10.0.0.1") as ws:
@@ -579,11 +564,11 @@ def test_backlog_rereads_past_the_clients_budget_are_paced(server):
             assert json.loads(trainer.recv(timeout=10)) == {"type": "ack", "step": 5001}
 
 
-def test_a_paced_viewer_that_leaves_frees_its_socket(server):
+def test_a_paced_viewer_that_leaves_frees_its_socket(servers):
     """A viewer waiting for its address's budget holds nothing once it goes: its slot is
     back for the next one."""
-    _, url = server(viewer_backlog_burst_bytes=64 << 10, viewer_backlog_bytes_per_s=1024,
-                    max_viewers_per_client=1)
+    url = servers(viewer_backlog_burst_bytes=64 << 10, viewer_backlog_bytes_per_s=1024,
+                    max_viewers_per_client=1).url
     run = new_run(url, steps=5000)
     fill(url, run, 1, 3000)
     with viewer(url, run["id"]) as ws:
@@ -607,8 +592,7 @@ def test_a_run_of_spikes_everywhere_lists_its_newest_and_says_how_many_were_left
     from andrea.routes import spikes as route
 
     monkeypatch.setattr(route, "MAX_SPIKES", 3)
-    made = client.post("/api/runs", json={"preset": "tiny", "batch_size": 4,
-                                          "steps": 100}).json()
+    made = new_run(client, batch_size=4, steps=100)
     run_id, store = made["id"], client.app.state.store
     store.metrics.add(run_id, [{**r, "grad_norm": None} for r in spike_records(1, 8, set())])
     path = f"/api/runs/{run_id}/spikes"
@@ -626,12 +610,12 @@ def test_a_run_of_spikes_everywhere_lists_its_newest_and_says_how_many_were_left
 # ---- JSON reads: a budget per client address ---------------------------------------------------
 
 
-def test_json_reads_are_budgeted_per_client_address(server):
+def test_json_reads_are_budgeted_per_client_address(servers):
     """Before: 10 clients polling the spike list took ~1,600 answers a second of 240 KB and the
     victim's acks waited behind them. A read costs its bytes plus 128 KiB; at a budget of
     1 KiB/s (a 1 KiB burst) one read puts its address ~2 min in debt: the next is answered 429
     with Retry-After, while other addresses, the trainer's batches and pages are not held."""
-    _, url = server(read_bytes_per_s=1024)
+    url = servers(read_bytes_per_s=1024).url
     run = new_run(url, steps=50)
     with httpx.Client(base_url=url, timeout=60) as poller:
         assert poller.get(f"/api/runs/{run['id']}/spikes").status_code == 200   # no debt yet

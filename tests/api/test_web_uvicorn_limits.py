@@ -14,26 +14,24 @@ import time
 import httpx
 import pytest
 
-from andrea.cli.launch import start_server, stop_server
 from andrea.paths import run_dir
 from andrea.run_config import StoredRunConfig, run_layout
 from andrea.web.uvicorn_limits import MAX_HEAD_BYTES
 from tests.api.test_checkpoints import digests, folder, headers, state
 from tests.api.test_web_limits import answer, connect, head, new_run, read_all
+from tests.servers import serve
 
 # Any upload has 1 s, more at 256 KiB/s of its size: a 1.68 MB checkpoint 6.4 s, a 560 KB
 # weights file 2.1 s, a JSON body 1 s. The idle timeout stays 30 s: it is never what bites here.
 UPLOAD_S, RATE = 1.0, 256 << 10
-ENV = {"ANDREA_UPLOAD_TIMEOUT_S": str(UPLOAD_S), "ANDREA_MIN_UPLOAD_BYTES_PER_S": str(RATE)}
+LIMITS = {"upload_timeout_s": UPLOAD_S, "min_upload_bytes_per_s": RATE}
 CFG = {"preset": "tiny", "optimizer": "adamw"}
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    data = tmp_path_factory.mktemp("small") / "data"
-    proc, url = start_server(data, env=ENV)
-    yield proc, url, data
-    stop_server(proc)
+    with serve(tmp_path_factory.mktemp("small") / "data", **LIMITS) as s:
+        yield s
 
 
 def rec(step: int) -> dict:

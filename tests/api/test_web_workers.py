@@ -21,34 +21,25 @@ from fastapi.testclient import TestClient
 from websockets.sync.client import connect
 
 from andrea.app import create_app
-from andrea.cli.launch import start_server, stop_server
 from andrea.config import Settings
 from andrea.data.run_registry import MAX_WAITING
 from andrea.run_config import StoredRunConfig, run_layout
 from andrea.store import Store
 from tests import aio
-from tests.trainer_client import hello, new_run, record, rss_mib, ws_url
+from tests.trainer_client import bearer, hello, new_run, record, rss_mib, ws_url
 
 # Enough connections and exports at once from this one client for the crowd below (the
 # per-client caps are other tests' subject), and waiting batches that outlast a loaded machine's
 # slowest steps below (the states are the subject, not the 10 s default).
-ENV = {"ANDREA_MAX_CONNECTIONS_PER_CLIENT": "400", "ANDREA_MAX_EXPORTS_PER_CLIENT": "8",
-       "ANDREA_BATCH_WAIT_S": "300"}
+SETTINGS = {"max_connections_per_client": 400, "max_exports_per_client": 8,
+            "batch_wait_s": 300}
 
 
 @pytest.fixture
-def live(tmp_path, tiny):
+def live(servers, tiny):
     """Starts a server on a data dir; its tokenizers and token files are the session's
     (ANDREA_CACHE_DIR), tiny's built already."""
-    procs = []
-
-    def start(data_dir: Path):
-        proc, url = start_server(data_dir, env=ENV)
-        procs.append(proc)
-        return proc, url
-    yield start
-    for p in procs:
-        stop_server(p)
+    return lambda data_dir: servers(data_dir, **SETTINGS)
 
 
 def files_under(folder: Path) -> list[str]:
@@ -63,7 +54,7 @@ def test_waiting_batch_requests_hold_no_worker(tmp_path, live):
     """60 requests for a bandit step whose losses are not reported: MAX_WAITING of them wait,
     the rest are told at once; /healthz and another run's batches answer meanwhile; the waiting
     ones are served once the losses arrive. A step far ahead is answered at once."""
-    _, url = live(tmp_path / "data")
+    url = live(tmp_path / "data").url
     bandit = new_run(url, data_mode="bandit", steps=1_000_000)
     other = new_run(url)
     step = 300                                      # its phase needs the losses of ~250 steps
@@ -123,10 +114,10 @@ RECORDS = 200_000
 def big_run(data_dir: Path) -> dict:
     """A run with weights and RECORDS records, written straight into the data dir."""
     with TestClient(create_app(Settings(data_dir=data_dir)), base_url="http://127.0.0.1") as client:
-        run = client.post("/api/runs", json={"preset": "tiny", "steps": 1_000_000}).json()
+        run = new_run(client, steps=1_000_000)
         w = np.zeros(run["layout"]["total_numel"], "<f4")
         r = client.put(f"/api/runs/{run['id']}/weights", content=w.tobytes(),
-                       headers={"authorization": f"Bearer {run['token']}"})
+                       headers=bearer(run["token"]))
         assert r.status_code == 204, r.text
     store = Store(data_dir / "andrea.sqlite")
     try:
@@ -141,7 +132,7 @@ def big_run(data_dir: Path) -> dict:
 def test_exports_and_lists_do_not_stop_another_trainers_acks(tmp_path, live):
     data_dir = tmp_path / "data"
     big = big_run(data_dir)
-    proc, url = live(data_dir)
+    proc, url, _ = live(data_dir)
     trainer = new_run(url, steps=1_000_000)
     base_rss = rss_mib(proc.pid)
     peak, results = [base_rss], []
@@ -210,11 +201,11 @@ def test_held_weight_downloads_leave_no_copies_and_match_safetensors(tmp_path, l
     from andrea.export import tensors
 
     data_dir = tmp_path / "data"
-    proc, url = live(data_dir)
+    url = live(data_dir).url
     run = new_run(url)
     w = np.random.default_rng(1).standard_normal(run["layout"]["total_numel"]).astype("<f4")
     r = httpx.put(f"{url}/api/runs/{run['id']}/weights", content=w.tobytes(),
-                  headers={"authorization": f"Bearer {run['token']}"})
+                  headers=bearer(run["token"]))
     assert r.status_code == 204, r.text
     before = files_under(data_dir)
     path = f"{url}/api/runs/{run['id']}/model.safetensors"
