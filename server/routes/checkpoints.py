@@ -24,21 +24,16 @@ from starlette.requests import ClientDisconnect
 from andrea import checkpoints
 from andrea.checkpoints import (
     CheckpointError,
-    CheckpointStore,
-    newest_usable,
     parse_digests,
     refusal_of,
 )
-from andrea.data.batches import corpus_mismatch
+from andrea.errors import Refused
 from andrea.optim import checkpoint_sections
-from andrea.paths import weights_path
 from andrea.routes.run_files import receive_exactly, stream_file
 from andrea.run_config import StoredRunConfig, model_name, run_layout
-from andrea.runs.info import RESUMABLE, run_message
-from andrea.runs.lifecycle import current_run, no_trainer, watch_resumed
 from andrea.schemas import CheckpointListed, CheckpointStored, RunResumed
+from andrea.services import runs as run_service
 from andrea.services.runs import gone_meanwhile
-from andrea.store import StoreUnavailable
 from andrea.web.deps import (
     CheckpointsDep,
     DataDep,
@@ -54,18 +49,11 @@ from andrea.web.deps import (
     bearer,
     check_write_token,
 )
-from andrea.write_tokens import new_token, token_hash
 
 router = APIRouter(prefix="/api", tags=["checkpoints"])
 log = logging.getLogger("andrea.checkpoints")
 
 Step = Annotated[int, Path(ge=0)]
-
-WHY_NOT_RESUMABLE = {
-    "finished": "the run is finished: there is nothing left to train",
-    "created": "the run has not started since it was made or resumed: open its page to train it",
-}
-
 
 def _sections_text(cfg: StoredRunConfig, sections: list[dict]) -> str:
     parts = " + ".join(f"{s['name']} {s['bytes']}" for s in sections)
@@ -138,7 +126,7 @@ async def put_checkpoint(step: Step, request: Request, run: WritableRunDep, stor
         held.release()
         await asyncio.to_thread(ckpts.discard, upload)     # a no-op once committed
         if meta is None:    # refused: a delete meanwhile leaves no folder made by begin()
-            with contextlib.suppress(HTTPException, StoreUnavailable):
+            with contextlib.suppress(Refused):    # gone_meanwhile's, StoreUnavailable
                 await gone_meanwhile(store, ckpts.data_dir, run_id, "checkpoint")
     return {"step": meta["step"], "bytes": meta["bytes"], "sha256": meta["sha256"]}
 
@@ -163,54 +151,9 @@ async def get_checkpoint(step: Step, run: TokenRunDep, ckpts: CheckpointsDep):
 async def resume_run(run: OwnedRunDep, store: StoreDep, fanout: FanoutDep,
                      ckpts: CheckpointsDep, runs: RunsDep, data: DataDep,
                      settings: SettingsDep) -> RunResumed:
-    """Take a run over from its newest checkpoint: a new write token (the old one is refused
-    from now on), the metrics and events after the checkpoint deleted, status `created`."""
-    run_id = run["id"]
-    token = new_token()
-    busy = ("a trainer is connected to this run (another tab is training it): stop it there, "
-            "or wait until it is gone")
-    gone = f"run {run_id} was deleted"
-    async with no_trainer(fanout, run_id, busy):    # no hello, commit or other resume between
-        run = await store.run(store.runs.get, run_id)
-        if run is None:     # a delete came first (it holds the same lock)
-            raise HTTPException(404, gone)
-        if run["config"].room is not None:
-            raise HTTPException(409, "a room run is not resumed: its workers join it again "
-                                     "and take its newest global version")
-        if run["status"] not in RESUMABLE:
-            raise HTTPException(409, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
-        # Refused before anything changes (its token, its records): on other text its first
-        # batch would fail it.
-        if why := corpus_mismatch(run["config"].corpus_hash,
-                                  await asyncio.to_thread(data.corpus_hash)):
-            raise HTTPException(409, f"cannot resume here: {why}")
-        step = await usable_checkpoint(store, ckpts, run_id)
-        why = await store.run(store.runs.resume, run_id, step, token_hash(token), RESUMABLE)
-        if why:
-            raise HTTPException(404 if why.startswith("unknown run") else 409,
-                                f"cannot resume: {why}")
-        # Checkpoints after `step` (uploaded by a tab that died before their records) belong
-        # to the abandoned timeline: the records they follow are gone, and the old token too.
-        # So do its final weights (an export would serve them with the card of `step`).
-        await asyncio.to_thread(ckpts.discard_after, run_id, step)
-        await asyncio.to_thread(weights_path(ckpts.data_dir, run_id).unlink, True)
-    runs.forget(run_id)       # its bandit replays the records that are left
-    info = await current_run(store, fanout, run_id)
-    if info is None:        # deleted right after the resume
-        raise HTTPException(404, gone)
-    watch_resumed(store, fanout, settings.trainer_grace_s, run_id)
-    fanout.publish(run_id, {"type": "resumed", "step": step})
-    fanout.publish(run_id, run_message(info))
+    """Take a run over from its newest checkpoint (services/runs.resume): a new write token
+    (the old one is refused from now on), the metrics and events after the checkpoint
+    deleted, status `created`."""
+    token, step, info = await run_service.resume(run["id"], store, fanout, ckpts, runs, data,
+                                                 settings.trainer_grace_s)
     return {"token": token, "step": step, "run": info}
-
-
-async def usable_checkpoint(store, ckpts: CheckpointStore, run_id: str) -> int:
-    """The newest checkpoint whose steps all have committed records (checkpoints.newest_usable)."""
-    last = await store.run(store.metrics.last_step, run_id) or 0
-    metas = await asyncio.to_thread(ckpts.list, run_id)
-    step = newest_usable(metas, last)
-    if step is None:
-        have = ", ".join(str(m["step"]) for m in metas) or "none"
-        raise HTTPException(404, f"run {run_id} has no checkpoint to resume from whose records "
-                                 f"are committed (records up to step {last}; checkpoints: {have})")
-    return step

@@ -1,9 +1,9 @@
 """A run's life around its trainer: telling its viewers what the run is now (publish_run), the
 watchdogs that mark it interrupted when its training tab goes away for good, or when the tab
 that resumed it never comes, and the lock under which a run is changed only while no trainer
-holds it (resume, delete). The trainer socket (telemetry/trainer.py) and the routes
-(routes/checkpoints.py, routes/runs.py) share these; none of it is HTTP's or a socket's: a busy
-run raises RunBusy, which the app answers 409 (app.py)."""
+holds it (resume, delete). The trainer socket (telemetry/trainer.py) and the runs' service
+(services/runs.py) share these; none of it is HTTP's or a socket's: a busy run raises RunBusy,
+a Refused the app answers 409 (web/errors.py)."""
 
 from __future__ import annotations
 

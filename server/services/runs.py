@@ -1,8 +1,8 @@
 """Runs: create one (a plain run, a room run, or a branch of another run's checkpoint), rename,
-tag or annotate it, delete it. Who may do each is the web layer's (web/deps.py authorize, the
-rate of new runs per client); what follows is here: the run's config as it is stored, the
-corpus and budgets it must fit, its row and its files, in an order that a stop at any point
-leaves findable (runs/sweep.py mark_unsettled)."""
+tag or annotate it, delete it, resume it from its newest checkpoint. Who may do each is the web
+layer's (web/deps.py authorize, the rate of new runs per client); what follows is here: the
+run's config as it is stored, the corpus and budgets it must fit, its row and its files, in an
+order that a stop at any point leaves findable (runs/sweep.py mark_unsettled)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,19 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from andrea.checkpoints import CheckpointError, CheckpointStore, refusal_of
+from andrea.checkpoints import CheckpointError, CheckpointStore, newest_usable, refusal_of
 from andrea.config import Settings
+from andrea.data.batches import corpus_mismatch
 from andrea.data.spec import BatchSpec
 from andrea.data.windows import rows_problem
 from andrea.errors import CONFLICT, DISK_FULL, INVALID, NOT_FOUND, Refused
 from andrea.fanout import Fanout
-from andrea.paths import run_dir
+from andrea.paths import run_dir, weights_path
 from andrea.room.init import seeded_weights
 from andrea.room.rounds import Room
 from andrea.run_config import RunConfig, StoredRunConfig, model_name, run_layout, run_model
-from andrea.runs.lifecycle import no_trainer, publish_run
+from andrea.runs.info import RESUMABLE, run_message
+from andrea.runs.lifecycle import current_run, no_trainer, publish_run, watch_resumed
 from andrea.runs.sweep import expire_later, mark_unsettled, settled
 from andrea.storage import StorageBudget, estimated_run_bytes, mib
 from andrea.store import Store
@@ -244,3 +246,65 @@ async def gone_meanwhile(store: Store, data_dir, run_id: str, what: str) -> None
     await asyncio.to_thread(shutil.rmtree, run_dir(data_dir, run_id), True)
     raise Refused(NOT_FOUND, f"run {run_id} was deleted during the upload of its {what}; "
                              "nothing was stored")
+
+
+WHY_NOT_RESUMABLE = {
+    "finished": "the run is finished: there is nothing left to train",
+    "created": "the run has not started since it was made or resumed: open its page to train it",
+}
+
+
+async def resume(run_id: str, store: Store, fanout: Fanout, ckpts: CheckpointStore, runs, data,
+                 trainer_grace_s: float) -> tuple[str, int, dict]:
+    """Takes a run over from its newest usable checkpoint: -> (a new write token, the
+    checkpoint's step, the run now). The old token is refused from now on, the metrics and
+    events after the checkpoint are deleted, and the run is `created` again."""
+    token = new_token()
+    busy = ("a trainer is connected to this run (another tab is training it): stop it there, "
+            "or wait until it is gone")
+    gone = f"run {run_id} was deleted"
+    async with no_trainer(fanout, run_id, busy):    # no hello, commit or other resume between
+        run = await store.run(store.runs.get, run_id)
+        if run is None:     # a delete came first (it holds the same lock)
+            raise Refused(NOT_FOUND, gone)
+        if run["config"].room is not None:
+            raise Refused(CONFLICT, "a room run is not resumed: its workers join it again "
+                                    "and take its newest global version")
+        if run["status"] not in RESUMABLE:
+            raise Refused(CONFLICT, WHY_NOT_RESUMABLE.get(run["status"], run["status"]))
+        # Refused before anything changes (its token, its records): on other text its first
+        # batch would fail it.
+        if why := corpus_mismatch(run["config"].corpus_hash,
+                                  await asyncio.to_thread(data.corpus_hash)):
+            raise Refused(CONFLICT, f"cannot resume here: {why}")
+        step = await usable_checkpoint(store, ckpts, run_id)
+        why = await store.run(store.runs.resume, run_id, step, token_hash(token), RESUMABLE)
+        if why:
+            raise Refused(NOT_FOUND if why.startswith("unknown run") else CONFLICT,
+                          f"cannot resume: {why}")
+        # Checkpoints after `step` (uploaded by a tab that died before their records) belong
+        # to the abandoned timeline: the records they follow are gone, and the old token too.
+        # So do its final weights (an export would serve them with the card of `step`).
+        await asyncio.to_thread(ckpts.discard_after, run_id, step)
+        await asyncio.to_thread(weights_path(ckpts.data_dir, run_id).unlink, True)
+    runs.forget(run_id)       # its bandit replays the records that are left
+    info = await current_run(store, fanout, run_id)
+    if info is None:        # deleted right after the resume
+        raise Refused(NOT_FOUND, gone)
+    watch_resumed(store, fanout, trainer_grace_s, run_id)
+    fanout.publish(run_id, {"type": "resumed", "step": step})
+    fanout.publish(run_id, run_message(info))
+    return token, step, info
+
+
+async def usable_checkpoint(store: Store, ckpts: CheckpointStore, run_id: str) -> int:
+    """The newest checkpoint whose steps all have committed records (checkpoints.newest_usable)."""
+    last = await store.run(store.metrics.last_step, run_id) or 0
+    metas = await asyncio.to_thread(ckpts.list, run_id)
+    step = newest_usable(metas, last)
+    if step is None:
+        have = ", ".join(str(m["step"]) for m in metas) or "none"
+        raise Refused(NOT_FOUND, f"run {run_id} has no checkpoint to resume from whose "
+                                 f"records are committed (records up to step {last}; "
+                                 f"checkpoints: {have})")
+    return step

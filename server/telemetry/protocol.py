@@ -39,7 +39,7 @@ nothing big (1009). One that falls more than Settings.viewer_queue_bytes behind 
 Settings.viewer_send_timeout_s frees the connection.
 
 One trainer per run: a second hello while one is connected is refused, and so is the token a
-resume revoked (routes/checkpoints.py).
+resume revoked (services/runs.py resume).
 Close codes (an error message comes first; each refusal's kind picks its code: web/errors.py
 WS_CLOSE): 1003 bad data, 1008 policy (origin, token, revoked
 token, the run already has a trainer, unknown run, a finished run, too many viewer sockets from

@@ -674,7 +674,7 @@ def test_a_resume_drops_the_checkpoints_of_the_timeline_it_abandons(tmp_path):
 
 
 def test_resume_and_branch_pick_their_checkpoint_by_one_rule():
-    """routes/checkpoints.py (resume) and headless.py (`--branch RUN` without a step) both ask
+    """services/runs.py (resume) and headless.py (`--branch RUN` without a step) both ask
     checkpoints.newest_usable: the newest checkpoint at or before the last committed record."""
     metas = [{"step": s} for s in (5, 10, 15)]
     assert checkpoints.newest_usable(metas, 12) == 10
@@ -691,12 +691,12 @@ def test_a_resume_racing_a_delete_is_404(client, data_dir, monkeypatch):
     """The delete takes the run's lock first: the resume that waited for it finds no run."""
     from contextlib import asynccontextmanager
 
-    from andrea.routes import checkpoints as routes
+    from andrea.services import runs as service
 
     run = new_run(client)
     train_some(client, run, 6, "stopped")
     assert put(client, run, 6, state(run)).status_code == 201
-    store, real = client.app.state.store, routes.no_trainer
+    store, real = client.app.state.store, service.no_trainer
 
     @asynccontextmanager
     async def deleted_first(fanout, run_id, busy):
@@ -704,7 +704,7 @@ def test_a_resume_racing_a_delete_is_404(client, data_dir, monkeypatch):
         async with real(fanout, run_id, busy):
             yield
 
-    monkeypatch.setattr(routes, "no_trainer", deleted_first)
+    monkeypatch.setattr(service, "no_trainer", deleted_first)
     r = client.post(f"/api/runs/{run['id']}/resume")
     assert r.status_code == 404 and "deleted" in r.json()["detail"], r.text
 
