@@ -2,7 +2,7 @@
 
 The websocket validates it (telemetry/protocol.py), the store (SQLite or PostgreSQL) keeps a
 column per number and JSON for the rest (andrea.store), the CSV export lists the numbers and
-then each tensor's grad norm (routes/exports.py). A new metric is a new field here and nowhere
+then each tensor's grad norm (services/exports.py). A new metric is a new field here and nowhere
 else. One column is the server's, not the trainer's: `time`, the wall-clock time (Unix seconds)
 at which the server committed the row.
 """
