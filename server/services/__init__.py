@@ -3,7 +3,8 @@ store, the runs' files and sweep, the room, the data, the budgets): plain async 
 take what they use and raise errors.Refused. The routes parse a request, call one, and shape
 the answer; web/errors.py maps what they refuse.
 
-  runs.py     create (a plain run, a room run, a branch of a checkpoint), update, delete
+  runs.py     create (a plain run, a room run, a branch of a checkpoint), update, delete,
+              resume
   rooms.py    a room run's join, leave, removal, pseudo-gradients, reports, progress and
               reads
   exports.py  a run's metrics as JSON or CSV pages, its weights as safetensors, its
