@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from andrea.checkpoints import CheckpointStore
-from andrea.errors import BROKEN, NOT_FOUND, Refused
+from andrea.errors import BROKEN, NOT_FOUND
 from andrea.paths import weights_path
 from andrea.run_config import run_layout
 from andrea.services import exports
 from andrea.store import Store
-from tests.aio import run
+from tests.aio import refused, run
 from tests.trainer_client import stored_config
 
 
@@ -26,13 +26,6 @@ def parts(tmp_path):
     store.runs.create("r1", stored_config(), "h")
     yield store, store.runs.get("r1"), tmp_path
     store.close()
-
-
-def refused(kind, coro) -> Refused:
-    with pytest.raises(Refused) as e:
-        run(coro)
-    assert e.value.kind == kind, e.value
-    return e.value
 
 
 async def text(pages) -> str:

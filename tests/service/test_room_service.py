@@ -18,7 +18,7 @@ from andrea.services import rooms
 from andrea.services import runs as run_service
 from andrea.storage import StorageBudget
 from andrea.store import Store
-from tests.aio import run
+from tests.aio import refused, run
 from tests.trainer_client import stored_config
 
 
@@ -41,13 +41,6 @@ def parts(tmp_path):
     yield (store, Fanout(), CheckpointStore(tmp_path, settings.checkpoints_kept),
            StorageBudget(tmp_path, 0), settings)
     store.close()
-
-
-def refused(kind, coro) -> Refused:
-    with pytest.raises(Refused) as e:
-        run(coro)
-    assert e.value.kind == kind, e.value
-    return e.value
 
 
 def room_run(parts) -> dict:

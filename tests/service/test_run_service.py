@@ -5,12 +5,12 @@ web/errors.py's)."""
 import pytest
 
 from andrea.data.run_registry import RunRegistry
-from andrea.errors import CONFLICT, INVALID, NOT_FOUND, Refused
+from andrea.errors import CONFLICT, INVALID, NOT_FOUND
 from andrea.fanout import Fanout
 from andrea.paths import run_dir
 from andrea.services import runs as run_service
 from andrea.store import Store
-from tests.aio import run
+from tests.aio import refused, run
 from tests.trainer_client import stored_config
 
 
@@ -20,13 +20,6 @@ def parts(tmp_path):
     store.runs.create("r1", stored_config(), "h")
     yield store, Fanout(), RunRegistry(store, 1.0), tmp_path
     store.close()
-
-
-def refused(kind, coro) -> Refused:
-    with pytest.raises(Refused) as e:
-        run(coro)
-    assert e.value.kind == kind, e.value
-    return e.value
 
 
 def test_update_names_and_tags_a_run_and_refuses_an_empty_name_or_an_unknown_run(parts):
