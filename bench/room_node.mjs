@@ -73,6 +73,10 @@ function network(id, me, watch) {
       const res = await http(`/api/runs/${id}/room/weights/${v}`, {}, [410]);
       return res.status === 410 ? null : res.arrayBuffer();
     },
+    update: async (v) => {    // 404: not kept as an update (not the newest, or not int8)
+      const res = await http(`/api/runs/${id}/room/updates/${v}`, {}, [404]);
+      return res.status === 404 ? null : res.arrayBuffer();
+    },
     // 409: the round closed without it, or a repeat: training goes on.
     send: (v, buf, steps) => http(`/api/runs/${id}/room/deltas/${v}?steps=${steps}`,
       { method: 'POST', headers: auth, body: buf }, [409]),

@@ -76,17 +76,23 @@ def decode(body: bytes, codec: str, numel: int) -> np.ndarray:
     elif codec == "f16":
         x = np.frombuffer(body, "<f2").astype(np.float32)
     else:
-        nb = _blocks(numel)
-        scale = np.frombuffer(body, "<f4", count=nb).astype(np.float32)
+        scale = np.frombuffer(body, "<f4", count=_blocks(numel))
         if not np.isfinite(scale).all() or (scale < 0).any():
             raise DeltaRefused("an int8 block scale is negative or not finite")
-        q = np.frombuffer(body, np.int8, offset=4 * nb)
-        x = _padded(q.astype(np.float32)).reshape(nb, BLOCK) * scale[:, None]
-        x = x.reshape(-1)[:numel]
+        x = int8_values(body, numel)
     bad = np.count_nonzero(~np.isfinite(x))
     if bad:
         raise DeltaRefused(f"{bad} of the pseudo-gradient's {numel} values are not finite")
     return x
+
+
+def int8_values(body: bytes, numel: int) -> np.ndarray:
+    """f32 [numel] of an int8 body of the right size, unchecked: q * scale, one f32 product
+    each (what the browser's decoder computes too, static/js/engine/room_codec.js)."""
+    nb = _blocks(numel)
+    scale = np.frombuffer(body, "<f4", count=nb).astype(np.float32)
+    q = np.frombuffer(body, np.int8, offset=4 * nb)
+    return (_padded(q.astype(np.float32)).reshape(nb, BLOCK) * scale[:, None]).reshape(-1)[:numel]
 
 
 CHUNK = 1 << 20       # elements a streamed read decodes at once (a multiple of BLOCK)

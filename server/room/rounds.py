@@ -57,7 +57,7 @@ from andrea.errors import (
 from andrea.paths import room_dir
 from andrea.room.aggregate import HISTORY_NORMS
 from andrea.room.bounds import delta_bound
-from andrea.room.close import OPTIMIZER, close_round, commit_arrays, sections
+from andrea.room.close import OPTIMIZER, close_round, commit_arrays, residual_of, sections
 from andrea.room.codec import DeltaRefused, chunks, payload_bytes
 from andrea.run_config import RunConfig, StoredRunConfig
 from andrea.write_tokens import new_token, token_hash, token_matches
@@ -260,8 +260,28 @@ class Room:
         return self.ckpts.open_section(self.run_id, version, 0)
 
     def close_bytes(self) -> int:
-        """What a close writes: the next version's checkpoint (W and momentum, f32 each)."""
-        return 8 * self.numel
+        """What a close writes: the next version's checkpoint (W and momentum, f32 each), and
+        in an int8 room its update and the residual it carries."""
+        update = payload_bytes("int8", self.numel) + 4 * self.numel   # and its residual
+        return 8 * self.numel + (update if self.sends_updates() else 0)
+
+    # ---- versions as updates (an int8 room: close.py Update) ------------------------------
+    def sends_updates(self) -> bool:
+        return self.room.codec == "int8"
+
+    def update_path(self, version: int) -> Path:
+        return self.dir / "updates" / f"{version}.bin"
+
+    def open_update(self, version: int):
+        """(bytes, the file open at version `version` as an int8 update of version - 1): the
+        newest version's only; NOT_FOUND otherwise (the worker downloads the weights)."""
+        path = self.update_path(version)
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise RoomError(NOT_FOUND, f"version {version} is not kept as an update: download "
+                                       f"its weights") from None
+        return os.fstat(f.fileno()).st_size, f
 
     # ---- pseudo-gradients ----------------------------------------------------------------
     def expected_bytes(self) -> int:
@@ -428,6 +448,8 @@ class Room:
             for folder in deltas.iterdir():
                 if folder.name != str(st["version"]):
                     shutil.rmtree(folder, ignore_errors=True)
+        for partial in self.update_path(0).parent.glob("*.partial"):   # a close cut short
+            partial.unlink(missing_ok=True)
         return st
 
     def _close(self, st: dict, now: float) -> dict:
@@ -438,7 +460,9 @@ class Room:
         steps = [open_["received"][w].get("steps", H) for w in ids]
         got = close_round(self.ckpts, self.run_id, v, self.numel, self.room.codec,
                           [self.dir / "deltas" / str(v) / f"{w}.bin" for w in ids], norms,
-                          st["norm_history"], self.room, self.mask, self.decay, steps)
+                          st["norm_history"], self.room, self.mask, self.decay, steps,
+                          *((self.update_path(v + 1), residual_of(self.update_path(v)))
+                            if self.sends_updates() else ()))
         line = {"round": v, "version": v + 1, "closed_at": now,
                 "opened_at": open_["opened_at"], "median_norm": float(np.median(norms)),
                 "clip_limit": got["limit"], "reference_norm": got["reference_norm"],
@@ -463,6 +487,10 @@ class Room:
         self._append("rounds.jsonl", line)   # before the state: a redo appends it again
         self._save(st)
         shutil.rmtree(self.dir / "deltas" / str(v), ignore_errors=True)
+        newest = self.update_path(v + 1)
+        for older in newest.parent.glob("*"):    # a worker behind takes the weights
+            if older not in (newest, residual_of(newest)):
+                older.unlink(missing_ok=True)
         return st
 
     # ---- reports and reading -------------------------------------------------------------

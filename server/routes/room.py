@@ -11,6 +11,8 @@ version, send their pseudo-gradients, and take the next version.
   DELETE /api/runs/{id}/room/workers/{w}         the run's owner removes worker w for good
   GET    /api/runs/{id}/room/weights/{v}         global version v's weights, f32 [total_numel]
                                                  (version 0: the server's seeded init)
+  GET    /api/runs/{id}/room/updates/{v}         an int8 room's newest version v as an update
+                                                 of v - 1 (the codec's int8 body), 4x smaller
   POST   /api/runs/{id}/room/deltas/{v}          the worker's pseudo-gradient for version v
                                                  (global - its weights, in the room's codec;
                                                  ?steps=k: of k inner steps, in a cut round)
@@ -115,6 +117,17 @@ async def get_room_weights(run: RunDep, version: Version, ckpts: CheckpointsDep)
     """Streamed from the verified file, as a checkpoint is: N workers that download a version
     at once hold no copy of it each."""
     size, f = await rooms.weights(rooms.room_of(run, ckpts), version)
+    return StreamingResponse(stream_file(f, size), media_type="application/octet-stream",
+                             headers={"content-length": str(size), "cache-control": "no-store"})
+
+
+@router.get("/updates/{version}", response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+async def get_room_update(run: RunDep, version: Version, ckpts: CheckpointsDep):
+    """An int8 room's newest version as the update of the one before it (the codec's int8
+    body): a worker that holds version - 1 adds it and has the version, at a quarter of the
+    weights' bytes. 404 for any other version, or a room of another codec: take the weights."""
+    size, f = await rooms.update(rooms.room_of(run, ckpts), version)
     return StreamingResponse(stream_file(f, size), media_type="application/octet-stream",
                              headers={"content-length": str(size), "cache-control": "no-store"})
 

@@ -119,6 +119,12 @@ async def weights(room: Room, version: int):
     return await _call(room.open_weights, version)
 
 
+async def update(room: Room, version: int):
+    """(bytes, the file open at version `version` as an int8 update of version - 1), to
+    stream; NOT_FOUND where it is not kept as one."""
+    return await _call(room.open_update, version)
+
+
 async def check_sender(room: Room, worker_token: str) -> None:
     """NOT_ALLOWED unless the token is an active worker's: asked before a byte of a body is
     read or reserved (accept_delta asks again under the run's lock)."""

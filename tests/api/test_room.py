@@ -203,6 +203,48 @@ def test_a_round_takes_the_robust_mean_refuses_nans_and_steps_like_torch(app_cli
     assert c.get(f"/api/runs/{run['id']}/model.safetensors?step=2").status_code == 200
 
 
+def test_an_int8_room_sends_each_version_as_an_int8_update_of_the_one_before(app_client):
+    """A worker that holds version v takes v + 1 as v plus the update (a quarter of the bytes):
+    the server's version is exactly that. The rounding is carried to the next update (error
+    feedback): after any round the versions are the unquantized outer steps' sum (torch's) to
+    within the last update's half code, not a walk of every round's rounding. Only the newest
+    version is kept as an update; an f32 room keeps none."""
+    c = app_client
+    run = create(c, codec="int8", inner_steps=2, max_workers=2, workers_per_address=2)
+    numel = run["layout"]["total_numel"]
+    workers = [join(c, run) for _ in range(2)]
+    rng = np.random.default_rng(4)
+    mask = rounds.param_mask(run["layout"])
+    w0 = held = weights(c, run, 0)
+    assert c.get(f"/api/runs/{run['id']}/room/updates/0").status_code == 404
+    steps = []
+    for v in range(3):
+        deltas = [(rng.standard_normal(numel) * 2e-4).astype(np.float32) * mask
+                  for _ in workers]
+        for w, d in zip(workers, deltas):
+            assert send(c, run, w, v, d, "int8").status_code == 200
+        r = c.get(f"/api/runs/{run['id']}/room/updates/{v + 1}")
+        assert r.status_code == 200 and len(r.content) == codec.payload_bytes("int8", numel)
+        assert len(r.content) < numel * 4 / 3.9
+        version = weights(c, run, v + 1)
+        assert np.array_equal(held + codec.int8_values(r.content, numel), version)  # bit for bit
+        assert c.get(f"/api/runs/{run['id']}/room/updates/{v}").status_code == 404
+        sent = [codec.decode(codec.encode(d, "int8"), "int8", numel) for d in deltas]
+        steps.append(torch_outer(held, [clipped_mean(sent)]) - held)
+        want = w0.astype(np.float64) + np.sum(steps, axis=0, dtype=np.float64)
+        last = codec.int8_values(r.content, numel)     # this update's codes and scales
+        scale = np.repeat(np.abs(np.pad(last, (0, -numel % 256))).reshape(-1, 256).max(1)
+                          / 127, 256)[:numel]
+        # (half a code of the last update, and the f32 sums': norm gains sit at 1.0)
+        drift = np.abs(version - want)
+        assert np.all(drift <= scale / 2 * (1 + 1e-3) + 4 * np.spacing(np.abs(version))), v
+        held = version
+    f32 = create(c, inner_steps=2, max_workers=1)
+    worker = join(c, f32)
+    assert send(c, f32, worker, 0, np.zeros(numel, np.float32)).status_code == 200
+    assert c.get(f"/api/runs/{f32['id']}/room/updates/1").status_code == 404
+
+
 def test_a_room_that_does_not_wait_for_the_slowest_cuts_its_round_and_weights_by_steps(
         app_client):
     """wait_for_slowest off: once half the workers (rounded up) sent a whole round, the round

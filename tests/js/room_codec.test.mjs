@@ -1,9 +1,10 @@
 // The browser's pseudo-gradient encoder (engine/room_codec.js) gives the server's reference bytes
 // (server/room/codec.py encode) for every codec, on values that exercise rounding ties, blocks
-// of zeros, a short last block, tiny and huge magnitudes.
+// of zeros, a short last block, tiny and huge magnitudes; and an int8 room's version update
+// added in the browser gives the server's version bit for bit (server/room/close.py Update).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { CODECS, encodeDelta, payloadBytes, pseudoGradient } from '../../static/js/engine/room_codec.js';
+import { applyUpdate, CODECS, encodeDelta, payloadBytes, pseudoGradient } from '../../static/js/engine/room_codec.js';
 import { serverJson } from './server.mjs';
 
 function values(n) {
@@ -42,4 +43,28 @@ test('the pseudo-gradient is global minus the worker, rounded to f32 once', () =
   const w = Float32Array.from([0.75, 1, 1e-9, 0.3]);
   assert.deepEqual(Array.from(pseudoGradient(g, w)), Array.from(g).map((v, i) => Math.fround(v - w[i])));
   assert.throws(() => pseudoGradient(g, w.subarray(1)), /floats/);
+});
+
+test('a version update added in JS gives the server\'s version bit for bit', () => {
+  // Weights in (-1, 1) and steps near 1e-3, as a room's are, over enough elements (a short
+  // last block too) that a product not rounded to f32 before the sum would differ somewhere
+  // (about 1 element in 1000), encoded by the server as a close does.
+  const n = 256 * 16 + 33;
+  let seed = 7;
+  const uniform = () => { seed = (seed * 1103515245 + 12345) % 2 ** 31; return seed / 2 ** 31 - 0.5; };
+  const w = Float32Array.from({ length: n }, () => 2 * uniform());
+  const step = Float32Array.from({ length: n }, () => 2e-3 * uniform());
+  const b64 = (a) => Buffer.from(a.buffer).toString('base64');
+  const want = serverJson('import base64, json, sys; import numpy as np; '
+    + 'from andrea.room.codec import encode, int8_values; '
+    + 'w, s = (np.frombuffer(base64.b64decode(a), "<f4") for a in sys.argv[1:]); '
+    + 'body = encode(s, "int8"); '
+    + 'print(json.dumps({"body": base64.b64encode(body).decode(), '
+    + '"version": base64.b64encode((w + int8_values(body, w.size)).astype("<f4").tobytes()).decode()}))',
+  b64(w), b64(step));
+  const body = new Uint8Array(Buffer.from(want.body, 'base64')).buffer;
+  const got = applyUpdate(w, body);
+  assert.equal(b64(got), want.version);
+  assert.equal(Buffer.from(encodeDelta(step, 'int8')).toString('base64'), want.body);
+  assert.throws(() => applyUpdate(w.subarray(1), body), /bytes/);
 });

@@ -119,3 +119,28 @@ test('a round the room cut sends the steps it took, and the next starts at the n
   assert.equal(w.version, 4);
   assert.equal(w.room.cut(w.version), false);   // version 4's round is whole again
 });
+
+test('an int8 room\'s worker takes the next version as an update of the one it holds', async () => {
+  const { w, asked, loaded } = worker([2, 3, 7], []);
+  w.config.room.codec = 'int8';
+  const updates = [];
+  w.room.update = async (v) => { updates.push(v); return v === 3 ? update(2, 3) : null; };
+  await w.take(2);                       // nothing held yet: the weights
+  assert.deepEqual([asked, updates], [[2], []]);
+  await w.take(3);                       // holds 2: 3 comes as 2 plus its update
+  assert.deepEqual([asked, updates], [[2], [3]]);
+  assert.deepEqual(loaded, [2, 3]);
+  assert.equal(w.global[0], 3);
+  w.version = 5;                         // behind (holds 5, the room's update is of 7): weights
+  w.room.update = async () => assert.fail('only the version after the one held is an update');
+  await w.take(7);
+  assert.deepEqual([asked, loaded], [[2, 7], [2, 3, 7]]);
+});
+
+/** An int8 update of a one-element model from `from` to `to` (room_codec.js's format). */
+function update(from, to) {
+  const body = new ArrayBuffer(4 + 1);
+  new Float32Array(body, 0, 1)[0] = (to - from) / 127;
+  new Int8Array(body, 4, 1)[0] = 127;
+  return body;
+}

@@ -401,6 +401,11 @@ function roomNetwork(me) {
         {}, { accept: [410] });
       return res.status === 410 ? null : res.arrayBuffer();
     },
+    update: async (v) => {    // 404: not kept as an update (not the newest, or not int8)
+      const res = await fetchRetrying(routePath('get_room_update', { run_id: runId, version: v }),
+        {}, { accept: [404] });
+      return res.status === 404 ? null : res.arrayBuffer();
+    },
     // 409: the round closed without this one (stale), or a retry of one that arrived: either
     // way training goes on. 422 (refused: not finite) is thrown.
     send: (v, buf, steps) => send(

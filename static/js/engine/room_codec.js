@@ -2,6 +2,8 @@
 // describes the three formats): f32, f16 (round to nearest even), or int8 block-wise absmax
 // (an f32 scale absmax / 127 per block of BLOCK elements, then one int8 code per element,
 // rounded half to even as numpy's rint, so this encoder gives the server's reference bytes).
+// An int8 room's versions come back the same way (server/room/close.py Update): applyUpdate
+// adds one to the version before it in the server's f32 arithmetic, to the same floats.
 
 import { f16Bits } from './optimizer_tables.js';
 
@@ -62,5 +64,26 @@ export function pseudoGradient(global, mine) {
   }
   const out = new Float32Array(global.length);
   for (let i = 0; i < out.length; i++) out[i] = global[i] - mine[i];
+  return out;
+}
+
+/** An int8 room's version from the one before it: global (Float32Array [numel], version v - 1)
+ *  plus the update's values q * scale, each an f32 product, then an f32 sum: numpy's f32
+ *  arithmetic on the server (a sum or product of two f32 computed in double and rounded once
+ *  is the f32 result), so the worker's weights are the server's bit for bit. -> a new array. */
+export function applyUpdate(global, body) {
+  const n = global.length;
+  const blocks = Math.ceil(n / BLOCK);
+  if (body.byteLength !== payloadBytes('int8', n)) {
+    throw new Error(`an int8 update of this model is ${payloadBytes('int8', n)} bytes, not ${body.byteLength}`);
+  }
+  const scales = new Float32Array(body, 0, blocks);
+  const codes = new Int8Array(body, 4 * blocks, n);
+  const out = new Float32Array(n);
+  for (let b = 0; b < blocks; b++) {
+    const scale = scales[b];
+    const hi = Math.min(n, (b + 1) * BLOCK);
+    for (let i = b * BLOCK; i < hi; i++) out[i] = global[i] + Math.fround(codes[i] * scale);
+  }
   return out;
 }

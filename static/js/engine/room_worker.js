@@ -14,7 +14,9 @@
 //
 // DOM-free: the app hands in the room's network as functions (room.js):
 //   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
-//           on past it), send(v, ArrayBuffer, steps) -> any, report(v, losses, evalLoss,
+//           on past it), update(v) -> ArrayBuffer (an int8 room's version v as an update of
+//           v - 1, room_codec.js applyUpdate) | null (not kept as one: take the weights;
+//           optional), send(v, ArrayBuffer, steps) -> any, report(v, losses, evalLoss,
 //           timings), cut(v) -> bool (the room cut version v's round; optional),
 //           nextVersion(after, signal) -> the newest version > after, or null once `signal`
 //           (an AbortSignal: the worker left while it waited) is aborted}
@@ -26,7 +28,7 @@
 //   wait_ms      waiting for v to appear: from the previous version's pseudo-gradient sent to v
 //                known (that version's report, then the round's close; 0 for the version joined
 //                at, and it adds a wait for the newest where v was pruned before its download)
-//   download_ms  downloading v's weights into the model
+//   download_ms  downloading v (its update where this worker holds v - 1) into the model
 //   eval_ms      measuring v's eval loss (the report's eval_loss)
 //   train_ms     its H inner steps on v: from the download and eval done (or run(), if later)
 //                to the last step's records read back
@@ -35,7 +37,7 @@
 // everything but train_ms is the round's overhead. The room's last version, which nobody
 // trains, is reported with no losses, its wait, download and eval, and train_ms = send_ms = 0.
 
-import { encodeDelta, pseudoGradient } from './room_codec.js';
+import { applyUpdate, encodeDelta, pseudoGradient } from './room_codec.js';
 import { Trainer } from './trainer.js';
 
 const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
@@ -109,15 +111,16 @@ export class RoomWorker {
   async take(version) {
     const t = this.timings;
     let at = performance.now();
+    let w = await this.updated(version);
     let buf;
-    while ((buf = await this.room.weights(version)) === null) {
+    while (w === null && (buf = await this.room.weights(version)) === null) {
       const now = performance.now();
       t.download_ms += now - at;
       version = await this.room.nextVersion(version);   // pruned meanwhile: the newest
       at = performance.now();
       t.wait_ms += at - now;
     }
-    const w = new Float32Array(buf);
+    w ??= new Float32Array(buf);
     this.trainer.setWeights(w);
     this.version = version;
     this.global = w;
@@ -130,6 +133,15 @@ export class RoomWorker {
     now = performance.now();
     t.eval_ms += now - at;
     this.trainFrom = now;
+  }
+
+  /** Version `version` as the update of the version this worker holds (an int8 room sends the
+   *  newest that way, a quarter of the weights' bytes), or null: take the weights. */
+  async updated(version) {
+    if (this.config.room.codec !== 'int8' || !this.room.update || !this.global
+        || this.version !== version - 1) return null;
+    const body = await this.room.update(version);
+    return body === null ? null : applyUpdate(this.global, body);
   }
 
   /** After `done` of the Trainer's steps (their records read back), the round's H or fewer
