@@ -81,8 +81,10 @@ def close_round(ckpts: CheckpointStore, run_id: str, version: int, numel: int, c
     v + 1 goes as an update of version v (written only with the version it makes), carrying
     the residual of version v's update (residual_from, where kept)."""
     files = [open(p, "rb") for p in delta_paths]
-    update = None if update_path is None else Update(update_path, numel, residual_from)
+    update = None
     try:
+        if update_path is not None:
+            update = Update(update_path, numel, residual_from)
         def read(i: int, start: int, stop: int) -> np.ndarray:
             x = read_range(files[i], codec, numel, start, stop)
             x[~mask[start:stop]] = 0
