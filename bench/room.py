@@ -31,7 +31,7 @@ from andrea.cli.chromium import CHROMIUM
 from andrea.cli.launch import served
 from andrea.paths import weights_path
 from bench.browser import andrea_train
-from bench.room_table import EVAL_BATCHES, outer_step, room_reports, round_phases
+from bench.room_table import EVAL_BATCHES, Said, outer_step, room_reports, round_phases
 
 
 def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: str,
@@ -157,18 +157,12 @@ def main() -> None:
     ap.add_argument("--out", help="also append the table to this file")
     ap.add_argument("--data-dir", type=Path)
     args = ap.parse_args()
-    lines = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data_dir or Path(tmp)
         measure(args, data_dir, say)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n".join(lines) + "\n")
+    say.save(args.out)
 
 
 def measure(args, data_dir: Path, say) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from andrea.cli.launch import served
-from bench.room_table import EVAL_BATCHES, outer_step, room_reports, round_phases
+from bench.room_table import EVAL_BATCHES, Said, outer_step, room_reports, round_phases
 
 SCRIPT = Path(__file__).with_name("room_node.mjs")
 
@@ -66,11 +66,7 @@ def main() -> None:
     ap.add_argument("--out", help="also append the table to this file")
     ap.add_argument("--data-dir", type=Path)
     args = ap.parse_args()
-    lines = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     with tempfile.TemporaryDirectory() as tmp, served(args.data_dir or Path(tmp)) as url:
         say(f"# {args.preset} B {args.batch} {args.precision}, every worker {args.steps} inner "
@@ -93,9 +89,7 @@ def main() -> None:
                         f"{r['allreduce'] / r['sent']:5.0f}x")
                     for line in round_phases(r["reports"], r["rounds"]):
                         say(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n".join(lines) + "\n")
+    say.save(args.out)
 
 
 if __name__ == "__main__":

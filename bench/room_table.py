@@ -1,6 +1,7 @@
 """What bench/room.py and bench/room_node.py share, apart from any browser: a room's reports
 read back page by page, each worker's split of a round (training, sending, waiting,
-downloading, evaluating) and the room's, and the outer step's `lr,momentum` option."""
+downloading, evaluating) and the room's, the outer step's `lr,momentum` option, and the table
+as it is printed (Said)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,20 @@ def outer_step(pair: str) -> dict:
         return {}
     lr, mu = (float(x) for x in pair.split(","))
     return {"outer_lr": lr, "outer_momentum": mu}
+
+
+class Said:
+    """A bench's table as it prints: say(line) prints it at once and keeps it; save(path)
+    appends what was said to `path` (--out), when given."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, s: str = "") -> None:
+        print(s, flush=True)
+        self.lines.append(s)
+
+    def save(self, path: str | None) -> None:
+        if path:
+            with open(path, "a") as f:
+                f.write("\n".join(self.lines) + "\n")

@@ -274,7 +274,10 @@ class Room:
 
     def open_update(self, version: int):
         """(bytes, the file open at version `version` as an int8 update of version - 1): the
-        newest version's only; NOT_FOUND otherwise (the worker downloads the weights)."""
+        newest version's only; NOT_FOUND otherwise (the worker downloads the weights), and for
+        one the room has not made yet (a close cut short may have left its update)."""
+        if version > self.read()["version"]:
+            raise RoomError(NOT_FOUND, f"the room has no version {version} yet")
         path = self.update_path(version)
         try:
             f = open(path, "rb")

@@ -15,6 +15,7 @@ import torch
 from andrea import durable
 from andrea.app import create_app
 from andrea.data import wire
+from andrea.paths import room_dir
 from andrea.room import codec, rounds
 from andrea.room.init import seeded_weights
 from andrea.room.outer import nesterov_step
@@ -243,6 +244,22 @@ def test_an_int8_room_sends_each_version_as_an_int8_update_of_the_one_before(app
     worker = join(c, f32)
     assert send(c, f32, worker, 0, np.zeros(numel, np.float32)).status_code == 200
     assert c.get(f"/api/runs/{f32['id']}/room/updates/1").status_code == 404
+    # Asked for what is not there: a version not made yet, one past any, a negative one, an
+    # unknown run's, a plain run's. Nothing is made or changed by the asking.
+    files = sorted(p.name for p in (room_path(c, run) / "updates").iterdir())
+    plain = c.post("/api/runs", json={"preset": "tiny", "steps": 6}).json()
+    for path, status in [(f"{run['id']}/room/updates/4", 404),
+                         (f"{run['id']}/room/updates/{2 ** 31}", 422),
+                         (f"{run['id']}/room/updates/-1", 422),
+                         ("nosuchrun/room/updates/1", 404),
+                         (f"{plain['id']}/room/updates/1", 404)]:
+        assert c.get(f"/api/runs/{path}").status_code == status, path
+    assert sorted(p.name for p in (room_path(c, run) / "updates").iterdir()) == files
+    assert c.get(f"/api/runs/{run['id']}/room").json()["version"] == 3
+
+
+def room_path(client, run: dict):
+    return room_dir(client.app.state.settings.data_dir, run["id"])
 
 
 def test_a_room_that_does_not_wait_for_the_slowest_cuts_its_round_and_weights_by_steps(

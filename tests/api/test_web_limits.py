@@ -82,15 +82,21 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n" % len(data) + data + b"\r\n"
 
 
+def a_run_to_write(url: str, method: str):
+    """A new run, its name and the runs there now (what a refused body must leave as they
+    are), and the path `method` writes: POST makes a run, PATCH renames this one."""
+    run = new_run(url)
+    name, before = httpx.get(f"{url}/api/runs/{run['id']}").json()["name"], run_ids(url)
+    return run, name, before, "/api/runs" if method == "POST" else f"/api/runs/{run['id']}"
+
+
 # ---- 1. bodies are refused before they are read --------------------------------------------------
 
 
 @pytest.mark.parametrize("method", ["POST", "PATCH"])
 def test_an_announced_200_mib_body_gets_413_unread(served, method):
-    proc, url, _ = served
-    run = new_run(url)
-    name, before = httpx.get(f"{url}/api/runs/{run['id']}").json()["name"], run_ids(url)
-    path = "/api/runs" if method == "POST" else f"/api/runs/{run['id']}"
+    url = served[1]
+    run, name, before, path = a_run_to_write(url, method)
     s = connect(url)
     s.sendall(head(method, path, run["token"], content_length=200 << 20)
               + b'{"name": "' + b"x" * 1000)
@@ -103,10 +109,8 @@ def test_an_announced_200_mib_body_gets_413_unread(served, method):
 
 @pytest.mark.parametrize("method", ["POST", "PATCH"])
 def test_a_chunked_body_past_the_limit_gets_413_and_the_connection_closes(served, method):
-    proc, url, _ = served
-    run = new_run(url)
-    name, before = httpx.get(f"{url}/api/runs/{run['id']}").json()["name"], run_ids(url)
-    path = "/api/runs" if method == "POST" else f"/api/runs/{run['id']}"
+    url = served[1]
+    run, name, before, path = a_run_to_write(url, method)
     s = connect(url)
     s.sendall(head(method, path, run["token"], transfer_encoding="chunked")
               + b"".join(chunk(b" " * 1024) for _ in range(LIMIT // 1024 + 2)))
