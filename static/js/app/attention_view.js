@@ -16,13 +16,19 @@ const REFRESH_MS = 2000;      // live: a new map at most this often
 
 /** Binds the attention card to the run page's state and a ModelSource. */
 export function bindAttention(state, source) {
-  const view = { table: null, timer: null, shown: 0 };
+  // ticket: the newest draw's number. A draw still running when a newer one starts (the live
+  // refresh the moment training ends, then the user's click) must not overwrite its maps.
+  const view = { table: null, timer: null, shown: 0, ticket: 0 };
   const card = $('attention-card');
   card.hidden = false;
-  const draw = () => show(state, source, view).catch((err) => {
-    $('attention-status').textContent = `Could not draw: ${err.message}`;
-    document.body.dataset.attention = 'failed';
-  });
+  const draw = () => {
+    const ticket = ++view.ticket;
+    return show(state, source, view, ticket).catch((err) => {
+      if (ticket !== view.ticket) return;
+      $('attention-status').textContent = `Could not draw: ${err.message}`;
+      document.body.dataset.attention = 'failed';
+    });
+  };
   $('attention-form').addEventListener('submit', (e) => { e.preventDefault(); draw(); });
   $('attention-weights').addEventListener('focus', () => fillChoices(source));
   // Live: while the view is open and this tab trains, a new map every REFRESH_MS.
@@ -45,7 +51,7 @@ async function fillChoices(source) {
   if (choices.some((c) => c.value === keep)) select.value = keep;
 }
 
-async function show(state, source, view) {
+async function show(state, source, view, ticket) {
   view.busy = true;
   document.body.dataset.attention = 'busy';
   try {
@@ -67,6 +73,7 @@ async function show(state, source, view) {
       return { W, probs: await model.attentionProbs(plan), L: model.config.n_layer,
         H: model.config.n_head };
     });
+    if (ticket !== view.ticket) return;   // a newer draw shows its own
     const decode = utf8Decoder(view.table);
     const labels = ids.map((id) => shownToken(decode([id])));
     drawMaps($('attention-maps'), result, Math.min(n, result.W), labels);
@@ -74,7 +81,7 @@ async function show(state, source, view) {
     view.shown++;
     document.body.dataset.attention = 'done';
   } finally {
-    view.busy = false;
+    if (ticket === view.ticket) view.busy = false;
   }
 }
 
