@@ -109,7 +109,8 @@ async function createRoom() {
     room: { inner_steps: Number(opt('--inner', 25)), codec: opt('--codec', 'int8'), max_workers: W,
       workers_per_address: W, round_deadline_s: 3600,
       ...(lr ? { outer_lr: Number(lr), outer_momentum: Number(mu) } : {}),
-      ...(argv.includes('--cut') ? { wait_for_slowest: false } : {}) } }));
+      ...(argv.includes('--cut') ? { wait_for_slowest: false } : {}),
+      ...(argv.includes('--overlap') ? { overlap: true } : {}) } }));
   return { id: run.id, join: run.room.join_token };
 }
 

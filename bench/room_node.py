@@ -35,12 +35,13 @@ def node(args, *more: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def room_row(args, url: str, W: int, H: int, pair: str) -> dict:
+def room_row(args, url: str, W: int, H: int, pair: str, overlap: bool) -> dict:
     t0 = time.monotonic()
     ran = node(args, url, "--preset", args.preset, "--batch", str(args.batch),
                "--steps", str(args.steps), "--inner", str(H), "--workers", str(W),
                "--precision", args.precision, "--codec", args.codec,
-               *(["--outer", pair] if pair else []), *(["--cut"] if args.cut else []))
+               *(["--outer", pair] if pair else []), *(["--cut"] if args.cut else []),
+               *(["--overlap"] if overlap else []))
     seconds = time.monotonic() - t0
     room = httpx.get(f"{url}/api/runs/{ran['id']}/room", timeout=60).json()
     return {"id": ran["id"], "seconds": seconds, "rounds": room["rounds"],
@@ -62,6 +63,9 @@ def main() -> None:
                     help="outer lr,momentum pairs, one room row each (default: the room's)")
     ap.add_argument("--cut", action="store_true",
                     help="rooms that do not wait for the slowest (wait_for_slowest off)")
+    ap.add_argument("--overlap", nargs="+", type=int, default=[0], choices=[0, 1],
+                    help="0: rounds wait for the version; 1: overlapped (the room's overlap on): "
+                    "a row each")
     ap.add_argument("--node", default="node", help="the node binary")
     ap.add_argument("--out", help="also append the table to this file")
     ap.add_argument("--data-dir", type=Path)
@@ -76,12 +80,13 @@ def main() -> None:
             f"{'all-reduce':>10s} {'less':>6s}")
         for W in args.workers:
             for H in args.inner:
-                for pair in args.outer:
+                for pair, overlap in ((p, o) for p in args.outer for o in args.overlap):
                     outer = outer_step(pair)
                     name = f"room of {W}, H {H}" + (
                         f", outer lr {outer['outer_lr']:g} mom. {outer['outer_momentum']:g}"
-                        if outer else ", defaults") + (", cut" if args.cut else "")
-                    r = room_row(args, url, W, H, pair)
+                        if outer else ", defaults") + (", cut" if args.cut else "") + (
+                        ", overlapped" if overlap else "")
+                    r = room_row(args, url, W, H, pair, bool(overlap))
                     loss = node(args, url, "--eval", r["id"],
                                 "--batches", str(EVAL_BATCHES))["loss"]
                     say(f"{name:42s} {loss:9.4f} {'':>8s} {r['seconds'] / 60:7.2f} "

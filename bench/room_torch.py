@@ -157,14 +157,21 @@ def single(client, preset: str, B: int, steps: int) -> dict:
 
 
 def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu: float,
-         codec_name: str, slow: float = 1.0) -> dict:
-    """slow > 1: worker 0 is that many times slower than the others, in a room that does not
+         codec_name: str, slow: float = 1.0, overlap: int = 0, guess: str = "own") -> dict:
+    """overlap > 0: the room's overlap on (room_worker.js), each version arriving `overlap`
+    steps into the round it starts: a worker trains on from its own weights while its
+    pseudo-gradient goes up, the round closes and the version comes down, then moves the
+    weights those steps made onto the version (version + its weights - its weights at the
+    round's end) and trains the round's other steps from there.
+
+    slow > 1: worker 0 is that many times slower than the others, in a room that does not
     wait for it (wait_for_slowest off): the others train H steps a round and send first (half
     of them cut the round), it trains the H / slow steps it would have taken meanwhile and
     sends those (the server weights each pseudo-gradient by its steps). Its speed is modelled,
     not timed: the steps it takes are what a slow machine's clock would allow."""
     cfg = {"inner_steps": H, "codec": codec_name, "max_workers": W, "workers_per_address": W,
-           "round_deadline_s": 86_400, "outer_lr": lr, "outer_momentum": mu}
+           "round_deadline_s": 86_400, "outer_lr": lr, "outer_momentum": mu,
+           "overlap": overlap > 0}
     if slow > 1:
         cfg["wait_for_slowest"] = False
     run = create(client, preset=preset, batch_size=B, steps=steps, room=cfg)
@@ -178,17 +185,38 @@ def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu:
     fmt = run["room"]["batches"]
     t0, sent, outer = time.perf_counter(), 0, 0.0
     global_w = torch.from_numpy(w0).to(DEVICE)
+    # Overlapped: where each worker starts its next round before the version is there (its
+    # guess of that version); the version before this one.
+    guesses: list[torch.Tensor | None] = [None] * W
+    before = global_w
     order = list(range(1, W)) + [0] if slow > 1 else list(range(W))   # the slow one last
     for version in range(rounds):
         for i in order:
             me, worker = tokens[i], workers[i]
             k = max(1, int(H / slow)) if i == 0 and slow > 1 else H
-            worker.set_flat(global_w)
+            early = min(overlap, k) if guesses[i] is not None else 0   # before the version came
+            if early:
+                worker.set_flat(guesses[i])
+            else:
+                worker.set_flat(global_w)
             worker.step = version * H        # the schedule's place (a cut round skips steps)
             urls = [fmt.format(version=version, slot=me["slot"], step=s) for s in range(k)]
-            for t in Batches(client, urls):
+            for s, t in enumerate(Batches(client, urls)):
+                if early and s == early:     # the version arrives: those steps move onto it
+                    worker.set_flat(global_w + worker.flat() - guesses[i])
                 worker.train_step(t)
-            delta = (global_w - worker.flat()).cpu().numpy()
+            if early == k:
+                worker.set_flat(global_w + worker.flat() - guesses[i])
+            mine = worker.flat()
+            if overlap:
+                own = mine - global_w        # this round's step (moved onto the version)
+                # own: the next version guessed as its own weights; last: as the version it
+                # holds; eager (Kale et al. 2025): its own progress for 1/W of the step, the
+                # last step for the rest.
+                guesses[i] = {"own": lambda: mine, "last": lambda: global_w,
+                              "eager": lambda: global_w + own / W
+                              + (global_w - before) * (1 - 1 / W)}[guess]()
+            delta = (global_w - mine).cpu().numpy()
             body = codec.encode(delta, codec_name)
             sent += len(body)
             t1 = time.perf_counter()
@@ -202,6 +230,7 @@ def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu:
         dropped = st["closed"][-1].get("dropped") or []
         if dropped:
             print(f"  round {version}: dropped {dropped}", flush=True)
+        before = global_w
         global_w = torch.from_numpy(weights(client, run, version + 1)).to(DEVICE)
         outer += time.perf_counter() - t1
     return {"run": run, "w": global_w.cpu().numpy(), "seconds": time.perf_counter() - t0,
@@ -218,6 +247,13 @@ def main() -> None:
     ap.add_argument("--outer", nargs="+", default=["0.7,0.9", "1.0,0"],
                     help="outer lr,momentum pairs, one room row each")
     ap.add_argument("--codec", default="int8")
+    ap.add_argument("--overlap", type=int, nargs="*", default=[],
+                    help="also each room row overlapped, a row per number of steps a worker "
+                    "trains on before the version arrives")
+    ap.add_argument("--guess", nargs="+", default=["own"], choices=["own", "last", "eager"],
+                    help="overlapped: where a worker trains on from: its own weights, the "
+                    "version it holds, or eager: 1/W of its own step and the rest the last "
+                    "version's")
     ap.add_argument("--slow", type=float, nargs="*", default=[],
                     help="also a room row per factor: worker 0 that many times slower, in a "
                     "room that does not wait for it (its steps modelled, not timed)")
@@ -267,6 +303,11 @@ def main() -> None:
                     if "room" in args.rows:
                         row(f"room of {W}, H {H}, outer lr {lr:g} momentum {mu:g}",
                             room(c, args.preset, B, S, W, H, lr, mu, args.codec))
+                        for tau in args.overlap:
+                            for g in args.guess:
+                                row(f"  overlapped ({g}), versions {tau} steps late",
+                                    room(c, args.preset, B, S, W, H, lr, mu, args.codec,
+                                         overlap=tau, guess=g))
                     for f in args.slow:
                         row(f"  the same, one {f:g}x slower, rounds cut",
                             room(c, args.preset, B, S, W, H, lr, mu, args.codec, f))

@@ -108,6 +108,10 @@ class RoomConfig(BaseModel):
         "trained so far and the round closes, each pseudo-gradient weighted by the steps it "
         "took: a slow laptop no longer holds the room (turn it off when machines differ); on: "
         "every round waits for every worker's inner_steps"))
+    overlap: bool = Field(False, description=(
+        "on: a worker trains its next round while the server closes the last one and the new "
+        "version comes down, starting it from the version before plus its own last round; "
+        "the sending and waiting hide behind training, a round's delay on each worker"))
 
     @model_validator(mode="after")
     def _quorum_fits(self):

@@ -787,7 +787,7 @@ def test_every_room_setting_has_its_words_on_the_form_and_in_the_help(app_client
     from andrea.run_config import RoomConfig
 
     fields = RoomConfig.model_json_schema()["properties"]
-    assert len(fields) == 11
+    assert len(fields) == 12
     for name, prop in fields.items():
         assert len(prop.get("description", "")) > 20, name
     helped = " ".join(room_help().split())

@@ -144,3 +144,70 @@ function update(from, to) {
   new Int8Array(body, 4, 1)[0] = 127;
   return body;
 }
+
+test('overlapped, a worker trains on while the round closes and moves its steps onto the version', async () => {
+  // H 4, three rounds, f32. Round 0 ends at e0 = [1, 2]: its pseudo-gradient goes up and
+  // training goes on at once (endRound does not wait for version 1). Version 1 arrives two
+  // steps later: the weights become version 1 + (weights - e0), its eval measured on version 1
+  // itself. Round 1's pseudo-gradient is version 1 minus the weights, as always. Version 2 is
+  // late: round 2's end waits for it there, and the last round ends without overlap.
+  let cur = new Float32Array([0, 0]);
+  const set = [];
+  const released = new Map();          // version -> resolve(): the room has made it
+  const made = (v) => new Promise((r) => released.set(v, r)).then(() => v);
+  const versions = { 0: [0, 0], 1: [10, 20], 2: [5, 5], 3: [7, 7] };
+  const sent = [];
+  const reports = [];
+  const pending = { 1: made(1), 2: made(2), 3: made(3) };
+  const room = {
+    weights: async (v) => new Float32Array(versions[v]).buffer,
+    nextVersion: async (after) => pending[after + 1],
+    send: async (v, body) => { sent.push([v, [...new Float32Array(body)]]); },
+    report: async (v, losses, evalLoss) => { reports.push([v, losses.length, evalLoss]); },
+  };
+  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'f32', overlap: true } },
+    room });
+  w.rounds = 3;
+  w.trainer = {
+    done: 0,
+    setWeights: (x) => { cur = Float32Array.from(x); set.push([...cur]); },
+    evalLoss: async () => cur[0],      // the eval of whatever the model holds now
+    model: { getParams: async () => Float32Array.from(cur) },
+  };
+  const tick = () => new Promise((r) => setTimeout(r, 1));
+  await w.take(0);
+  cur = new Float32Array([1, 2]);      // round 0 trained: e0
+  w.losses = [3, 3, 3, 3];
+  assert.equal(await w.atSync(4), undefined);   // not waiting for version 1: train on
+  await tick();
+  assert.deepEqual(sent, [[0, [-1, -2]]]);      // version 0 minus e0
+  assert.equal(w.arrived, false);
+  cur = new Float32Array([1.5, 2.5]);  // two steps of round 1
+  assert.equal(await w.atSync(6), undefined);   // (no version yet: nothing happens)
+  assert.deepEqual(set.length, 1);
+  released.get(1)();
+  while (!w.arrived) await tick();
+  w.trainer.done = 6;
+  assert.equal(await w.atSync(6), undefined);   // the Trainer asked early(): the version is here
+  assert.deepEqual(set.slice(1), [[10, 20], [10.5, 20.5]]);   // eval on it, then moved onto it
+  assert.deepEqual([w.version, w.evalLoss], [1, 10]);
+  cur = new Float32Array([11, 21]);    // round 1's end
+  w.losses = [2, 2, 2, 2];
+  assert.equal(await w.atSync(8), undefined);
+  await tick();
+  assert.deepEqual(sent[1], [1, [-1, -1]]);     // version 1 minus the weights
+  cur = new Float32Array([12, 23]);    // round 2 (the last) trained; version 2 still not made
+  w.trainer.done = 12;
+  const end = w.atSync(12);
+  await tick();
+  assert.equal(sent.length, 2);        // waiting for version 2 before its pseudo-gradient
+  released.get(2)();
+  await tick();
+  released.get(3)();
+  assert.equal(await end, 12);         // the room's last version taken: the Trainer's end
+  // Round 2 moved onto version 2 at its end: 5 + ([12, 23] - [11, 21]) = [6, 7], sent as
+  // version 2 minus that.
+  assert.deepEqual(sent[2], [2, [-1, -2]]);
+  assert.deepEqual(w.moves, [{ version: 1, step: 6 }, { version: 2, step: 12 }]);
+  assert.deepEqual(reports, [[0, 4, 0], [1, 4, 10], [2, 0, 5], [3, 0, 7]]);
+});

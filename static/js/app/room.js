@@ -120,7 +120,8 @@ function show() {
   const joined = `${room.workers.length} joined`;
   stat('version', `${room.version} of ${room.rounds}`, 'global version');
   stat('workers', room.finished ? `none training: finished (${joined})` : `${active} training (${joined})`, 'workers');
-  stat('round', `${cfg.inner_steps} inner steps${cfg.wait_for_slowest ? '' : ' (cut once half are done)'}`, 'round');
+  stat('round', `${cfg.inner_steps} inner steps${cfg.wait_for_slowest ? '' : ' (cut once half are done)'}` +
+    `${cfg.overlap ? ', overlapped (the next round trains while one closes)' : ''}`, 'round');
   stat('outer', cfg.outer_momentum === 0 && cfg.outer_lr === 1 ? "the workers' mean weights"
     : `Nesterov lr ${cfg.outer_lr}, momentum ${cfg.outer_momentum}`, 'outer step');
   stat('codec', `${cfg.codec}: ${fmtBytes(room.delta_bytes)} per pseudo-gradient`, 'sent as');
@@ -539,6 +540,7 @@ async function join(token) {
     });
     state.worker = worker;
     window.andreaTrainer = worker.trainer;   // `andrea train` reads its stats and stops it
+    window.andreaRoomWorker = worker;        // tests read where versions arrived (moves)
     $('leave').hidden = false;
     $('leave').onclick = () => {
       $('leave').disabled = true;

@@ -12,6 +12,16 @@
 // training ends its round after the step in flight, sending the pseudo-gradient of the k steps
 // it took (the close weights it by k). Its next round starts at the next version's first step.
 //
+// Overlapped (the room's overlap on): a worker does not wait between rounds. Its round r's
+// pseudo-gradient goes up in the background and it trains round r + 1 on from its own weights
+// e_r while the round closes and version r + 1 comes down. The moment the version is here (the
+// Trainer's next step boundary) its weights move onto it: version + (weights - e_r), the steps
+// since e_r kept; it measures the version's eval loss there, and its pseudo-gradient at the
+// round's end is the version minus its weights, as always. Where the version is not here by the
+// round's end, the worker waits for it there (as without overlap). The room's last round ends
+// without overlap: nothing follows it. bench/room_torch.py --overlap measures what the later
+// version costs the model (bench/results/).
+//
 // DOM-free: the app hands in the room's network as functions (room.js):
 //   room = {weights(v) -> ArrayBuffer (f32 [total_numel]) | null (no longer kept: the room moved
 //           on past it), update(v) -> ArrayBuffer (an int8 room's version v as an update of
@@ -36,6 +46,9 @@
 // They follow one another without gaps, so their sum is the worker's time on version v and
 // everything but train_ms is the round's overhead. The room's last version, which nobody
 // trains, is reported with no losses, its wait, download and eval, and train_ms = send_ms = 0.
+// Overlapped, each is the time training was held up (the download and the upload themselves
+// run behind the training): wait_ms for a version not here by the round's end, download_ms
+// moving the weights onto it (read back, set twice), send_ms the read back and the encoding.
 
 import { applyUpdate, encodeDelta, pseudoGradient } from './room_codec.js';
 import { Trainer } from './trainer.js';
@@ -65,8 +78,8 @@ export class RoomWorker {
       loadBatch: (step) => loadBatch(Math.floor(step / H), step % H),
       start: version * H,
       stepDelayMs,
-      sync: { every: H, at: (done) => w.endRound(done),
-        early: () => w.room.cut?.(w.version) ?? false },
+      sync: { every: H, at: (done) => w.atSync(done),
+        early: (done) => w.arrived || (w.room.cut?.(Math.floor((done - 1) / H)) ?? false) },
       on: { record: (rec) => w.record(rec), status: (...a) => w.on.status(...a) },
     });
     await w.take(version);
@@ -81,7 +94,20 @@ export class RoomWorker {
     this.bytesSent = 0;
     this.timings = noTimings();   // the version being taken or trained (its report's timings)
     this.trainFrom = null;        // when its training started (performance.now)
+    this.paused = 0;              // ms since then spent not training (an overlapped move)
     this.leaving = new AbortController();   // stop(): ends a wait for the next version
+    // Overlapped: the weights at the last round's end (e_r), the next version on its way
+    // ({version, weights} | null where the worker left), whether it is here, and the last
+    // pseudo-gradient's send and report in flight.
+    this.end = null;
+    this.coming = null;
+    this.arrived = false;
+    this.sending = Promise.resolve();
+    this.moves = [];              // overlapped: [{version, step}]: where each version arrived
+  }
+
+  get overlap() {
+    return Boolean(this.config.room.overlap);
   }
 
   /** Trains until the room's last round or stop(); resolves to the Trainer's final state. */
@@ -109,7 +135,18 @@ export class RoomWorker {
   /** Loads version `version` (the room's newest instead where it was pruned meanwhile) and
    *  measures its eval loss. */
   async take(version) {
-    const t = this.timings;
+    const { version: v, weights } = await this.download(version, this.timings);
+    this.trainer.setWeights(weights);
+    this.version = v;
+    this.global = weights;
+    await this.measure();
+    this.trainFrom = performance.now();
+  }
+
+  /** Version `version`'s weights (the room's newest instead where it was pruned meanwhile),
+   *  as an update of the one held where the room sends it so; the time into t (download_ms,
+   *  and wait_ms for a newest). -> {version, weights: Float32Array [total_numel]} */
+  async download(version, t) {
     let at = performance.now();
     let w = await this.updated(version);
     let buf;
@@ -121,18 +158,17 @@ export class RoomWorker {
       t.wait_ms += at - now;
     }
     w ??= new Float32Array(buf);
-    this.trainer.setWeights(w);
-    this.version = version;
-    this.global = w;
-    let now = performance.now();
-    t.download_ms += now - at;
-    at = now;
+    t.download_ms += performance.now() - at;
+    return { version, weights: w };
+  }
+
+  /** The eval loss of the weights in the model now (a version just set), into evalLoss. */
+  async measure() {
+    const at = performance.now();
     let sum = 0;
     for (let i = 0; i < EVAL_BATCHES; i++) sum += await this.trainer.evalLoss(i);
     this.evalLoss = sum / EVAL_BATCHES;
-    now = performance.now();
-    t.eval_ms += now - at;
-    this.trainFrom = now;
+    this.timings.eval_ms += performance.now() - at;
   }
 
   /** Version `version` as the update of the version this worker holds (an int8 room sends the
@@ -144,36 +180,138 @@ export class RoomWorker {
     return body === null ? null : applyUpdate(this.global, body);
   }
 
+  /** The Trainer's sync after `done` steps (their records read back): the round's end (H
+   *  steps, or fewer where the room cut it), or, overlapped, the step where the next version
+   *  arrived. -> the next step to train, or undefined: go on (or stop, having left). */
+  async atSync(done) {
+    const round = Math.ceil(done / this.config.room.inner_steps) - 1;
+    const whole = done % this.config.room.inner_steps === 0 || (this.room.cut?.(round) ?? false);
+    if (this.coming) {
+      if (!whole && !this.arrived) return undefined;
+      const at = performance.now();
+      const jump = await this.rebase(round);   // at the round's end: waits for the version
+      this.paused += performance.now() - at;   // not training: its timings say what it was
+      if (jump !== undefined) {                // left, or a new start
+        this.trainFrom = performance.now();
+        this.paused = 0;
+        return jump ?? undefined;
+      }
+      if (!whole) return undefined;
+    }
+    return this.endRound(done);
+  }
+
+  /** Overlapped: the next version is here (or, at the round's end, awaited): the weights move
+   *  onto it with the steps trained since the last round's end, and its eval loss is measured.
+   *  -> undefined (moved), null (left while waiting), or the step to go to where the version
+   *  is not the one `round` trains for (the room closed a round without this worker: its
+   *  steps are dropped, and it trains the newest from its start). */
+  async rebase(round) {
+    const t = this.timings;
+    let at = performance.now();
+    const got = await this.coming;
+    t.wait_ms += performance.now() - at;
+    this.coming = null;
+    this.arrived = false;
+    if (got === null) return null;
+    if (got.version !== round) {
+      this.losses = [];
+      this.end = null;
+      await this.install(got);
+      return this.finish() ?? this.version * this.config.room.inner_steps;
+    }
+    at = performance.now();
+    const mine = await this.trainer.model.getParams();   // [total_numel], e_r + the steps since
+    t.download_ms += performance.now() - at;
+    await this.install(got);
+    at = performance.now();
+    const end = this.end;
+    for (let i = 0; i < mine.length; i++) mine[i] = got.weights[i] + (mine[i] - end[i]);
+    this.trainer.setWeights(mine);
+    this.end = null;
+    this.moves.push({ version: got.version, step: this.trainer.done });
+    t.download_ms += performance.now() - at;
+    return undefined;
+  }
+
+  /** Version `got` ({version, weights}) into the model, its eval loss measured. */
+  async install(got) {
+    const at = performance.now();
+    this.trainer.setWeights(got.weights);
+    this.version = got.version;
+    this.global = got.weights;
+    this.timings.download_ms += performance.now() - at;
+    await this.measure();
+  }
+
+  /** Overlapped: version `after` + 1 (or the newest) downloaded in the background while the
+   *  next round trains; `arrived` turns true with it. -> {version, weights} | null (left).
+   *  Its time is not the worker's: training went on meanwhile. */
+  fetchNext(after) {
+    const p = (async () => {
+      const v = await this.room.nextVersion(after, this.leaving.signal);
+      if (v === null) return null;
+      const got = await this.download(v, noTimings());
+      this.arrived = true;
+      return got;
+    })();
+    p.catch(() => {});      // awaited at a sync; not an unhandled rejection meanwhile
+    return p;
+  }
+
   /** After `done` of the Trainer's steps (their records read back), the round's H or fewer
-   *  where the room cut it: send the pseudo-gradient, report, take the next version. -> the
-   *  next step to train (the Trainer's sync). */
+   *  where the room cut it: send the pseudo-gradient and report; then take the next version,
+   *  or, overlapped, go on training while it comes. -> the next step to train (the Trainer's
+   *  sync), undefined: the next one. */
   async endRound(done) {
     const H = this.config.room.inner_steps;
     const round = Math.ceil(done / H) - 1;
     const steps = done - round * H;     // this round's inner steps: H unless it was cut
     const t = this.timings;
     const at = performance.now();
-    t.train_ms = at - (this.trainFrom ?? at);
+    t.train_ms = at - (this.trainFrom ?? at) - this.paused;
+    this.paused = 0;
     const mine = await this.trainer.model.getParams();
     const body = encodeDelta(pseudoGradient(this.global, mine), this.config.room.codec);
-    await this.room.send(this.version, body, steps);   // stale (closed without it): dropped
+    const { version, evalLoss } = this;
+    const losses = this.losses;
+    this.losses = [];
+    this.bytesSent += body.byteLength;
+    // stale (the round closed without it): the room drops it
+    const send = () => this.room.send(version, body, steps);
+    if (this.overlap && round + 1 < this.rounds) {
+      t.send_ms = performance.now() - at;   // what held training up: the read back, the encode
+      const report = rounded(t);
+      // One send and report at a time, in order; a refused one fails the next round's end.
+      this.sending = this.sending.then(send)
+        .then(() => this.room.report(version, losses, evalLoss, report));
+      this.sending.catch(() => {});
+      this.on.round({ version, round, losses, evalLoss, bytes: body.byteLength });
+      this.timings = noTimings();       // the next version's
+      this.end = mine;
+      this.coming = this.fetchNext(version);
+      this.trainFrom = performance.now();
+      return undefined;                 // the next round trains on from these weights
+    }
+    await this.sending;                 // (an overlapped round's, before the last)
+    await send();
     const sent = performance.now();
     t.send_ms = sent - at;
     this.timings = noTimings();         // the next version's: its wait starts now
-    this.bytesSent += body.byteLength;
-    const losses = this.losses;
-    this.losses = [];
-    await this.room.report(this.version, losses, this.evalLoss, rounded(t));
-    this.on.round({ version: this.version, round, losses, evalLoss: this.evalLoss,
-      bytes: body.byteLength });
+    await this.room.report(version, losses, evalLoss, rounded(t));
+    this.on.round({ version, round, losses, evalLoss, bytes: body.byteLength });
     const newer = await this.room.nextVersion(this.version, this.leaving.signal);
     this.timings.wait_ms += performance.now() - sent;
     if (newer === null) return undefined;   // left while waiting: the Trainer stops here
     await this.take(newer);
-    const next = this.version;          // (a newer one where that one was pruned meanwhile)
-    if (next < this.rounds) return next * this.config.room.inner_steps;
-    // The room's last version: its eval loss reported too, and the Trainer is at its end.
-    await this.room.report(next, [], this.evalLoss, rounded(this.timings));
-    return this.rounds * this.config.room.inner_steps;
+    return this.finish() ?? this.version * H;   // (a newer one where that was pruned meanwhile)
+  }
+
+  /** Where the version taken is the room's last: its eval loss reported too, and the step
+   *  that ends the Trainer; else null. */
+  finish() {
+    if (this.version < this.rounds) return null;
+    const last = this.room.report(this.version, [], this.evalLoss, rounded(this.timings));
+    return last.then(() => this.rounds * this.config.room.inner_steps);
   }
 }
