@@ -4,7 +4,9 @@
 // added in the browser gives the server's version bit for bit (server/room/close.py Update).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { applyUpdate, CODECS, encodeDelta, payloadBytes, pseudoGradient } from '../../static/js/engine/room_codec.js';
+import {
+  applyUpdate, CODECS, encodeDelta, encodePseudoGradient, payloadBytes, pseudoGradient,
+} from '../../static/js/engine/room_codec.js';
 import { serverJson } from './server.mjs';
 
 function values(n) {
@@ -43,6 +45,18 @@ test('the pseudo-gradient is global minus the worker, rounded to f32 once', () =
   const w = Float32Array.from([0.75, 1, 1e-9, 0.3]);
   assert.deepEqual(Array.from(pseudoGradient(g, w)), Array.from(g).map((v, i) => Math.fround(v - w[i])));
   assert.throws(() => pseudoGradient(g, w.subarray(1)), /floats/);
+});
+
+test('encoded in one pass, the pseudo-gradient has the bytes of its differences encoded', () => {
+  // The worker's path (encodePseudoGradient: no array of differences) against the one the
+  // test above holds to the server's bytes, in every codec.
+  const mine = values(256 * 5 + 77);
+  const global = mine.map((v, i) => v + mine[(i * 7) % mine.length] * 0.5);
+  for (const codec of CODECS) {
+    const want = Buffer.from(encodeDelta(pseudoGradient(global, mine), codec));
+    assert.ok(Buffer.from(encodePseudoGradient(global, mine, codec)).equals(want), codec);
+  }
+  assert.throws(() => encodePseudoGradient(global, mine.subarray(1), 'int8'), /floats/);
 });
 
 test('a version update added in JS gives the server\'s version bit for bit', () => {

@@ -50,7 +50,7 @@
 // run behind the training): wait_ms for a version not here by the round's end, download_ms
 // moving the weights onto it (read back, set twice), send_ms the read back and the encoding.
 
-import { applyUpdate, encodeDelta, pseudoGradient } from './room_codec.js';
+import { applyUpdate, encodePseudoGradient } from './room_codec.js';
 import { Trainer } from './trainer.js';
 
 const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
@@ -272,7 +272,7 @@ export class RoomWorker {
     t.train_ms = at - (this.trainFrom ?? at) - this.paused;
     this.paused = 0;
     const mine = await this.trainer.model.getParams();
-    const body = encodeDelta(pseudoGradient(this.global, mine), this.config.room.codec);
+    const body = encodePseudoGradient(this.global, mine, this.config.room.codec);
     const { version, evalLoss } = this;
     const losses = this.losses;
     this.losses = [];
