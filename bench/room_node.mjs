@@ -5,7 +5,9 @@
 //
 //   node bench/room_node.mjs URL --run ID --join TOKEN --workers 4
 //   node bench/room_node.mjs URL --preset 12m --batch 32 --steps 800 --inner 25 --workers 4
-//        [--precision fp32|mixed] [--outer lr,momentum] [--devices one|each]
+//        [--precision fp32|mixed] [--outer lr,momentum] [--devices one|each] [--cut] [--overlap]
+//   node bench/room_node.mjs URL --create [the same options]   (makes the room only: its id and
+//        join token; one process per worker then joins it with --run ID --join TOKEN --workers 1)
 //   node bench/room_node.mjs URL --eval ID [--batches 8] [--version V]   (the mean loss of the
 //        room's final global weights, or version V's, on the run's first validation batches)
 // The last line of stdout is JSON: {id, version, workers, seconds} or, with --eval, {id, version,
@@ -189,4 +191,5 @@ async function evaluate(id) {
 }
 
 if (opt('--eval')) await evaluate(opt('--eval'));
+else if (argv.includes('--create')) console.log(JSON.stringify(await createRoom()));
 else await trainRoom();
