@@ -62,6 +62,10 @@ def test_an_overlapped_page_trains_on_while_its_round_closes(browser, live_serve
 
     until("the page's round 0", lambda: sent(0))
     assert httpx.get(room_url).json()["version"] == 0 and (1, 1) in asked, asked
+    # The room says so, and the page's table shows it: ahead, training the next round.
+    row = f"tr[data-worker='{page_worker}']"
+    until("the page ahead", lambda: page.get_attribute(row, "data-state") == "ahead")
+    assert "training the next round" in page.inner_text(row)
     r = httpx.post(f"{room_url}/deltas/0", content=delta, headers=bearer(api["token"]))
     assert r.status_code == 200 and r.json()["closed"], r.text
     until("version 1 downloaded", lambda: page.evaluate("window.andreaRoomWorker.arrived"))

@@ -540,7 +540,9 @@ class Room:
         in progress.json, rewritten without fsync (it is not the room's commit)."""
         st = self.read()
         wid = self.worker_of(st, token)
-        if version != st["version"]:
+        # Overlapped, a worker that sent its round trains the next while this one closes.
+        ahead = self.room.overlap and version == st["version"] + 1 < self.rounds
+        if version != st["version"] and not ahead:
             raise RoomError(CONFLICT, f"version {version} is not the one being trained (now "
                                       f"{st['version']})")
         H = self.room.inner_steps
@@ -600,6 +602,8 @@ def worker_state(st: dict, wid: str, progress: dict, inner_steps: int) -> dict:
       left      it left the room (or was removed, or dropped: its `why`);
       done      the room finished with it in it;
       waiting   its pseudo-gradient for this round is in: it waits for the round to close;
+      ahead     its pseudo-gradient is in and, overlapped, it trains the next round meanwhile
+                (`step` of inner_steps done on it);
       refused   its pseudo-gradient was refused (a good one may follow);
       sending   it trained the round's last inner step: its pseudo-gradient is on its way;
       training  `step` of inner_steps done on the current version (its last report);
@@ -610,11 +614,13 @@ def worker_state(st: dict, wid: str, progress: dict, inner_steps: int) -> dict:
         return {"state": "left", "step": None}
     if st["finished"]:
         return {"state": "done", "step": None}
+    at = progress.get(wid)
     if wid in open_["received"]:
+        if at and at.get("version") == st["version"] + 1:
+            return {"state": "ahead", "step": int(at["step"])}
         return {"state": "waiting", "step": inner_steps}
     if wid in open_["refused"]:
         return {"state": "refused", "step": None}
-    at = progress.get(wid)
     since = w.get("rejoined") or w["joined"]
     if not at or at.get("version") != st["version"] or at.get("at", 0) < since:
         return {"state": "starting", "step": None}

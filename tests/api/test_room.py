@@ -742,6 +742,32 @@ def test_the_room_says_what_each_worker_does_and_what_its_round_waits_for(app_cl
     assert room()["finished"] and set(states().values()) == {("done", None)}
 
 
+def test_an_overlapped_worker_that_sent_its_round_says_it_trains_the_next(app_client):
+    """Overlapped (room overlap on), a worker that sent version v's pseudo-gradient trains
+    round v + 1 while v closes: its progress on v + 1 is taken, and the room shows it `ahead`
+    with its step; never further ahead, and never in a room that is not overlapped."""
+    c = app_client
+    run = create(c, overlap=True)                            # inner_steps 3, 2 rounds
+    a, b = join(c, run), join(c, run)
+    numel = run["layout"]["total_numel"]
+
+    def states():
+        return {w["worker"]: (w["state"], w["step"])
+                for w in c.get(f"/api/runs/{run['id']}/room").json()["workers"]}
+    assert send(c, run, a, 0, np.full(numel, 1e-3, np.float32)).json()["closed"] is False
+    assert states()[a["worker"]] == ("waiting", 3)
+    assert progress(c, run, a, 1, 2).status_code == 204
+    assert progress(c, run, a, 2, 1).status_code == 409
+    assert progress(c, run, b, 0, 1).status_code == 204
+    assert states() == {a["worker"]: ("ahead", 2), b["worker"]: ("training", 1)}
+    assert send(c, run, b, 0, np.full(numel, 1e-3, np.float32)).json()["closed"] is True
+    assert states() == {a["worker"]: ("training", 2), b["worker"]: ("starting", None)}
+    plain = create(c)
+    w = join(c, plain)
+    send(c, plain, w, 0, np.full(numel, 1e-3, np.float32))
+    assert progress(c, plain, w, 2, 1).status_code == 409   # (it closed alone: now version 1)
+
+
 def test_the_runs_list_shows_a_room_in_rounds_with_its_global_eval_loss(app_client):
     """GET /api/runs: a room run's `room` says its rounds closed of all, its workers now (none
     once it finished) and its last and best global eval loss; a one-browser run has none."""

@@ -45,6 +45,7 @@ export function workerNow(w, H) {
     case 'training': return `training (step ${w.step} of ${H})`;
     case 'sending': return 'sending its pseudo-gradient';
     case 'waiting': return 'waiting for the round to close';
+    case 'ahead': return `training the next round (step ${w.step} of ${H}) while this one closes`;
     case 'refused': return 'its pseudo-gradient was refused';
     case 'starting': return 'starting (taking the version)';
     case 'done': return 'done';
