@@ -211,3 +211,35 @@ test('overlapped, a worker trains on while the round closes and moves its steps 
   assert.deepEqual(w.moves, [{ version: 1, step: 6 }, { version: 2, step: 12 }]);
   assert.deepEqual(reports, [[0, 4, 0], [1, 4, 10], [2, 0, 5], [3, 0, 7]]);
 });
+
+test('overlapped, a worker whose round the room closed without it starts the newest version', async () => {
+  // Round 1's pseudo-gradient went up, but the room closed versions 2 and 3 without this
+  // worker's round 2 (a deadline): the version that comes is 3, so round 2's steps are dropped
+  // and the Trainer goes to version 3's first step, from version 3 itself.
+  let cur = new Float32Array([0]);
+  const set = [];
+  const room = {
+    weights: async (v) => new Float32Array([v * 10]).buffer,
+    nextVersion: async () => 3,
+    send: async () => {},
+    report: async () => {},
+  };
+  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'f32', overlap: true } },
+    room });
+  w.rounds = 5;
+  w.trainer = {
+    done: 0,
+    setWeights: (x) => { cur = Float32Array.from(x); set.push(cur[0]); },
+    evalLoss: async () => cur[0],
+    model: { getParams: async () => Float32Array.from(cur) },
+  };
+  await w.take(1);
+  cur = new Float32Array([11]);
+  assert.equal(await w.atSync(8), undefined);      // round 1 sent; round 2 trains on
+  while (!w.arrived) await new Promise((r) => setTimeout(r, 1));
+  w.losses = [1, 1];
+  w.trainer.done = 10;
+  assert.equal(await w.atSync(10), 3 * 4);         // version 3's first inner step
+  assert.deepEqual([w.version, w.evalLoss, w.losses, set], [3, 30, [], [10, 30]]);
+  assert.deepEqual(w.moves, []);                   // nothing moved: a fresh start
+});
