@@ -13,25 +13,16 @@ import httpx
 import numpy as np
 
 from tests.browser import PAGE_WAIT_MS
-from tests.small_model import SMALL
-from tests.trainer_client import bearer
+from tests.trainer_client import bearer, room_beside_the_api
 
 TIMEOUT = 600_000
 BATCH = re.compile(r"/room/batches/(\d+)/(\d+)/(\d+)")
 
 
 def test_an_overlapped_page_trains_on_while_its_round_closes(browser, live_server):
-    from andrea.room.rounds import param_mask
-
     H = 4
-    run = httpx.post(f"{live_server}/api/runs", json={
-        **SMALL, "steps": 3 * H, "batch_size": 2, "seed": 17,
-        "room": {"inner_steps": H, "codec": "f32", "round_deadline_s": 3600,
-                 "workers_per_address": 2, "overlap": True}}).json()
-    room_url = f"{live_server}/api/runs/{run['id']}/room"
-    api = httpx.post(f"{room_url}/workers", headers=bearer(run["room"]["join_token"])).json()
-    delta = (np.full(run["layout"]["total_numel"], 1e-4, np.float32)
-             * param_mask(run["layout"])).tobytes()
+    made = room_beside_the_api(live_server, rounds=3, seed=17, overlap=True)
+    run, room_url, api, delta = made["run"], made["url"], made["api"], made["delta"]
     page = browser.new_context().new_page()
     errors, asked, held = [], [], []
     page.on("pageerror", lambda e: errors.append(str(e)))

@@ -9,25 +9,17 @@ from __future__ import annotations
 import time
 
 import httpx
-import numpy as np
 
 from tests.browser import PAGE_WAIT_MS
-from tests.small_model import SMALL
-from tests.trainer_client import bearer
+from tests.trainer_client import bearer, room_beside_the_api
 
 TIMEOUT = 600_000
 
 
 def test_a_slow_page_sends_what_it_trained_when_the_room_cuts_its_round(browser, live_server):
-    from andrea.room.rounds import param_mask
-
     H = 4
-    run = httpx.post(f"{live_server}/api/runs", json={
-        **SMALL, "steps": 2 * H, "batch_size": 2, "seed": 13,
-        "room": {"inner_steps": H, "codec": "f32", "round_deadline_s": 3600,
-                 "workers_per_address": 2, "wait_for_slowest": False}}).json()
-    room_url = f"{live_server}/api/runs/{run['id']}/room"
-    fast = httpx.post(f"{room_url}/workers", headers=bearer(run["room"]["join_token"])).json()
+    made = room_beside_the_api(live_server, rounds=2, seed=13, wait_for_slowest=False)
+    run, room_url, fast, delta = made["run"], made["url"], made["api"], made["delta"]
     page = browser.new_context().new_page()
     errors, held = [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -42,9 +34,7 @@ def test_a_slow_page_sends_what_it_trained_when_the_room_cuts_its_round(browser,
     while not held:
         assert time.monotonic() < hung, "the page never asked for its second batch"
         page.wait_for_timeout(200)
-    mask = param_mask(run["layout"])
-    delta = np.full(run["layout"]["total_numel"], 1e-4, np.float32) * mask
-    r = httpx.post(f"{room_url}/deltas/0", content=delta.tobytes(),
+    r = httpx.post(f"{room_url}/deltas/0", content=delta,
                    headers=bearer(fast["token"]))
     assert r.json() == {"closed": False, "version": 0}       # 1 of 2 whole: the round is cut
     assert httpx.get(room_url).json()["open"]["cut"]
@@ -70,7 +60,7 @@ def test_a_slow_page_sends_what_it_trained_when_the_room_cuts_its_round(browser,
     while not page_sent(room := httpx.get(room_url).json()):
         assert time.monotonic() < hung, room
         page.wait_for_timeout(200)
-    r = httpx.post(f"{room_url}/deltas/1", content=delta.tobytes(),
+    r = httpx.post(f"{room_url}/deltas/1", content=delta,
                    headers=bearer(fast["token"]))
     assert r.status_code == 200 and r.json()["closed"], r.text
     page.wait_for_function("document.body.dataset.done !== undefined", timeout=TIMEOUT)

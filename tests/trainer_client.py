@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 from sqlalchemy import text
@@ -76,6 +77,25 @@ def new_run(server, **cfg) -> dict:
          else server.post("/api/runs", json=body))
     assert r.status_code == 201, r.text
     return r.json()
+
+
+def room_beside_the_api(server: str, rounds: int, seed: int, **room) -> dict:
+    """A small f32 room of 4 inner steps a round that a page joins beside one worker this test
+    plays through the API: {run, url (the room's), api (its join), delta (the API worker's
+    pseudo-gradient each round: 1e-4 on every parameter, the f32 body)}."""
+    from andrea.room.rounds import param_mask
+    from tests.small_model import SMALL
+
+    H = 4
+    run = httpx.post(f"{server}/api/runs", json={
+        **SMALL, "steps": rounds * H, "batch_size": 2, "seed": seed,
+        "room": {"inner_steps": H, "codec": "f32", "round_deadline_s": 3600,
+                 "workers_per_address": 2, **room}}).json()
+    url = f"{server}/api/runs/{run['id']}/room"
+    api = httpx.post(f"{url}/workers", headers=bearer(run["room"]["join_token"])).json()
+    mask = param_mask(run["layout"])
+    delta = (np.full(run["layout"]["total_numel"], 1e-4, np.float32) * mask).tobytes()
+    return {"run": run, "url": url, "api": api, "delta": delta}
 
 
 def stored_steps(url: str, run_id: str) -> list[int]:
