@@ -65,7 +65,12 @@ class RobustMean:
             # 1M-element chunks, far inside what the scores are compared by), summed in f64.
             gram = np.zeros((self.n, self.n), np.float64)
             for _, x in self._clipped(range(self.n)):
-                gram += x @ x.T
+                with np.errstate(over="ignore"):
+                    part = x @ x.T
+                if not np.isfinite(part).all():     # past f32's range: the chunk in f64
+                    x64 = x.astype(np.float64)
+                    part = x64 @ x64.T
+                gram += part
             norm = np.sqrt(np.diag(gram))
             cos = gram / np.maximum(np.outer(norm, norm), 1e-300)
             peers = self.n - 1 - (-(-self.n // 2) - 1)
