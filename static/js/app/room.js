@@ -29,7 +29,10 @@ import { watch } from './telemetry.js';
 
 const body = document.body;
 const runId = $('room').dataset.runId;
-const POLL_MS = 500;             // how often a worker looks for the next global version
+// A worker waiting for the next global version hears it close on the run's websocket (the
+// room's 'version' event) and reads the room then; it also looks every POLL_MS in case the
+// socket is down.
+const POLL_MS = 2000;
 const REPORTS_PAGE = 1000;       // reports per request (the server's most)
 const PROGRESS_MS = 1000;        // a worker tells its inner step at most this often (and its last)
 
@@ -42,6 +45,22 @@ const PROGRESS_MS = 1000;        // a worker tells its inner step at most this o
 // round), from its websocket's events and GET room: this tab's worker sends what it has.
 const state = { run: null, room: null, reports: [], worker: null, workerStatus: null, charts: null,
   skew: 0, joined: null, loneInfo: null, lone: null, helped: null, cut: new Set() };
+
+/** Resolves at the room's next 'version' event (a round closed): taken before a read of the
+ *  room, so an event during the read is not missed. */
+let versionClosed = null;
+function nextClose() {
+  if (!versionClosed) {
+    let resolve;
+    versionClosed = new Promise((r) => { resolve = r; });
+    versionClosed.resolve = resolve;
+  }
+  return versionClosed;
+}
+function heardClose() {
+  versionClosed?.resolve();
+  versionClosed = null;
+}
 
 function joinLink(token) {
   return `${location.origin}${routePath('run_page', { run_id: runId })}#join=${encodeURIComponent(token)}`;
@@ -421,8 +440,10 @@ function roomNetwork(me) {
       body: JSON.stringify({ losses: losses.filter((x) => Number.isFinite(x)),
         eval_loss: Number.isFinite(evalLoss) ? evalLoss : null, timings }) }, [409, 507]),
     nextVersion: async (after, signal = null) => {
+      const left = new Promise((r) => signal?.addEventListener('abort', r, { once: true }));
       for (;;) {
         if (signal?.aborted) return null;   // the worker left while it waited
+        const closed = nextClose();
         const room = await bytes(routePath('get_room', { run_id: runId }))
           .then((b) => JSON.parse(new TextDecoder().decode(b)));
         if (room.version > after || room.finished) return room.version;
@@ -430,7 +451,7 @@ function roomNetwork(me) {
         // refuse what this one sends next, so it ends now, saying why.
         const mine = room.workers.find((w) => w.worker === me.worker);
         if (mine && mine.left !== null) throw new Error(`worker ${me.worker} left the room (${mine.why})`);
-        await new Promise((r) => setTimeout(r, POLL_MS));
+        await Promise.race([closed, left, new Promise((r) => setTimeout(r, POLL_MS))]);
       }
     },
   };
@@ -632,6 +653,7 @@ async function main() {
   const steps = new Throttle(PROGRESS_MS, () => refreshSoon(false).catch(() => {}));
   watch(runId, (msg) => {
     if (msg.type === 'room' && msg.event === 'cut') state.cut.add(msg.version);
+    if (msg.type === 'room' && msg.event === 'version') heardClose();
     if (msg.type === 'room' && msg.event === 'progress') steps.request();
     else if (msg.type === 'room' || msg.type === 'run') refreshSoon(true).catch(() => {});
   });
