@@ -243,3 +243,33 @@ test('overlapped, a worker whose round the room closed without it starts the new
   assert.deepEqual([w.version, w.evalLoss, w.losses, set], [3, 30, [], [10, 30]]);
   assert.deepEqual(w.moves, []);                   // nothing moved: a fresh start
 });
+
+test('overlapped in an int8 room, the next version comes as an update of the one held', async () => {
+  let cur = new Float32Array([0]);
+  const asked = [];
+  const room = {
+    weights: async (v) => { asked.push(`weights ${v}`); return new Float32Array([v]).buffer; },
+    update: async (v) => { asked.push(`update ${v}`); return update(v - 1, v); },
+    nextVersion: async (after) => after + 1,
+    send: async () => {},
+    report: async () => {},
+  };
+  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'int8', overlap: true } },
+    room });
+  w.rounds = 3;
+  w.trainer = {
+    done: 0,
+    setWeights: (x) => { cur = Float32Array.from(x); },
+    evalLoss: async () => cur[0],
+    model: { getParams: async () => Float32Array.from(cur) },
+  };
+  await w.take(0);
+  cur = new Float32Array([0.5]);
+  await w.atSync(4);
+  while (!w.arrived) await new Promise((r) => setTimeout(r, 1));
+  cur = new Float32Array([0.75]);      // a step of round 1 from e0 = 0.5
+  w.trainer.done = 5;
+  await w.atSync(5);
+  assert.deepEqual(asked, ['weights 0', 'update 1']);   // version 0 plus its update
+  assert.deepEqual([w.version, w.global[0], cur[0]], [1, 1, 1.25]);
+});
