@@ -363,6 +363,14 @@ export class Kernels {
       { logits, scaler }, grid1d(cdiv(N * V, WG_ELEMENT)), 'loss_scale');
   }
 
+  /** A room's int8 pseudo-gradient of version - weights [numel] (13_room_delta.wgsl):
+   *  scales[blocks of 256] and codes[blocks * 64] (u32, four codes each) */
+  roomDeltaInt8({ version, weights, scales, codes, numel }) {
+    const grid = grid1d(cdiv(numel, 256));
+    return this.op('13_room_delta.wgsl', 'encode_int8', {}, [numel, grid[0]],
+      { version, weights, scales, codes }, grid, 'room_delta_int8');
+  }
+
   /** Fill w[numel] from a seeded normal (std) or with ones */
   init({ w, numel, seed, stream, mode, std }) {
     return this.op('00_init.wgsl', 'main', { WG: WG_ELEMENT },

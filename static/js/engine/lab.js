@@ -6,8 +6,9 @@ import { createContext } from './context.js';
 
 import * as modelLab from './lab_model.js';
 import * as optimizerLab from './lab_optimizer.js';
+import * as roomLab from './lab_room.js';
 
-const LAB_MODULES = [modelLab, optimizerLab];
+const LAB_MODULES = [modelLab, optimizerLab, roomLab];
 
 /**
  * gpu: navigator.gpu or Dawn's gpu object; load: (file) => WGSL source;

@@ -42,7 +42,8 @@
 //   eval_ms      measuring v's eval loss (the report's eval_loss)
 //   train_ms     its H inner steps on v: from the download and eval done (or run(), if later)
 //                to the last step's records read back
-//   send_ms      its pseudo-gradient: reading the weights back, encoding, sending
+//   send_ms      its pseudo-gradient: encoding it (an int8 room's on the GPU, only its body
+//                read back: room_gpu_delta.js; else the weights read back and encoded), sending
 // They follow one another without gaps, so their sum is the worker's time on version v and
 // everything but train_ms is the round's overhead. The room's last version, which nobody
 // trains, is reported with no losses, its wait, download and eval, and train_ms = send_ms = 0.
@@ -51,6 +52,7 @@
 // moving the weights onto it (read back, set twice), send_ms the read back and the encoding.
 
 import { applyUpdate, encodePseudoGradient } from './room_codec.js';
+import { GpuDelta } from './room_gpu_delta.js';
 import { Trainer } from './trainer.js';
 
 const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
@@ -82,6 +84,12 @@ export class RoomWorker {
         early: (done) => w.arrived || (w.room.cut?.(Math.floor((done - 1) / H)) ?? false) },
       on: { record: (rec) => w.record(rec), status: (...a) => w.on.status(...a) },
     });
+    // An int8 room's pseudo-gradient is made on the GPU, from the version held there.
+    const { model } = w.trainer;
+    if (config.room.codec === 'int8') {
+      w.gpuDelta = await GpuDelta.create({ device: ctx.device, kernels: model.k,
+        weights: model.W, numel: layout.total_numel });
+    }
     await w.take(version);
     return w;
   }
@@ -104,6 +112,7 @@ export class RoomWorker {
     this.arrived = false;
     this.sending = Promise.resolve();
     this.moves = [];              // overlapped: [{version, step}]: where each version arrived
+    this.gpuDelta = null;         // int8: room_gpu_delta.js (null: the CPU encoder)
   }
 
   get overlap() {
@@ -124,6 +133,7 @@ export class RoomWorker {
   }
 
   destroy() {
+    this.gpuDelta?.destroy();
     this.trainer.destroy();
   }
 
@@ -137,6 +147,7 @@ export class RoomWorker {
   async take(version) {
     const { version: v, weights } = await this.download(version, this.timings);
     this.trainer.setWeights(weights);
+    this.gpuDelta?.hold();
     this.version = v;
     this.global = weights;
     await this.measure();
@@ -238,6 +249,7 @@ export class RoomWorker {
   async install(got) {
     const at = performance.now();
     this.trainer.setWeights(got.weights);
+    this.gpuDelta?.hold();
     this.version = got.version;
     this.global = got.weights;
     this.timings.download_ms += performance.now() - at;
@@ -271,8 +283,12 @@ export class RoomWorker {
     const at = performance.now();
     t.train_ms = at - (this.trainFrom ?? at) - this.paused;
     this.paused = 0;
-    const mine = await this.trainer.model.getParams();
-    const body = encodePseudoGradient(this.global, mine, this.config.room.codec);
+    // The weights come back to the CPU where the CPU encodes, or where an overlapped round's
+    // next move needs them; an int8 room's GPU reads back only its body.
+    const gpu = this.gpuDelta;
+    const mine = !gpu || this.overlap ? await this.trainer.model.getParams() : null;
+    const body = gpu ? await gpu.encode()
+      : encodePseudoGradient(this.global, mine, this.config.room.codec);
     const { version, evalLoss } = this;
     const losses = this.losses;
     this.losses = [];

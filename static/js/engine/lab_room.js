@@ -1,0 +1,34 @@
+// Lab entries for a room worker's GPU side (room_gpu_delta.js): plain arrays in, the body out,
+// so tests hold it to the server's encoder (server/room/codec.py).
+
+import { storageBuffer } from './gpu.js';
+import { Kernels } from './kernels.js';
+import { GpuDelta } from './room_gpu_delta.js';
+
+export function labEntries(ctx) {
+  return {
+    /** The int8 pseudo-gradient version - weights (Float32Array [n] each) as GpuDelta makes it
+     *  on a worker: the version held (hold) while it is the weights, then the weights trained.
+     *  -> {body: Uint32Array (the room's int8 body, zero-padded to whole words), bytes: its
+     *  length} */
+    async roomDeltaInt8({ version, weights }) {
+      const { device } = ctx;
+      const n = version.length;
+      const W = storageBuffer(device, 4 * n, { label: 'lab.W', data: version });
+      const kernels = new Kernels(device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
+        software: ctx.software });
+      const delta = await GpuDelta.create({ device, kernels, weights: W, numel: n });
+      try {
+        delta.hold();
+        device.queue.writeBuffer(W, 0, weights.buffer, weights.byteOffset, weights.byteLength);
+        const body = await delta.encode();
+        const words = new Uint32Array(Math.ceil(body.byteLength / 4));
+        new Uint8Array(words.buffer).set(new Uint8Array(body));
+        return { body: words, bytes: body.byteLength };
+      } finally {
+        delta.destroy();
+        W.destroy();
+      }
+    },
+  };
+}
