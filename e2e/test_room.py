@@ -181,8 +181,14 @@ def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, liv
     page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     page.select_option("#preset", "tiny")
     page.check("#room-run")
+    # An int8 room's worker holds a version and its pseudo-gradient on the GPU: the estimate
+    # counts them (tiny: 4 + 2 bytes a parameter, 0.8 MiB), and an f16 room's does not.
+    row = "#memory tr:has-text('room worker')"
+    page.wait_for_selector(row)
+    assert page.inner_text(row).endswith("0.8 MiB")
     page.fill("input[name='room.inner_steps']", "5")
     page.select_option("select[name='room.codec']", "f16")
+    page.wait_for_selector(row, state="detached")
     page.wait_for_function("!document.getElementById('start').disabled")
     page.click("#start")
     page.wait_for_url("**/runs/*")
