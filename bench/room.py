@@ -39,7 +39,7 @@ def room_run(url: str, preset: str, B: int, W: int, H: int, steps: int, codec: s
     """A room of W tabs, each `steps` inner steps; -> its run id, rounds, bytes, seconds. The
     tabs all join from this machine's address: the room allows W from one address. slow_ms:
     the last tab waits this long before each step (a slower laptop; the Trainer's
-    stepDelayMs). `outer` may also say wait_for_slowest."""
+    stepDelayMs). `outer` may also say wait_for_slowest and overlap."""
     from playwright.sync_api import sync_playwright
 
     r = httpx.post(f"{url}/api/runs", json={
@@ -150,6 +150,9 @@ def main() -> None:
                     help="one room tab waits this long before each step (a slower laptop)")
     ap.add_argument("--cut", action="store_true",
                     help="rooms that do not wait for the slowest (wait_for_slowest off)")
+    ap.add_argument("--overlap", nargs="+", type=int, default=[0], choices=[0, 1],
+                    help="0: rounds wait for the version; 1: overlapped (the room's overlap on): "
+                    "a row each")
     ap.add_argument("--rows", nargs="+", default=["alone", "wide", "tokens", "room"],
                     choices=["alone", "wide", "tokens", "room"],
                     help="alone: one browser, a worker's steps; wide: W x the batch for as many "
@@ -181,7 +184,7 @@ def measure(args, data_dir: Path, say) -> None:
             plan.append((f"one browser, {W}x the steps ({W * S})", lambda url, W=W: single_run(
                 url, args.preset, B, W * S, args.gpu, P), False))
         for H in args.inner if "room" in args.rows else ():
-            for pair in args.outer:
+            for pair, overlap in ((p, o) for p in args.outer for o in args.overlap):
                 outer = outer_step(pair)
                 name = f"room of {W}, H {H}" + (
                     f", outer lr {outer['outer_lr']:g} mom. {outer['outer_momentum']:g}"
@@ -190,6 +193,9 @@ def measure(args, data_dir: Path, say) -> None:
                 if args.cut:
                     outer = {**outer, "wait_for_slowest": False}
                     name += ", cut"
+                if overlap:
+                    outer = {**outer, "overlap": True}
+                    name += ", overlapped"
                 plan.append((name, lambda url, W=W, H=H, outer=outer: room_run(
                     url, args.preset, B, W, H, S, args.codec, args.gpu, outer, P,
                     args.slow_ms), True))

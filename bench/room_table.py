@@ -28,10 +28,15 @@ def round_phases(reports: list[dict], rounds: int) -> list[str]:
     training. A report of version v carries v's wait, download and eval, then its training and
     sending (room_worker.js); the room's last version (v == rounds) is trained by none, its
     report only its wait, download and eval: so the sums over a worker's reports are its
-    rounds' time from joining to the end, divided by the rounds it trained."""
+    rounds' time from joining to the end, divided by the rounds it trained. A worker's first
+    version (the one it joined at) is left out: its eval compiles the kernels (9.7 s of a
+    tiny round's 0.2 s eval on SwiftShader), a cost of joining, not of a round."""
     sums: dict = {}
+    first: dict = {}
     for r in reports:
-        if r.get("timings") is None:
+        first[r["worker"]] = min(first.get(r["worker"], r["version"]), r["version"])
+    for r in reports:
+        if r.get("timings") is None or r["version"] == first[r["worker"]]:
             continue
         s = sums.setdefault(r["worker"], dict.fromkeys(PHASES, 0.0) | {"rounds": 0, "steps": 0})
         for k in PHASES:
