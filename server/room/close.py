@@ -28,9 +28,9 @@ import numpy as np
 from andrea.checkpoints import CheckpointStore
 from andrea.durable import fsync_dir
 from andrea.room import codec as wire
-from andrea.room.aggregate import RobustMean
+from andrea.room.aggregate import RobustMean, products
 from andrea.room.codec import BLOCK, CHUNK, read_range
-from andrea.room.outer import nesterov_step, norm64
+from andrea.room.outer import nesterov_step
 from andrea.run_config import RoomConfig
 
 OPTIMIZER = "room_outer"     # the checkpoints' optimizer name: global W and outer momentum
@@ -236,8 +236,4 @@ def _copy_version(ckpts: CheckpointStore, run_id: str, version: int, numel: int)
 
 
 def _sq(x: np.ndarray) -> float:
-    """|x|^2 of an f32 chunk: BLAS's f32 dot (its relative error ~1e-6 on a chunk, well inside
-    NORM_SLACK), summed over chunks in f64 by the caller; in f64 where the f32 sum overflows."""
-    with np.errstate(over="ignore"):
-        sq = float(np.dot(x, x))
-    return sq if math.isfinite(sq) else norm64(x) ** 2
+    return float(products(x))

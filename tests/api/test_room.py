@@ -766,6 +766,12 @@ def test_an_overlapped_worker_that_sent_its_round_says_it_trains_the_next(app_cl
     w = join(c, plain)
     send(c, plain, w, 0, np.full(numel, 1e-3, np.float32))
     assert progress(c, plain, w, 2, 1).status_code == 409   # (it closed alone: now version 1)
+    # The setting is a JSON boolean: anything else is refused, and no run is made.
+    runs = len(c.get("/api/runs").json())
+    for bad in ("yes", "true", 1, None, [True]):
+        r = c.post("/api/runs", json=room_config(overlap=bad))
+        assert r.status_code == 422 and "overlap" in r.text, (bad, r.text)
+    assert len(c.get("/api/runs").json()) == runs
 
 
 def test_the_runs_list_shows_a_room_in_rounds_with_its_global_eval_loss(app_client):

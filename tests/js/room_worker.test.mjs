@@ -145,64 +145,70 @@ function update(from, to) {
   return body;
 }
 
+/** An overlapped worker of `rounds` rounds of 4 inner steps on `room`, with a stand-in
+ *  Trainer whose model holds m.cur (each setWeights also logged in m.set) and whose eval loss
+ *  is the model's first weight. */
+function overlapped(room, rounds, codec = 'f32') {
+  const m = { cur: new Float32Array([0]), set: [] };
+  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec, overlap: true } }, room });
+  w.rounds = rounds;
+  w.trainer = {
+    done: 0,
+    setWeights: (x) => { m.cur = Float32Array.from(x); m.set.push([...m.cur]); },
+    evalLoss: async () => m.cur[0],    // the eval of whatever the model holds now
+    model: { getParams: async () => Float32Array.from(m.cur) },
+  };
+  return { w, m };
+}
+
+const arrived = async (w) => { while (!w.arrived) await sleep(1); };
+
 test('overlapped, a worker trains on while the round closes and moves its steps onto the version', async () => {
   // H 4, three rounds, f32. Round 0 ends at e0 = [1, 2]: its pseudo-gradient goes up and
   // training goes on at once (endRound does not wait for version 1). Version 1 arrives two
   // steps later: the weights become version 1 + (weights - e0), its eval measured on version 1
   // itself. Round 1's pseudo-gradient is version 1 minus the weights, as always. Version 2 is
   // late: round 2's end waits for it there, and the last round ends without overlap.
-  let cur = new Float32Array([0, 0]);
-  const set = [];
   const released = new Map();          // version -> resolve(): the room has made it
   const made = (v) => new Promise((r) => released.set(v, r)).then(() => v);
   const versions = { 0: [0, 0], 1: [10, 20], 2: [5, 5], 3: [7, 7] };
   const sent = [];
   const reports = [];
   const pending = { 1: made(1), 2: made(2), 3: made(3) };
-  const room = {
+  const { w, m } = overlapped({
     weights: async (v) => new Float32Array(versions[v]).buffer,
     nextVersion: async (after) => pending[after + 1],
     send: async (v, body) => { sent.push([v, [...new Float32Array(body)]]); },
     report: async (v, losses, evalLoss) => { reports.push([v, losses.length, evalLoss]); },
-  };
-  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'f32', overlap: true } },
-    room });
-  w.rounds = 3;
-  w.trainer = {
-    done: 0,
-    setWeights: (x) => { cur = Float32Array.from(x); set.push([...cur]); },
-    evalLoss: async () => cur[0],      // the eval of whatever the model holds now
-    model: { getParams: async () => Float32Array.from(cur) },
-  };
-  const tick = () => new Promise((r) => setTimeout(r, 1));
+  }, 3);
   await w.take(0);
-  cur = new Float32Array([1, 2]);      // round 0 trained: e0
+  m.cur = new Float32Array([1, 2]);    // round 0 trained: e0
   w.losses = [3, 3, 3, 3];
   assert.equal(await w.atSync(4), undefined);   // not waiting for version 1: train on
-  await tick();
+  await sleep(1);
   assert.deepEqual(sent, [[0, [-1, -2]]]);      // version 0 minus e0
   assert.equal(w.arrived, false);
-  cur = new Float32Array([1.5, 2.5]);  // two steps of round 1
+  m.cur = new Float32Array([1.5, 2.5]);   // two steps of round 1
   assert.equal(await w.atSync(6), undefined);   // (no version yet: nothing happens)
-  assert.deepEqual(set.length, 1);
+  assert.deepEqual(m.set.length, 1);
   released.get(1)();
-  while (!w.arrived) await tick();
+  await arrived(w);
   w.trainer.done = 6;
   assert.equal(await w.atSync(6), undefined);   // the Trainer asked early(): the version is here
-  assert.deepEqual(set.slice(1), [[10, 20], [10.5, 20.5]]);   // eval on it, then moved onto it
+  assert.deepEqual(m.set.slice(1), [[10, 20], [10.5, 20.5]]);   // eval on it, then moved onto it
   assert.deepEqual([w.version, w.evalLoss], [1, 10]);
-  cur = new Float32Array([11, 21]);    // round 1's end
+  m.cur = new Float32Array([11, 21]);  // round 1's end
   w.losses = [2, 2, 2, 2];
   assert.equal(await w.atSync(8), undefined);
-  await tick();
+  await sleep(1);
   assert.deepEqual(sent[1], [1, [-1, -1]]);     // version 1 minus the weights
-  cur = new Float32Array([12, 23]);    // round 2 (the last) trained; version 2 still not made
+  m.cur = new Float32Array([12, 23]);  // round 2 (the last) trained; version 2 still not made
   w.trainer.done = 12;
   const end = w.atSync(12);
-  await tick();
+  await sleep(1);
   assert.equal(sent.length, 2);        // waiting for version 2 before its pseudo-gradient
   released.get(2)();
-  await tick();
+  await sleep(1);
   released.get(3)();
   assert.equal(await end, 12);         // the room's last version taken: the Trainer's end
   // Round 2 moved onto version 2 at its end: 5 + ([12, 23] - [11, 21]) = [6, 7], sent as
@@ -216,60 +222,39 @@ test('overlapped, a worker whose round the room closed without it starts the new
   // Round 1's pseudo-gradient went up, but the room closed versions 2 and 3 without this
   // worker's round 2 (a deadline): the version that comes is 3, so round 2's steps are dropped
   // and the Trainer goes to version 3's first step, from version 3 itself.
-  let cur = new Float32Array([0]);
-  const set = [];
-  const room = {
+  const { w, m } = overlapped({
     weights: async (v) => new Float32Array([v * 10]).buffer,
     nextVersion: async () => 3,
     send: async () => {},
     report: async () => {},
-  };
-  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'f32', overlap: true } },
-    room });
-  w.rounds = 5;
-  w.trainer = {
-    done: 0,
-    setWeights: (x) => { cur = Float32Array.from(x); set.push(cur[0]); },
-    evalLoss: async () => cur[0],
-    model: { getParams: async () => Float32Array.from(cur) },
-  };
+  }, 5);
   await w.take(1);
-  cur = new Float32Array([11]);
+  m.cur = new Float32Array([11]);
   assert.equal(await w.atSync(8), undefined);      // round 1 sent; round 2 trains on
-  while (!w.arrived) await new Promise((r) => setTimeout(r, 1));
+  await arrived(w);
   w.losses = [1, 1];
   w.trainer.done = 10;
   assert.equal(await w.atSync(10), 3 * 4);         // version 3's first inner step
-  assert.deepEqual([w.version, w.evalLoss, w.losses, set], [3, 30, [], [10, 30]]);
+  assert.deepEqual([w.version, w.evalLoss, w.losses, m.set], [3, 30, [], [[10], [30]]]);
   assert.deepEqual(w.moves, []);                   // nothing moved: a fresh start
 });
 
 test('overlapped in an int8 room, the next version comes as an update of the one held', async () => {
-  let cur = new Float32Array([0]);
   const asked = [];
-  const room = {
+  const { w, m } = overlapped({
     weights: async (v) => { asked.push(`weights ${v}`); return new Float32Array([v]).buffer; },
     update: async (v) => { asked.push(`update ${v}`); return update(v - 1, v); },
     nextVersion: async (after) => after + 1,
     send: async () => {},
     report: async () => {},
-  };
-  const w = new RoomWorker({ config: { room: { inner_steps: 4, codec: 'int8', overlap: true } },
-    room });
-  w.rounds = 3;
-  w.trainer = {
-    done: 0,
-    setWeights: (x) => { cur = Float32Array.from(x); },
-    evalLoss: async () => cur[0],
-    model: { getParams: async () => Float32Array.from(cur) },
-  };
+  }, 3, 'int8');
   await w.take(0);
-  cur = new Float32Array([0.5]);
+  m.cur = new Float32Array([0.5]);
   await w.atSync(4);
-  while (!w.arrived) await new Promise((r) => setTimeout(r, 1));
-  cur = new Float32Array([0.75]);      // a step of round 1 from e0 = 0.5
+  await arrived(w);
+  m.cur = new Float32Array([0.75]);    // a step of round 1 from e0 = 0.5
   w.trainer.done = 5;
   await w.atSync(5);
   assert.deepEqual(asked, ['weights 0', 'update 1']);   // version 0 plus its update
-  assert.deepEqual([w.version, w.global[0], cur[0]], [1, 1, 1.25]);
+  assert.deepEqual([w.version, w.global[0], m.cur[0]], [1, 1, 1.25]);
 });
