@@ -11,6 +11,7 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 
 from tests.browser import PAGE_WAIT_MS
 from tests.trainer_client import bearer, room_beside_the_api
@@ -19,9 +20,10 @@ TIMEOUT = 600_000
 BATCH = re.compile(r"/room/batches/(\d+)/(\d+)/(\d+)")
 
 
-def test_an_overlapped_page_trains_on_while_its_round_closes(browser, live_server):
+@pytest.mark.parametrize("codec", ["f32", "int8"])   # int8: the move on the GPU (14_room_move)
+def test_an_overlapped_page_trains_on_while_its_round_closes(browser, live_server, codec):
     H = 4
-    made = room_beside_the_api(live_server, rounds=3, seed=17, overlap=True)
+    made = room_beside_the_api(live_server, rounds=3, seed=17, overlap=True, codec=codec)
     run, room_url, api, delta = made["run"], made["url"], made["api"], made["delta"]
     page = browser.new_context().new_page()
     errors, asked, held = [], [], []

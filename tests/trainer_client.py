@@ -80,9 +80,11 @@ def new_run(server, **cfg) -> dict:
 
 
 def room_beside_the_api(server: str, rounds: int, seed: int, **room) -> dict:
-    """A small f32 room of 4 inner steps a round that a page joins beside one worker this test
-    plays through the API: {run, url (the room's), api (its join), delta (the API worker's
-    pseudo-gradient each round: 1e-4 on every parameter, the f32 body)}."""
+    """A small room (f32 unless `room` says) of 4 inner steps a round that a page joins beside
+    one worker this test plays through the API: {run, url (the room's), api (its join), delta
+    (the API worker's pseudo-gradient each round: 1e-4 on every parameter, in the room's
+    codec)}."""
+    from andrea.room import codec
     from andrea.room.rounds import param_mask
     from tests.small_model import SMALL
 
@@ -94,7 +96,8 @@ def room_beside_the_api(server: str, rounds: int, seed: int, **room) -> dict:
     url = f"{server}/api/runs/{run['id']}/room"
     api = httpx.post(f"{url}/workers", headers=bearer(run["room"]["join_token"])).json()
     mask = param_mask(run["layout"])
-    delta = (np.full(run["layout"]["total_numel"], 1e-4, np.float32) * mask).tobytes()
+    delta = codec.encode(np.full(run["layout"]["total_numel"], 1e-4, np.float32) * mask,
+                         run["config"]["room"]["codec"])
     return {"run": run, "url": url, "api": api, "delta": delta}
 
 

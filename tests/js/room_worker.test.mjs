@@ -258,3 +258,22 @@ test('overlapped in an int8 room, the next version comes as an update of the one
   assert.deepEqual(asked, ['weights 0', 'update 1']);   // version 0 plus its update
   assert.deepEqual([w.version, w.global[0], m.cur[0]], [1, 1, 1.25]);
 });
+
+test('overlapped, the CPU move is f32 arithmetic, as 14_room_move.wgsl is on the GPU', async () => {
+  // e0 = 1, and a step later the weights are 1e-8: the steps since are f32(1e-8 - 1) = -1, so
+  // the move onto version 1 (= 1) lands on 0, where f64 arithmetic would keep the 1e-8.
+  const { w, m } = overlapped({
+    weights: async () => new Float32Array([1]).buffer,
+    nextVersion: async (after) => after + 1,
+    send: async () => {},
+    report: async () => {},
+  }, 3);
+  await w.take(0);
+  m.cur = new Float32Array([1]);       // e0
+  await w.atSync(4);
+  await arrived(w);
+  m.cur = new Float32Array([1e-8]);
+  w.trainer.done = 5;
+  await w.atSync(5);
+  assert.deepEqual([w.version, m.cur[0]], [1, 0]);
+});

@@ -371,6 +371,22 @@ export class Kernels {
       { version, weights, scales, codes }, grid, 'room_delta_int8');
   }
 
+  /** An overlapped room worker's move (14_room_move.wgsl): since[numel] = weights - since (the
+   *  steps since the round's end), then, with the next version set, weights = version + since
+   *  (and the f16 mirror of them where one is given). -> [steps_since, move_onto] */
+  async roomMove({ weights, version, since, mirror = null, numel }) {
+    const file = '14_room_move.wgsl';
+    const pairs = cdiv(numel, 2);
+    const dims = [numel, pairs];
+    return [
+      await this.op(file, 'steps_since', { WG: WG_ELEMENT }, dims, { weights, since },
+        grid1d(cdiv(numel, WG_ELEMENT)), 'room_steps_since'),
+      await this.op(file, mirror ? 'move_onto_f16' : 'move_onto', { WG: WG_ELEMENT }, dims,
+        { weights, version, since, ...(mirror ? { mirror } : {}) },
+        grid1d(cdiv(pairs, WG_ELEMENT)), 'room_move_onto'),
+    ];
+  }
+
   /** Fill w[numel] from a seeded normal (std) or with ones */
   init({ w, numel, seed, stream, mode, std }) {
     return this.op('00_init.wgsl', 'main', { WG: WG_ELEMENT },

@@ -1,7 +1,8 @@
 // Lab entries for a room worker's GPU side (room_gpu_delta.js): plain arrays in, the body out,
-// so tests hold it to the server's encoder (server/room/codec.py).
+// so tests hold it to the server's encoder (server/room/codec.py), and an overlapped move's
+// weights out, held to numpy's f32 arithmetic.
 
-import { storageBuffer } from './gpu.js';
+import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels } from './kernels.js';
 import { GpuDelta } from './room_gpu_delta.js';
 
@@ -28,6 +29,37 @@ export function labEntries(ctx) {
       } finally {
         delta.destroy();
         W.destroy();
+      }
+    },
+
+    /** An overlapped worker's move on the GPU as GpuDelta makes it: the round's end `end`
+     *  kept (keepEnd), the weights trained on to `weights` (steps since), the version
+     *  `version` set and held, then moved onto (Float32Array [n] each). mirror: also write an
+     *  f16 mirror. -> {weights: Float32Array [n], mirror: Uint32Array [ceil(n / 2)] | null} */
+    async roomMove({ version, end, weights, mirror = false }) {
+      const { device } = ctx;
+      const n = version.length;
+      const W = storageBuffer(device, 4 * n, { label: 'lab.W', data: end });
+      const M = mirror ? storageBuffer(device, 4 * Math.ceil(n / 2), { label: 'lab.mirror' })
+        : null;
+      const kernels = new Kernels(device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
+        software: ctx.software });
+      const gpu = await GpuDelta.create({ device, kernels, weights: W, numel: n, overlap: true,
+        mirror: M });
+      const set = (x) => device.queue.writeBuffer(W, 0, x.buffer, x.byteOffset, x.byteLength);
+      try {
+        gpu.keepEnd();
+        set(weights);
+        gpu.stepsSince();
+        set(version);
+        gpu.hold();
+        gpu.moveOnto();
+        return { weights: new Float32Array(await readBuffer(device, W)),
+          mirror: M ? new Uint32Array(await readBuffer(device, M)) : null };
+      } finally {
+        gpu.destroy();
+        W.destroy();
+        M?.destroy();
       }
     },
   };

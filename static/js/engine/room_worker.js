@@ -49,7 +49,8 @@
 // trains, is reported with no losses, its wait, download and eval, and train_ms = send_ms = 0.
 // Overlapped, each is the time training was held up (the download and the upload themselves
 // run behind the training): wait_ms for a version not here by the round's end, download_ms
-// moving the weights onto it (read back, set twice), send_ms the read back and the encoding.
+// moving the weights onto it (an int8 room's on the GPU, room_gpu_delta.js; else read back,
+// set twice), send_ms the encoding (and, but for an int8 room, the read back).
 
 import { applyUpdate, encodePseudoGradient } from './room_codec.js';
 import { GpuDelta } from './room_gpu_delta.js';
@@ -88,7 +89,8 @@ export class RoomWorker {
     const { model } = w.trainer;
     if (config.room.codec === 'int8') {
       w.gpuDelta = await GpuDelta.create({ device: ctx.device, kernels: model.k,
-        weights: model.W, numel: layout.total_numel });
+        weights: model.W, numel: layout.total_numel, overlap: w.overlap,
+        mirror: w.trainer.opt.mirror ?? null });
     }
     await w.take(version);
     return w;
@@ -104,7 +106,8 @@ export class RoomWorker {
     this.trainFrom = null;        // when its training started (performance.now)
     this.paused = 0;              // ms since then spent not training (an overlapped move)
     this.leaving = new AbortController();   // stop(): ends a wait for the next version
-    // Overlapped: the weights at the last round's end (e_r), the next version on its way
+    // Overlapped: the weights at the last round's end (e_r; an int8 room keeps them on the
+    // GPU, gpuDelta.keepEnd), the next version on its way
     // ({version, weights} | null where the worker left), whether it is here, and the last
     // pseudo-gradient's send and report in flight.
     this.end = null;
@@ -231,14 +234,24 @@ export class RoomWorker {
       await this.install(got);
       return this.finish() ?? this.version * this.config.room.inner_steps;
     }
+    // The steps since e_r, set aside; the version set (its eval measured); then version +
+    // those steps, each an f32 `-` and `+` (as 14_room_move.wgsl does them on the GPU).
+    const gpu = this.gpuDelta;
     at = performance.now();
-    const mine = await this.trainer.model.getParams();   // [total_numel], e_r + the steps since
+    const mine = gpu ? null : await this.trainer.model.getParams();   // e_r + the steps since
+    gpu?.stepsSince();
     t.download_ms += performance.now() - at;
     await this.install(got);
     at = performance.now();
-    const end = this.end;
-    for (let i = 0; i < mine.length; i++) mine[i] = got.weights[i] + (mine[i] - end[i]);
-    this.trainer.setWeights(mine);
+    if (gpu) {
+      gpu.moveOnto();
+    } else {
+      const end = this.end;
+      for (let i = 0; i < mine.length; i++) {
+        mine[i] = got.weights[i] + Math.fround(mine[i] - end[i]);
+      }
+      this.trainer.setWeights(mine);
+    }
     this.end = null;
     this.moves.push({ version: got.version, step: this.trainer.done });
     t.download_ms += performance.now() - at;
@@ -283,10 +296,10 @@ export class RoomWorker {
     const at = performance.now();
     t.train_ms = at - (this.trainFrom ?? at) - this.paused;
     this.paused = 0;
-    // The weights come back to the CPU where the CPU encodes, or where an overlapped round's
-    // next move needs them; an int8 room's GPU reads back only its body.
+    // The weights come back to the CPU where the CPU encodes (and keeps them for an overlapped
+    // round's move); an int8 room's GPU reads back only its body, and keeps e_r itself.
     const gpu = this.gpuDelta;
-    const mine = !gpu || this.overlap ? await this.trainer.model.getParams() : null;
+    const mine = gpu ? null : await this.trainer.model.getParams();
     const body = gpu ? await gpu.encode()
       : encodePseudoGradient(this.global, mine, this.config.room.codec);
     const { version, evalLoss } = this;
@@ -304,6 +317,7 @@ export class RoomWorker {
       this.sending.catch(() => {});
       this.on.round({ version, round, losses, evalLoss, bytes: body.byteLength });
       this.timings = noTimings();       // the next version's
+      gpu?.keepEnd();
       this.end = mine;
       this.coming = this.fetchNext(version);
       this.trainFrom = performance.now();
