@@ -203,10 +203,10 @@ def room(client, preset: str, B: int, steps: int, W: int, H: int, lr: float, mu:
             urls = [fmt.format(version=version, slot=me["slot"], step=s) for s in range(k)]
             for s, t in enumerate(Batches(client, urls)):
                 if early and s == early:     # the version arrives: those steps move onto it
-                    worker.set_flat(global_w + worker.flat() - guesses[i])
+                    worker.set_flat(global_w + (worker.flat() - guesses[i]))
                 worker.train_step(t)
             if early == k:
-                worker.set_flat(global_w + worker.flat() - guesses[i])
+                worker.set_flat(global_w + (worker.flat() - guesses[i]))
             mine = worker.flat()
             if overlap:
                 own = mine - global_w        # this round's step (moved onto the version)
