@@ -181,11 +181,15 @@ def test_the_new_run_form_makes_a_room_run_and_its_page_offers_to_join(page, liv
     page.wait_for_function("document.body.dataset.ready === '1'", timeout=PAGE_WAIT_MS)
     page.select_option("#preset", "tiny")
     page.check("#room-run")
-    # An int8 room's worker holds a version and its pseudo-gradient on the GPU: the estimate
-    # counts them (tiny: 4 + 2 bytes a parameter, 0.8 MiB), and an f16 room's does not.
+    # An int8 room's worker holds a version and three int8 bodies on the GPU: the estimate
+    # counts them (tiny: 4 + 3 x 1.016 bytes a parameter, 0.9 MiB; overlapped, 4 more: 1.5
+    # MiB), and an f16 room's does not.
     row = "#memory tr:has-text('room worker')"
     page.wait_for_selector(row)
-    assert page.inner_text(row).endswith("0.8 MiB")
+    assert page.inner_text(row).endswith("0.9 MiB")
+    page.check("input[name='room.overlap']")
+    page.wait_for_selector(f"{row}:has-text('1.5 MiB')")
+    page.uncheck("input[name='room.overlap']")
     page.fill("input[name='room.inner_steps']", "5")
     page.select_option("select[name='room.codec']", "f16")
     page.wait_for_selector(row, state="detached")

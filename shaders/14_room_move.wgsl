@@ -1,5 +1,5 @@
 // 14_room_move: an overlapped room worker's move onto the next version, where the weights are
-// (static/js/engine/room_gpu_delta.js; room_worker.js's rebase does the same on the CPU). At a
+// (static/js/engine/room_gpu.js; room_worker.js's rebase does the same on the CPU). At a
 // round's end the weights e_r are copied aside (`since`); the worker trains on; when version
 // r + 1 arrives the steps since e_r are taken (since = weights - since), the version is set and
 // its eval measured, and the weights become version + since. Both are one correctly rounded f32

@@ -36,3 +36,12 @@ def call(page, body: str, args: dict | None = None):
               " const fn = new Function('lab', 'args', 'b64', `return (async () => {${body}})()`);"
               " return b64.encodeAll(await fn(lab, a, b64)); }")
     return unb64(page.evaluate(script, [body, args or {}]))
+
+
+def mirror_words(x: np.ndarray) -> np.ndarray:
+    """The f16 weight mirror of f32 x as the engine packs it (packHalf2 on the CPU,
+    pack2x16float on the GPU): numpy's float16 (round to nearest even), element i in half
+    i % 2 of word i / 2, an odd tail's high half 0. -> u32 [ceil(len / 2)]"""
+    with np.errstate(over="ignore"):
+        h = np.append(x, np.zeros(len(x) % 2, np.float32)).astype(np.float16).view(np.uint16)
+    return h[0::2].astype(np.uint32) | h[1::2].astype(np.uint32) << 16

@@ -256,11 +256,12 @@ async function updateMemory() {
   // Where evals run, each also measures the model's inside: the update probe keeps a copy of
   // the weights (engine/update_probe.js).
   const probe = c.eval_every > 0 ? weights : 0;
-  // An int8 room's worker keeps the version it holds beside the weights, and its pseudo-
-  // gradient's codes and their read-back copy (engine/room_gpu_delta.js): ~6 bytes a parameter;
-  // overlapped, the round's end as well (4 more).
-  const roomDelta = c.room?.codec === 'int8' ? weights + 2 * Math.ceil(layout.total_numel / 4) * 4
-    + 2 * 4 * Math.ceil(layout.total_numel / 256) + (c.room.overlap ? weights : 0) : 0;
+  // An int8 room's worker keeps the version it holds beside the weights, and three int8 bodies
+  // (engine/room_gpu.js: its pseudo-gradient, that read back, the next version's update): ~7
+  // bytes a parameter; overlapped, the round's end as well (4 more).
+  const body = Math.ceil(layout.total_numel / 4) * 4 + 4 * Math.ceil(layout.total_numel / 256);
+  const roomDelta = c.room?.codec === 'int8' ? weights + 3 * body
+    + (c.room.overlap ? weights : 0) : 0;
   const total = 2 * weights + opt.state_bytes + mirror + acts + probe + roomDelta;
   const rows = [
     ['parameters', `${(layout.n_params / 1e6).toFixed(2)} M`],
@@ -271,7 +272,7 @@ async function updateMemory() {
     ...(mirror ? [['f16 weight mirror', MiB(mirror)]] : []),
     [`activations (batch ${B} x ${T})`, MiB(acts)],
     ...(probe ? [['weights before an eval step (the inside\'s update ratio)', MiB(probe)]] : []),
-    ...(roomDelta ? [[`room worker: the version held, ${c.room.overlap ? 'the round\'s end, ' : ''}its int8 pseudo-gradient`,
+    ...(roomDelta ? [[`room worker: the version held, ${c.room.overlap ? 'the round\'s end, ' : ''}its int8 pseudo-gradient and update`,
       MiB(roomDelta)]] : []),
     ['estimated GPU memory', MiB(total)],
   ];

@@ -387,6 +387,17 @@ export class Kernels {
     ];
   }
 
+  /** An int8 room's next version applied to the one held (15_room_update.wgsl): version[numel]
+   *  += codes * scales of body (u32, the int8 update zero-padded to whole words), weights =
+   *  version (and the f16 mirror of it where one is given). */
+  roomUpdate({ body, version, weights, mirror = null, numel }) {
+    const pairs = cdiv(numel, 2);
+    return this.op('15_room_update.wgsl', mirror ? 'apply_update_f16' : 'apply_update',
+      { WG: WG_ELEMENT }, [numel, pairs, cdiv(numel, 256), 0],
+      { body, version, weights, ...(mirror ? { mirror } : {}) },
+      grid1d(cdiv(pairs, WG_ELEMENT)), 'room_update');
+  }
+
   /** Fill w[numel] from a seeded normal (std) or with ones */
   init({ w, numel, seed, stream, mode, std }) {
     return this.op('00_init.wgsl', 'main', { WG: WG_ELEMENT },

@@ -1,14 +1,14 @@
-// Lab entries for a room worker's GPU side (room_gpu_delta.js): plain arrays in, the body out,
-// so tests hold it to the server's encoder (server/room/codec.py), and an overlapped move's
-// weights out, held to numpy's f32 arithmetic.
+// Lab entries for a room worker's GPU side (room_gpu.js): plain arrays in, the body out,
+// so tests hold it to the server's encoder (server/room/codec.py), and an update's or an
+// overlapped move's weights out, held to numpy's f32 arithmetic.
 
 import { readBuffer, storageBuffer } from './gpu.js';
 import { Kernels } from './kernels.js';
-import { GpuDelta } from './room_gpu_delta.js';
+import { RoomGpu } from './room_gpu.js';
 
 export function labEntries(ctx) {
   return {
-    /** The int8 pseudo-gradient version - weights (Float32Array [n] each) as GpuDelta makes it
+    /** The int8 pseudo-gradient version - weights (Float32Array [n] each) as RoomGpu makes it
      *  on a worker: the version held (hold) while it is the weights, then the weights trained.
      *  -> {body: Uint32Array (the room's int8 body, zero-padded to whole words), bytes: its
      *  length} */
@@ -18,7 +18,7 @@ export function labEntries(ctx) {
       const W = storageBuffer(device, 4 * n, { label: 'lab.W', data: version });
       const kernels = new Kernels(device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
         software: ctx.software });
-      const delta = await GpuDelta.create({ device, kernels, weights: W, numel: n });
+      const delta = await RoomGpu.create({ device, kernels, weights: W, numel: n });
       try {
         delta.hold();
         device.queue.writeBuffer(W, 0, weights.buffer, weights.byteOffset, weights.byteLength);
@@ -32,7 +32,33 @@ export function labEntries(ctx) {
       }
     },
 
-    /** An overlapped worker's move on the GPU as GpuDelta makes it: the round's end `end`
+    /** An int8 room's next version applied on the GPU as RoomGpu does it on a worker: `held`
+     *  (Float32Array [n]) set and held, then the update applied: the int8 body's first `bytes`
+     *  of `body` (Uint32Array, zero-padded). mirror: also write an f16 mirror. -> {weights, version: Float32Array [n] each,
+     *  mirror: Uint32Array [ceil(n / 2)] | null} */
+    async roomUpdate({ held, body, bytes, mirror = false }) {
+      const { device } = ctx;
+      const n = held.length;
+      const W = storageBuffer(device, 4 * n, { label: 'lab.W', data: held });
+      const M = mirror ? storageBuffer(device, 4 * Math.ceil(n / 2), { label: 'lab.mirror' })
+        : null;
+      const kernels = new Kernels(device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
+        software: ctx.software });
+      const gpu = await RoomGpu.create({ device, kernels, weights: W, numel: n, mirror: M });
+      try {
+        gpu.hold();
+        gpu.applyUpdate(body.buffer.slice(body.byteOffset, body.byteOffset + bytes));
+        return { weights: new Float32Array(await readBuffer(device, W)),
+          version: new Float32Array(await readBuffer(device, gpu.version)),
+          mirror: M ? new Uint32Array(await readBuffer(device, M)) : null };
+      } finally {
+        gpu.destroy();
+        W.destroy();
+        M?.destroy();
+      }
+    },
+
+    /** An overlapped worker's move on the GPU as RoomGpu makes it: the round's end `end`
      *  kept (keepEnd), the weights trained on to `weights` (steps since), the version
      *  `version` set and held, then moved onto (Float32Array [n] each). mirror: also write an
      *  f16 mirror. -> {weights: Float32Array [n], mirror: Uint32Array [ceil(n / 2)] | null} */
@@ -44,7 +70,7 @@ export function labEntries(ctx) {
         : null;
       const kernels = new Kernels(device, ctx.lib, { maxHeadDim: ctx.modelLimits.max_head_dim,
         software: ctx.software });
-      const gpu = await GpuDelta.create({ device, kernels, weights: W, numel: n, overlap: true,
+      const gpu = await RoomGpu.create({ device, kernels, weights: W, numel: n, overlap: true,
         mirror: M });
       const set = (x) => device.queue.writeBuffer(W, 0, x.buffer, x.byteOffset, x.byteLength);
       try {

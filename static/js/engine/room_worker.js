@@ -43,17 +43,17 @@
 //   train_ms     its H inner steps on v: from the download and eval done (or run(), if later)
 //                to the last step's records read back
 //   send_ms      its pseudo-gradient: encoding it (an int8 room's on the GPU, only its body
-//                read back: room_gpu_delta.js; else the weights read back and encoded), sending
+//                read back: room_gpu.js; else the weights read back and encoded), sending
 // They follow one another without gaps, so their sum is the worker's time on version v and
 // everything but train_ms is the round's overhead. The room's last version, which nobody
 // trains, is reported with no losses, its wait, download and eval, and train_ms = send_ms = 0.
 // Overlapped, each is the time training was held up (the download and the upload themselves
 // run behind the training): wait_ms for a version not here by the round's end, download_ms
-// moving the weights onto it (an int8 room's on the GPU, room_gpu_delta.js; else read back,
+// moving the weights onto it (an int8 room's on the GPU, room_gpu.js; else read back,
 // set twice), send_ms the encoding (and, but for an int8 room, the read back).
 
 import { applyUpdate, encodePseudoGradient } from './room_codec.js';
-import { GpuDelta } from './room_gpu_delta.js';
+import { RoomGpu } from './room_gpu.js';
 import { Trainer } from './trainer.js';
 
 const EVAL_BATCHES = 2;   // held-out batches each global version's eval loss is measured on
@@ -88,7 +88,7 @@ export class RoomWorker {
     // An int8 room's pseudo-gradient is made on the GPU, from the version held there.
     const { model } = w.trainer;
     if (config.room.codec === 'int8') {
-      w.gpuDelta = await GpuDelta.create({ device: ctx.device, kernels: model.k,
+      w.roomGpu = await RoomGpu.create({ device: ctx.device, kernels: model.k,
         weights: model.W, numel: layout.total_numel, overlap: w.overlap,
         mirror: w.trainer.opt.mirror ?? null });
     }
@@ -107,15 +107,14 @@ export class RoomWorker {
     this.paused = 0;              // ms since then spent not training (an overlapped move)
     this.leaving = new AbortController();   // stop(): ends a wait for the next version
     // Overlapped: the weights at the last round's end (e_r; an int8 room keeps them on the
-    // GPU, gpuDelta.keepEnd), the next version on its way
-    // ({version, weights} | null where the worker left), whether it is here, and the last
-    // pseudo-gradient's send and report in flight.
+    // GPU, roomGpu.keepEnd), the next version on its way (download's, or null where the worker
+    // left), whether it is here, and the last pseudo-gradient's send and report in flight.
     this.end = null;
     this.coming = null;
     this.arrived = false;
     this.sending = Promise.resolve();
     this.moves = [];              // overlapped: [{version, step}]: where each version arrived
-    this.gpuDelta = null;         // int8: room_gpu_delta.js (null: the CPU encoder)
+    this.roomGpu = null;         // int8: room_gpu.js (null: the CPU encoder)
   }
 
   get overlap() {
@@ -136,7 +135,7 @@ export class RoomWorker {
   }
 
   destroy() {
-    this.gpuDelta?.destroy();
+    this.roomGpu?.destroy();
     this.trainer.destroy();
   }
 
@@ -148,32 +147,28 @@ export class RoomWorker {
   /** Loads version `version` (the room's newest instead where it was pruned meanwhile) and
    *  measures its eval loss. */
   async take(version) {
-    const { version: v, weights } = await this.download(version, this.timings);
-    this.trainer.setWeights(weights);
-    this.gpuDelta?.hold();
-    this.version = v;
-    this.global = weights;
-    await this.measure();
+    await this.install(await this.download(version, this.timings));
     this.trainFrom = performance.now();
   }
 
-  /** Version `version`'s weights (the room's newest instead where it was pruned meanwhile),
-   *  as an update of the one held where the room sends it so; the time into t (download_ms,
-   *  and wait_ms for a newest). -> {version, weights: Float32Array [total_numel]} */
+  /** Version `version` (the room's newest instead where it was pruned meanwhile), as an update
+   *  of the one held where the room sends it so; the time into t (download_ms, and wait_ms for
+   *  a newest). -> {version, weights: Float32Array [total_numel]} or, an int8 room's update
+   *  applied on the GPU, {version, update: ArrayBuffer} */
   async download(version, t) {
     let at = performance.now();
-    let w = await this.updated(version);
+    let got = await this.updated(version);
     let buf;
-    while (w === null && (buf = await this.room.weights(version)) === null) {
+    while (got === null && (buf = await this.room.weights(version)) === null) {
       const now = performance.now();
       t.download_ms += now - at;
       version = await this.room.nextVersion(version);   // pruned meanwhile: the newest
       at = performance.now();
       t.wait_ms += at - now;
     }
-    w ??= new Float32Array(buf);
+    got ??= { weights: new Float32Array(buf) };
     t.download_ms += performance.now() - at;
-    return { version, weights: w };
+    return { version, ...got };
   }
 
   /** The eval loss of the weights in the model now (a version just set), into evalLoss. */
@@ -186,12 +181,15 @@ export class RoomWorker {
   }
 
   /** Version `version` as the update of the version this worker holds (an int8 room sends the
-   *  newest that way, a quarter of the weights' bytes), or null: take the weights. */
+   *  newest that way, a quarter of the weights' bytes), or null: take the weights.
+   *  -> {update} (the body, applied on the GPU where the version is held there) | {weights}
+   *  (applied here) | null */
   async updated(version) {
-    if (this.config.room.codec !== 'int8' || !this.room.update || !this.global
-        || this.version !== version - 1) return null;
+    if (this.config.room.codec !== 'int8' || !this.room.update || this.version !== version - 1
+        || !(this.roomGpu || this.global)) return null;
     const body = await this.room.update(version);
-    return body === null ? null : applyUpdate(this.global, body);
+    if (body === null) return null;
+    return this.roomGpu ? { update: body } : { weights: applyUpdate(this.global, body) };
   }
 
   /** The Trainer's sync after `done` steps (their records read back): the round's end (H
@@ -236,7 +234,7 @@ export class RoomWorker {
     }
     // The steps since e_r, set aside; the version set (its eval measured); then version +
     // those steps, each an f32 `-` and `+` (as 14_room_move.wgsl does them on the GPU).
-    const gpu = this.gpuDelta;
+    const gpu = this.roomGpu;
     at = performance.now();
     const mine = gpu ? null : await this.trainer.model.getParams();   // e_r + the steps since
     gpu?.stepsSince();
@@ -258,19 +256,24 @@ export class RoomWorker {
     return undefined;
   }
 
-  /** Version `got` ({version, weights}) into the model, its eval loss measured. */
+  /** Version `got` (download's) into the model and held, its eval loss measured. */
   async install(got) {
     const at = performance.now();
-    this.trainer.setWeights(got.weights);
-    this.gpuDelta?.hold();
+    if (got.update) {
+      this.roomGpu.applyUpdate(got.update);
+    } else {
+      this.trainer.setWeights(got.weights);
+      this.roomGpu?.hold();
+    }
     this.version = got.version;
-    this.global = got.weights;
+    // The CPU's copy of the version, where the CPU encodes and applies updates.
+    this.global = this.roomGpu ? null : got.weights;
     this.timings.download_ms += performance.now() - at;
     await this.measure();
   }
 
   /** Overlapped: version `after` + 1 (or the newest) downloaded in the background while the
-   *  next round trains; `arrived` turns true with it. -> {version, weights} | null (left).
+   *  next round trains; `arrived` turns true with it. -> download's | null (left).
    *  Its time is not the worker's: training went on meanwhile. */
   fetchNext(after) {
     const p = (async () => {
@@ -298,7 +301,7 @@ export class RoomWorker {
     this.paused = 0;
     // The weights come back to the CPU where the CPU encodes (and keeps them for an overlapped
     // round's move); an int8 room's GPU reads back only its body, and keeps e_r itself.
-    const gpu = this.gpuDelta;
+    const gpu = this.roomGpu;
     const mine = gpu ? null : await this.trainer.model.getParams();
     const body = gpu ? await gpu.encode()
       : encodePseudoGradient(this.global, mine, this.config.room.codec);

@@ -1,4 +1,4 @@
-"""13_room_delta.wgsl (room_gpu_delta.js, through the lab page on SwiftShader) against the
+"""13_room_delta.wgsl (room_gpu.js, through the lab page on SwiftShader) against the
 server's int8 encoder (server/room/codec.py encode, numpy): the GPU's body is the server's,
 but where WGSL's division (within 2.5 ulp, numpy's is exact) may move a scale by its last bits
 and a code by one where the quotient is that near a tie; every such difference is checked to

@@ -1,4 +1,4 @@
-"""14_room_move.wgsl (room_gpu_delta.js's overlapped move, through the lab page on SwiftShader)
+"""14_room_move.wgsl (room_gpu.js's overlapped move, through the lab page on SwiftShader)
 against numpy's f32 arithmetic: the moved weights are version + (weights - end), each `-` and
 `+` correctly rounded in f32, bit for bit (what room_worker.js's CPU path and bench/room_torch.py
 compute), and a mixed run's f16 mirror is numpy's float16 of them (round to nearest even)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.lab import b64, call
+from tests.lab import b64, call, mirror_words
 
 
 def problem(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -35,10 +35,6 @@ def test_the_gpu_move_is_numpys_f32_arithmetic_bit_for_bit(lab_session, mirror):
         assert diff.size == 0, (diff[:5], got[diff[:5]], want[diff[:5]])
         assert np.array_equal(got[:64], version[:64])
         if mirror:
-            with np.errstate(over="ignore"):
-                halves = np.append(want, np.float32(0))[:2 * -(-n // 2)].astype(np.float16)
-            bits = out["mirror"][:-(-n // 2)]
-            assert np.array_equal(bits, halves.view(np.uint16).astype(np.uint32)[0::2]
-                                  | halves.view(np.uint16).astype(np.uint32)[1::2] << 16)
+            assert np.array_equal(out["mirror"][:-(-n // 2)], mirror_words(want))
         else:
             assert out["mirror"] is None
